@@ -1,4 +1,30 @@
-"""ms_shm: keeps MindSpore data pipelines alive and fast (placeholder while the core lands)."""
+"""ms_shm keeps MindSpore data pipelines alive and fast on real machines.
+
+It reads the host (``/dev/shm``, fds, CPUs, ranks), measures a few rows, predicts the shared memory a pipeline
+will need with MindSpore's measured model, and builds the fastest configuration that fits; every decision is
+logged with its reason and the exact fix. Nothing runs at import.
+
+Examples:
+    >>> import ms_shm
+    >>> report = ms_shm.tune()  # doctest: +SKIP
+    >>> ds = ms_shm.build_dataset(source, ["image", "label"], shuffle=True)  # doctest: +SKIP
+"""
+
 import logging
 
+from ms_shm.api import TuneReport, build_dataset, map, plan_of, probe, reset, tune
+from ms_shm.budget import Budget
+from ms_shm.guard import RowTooLargeError, SourceError
+from ms_shm.host import HostFacts
+from ms_shm.plan import Decision, Plan, ShmBudgetError
+from ms_shm.rows import RowError, RowStats
+
 logging.getLogger(__name__).addHandler(logging.NullHandler())
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "tune", "build_dataset", "map", "plan_of", "probe", "reset",
+    "TuneReport", "Plan", "Decision", "Budget", "HostFacts", "RowStats",
+    "ShmBudgetError", "RowError", "RowTooLargeError", "SourceError",
+]

@@ -1,0 +1,94 @@
+"""How much /dev/shm and how many fds one pipeline of this rank may use, and who holds what already.
+
+/dev/shm is one filesystem per host (or per pod), shared by every rank on it; MindSpore sizes each rank as if
+it were alone. We split the free space evenly between the local ranks, keep headroom (MindSpore's own static
+check refuses at 80%), and subtract what pipelines alive in this process already reserved.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from dataclasses import dataclass
+
+from ms_shm import model
+from ms_shm._results import Result, mib
+
+DEFAULT_FRACTION = 0.8
+
+
+@dataclass(frozen=True)
+class Budget(Result):
+    """This pipeline's share. ``shm_bytes`` is ``None`` when /dev/shm could not be read."""
+
+    shm_bytes: int | None
+    fds: int | None  # None: no limit, or unknown
+    ranks: int
+    fraction: float
+    reserved_shm: int
+    reserved_fds: int
+    reason: str
+
+
+def compute(shm_free: int | None, ranks: int, nofile_soft: int | None, open_fds: int | None,
+            reserved_shm: int = 0, reserved_fds: int = 0, fraction: float = DEFAULT_FRACTION,
+            ranks_source: str = "") -> Budget:
+    """The per-pipeline budget from host numbers taken before any pipeline of this process started."""
+    ranks = max(1, ranks)
+    if shm_free is None:
+        shm, why = None, "/dev/shm could not be read: no shared-memory transport will be planned"
+    else:
+        share = int(shm_free * fraction / ranks)
+        shm = max(0, share - reserved_shm)
+        why = (f"{mib(shm_free)} free in /dev/shm x {fraction:.0%} headroom / {ranks} local rank(s)"
+               f"{' [' + ranks_source + ']' if ranks_source else ''} = {mib(share)}")
+        if reserved_shm:
+            why += f", minus {mib(reserved_shm)} reserved by live pipelines"
+    fds = None
+    if nofile_soft is not None:
+        fds = max(0, nofile_soft - (open_fds or 0) - model.FD_MARGIN - reserved_fds)
+    return Budget(shm, fds, ranks, fraction, reserved_shm, reserved_fds, why)
+
+
+@dataclass(frozen=True)
+class Reservation(Result):
+    key: int
+    label: str
+    shm_bytes: int
+    fds: int
+
+
+class Ledger:
+    """Pipelines alive together (train and eval) share one budget: each holds its predicted peak.
+
+    A reservation is released when the dataset it belongs to is garbage-collected (``weakref.finalize``), or
+    explicitly.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._items: dict = {}
+        self._ids = itertools.count(1)
+
+    def reserve(self, label: str, shm_bytes: int, fds: int) -> Reservation:
+        with self._lock:
+            item = Reservation(next(self._ids), label, int(shm_bytes), int(fds))
+            self._items[item.key] = item
+            return item
+
+    def release(self, key: int) -> None:
+        with self._lock:
+            self._items.pop(key, None)
+
+    def totals(self) -> tuple[int, int]:
+        with self._lock:
+            return (sum(r.shm_bytes for r in self._items.values()),
+                    sum(r.fds for r in self._items.values()))
+
+    def live(self) -> tuple:
+        with self._lock:
+            return tuple(self._items.values())
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()

@@ -1,0 +1,364 @@
+"""Read the host as MindSpore's dataset engine will meet it. Facts only: no decision is made here.
+
+Every reader takes ``root`` so tests can point it at a fake tree (``tmp_path/proc/...``), the way psutil's
+``PROCFS_PATH`` works. A fact that cannot be read is ``None`` and a note says why; nothing here raises.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import resource
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+from ms_shm._results import Result
+
+log = logging.getLogger(__name__)
+
+PAGE = 4096
+_UNLIMITED_CGROUP = 1 << 60  # cgroup v1 writes ~2**63 rounded to a page for "no limit"
+
+
+@dataclass(frozen=True)
+class Ranks(Result):
+    """How many training processes share this host's /dev/shm, and which one we are."""
+
+    local_size: int
+    local_rank: int
+    source: str  # the variable (or "override", or "default") the numbers came from
+
+
+@dataclass(frozen=True)
+class HostFacts(Result):
+    """What the host offers a data pipeline. ``None`` means "could not determine"; ``notes`` say why."""
+
+    shm_path: str
+    shm_total: int | None
+    shm_free: int | None
+    mem_total: int | None
+    mem_available: int | None
+    cgroup_version: str | None
+    cgroup_mem_limit: int | None
+    cgroup_mem_usage: int | None
+    cpu_count: int | None
+    cpu_affinity: int | None
+    cpu_quota: float | None
+    usable_cpus: int
+    nofile_soft: int | None
+    nofile_hard: int | None
+    open_fds: int | None
+    shmmax: int | None
+    shmall_pages: int | None
+    shmmni: int | None
+    msgmni: int | None
+    sysv_segments: int | None
+    sysv_bytes: int | None
+    container: str | None
+    ranks: Ranks
+    mindspore_version: str | None
+    start_method: str | None
+    notes: tuple = field(default_factory=tuple)
+
+    @property
+    def memory_limit(self) -> int | None:
+        """The tighter of RAM and the cgroup limit: Kubernetes counts an in-memory /dev/shm against it."""
+        values = [v for v in (self.mem_total, self.cgroup_mem_limit) if v]
+        return min(values) if values else None
+
+
+class _Notes(list):
+    def add(self, what: str, exc: BaseException | str) -> None:
+        text = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
+        self.append(f"{what}: {text}")
+
+
+def _read(path: Path, notes: _Notes) -> str | None:
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        notes.add(str(path), exc)
+        return None
+
+
+def _read_int(path: Path, notes: _Notes) -> int | None:
+    text = _read(path, notes)
+    if text is None:
+        return None
+    try:
+        return int(text.split()[0])
+    except (ValueError, IndexError) as exc:
+        notes.add(str(path), exc)
+        return None
+
+
+def read_shm(shm_path: Path, notes: _Notes) -> tuple[int | None, int | None]:
+    """Total and free bytes of the filesystem behind /dev/shm (statvfs: files there are unlinked at once)."""
+    try:
+        st = os.statvfs(shm_path)
+    except OSError as exc:
+        notes.add(f"statvfs({shm_path})", exc)
+        return None, None
+    return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+
+
+def read_meminfo(root: Path, notes: _Notes) -> tuple[int | None, int | None]:
+    text = _read(root / "proc/meminfo", notes)
+    if text is None:
+        return None, None
+    values = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[1].isdigit():
+            values[parts[0].rstrip(":")] = int(parts[1]) * 1024
+    total, avail = values.get("MemTotal"), values.get("MemAvailable", values.get("MemFree"))
+    if total is not None and avail is not None and avail > total:  # psutil's rule: containers can lie
+        notes.add("MemAvailable", "greater than MemTotal; using MemFree")
+        avail = values.get("MemFree")
+    return total, avail
+
+
+def _own_cgroup(root: Path, notes: _Notes) -> tuple[str | None, dict]:
+    """The cgroup version and this process's path per controller, from /proc/self/cgroup."""
+    text = _read(root / "proc/self/cgroup", notes)
+    if text is None:
+        return None, {}
+    paths = {}
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        for ctrl in parts[1].split(",") if parts[1] else [""]:
+            paths[ctrl] = parts[2]
+    version = "v2" if set(paths) == {""} else "v1"
+    return version, paths
+
+
+def _cgroup_dirs(base: Path, rel: str) -> list:
+    """The cgroup's own directory then its ancestors: the tightest limit may sit on a parent."""
+    rel = rel.strip("/")
+    candidates = [base]
+    if rel:
+        parts = rel.split("/")
+        candidates = [base.joinpath(*parts[:i]) for i in range(len(parts), 0, -1)] + [base]
+    # Inside a container the namespace often shows "/" while the files sit right at the mount point.
+    return [d for d in dict.fromkeys(candidates) if d.is_dir()]
+
+
+def read_cgroup(root: Path, notes: _Notes) -> tuple[str | None, int | None, int | None, float | None]:
+    """cgroup version, memory limit and usage in bytes, and CPU quota in CPUs (None = unlimited/unknown)."""
+    version, paths = _own_cgroup(root, notes)
+    fs = root / "sys/fs/cgroup"
+    if version is None:
+        return None, None, None, None
+    limit = usage = quota = None
+    if version == "v2":
+        for d in _cgroup_dirs(fs, paths.get("", "/")):
+            raw = _read(d / "memory.max", _Notes())
+            if raw is not None and raw.strip() != "max" and limit is None:
+                limit = int(raw)
+            if usage is None:
+                usage = _read_int(d / "memory.current", _Notes())
+            cpu = _read(d / "cpu.max", _Notes())
+            if cpu is not None and quota is None:
+                q, _, period = cpu.strip().partition(" ")
+                if q != "max" and period:
+                    quota = int(q) / int(period)
+    else:
+        mem_rel = paths.get("memory", "/")
+        for d in _cgroup_dirs(fs / "memory", mem_rel):
+            raw = _read_int(d / "memory.limit_in_bytes", _Notes())
+            if raw is not None and raw < _UNLIMITED_CGROUP and limit is None:
+                limit = raw
+            if usage is None:
+                usage = _read_int(d / "memory.usage_in_bytes", _Notes())
+        cpu_rel = paths.get("cpu", paths.get("cpu,cpuacct", "/"))
+        for base in (fs / "cpu", fs / "cpu,cpuacct"):
+            for d in _cgroup_dirs(base, cpu_rel):
+                q = _read_int(d / "cpu.cfs_quota_us", _Notes())
+                p = _read_int(d / "cpu.cfs_period_us", _Notes())
+                if q is not None and p and q > 0 and quota is None:
+                    quota = q / p
+    if limit is None and usage is None and not fs.is_dir():
+        notes.add(str(fs), "no cgroup filesystem mounted")
+    return version, limit, usage, quota
+
+
+def read_cpus(root: Path, notes: _Notes, quota: float | None) -> tuple[int | None, int | None, int]:
+    """OS CPU count, affinity, and the usable count (loky's rule: the minimum of all of them)."""
+    count = os.cpu_count()
+    if count is None:
+        notes.add("os.cpu_count()", "returned None")
+    affinity = None
+    if hasattr(os, "sched_getaffinity"):
+        try:
+            affinity = len(os.sched_getaffinity(0))
+        except OSError as exc:
+            notes.add("sched_getaffinity", exc)
+    limits = [c for c in (count, affinity) if c]
+    if quota:
+        limits.append(max(1, int(quota)))
+    return count, affinity, max(1, min(limits)) if limits else 1
+
+
+def read_nofile(root: Path, notes: _Notes, pid: str = "self") -> tuple[int | None, int | None, int | None]:
+    """Soft and hard RLIMIT_NOFILE, and how many fds this process already holds."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError) as exc:
+        notes.add("getrlimit(RLIMIT_NOFILE)", exc)
+        soft = hard = None
+    inf = resource.RLIM_INFINITY
+    soft = None if soft == inf else soft
+    hard = None if hard == inf else hard
+    try:
+        open_fds = len(os.listdir(root / "proc" / pid / "fd"))
+    except OSError as exc:
+        notes.add("open fds", exc)
+        open_fds = None
+    return soft, hard, open_fds
+
+
+def read_sysv(root: Path, notes: _Notes) -> dict:
+    """Kernel SysV limits (map/batch workers use SysV in MindSpore 2.7+) and what is in use now."""
+    kernel = root / "proc/sys/kernel"
+    out = {
+        "shmmax": _read_int(kernel / "shmmax", notes),
+        "shmall_pages": _read_int(kernel / "shmall", notes),
+        "shmmni": _read_int(kernel / "shmmni", notes),
+        "msgmni": _read_int(kernel / "msgmni", notes),
+        "sysv_segments": None,
+        "sysv_bytes": None,
+    }
+    text = _read(root / "proc/sysvipc/shm", notes)
+    if text is not None:
+        rows = [line.split() for line in text.splitlines()[1:] if line.strip()]
+        out["sysv_segments"] = len(rows)
+        out["sysv_bytes"] = sum(int(r[3]) for r in rows if len(r) > 3 and r[3].isdigit())
+    return out
+
+
+def detect_container(root: Path, env: Mapping[str, str]) -> str | None:
+    """Where we run, which decides the fix to print: Kubernetes, Docker, Podman, another container or None."""
+    if env.get("KUBERNETES_SERVICE_HOST") or (root / "var/run/secrets/kubernetes.io").exists():
+        return "kubernetes"
+    if (root / "run/.containerenv").exists():
+        return "podman"
+    if (root / ".dockerenv").exists():
+        return "docker"
+    try:
+        cg = (root / "proc/1/cgroup").read_text()
+    except OSError:
+        cg = ""
+    for marker, name in (("kubepods", "kubernetes"), ("docker", "docker"), ("containerd", "container"),
+                         ("lxc", "container")):
+        if marker in cg:
+            return name
+    if env.get("container"):
+        return "container"
+    return None
+
+
+_LOCAL_SIZE_VARS = (
+    ("OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
+    ("LOCAL_WORLD_SIZE", "LOCAL_RANK"),
+    ("MPI_LOCALNRANKS", "MPI_LOCALRANKID"),
+    ("SLURM_NTASKS_PER_NODE", "SLURM_LOCALID"),
+)
+_DEVICES_PER_HOST = 8  # MindSpore's own assumption: device_num = min(group_size, 8)
+
+
+def _int(env: Mapping[str, str], name: str) -> int | None:
+    try:
+        value = int(str(env.get(name, "")).split("(")[0].split(",")[0])
+    except ValueError:
+        return None
+    return value if value >= 0 else None
+
+
+def detect_ranks(env: Mapping[str, str], override: int | None = None) -> Ranks:
+    """Ranks sharing this host's /dev/shm, from the launcher's environment.
+
+    Launchers that know the local count say so directly (Open MPI, torchrun, MPICH, Slurm). msrun exports
+    only the global ``MS_WORKER_NUM`` / ``RANK_SIZE``; like MindSpore's own shm check we then assume at most
+    8 ranks per host, and the ``source`` says it was assumed.
+    """
+    local_rank = None
+    for name in ("OMPI_COMM_WORLD_LOCAL_RANK", "LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "DEVICE_ID"):
+        local_rank = _int(env, name)
+        if local_rank is not None:
+            break
+    if override is not None:
+        return Ranks(max(1, int(override)), local_rank or 0, "override")
+    if _int(env, "MS_SHM_LOCAL_RANKS"):
+        return Ranks(_int(env, "MS_SHM_LOCAL_RANKS"), local_rank or 0, "MS_SHM_LOCAL_RANKS")
+    for size_var, rank_var in _LOCAL_SIZE_VARS:
+        size = _int(env, size_var)
+        if size:
+            return Ranks(size, _int(env, rank_var) or 0, size_var)
+    for size_var in ("MS_WORKER_NUM", "RANK_SIZE"):
+        size = _int(env, size_var)
+        if size:
+            local = min(size, _DEVICES_PER_HOST)
+            if local_rank is None:
+                rank_id = _int(env, "RANK_ID")
+                local_rank = rank_id % local if rank_id is not None else 0
+            how = "all on this host" if size <= _DEVICES_PER_HOST else f"assumed {_DEVICES_PER_HOST} per host"
+            return Ranks(local, local_rank, f"{size_var}={size} ({how})")
+    return Ranks(1, 0, "default (no launcher variables)")
+
+
+def mindspore_version() -> str | None:
+    """Installed MindSpore version from package metadata: cheap, and does not import MindSpore."""
+    try:
+        from importlib import metadata
+    except ImportError:  # Python 3.7
+        return None
+    for dist in ("mindspore", "mindspore-ascend", "mindspore-gpu", "mindspore-cpu"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def probe(root: Path | str = Path("/"), env: Mapping[str, str] | None = None, shm_path: Path | str | None = None,
+          ranks: int | None = None) -> HostFacts:
+    """Read the host. Never raises: anything unreadable becomes ``None`` and a note.
+
+    Args:
+        root: filesystem root for /proc and /sys (tests pass a fake tree).
+        env: environment to read launcher variables from (default ``os.environ``).
+        shm_path: the shared-memory mount (default ``<root>/dev/shm``).
+        ranks: override for the number of ranks sharing this host.
+    """
+    root = Path(root)
+    env = os.environ if env is None else env
+    notes = _Notes()
+    shm = Path(shm_path) if shm_path is not None else root / "dev/shm"
+    shm_total, shm_free = read_shm(shm, notes)
+    mem_total, mem_avail = read_meminfo(root, notes)
+    cg_version, cg_limit, cg_usage, quota = read_cgroup(root, notes)
+    count, affinity, usable = read_cpus(root, notes, quota)
+    soft, hard, fds = read_nofile(root, notes)
+    sysv = read_sysv(root, notes)
+    try:
+        start_method = multiprocessing.get_start_method(allow_none=True) or "fork (default)"
+    except (RuntimeError, ValueError) as exc:
+        notes.add("start method", exc)
+        start_method = None
+    facts = HostFacts(
+        shm_path=str(shm), shm_total=shm_total, shm_free=shm_free,
+        mem_total=mem_total, mem_available=mem_avail,
+        cgroup_version=cg_version, cgroup_mem_limit=cg_limit, cgroup_mem_usage=cg_usage,
+        cpu_count=count, cpu_affinity=affinity, cpu_quota=quota, usable_cpus=usable,
+        nofile_soft=soft, nofile_hard=hard, open_fds=fds,
+        container=detect_container(root, env), ranks=detect_ranks(env, ranks),
+        mindspore_version=mindspore_version(), start_method=start_method,
+        notes=tuple(notes), **sysv,
+    )
+    for note in notes:
+        log.debug("probe: could not determine %s", note)
+    return facts

@@ -1,0 +1,268 @@
+"""Take a few rows from the user's source, check them, and measure their size and cost.
+
+Rows are measured as MindSpore will carry them: each column converted the way ``_convert_row`` does, and the
+row's shared-memory size is the sum of ``nbytes`` of its ndarray columns. Bad rows are rejected here, in the
+main process, with the column, the row and the fix, before any worker exists.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from ms_shm._results import Result
+
+log = logging.getLogger(__name__)
+
+# numpy kinds MindSpore tensors can hold: bool, ints, floats, unicode and bytes strings (complex too in 2.x).
+_CARRIED_KINDS = {"b": "bool", "i": "int", "u": "uint", "f": "float", "c": "complex", "U": "str", "S": "bytes"}
+
+
+class RowError(ValueError):
+    """A row MindSpore cannot carry. The message names the column, the row and the fix."""
+
+    def __init__(self, message: str, column: str | None = None, row: Any = None):
+        super().__init__(message)
+        self.column = column
+        self.row = row
+
+
+@dataclass(frozen=True)
+class ColumnStats(Result):
+    name: str
+    dtype: str
+    shape: tuple
+    max_bytes: int
+    varies: bool  # shape changed between probe rows
+
+
+@dataclass(frozen=True)
+class RowStats(Result):
+    """What the probe rows showed. Timing fields are ``None`` when nothing was timed (a what-if plan)."""
+
+    random_access: bool
+    length: int | None
+    probed: int
+    indices: tuple
+    columns: tuple
+    row_bytes_max: int
+    row_bytes_min: int
+    seconds_per_row: float | None
+    cpu_fraction: float | None  # thread CPU time / wall time while fetching: low means I/O-bound
+    probe_seconds: float
+    notes: tuple = field(default_factory=tuple)
+
+    @property
+    def ragged(self) -> bool:
+        return self.row_bytes_max != self.row_bytes_min or any(c.varies for c in self.columns)
+
+    @classmethod
+    def synthetic(cls, row_bytes: int, length: int | None = None) -> "RowStats":
+        """Stats for a what-if plan: a known row size, no timing."""
+        col = ColumnStats("data", "uint8", (row_bytes,), row_bytes, False)
+        return cls(True, length, 0, (), (col,), row_bytes, row_bytes, None, None, 0.0,
+                   ("row size given, not measured",))
+
+
+def _column_name(names: Sequence[str] | None, i: int) -> str:
+    return names[i] if names and i < len(names) else f"#{i}"
+
+
+def convert_row(row: Any, index: Any, names: Sequence[str] | None) -> tuple:
+    """The row as a tuple of ndarrays, as MindSpore's ``_convert_row`` makes it, or a ``RowError``."""
+    where = f"row {index}"
+    if row is None:
+        raise RowError(f"{where} is None: the source returned nothing. Fix: return a tuple of numpy arrays, "
+                       f"one per column{_names_hint(names)}.", None, index)
+    if isinstance(row, dict):
+        raise RowError(f"{where} is a dict with keys {sorted(map(str, row))[:6]}: GeneratorDataset rows are "
+                       f"tuples. Fix: return a tuple of arrays in column order, e.g. "
+                       f"`return (d['image'], d['label'])`, and pass column_names.", None, index)
+    if isinstance(row, (np.ndarray, int, float, str, bytes, np.generic)) or hasattr(row, "asnumpy"):
+        values = [row]
+    elif isinstance(row, (tuple, list)):
+        values = list(row)
+    else:
+        raise RowError(f"{where} is a {type(row).__name__}: GeneratorDataset rows are tuples of numpy "
+                       f"arrays. Fix: return a tuple of numpy arrays{_names_hint(names)}.", None, index)
+    if names is not None and len(values) != len(names):
+        raise RowError(f"{where} has {len(values)} column(s) but column_names has {len(names)} "
+                       f"({list(names)}). Fix: make __getitem__ return exactly {len(names)} values, "
+                       f"or change column_names.", None, index)
+    return tuple(_convert_column(v, index, _column_name(names, i)) for i, v in enumerate(values))
+
+
+def _names_hint(names: Sequence[str] | None) -> str:
+    return f" ({', '.join(names)})" if names else ""
+
+
+def _convert_column(value: Any, index: Any, name: str) -> np.ndarray:
+    where = f"column '{name}' of row {index}"
+    if value is None:
+        raise RowError(f"{where} is None. Fix: return a value for every column (e.g. an empty "
+                       f"np.zeros(0) or a sentinel like -1), or drop the column.", name, index)
+    if isinstance(value, dict):
+        raise RowError(f"{where} is a dict. Fix: split it into one column per key, or serialise it "
+                       f"(np.frombuffer(pickle.dumps(d), np.uint8)).", name, index)
+    if hasattr(value, "asnumpy"):
+        value = value.asnumpy()
+    try:
+        array = np.asarray(value)
+    except ValueError as exc:  # numpy >= 1.24 refuses ragged nested lists
+        raise RowError(f"{where} is a ragged list ({exc}). Fix: pad it to one shape, or return it as "
+                       f"separate columns.", name, index) from exc
+    if array.dtype.kind == "O":
+        kind = "ragged list" if isinstance(value, (list, tuple)) else "object array"
+        raise RowError(f"{where} is an {kind} (dtype=object, {type(value).__name__}). MindSpore carries only "
+                       f"numeric, bool and string arrays. Fix: convert it with np.asarray(x, dtype=...) to one "
+                       f"dtype and shape, or pickle it to bytes.", name, index)
+    if array.dtype.kind not in _CARRIED_KINDS:
+        raise RowError(f"{where} has dtype {array.dtype} which MindSpore cannot carry. Fix: convert it "
+                       f"(e.g. x.astype(np.int64) for datetimes, or split structured fields into columns).",
+                       name, index)
+    return array
+
+
+def row_bytes(columns: tuple) -> int:
+    """Bytes a row takes in a dynamic shared-memory slot: every ndarray column, contiguous."""
+    return int(sum(c.nbytes for c in columns))
+
+
+def _spread(length: int, count: int) -> list:
+    """Probe indices spread over the dataset, first and last included: rows often grow along it."""
+    if length <= count:
+        return list(range(length))
+    step = (length - 1) / (count - 1)
+    return sorted({round(i * step) for i in range(count)})
+
+
+@dataclass
+class _Probe:
+    names: Sequence[str] | None
+    indices: list = field(default_factory=list)
+    rows: list = field(default_factory=list)
+    wall: float = 0.0
+    cpu: float = 0.0
+
+    def fetch(self, fetch) -> Any:
+        """Call ``fetch()`` and add its wall and CPU time to the probe's account."""
+        w0, c0 = time.perf_counter(), time.thread_time()
+        row = fetch()
+        self.wall += time.perf_counter() - w0
+        self.cpu += time.thread_time() - c0
+        return row
+
+    def keep(self, index: Any, row: Any) -> None:
+        self.rows.append(convert_row(row, index, self.names))
+        self.indices.append(index)
+
+    def stats(self, random_access: bool, length: int | None, started: float, notes: list) -> RowStats:
+        sizes = [row_bytes(r) for r in self.rows]
+        columns = []
+        if self.rows:
+            width = max(len(r) for r in self.rows)
+            for i in range(width):
+                cells = [r[i] for r in self.rows if i < len(r)]
+                shapes = {c.shape for c in cells}
+                dtypes = {str(c.dtype) for c in cells}
+                columns.append(ColumnStats(_column_name(self.names, i), "|".join(sorted(dtypes)),
+                                           max(shapes, key=lambda s: int(np.prod(s))),
+                                           max(c.nbytes for c in cells), len(shapes) > 1))
+        n = len(self.rows)
+        return RowStats(random_access, length, n, tuple(self.indices), tuple(columns),
+                        max(sizes, default=0), min(sizes, default=0),
+                        self.wall / n if n else None,
+                        (self.cpu / self.wall) if self.wall > 0 else None,
+                        time.perf_counter() - started, tuple(notes))
+
+
+def is_random_access(source: Any) -> bool:
+    """MindSpore takes the multiprocess path only for sources with both ``__getitem__`` and ``__len__``."""
+    return hasattr(source, "__getitem__") and hasattr(source, "__len__")
+
+
+def measure_random_access(source: Any, names: Sequence[str] | None, max_rows: int = 8, min_rows: int = 3,
+                          time_fraction: float = 0.02) -> tuple[RowStats, list]:
+    """Fetch a few rows spread over the source; stop early once probing would cost a visible part of an epoch.
+
+    Fetching by index has no side effect on what the pipeline later reads, so nothing needs replaying.
+
+    Returns:
+        The stats, and the probe rows converted to tuples of arrays (for ``ms_shm.map`` to run operations on).
+    """
+    started = time.perf_counter()
+    notes: list = []
+    length = len(source)
+    probe = _Probe(names)
+    if length == 0:
+        notes.append("source is empty")
+        return probe.stats(True, 0, started, notes), probe.rows
+    for n, index in enumerate(_spread(length, max_rows)):
+        try:
+            row = probe.fetch(lambda i=index: source[i])
+        except Exception as exc:
+            raise RowError(f"source[{index}] raised {type(exc).__name__}: {exc}. Fix the source; ms_shm "
+                           f"called it before any worker started.", None, index) from exc
+        probe.keep(index, row)
+        if n + 1 >= min_rows and probe.wall > time_fraction * (probe.wall / (n + 1)) * length:
+            notes.append(f"stopped after {n + 1} rows: probing is capped at {time_fraction:.0%} of an epoch")
+            break
+    return probe.stats(True, length, started, notes), probe.rows
+
+
+class ReplaySource:
+    """An iterable that first re-emits the probe rows, then continues the same iteration.
+
+    Later epochs start the source afresh exactly as MindSpore would (calling a generator function, or
+    ``iter()`` on an iterable), so each epoch sees every row once: none lost, none duplicated.
+    """
+
+    def __init__(self, source: Any, head: list, rest: Iterator | None):
+        self._source = source
+        self._head = head
+        self._rest = rest
+
+    def __iter__(self) -> Iterator:
+        if self._rest is not None:
+            head, rest = self._head, self._rest
+            self._head, self._rest = [], None
+            return itertools.chain(head, rest)
+        return _fresh_iterator(self._source)
+
+
+class SizedReplaySource(ReplaySource):
+    """A ``ReplaySource`` for a source with ``__len__``, so MindSpore still knows the dataset size."""
+
+    def __len__(self) -> int:
+        return len(self._source)
+
+
+def _fresh_iterator(source: Any) -> Iterator:
+    if hasattr(source, "__iter__"):
+        return iter(source)
+    return iter(source())
+
+
+def measure_iterable(source: Any, names: Sequence[str] | None, max_rows: int = 4
+                     ) -> tuple[RowStats, list, ReplaySource]:
+    """Take the first rows of a generator function or iterable and return a source that re-emits them."""
+    started = time.perf_counter()
+    probe = _Probe(names)
+    iterator = _fresh_iterator(source)
+    head = []
+    done = object()
+    for index in range(max_rows):
+        row = probe.fetch(lambda: next(iterator, done))
+        if row is done:
+            break
+        head.append(row)
+        probe.keep(index, row)
+    length = len(source) if hasattr(source, "__len__") else None
+    cls = SizedReplaySource if length is not None else ReplaySource
+    return probe.stats(False, length, started, []), probe.rows, cls(source, head, iterator)
+

@@ -1,0 +1,82 @@
+"""Run Python code the way a container would: private small /dev/shm, fake CPU count, starved fd limit.
+
+Everything here needs root and ``unshare``; ``unavailable()`` says why not, so tests skip with a reason
+instead of passing silently.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import textwrap
+from functools import lru_cache
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@lru_cache(maxsize=None)
+def unavailable() -> str | None:
+    """Why a private /dev/shm cannot be made here, or None when it can."""
+    if os.geteuid() != 0:
+        return "needs root to mount a private tmpfs on /dev/shm"
+    if shutil.which("unshare") is None:
+        return "unshare(1) is not installed"
+    probe = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c",
+         "mount -t tmpfs -o size=1m tmpfs /dev/shm && df -k /dev/shm"],
+        capture_output=True, text=True, timeout=30,
+    )
+    if probe.returncode != 0:
+        return f"unshare/mount failed: {probe.stderr.strip()[:200]}"
+    return None
+
+
+@lru_cache(maxsize=None)
+def mindspore_missing() -> str | None:
+    r = subprocess.run([sys.executable, "-c", "import mindspore.dataset"], capture_output=True, text=True)
+    return None if r.returncode == 0 else "mindspore is not importable: " + r.stderr.strip()[-200:]
+
+
+def shell_prefix(shm: str | None = "64m", cpus: int | None = None, nofile: int | None = None,
+                 nofile_hard: int | None = None) -> str:
+    """Shell lines that set up the private namespace before the command runs."""
+    lines = []
+    if shm:
+        lines.append(f"mount -t tmpfs -o size={shm} tmpfs /dev/shm")
+    if cpus:
+        lines.append(f'f=$(mktemp); echo 0-{cpus - 1} > "$f"; mount --bind "$f" /sys/devices/system/cpu/online')
+    if nofile_hard:
+        lines.append(f"ulimit -Hn {nofile_hard}")
+    if nofile:
+        lines.append(f"ulimit -Sn {nofile}")
+    return " && ".join(lines) if lines else "true"
+
+
+def run_shell(command: str, shm: str | None = "64m", cpus: int | None = None, nofile: int | None = None,
+              nofile_hard: int | None = None, timeout: float = 300, env: dict | None = None
+              ) -> subprocess.CompletedProcess:
+    """Run a shell command inside a fresh private mount namespace."""
+    full_env = dict(os.environ)
+    full_env["PYTHONPATH"] = str(REPO) + os.pathsep + full_env.get("PYTHONPATH", "")
+    full_env.setdefault("GLOG_v", "2")
+    if env:
+        full_env.update(env)
+    script = shell_prefix(shm, cpus, nofile, nofile_hard) + " && " + command
+    return subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+                          capture_output=True, text=True, timeout=timeout, env=full_env, cwd=str(REPO))
+
+
+def run_python(code: str, **kwargs) -> subprocess.CompletedProcess:
+    """Run a Python snippet (dedented) in a private namespace; see ``run_shell`` for the options."""
+    code = textwrap.dedent(code)
+    return run_shell(f"exec {shlex.quote(sys.executable)} -c {shlex.quote(code)}", **kwargs)
+
+
+def describe(result: subprocess.CompletedProcess) -> str:
+    """Text for an assertion message: exit code and the tails of both streams."""
+    return (f"rc={result.returncode}\n--- stdout ---\n{result.stdout[-3000:]}"
+            f"\n--- stderr ---\n{result.stderr[-3000:]}")

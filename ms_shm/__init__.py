@@ -14,10 +14,12 @@ import logging
 
 from ms_shm.api import TuneReport, build_dataset, map, plan_of, probe, reset, tune
 from ms_shm.budget import Budget
+from ms_shm.cleanup import CleanReport, Leftover, clean
 from ms_shm.guard import RowTooLargeError, SourceError
 from ms_shm.host import HostFacts
 from ms_shm.plan import Decision, Plan, ShmBudgetError
 from ms_shm.rows import RowError, RowStats
+from ms_shm.watch import Watcher, WatchSummary, watch
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
@@ -27,4 +29,5 @@ __all__ = [
     "tune", "build_dataset", "map", "plan_of", "probe", "reset",
     "TuneReport", "Plan", "Decision", "Budget", "HostFacts", "RowStats",
     "ShmBudgetError", "RowError", "RowTooLargeError", "SourceError",
+    "clean", "CleanReport", "Leftover", "watch", "Watcher", "WatchSummary",
 ]

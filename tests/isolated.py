@@ -49,10 +49,10 @@ def shell_prefix(shm: str | None = "64m", cpus: int | None = None, nofile: int |
         lines.append(f"mount -t tmpfs -o size={shm} tmpfs /dev/shm")
     if cpus:
         lines.append(f'f=$(mktemp); echo 0-{cpus - 1} > "$f"; mount --bind "$f" /sys/devices/system/cpu/online')
+    if nofile:
+        lines.append(f"ulimit -Sn {nofile}")  # soft first: the hard limit may not drop below it
     if nofile_hard:
         lines.append(f"ulimit -Hn {nofile_hard}")
-    if nofile:
-        lines.append(f"ulimit -Sn {nofile}")
     return " && ".join(lines) if lines else "true"
 
 

@@ -1,0 +1,437 @@
+"""``ms_shm.clean``: fake roots for every rule, then a real MindSpore crash in a private IPC namespace."""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ms_shm import cleanup
+from ms_shm.cleanup import KIND_DEV_SHM, KIND_IPC_FILE, KIND_MSG, KIND_SHM, clean, ftok
+
+DEAD = 4_194_400  # above PID_MAX_LIMIT (4194304), so never alive on the real host either
+LIVE = 777
+SHM_HEADER = ("       key      shmid perms                  size  cpid  lpid nattch   uid   gid  cuid  cgid"
+              "      atime      dtime      ctime                   rss                  swap\n")
+MSG_HEADER = ("       key      msqid perms      cbytes       qnum lspid lrpid   uid   gid  cuid  cgid"
+              "      stime      rtime      ctime\n")
+
+
+class FakeHost:
+    """A ``tmp_path`` tree laid out like ``/``: proc (with sysvipc), tmp, dev/shm."""
+
+    def __init__(self, base: Path):
+        self.root = base
+        for sub in ("proc/sysvipc", "tmp", "dev/shm"):
+            (base / sub).mkdir(parents=True, exist_ok=True)
+        self.shm_rows: list = []
+        self.msg_rows: list = []
+        self.live(LIVE)
+        self.flush()
+
+    def live(self, pid: int, fds: dict | None = None, maps: list | None = None) -> None:
+        proc = self.root / "proc" / str(pid)
+        (proc / "fd").mkdir(parents=True, exist_ok=True)
+        for fd, target in (fds or {}).items():
+            os.symlink(target, proc / "fd" / str(fd))
+        lines = [f"7f0000000000-7f0000001000 rw-s 00000000 00:1b 12 {path}\n" for path in maps or ()]
+        (proc / "maps").write_text("".join(lines))
+
+    def ipc_file(self, pid: int, worker: int, uid: int | None = None) -> tuple:
+        path = self.root / "tmp" / f"dataset_ipc_{pid}_140594783198080_{worker}"
+        path.write_bytes(b"")
+        if uid is not None:
+            os.chown(path, uid, -1)
+        return path, ftok(os.stat(path))
+
+    def segment(self, key: int, shmid: int, size: int = 4 << 20, cpid: int = DEAD, lpid: int = DEAD,
+                nattch: int = 0, uid: int = 0) -> None:
+        self.shm_rows.append(f"{key:10d} {shmid:10d} 600 {size:21d} {cpid:5d} {lpid:5d} {nattch:6d} "
+                             f"{uid:5d} 0 {uid:5d} 0 1796081584 0 1796081584 {size + 64:21d} 0\n")
+        self.flush()
+
+    def queue(self, key: int, msqid: int, lspid: int = DEAD, lrpid: int = DEAD, cbytes: int = 0,
+              uid: int = 0) -> None:
+        self.msg_rows.append(f"{key:10d} {msqid:10d} 600 {cbytes:11d} 0 {lspid:5d} {lrpid:5d} "
+                             f"{uid:5d} 0 {uid:5d} 0 1796081584 1796081584 1796081583\n")
+        self.flush()
+
+    def dev_shm(self, name: str, size: int = 8192, uid: int | None = None) -> Path:
+        path = self.root / "dev" / "shm" / name
+        path.write_bytes(b"\1" * size)
+        if uid is not None:
+            os.chown(path, uid, -1)
+        return path
+
+    def flush(self) -> None:
+        (self.root / "proc/sysvipc/shm").write_text(SHM_HEADER + "".join(self.shm_rows))
+        (self.root / "proc/sysvipc/msg").write_text(MSG_HEADER + "".join(self.msg_rows))
+
+    def crashed_pipeline(self, pid: int = DEAD, workers: int = 2, first_id: int = 0) -> list:
+        """What ``kill -9 -PGID`` leaves: per worker a key file, a segment and a queue."""
+        keys = []
+        for worker in range(workers):
+            _, key = self.ipc_file(pid, worker)
+            self.segment(key, first_id + worker, cpid=pid, lpid=pid + 3 + worker)
+            self.queue(key, first_id + worker, lspid=pid + 3 + worker, lrpid=pid)
+            keys.append(key)
+        return keys
+
+
+@pytest.fixture
+def host(tmp_path):
+    return FakeHost(tmp_path)
+
+
+@pytest.fixture
+def rmid(monkeypatch):
+    """Record IPC_RMID calls instead of making them: ids under a fake root mean nothing to the kernel."""
+    calls = []
+    monkeypatch.setattr(cleanup, "_rmid", lambda kind, ipc_id, root: calls.append((kind, ipc_id)))
+    return calls
+
+
+def kinds(report) -> list:
+    return sorted(item.kind for item in report.leftovers)
+
+
+def test_ftok_matches_the_key_mindspore_used():
+    """Measured: /tmp/dataset_ipc_4770_..._0 had st_dev 0x29, st_ino 0x3, and ipcs showed key 0x00290003."""
+    st = os.stat_result((0o100600, 0x3, 0x29, 1, 0, 0, 0, 0, 0, 0))
+    assert ftok(st) == 0x00290003
+    big = os.stat_result((0o100600, 0x3F7E8, 0xFE00, 1, 0, 0, 0, 0, 0, 0))
+    assert ftok(big) == 0x0000F7E8  # only the low byte of the device and 16 bits of the inode count
+
+
+def test_dry_run_lists_a_crashed_pipeline_and_touches_nothing(host, rmid):
+    host.crashed_pipeline()
+    report = clean(root=host.root, uid=0)
+    assert report.dry_run
+    assert kinds(report) == [KIND_IPC_FILE] * 2 + [KIND_MSG] * 2 + [KIND_SHM] * 2
+    assert not any(item.removed for item in report.leftovers)
+    assert rmid == []
+    assert len(list((host.root / "tmp").iterdir())) == 2
+    assert report.bytes_freed == 2 * ((4 << 20) + 64)  # the segments' rss column
+    text = "\n".join(report.lines())
+    assert "would remove" in text and "8.0 MiB" in text and "--yes" in text
+    assert all(item.owner_pid == DEAD for item in report.leftovers)
+    assert report.to_dict()["leftovers"][0]["kind"] in (KIND_SHM, KIND_MSG)
+
+
+def test_real_run_removes_and_logs_each_object(host, rmid, caplog):
+    host.crashed_pipeline()
+    with caplog.at_level(logging.INFO, logger="ms_shm.cleanup"):
+        report = clean(dry_run=False, root=host.root, uid=0)
+    assert sorted(rmid) == [(KIND_MSG, 0), (KIND_MSG, 1), (KIND_SHM, 0), (KIND_SHM, 1)]
+    assert all(item.removed and item.error is None for item in report.leftovers)
+    assert list((host.root / "tmp").iterdir()) == []
+    assert report.bytes_freed == 2 * ((4 << 20) + 64)
+    assert sum("removed" in r.getMessage() for r in caplog.records) == 6
+    assert "removed 6 object(s)" in "\n".join(report.lines())
+
+
+def test_attached_or_live_objects_and_their_key_files_are_kept(host, rmid):
+    _, attached = host.ipc_file(DEAD, 0)
+    host.segment(attached, 10, nattch=1)
+    _, live_sender = host.ipc_file(DEAD, 1)
+    host.queue(live_sender, 11, lspid=LIVE)
+    host.ipc_file(LIVE, 2)
+    report = clean(dry_run=False, root=host.root, uid=0)
+    assert report.leftovers == ()
+    assert rmid == []
+    assert len(list((host.root / "tmp").iterdir())) == 3  # removing a key file would lose the match
+
+
+def test_key_files_of_finished_runs_go_even_without_objects(host, rmid):
+    """Clean exits remove the SysV objects but never the files (strace showed no unlink)."""
+    path, _ = host.ipc_file(DEAD, 0)
+    report = clean(dry_run=False, root=host.root, uid=0)
+    assert [(item.kind, item.removed) for item in report.leftovers] == [(KIND_IPC_FILE, True)]
+    assert not path.exists()
+
+
+def test_a_live_main_process_keeps_its_objects_even_when_workers_died(host, rmid):
+    _, key = host.ipc_file(LIVE, 0)
+    host.segment(key, 3)
+    host.queue(key, 3)
+    assert clean(dry_run=False, root=host.root, uid=0).leftovers == ()
+
+
+def test_other_users_objects_are_kept_unless_root(host, rmid):
+    path, key = host.ipc_file(DEAD, 0, uid=1000)
+    host.segment(key, 4, uid=1000)
+    host.queue(key, 4, uid=1000)
+    shm_file = host.dev_shm(f"mindspore_{DEAD}_abc_0", uid=1000)
+    assert clean(root=host.root, uid=1234).leftovers == ()
+    assert len(clean(root=host.root, uid=1000).leftovers) == 4
+    assert len(clean(root=host.root, uid=0).leftovers) == 4
+    assert path.exists() and shm_file.exists()
+
+
+def test_dev_shm_patterns_of_dead_pids_are_removed(host, rmid):
+    names = [f"mindspore_{DEAD}_8812_3", f"pym-{DEAD}-k2j3h", f"torch_{DEAD}_2955012_0", "sem.mp-abc123"]
+    for name in names:
+        host.dev_shm(name)
+    bystanders = [host.dev_shm(name) for name in
+                  ("sem.myapp", "postgres.123", f"mindspore_{LIVE}_1_0", f"pym-{LIVE}-x", "notes.txt")]
+    report = clean(dry_run=False, root=host.root, uid=0)
+    assert sorted(Path(item.name).name for item in report.leftovers) == sorted(names)
+    assert all(item.kind == KIND_DEV_SHM and item.removed for item in report.leftovers)
+    assert report.bytes_freed == 4 * 8192
+    assert all(path.exists() for path in bystanders)
+
+
+def test_symlinks_are_never_followed_or_removed(host, rmid, tmp_path_factory):
+    outside = tmp_path_factory.mktemp("victim") / "precious"
+    outside.write_text("keep me")
+    link = host.root / "dev/shm" / f"mindspore_{DEAD}_1_0"
+    os.symlink(outside, link)
+    os.symlink(outside, host.root / "tmp" / f"dataset_ipc_{DEAD}_1_0")
+    report = clean(dry_run=False, root=host.root, uid=0)
+    assert report.leftovers == ()
+    assert outside.read_text() == "keep me" and os.path.islink(link)
+    assert sum("symlinks are never followed" in note for note in report.notes) == 2
+
+
+def test_directories_with_known_names_are_not_touched(host, rmid):
+    (host.root / "dev/shm" / f"torch_{DEAD}_1_0").mkdir()
+    assert clean(dry_run=False, root=host.root, uid=0).leftovers == ()
+    assert (host.root / "dev/shm" / f"torch_{DEAD}_1_0").is_dir()
+
+
+def test_files_open_or_mapped_by_a_live_process_are_kept(host, rmid):
+    opened = host.dev_shm(f"pym-{DEAD}-opened")
+    mapped = host.dev_shm("sem.mp-mapped")
+    key_file, _ = host.ipc_file(DEAD, 0)
+    host.live(4242, fds={3: f"/dev/shm/{opened.name}", 4: f"/tmp/{key_file.name}"},
+              maps=[f"/dev/shm/{mapped.name} (deleted)"])
+    report = clean(dry_run=False, root=host.root, uid=0)
+    assert report.leftovers == ()
+    assert opened.exists() and mapped.exists() and key_file.exists()
+
+
+def test_semaphores_are_kept_when_some_maps_cannot_be_read(host, rmid):
+    sem = host.dev_shm("sem.mp-unknown")
+    host.live(4343)
+    (host.root / "proc/4343/maps").unlink()
+    (host.root / "proc/4343/maps").mkdir()  # reading it fails like a permission error would
+    dead_pid_file = host.dev_shm(f"pym-{DEAD}-x")
+    report = clean(dry_run=False, root=host.root, uid=0)
+    assert sem.exists()
+    assert not dead_pid_file.exists()  # pid-named files rest on the pid, not on the maps
+    assert any("sem.mp-*" in note and "could not be read" in note for note in report.notes)
+
+
+def test_orphan_keys_are_reported_and_removed_only_when_asked(host, rmid):
+    key = 0x0000C0AB  # MindSpore's shape, but /tmp was wiped
+    host.segment(key, 7)
+    host.queue(key, 7)
+    host.segment(0x0000C0AC, 8)  # a lone segment is not MindSpore's pair
+    host.segment(0x5100C0AD, 9)  # proj_id 0x51
+    host.queue(0x5100C0AD, 9)
+    report = clean(dry_run=False, root=host.root, uid=0)
+    assert report.leftovers == () and rmid == []
+    assert any("0x0000c0ab" in note and "orphan_keys" in note for note in report.notes)
+    forced = clean(dry_run=False, root=host.root, uid=0, orphan_keys=True)
+    assert sorted(rmid) == [(KIND_MSG, 7), (KIND_SHM, 7)]
+    assert all("file is gone" in item.reason for item in forced.leftovers)
+
+
+def test_ipc_private_segments_are_never_candidates(host, rmid):
+    host.segment(0, 12)
+    assert clean(dry_run=False, root=host.root, uid=0, orphan_keys=True).leftovers == ()
+
+
+def test_fake_roots_never_reach_the_kernel(host):
+    """Without the test seam, removal under a fake root must refuse, and keep the key file."""
+    keys = host.crashed_pipeline()
+    report = clean(dry_run=False, root=host.root, uid=0)
+    sysv = [item for item in report.leftovers if item.kind in (KIND_SHM, KIND_MSG)]
+    assert len(sysv) == 4 and all("refusing IPC_RMID" in item.error for item in sysv)
+    assert not any(item.kind == KIND_IPC_FILE for item in report.leftovers)
+    assert len(list((host.root / "tmp").iterdir())) == len(keys)
+    assert report.bytes_freed == 0
+    assert "FAILED" in "\n".join(report.lines()) and len(report.failed) == 4
+
+
+def test_objects_that_vanish_meanwhile_are_no_failure(host, monkeypatch):
+    def gone(kind, ipc_id, root):
+        raise FileNotFoundError(errno.ENOENT, "already gone")
+
+    monkeypatch.setattr(cleanup, "_rmid", gone)
+    host.crashed_pipeline(workers=1)
+    report = clean(dry_run=False, root=host.root, uid=0)
+    assert report.failed == () and report.bytes_freed == 0
+    assert [item.error for item in report.leftovers if item.kind != KIND_IPC_FILE] == ["already gone"] * 2
+    assert any(item.kind == KIND_IPC_FILE and item.removed for item in report.leftovers)
+    assert "already gone: SysV" in "\n".join(report.lines())
+
+
+def test_a_recycled_id_is_left_alone(host, rmid):
+    _, key = host.ipc_file(DEAD, 0)
+    host.segment(key, 5)
+    candidates, _ = cleanup._sysv_candidates(host.root, cleanup._Processes(host.root),
+                                             cleanup._ipc_files(host.root, []), 0, False, [])
+    host.shm_rows = []
+    host.segment(key + 1, 5)  # the kernel gave id 5 to someone else in the meantime
+    with pytest.raises(OSError) as info:
+        candidates[0].undo()
+    assert info.value.errno == errno.ESTALE and rmid == []
+
+
+def test_unreadable_or_garbled_tables_become_notes(tmp_path):
+    empty = clean(root=tmp_path)
+    assert empty.leftovers == () and "cannot tell live processes" in empty.notes[0]
+    host = FakeHost(tmp_path / "h")
+    (host.root / "proc/sysvipc/shm").write_text(SHM_HEADER + "garbage line here\n")
+    (host.root / "proc/sysvipc/msg").unlink()
+    (host.root / "dev/shm").rmdir()
+    report = clean(root=host.root, uid=0)
+    assert report.leftovers == ()
+    assert any("not numeric" in note for note in report.notes)
+    assert any("msg" in note and "cannot read" in note for note in report.notes)
+    assert any("cannot list" in note and "dev/shm" in note for note in report.notes)
+    assert str(report).startswith("nothing to clean")
+
+
+def test_contract_on_the_real_host_dry_run():
+    """Read-only on the real machine: types only, never raises, never removes."""
+    report = clean()
+    assert report.dry_run and isinstance(report.bytes_freed, int)
+    assert all(not item.removed for item in report.leftovers)
+    json.loads(report.to_json())
+
+
+# ------------------------------------------------------------------------------------- real MindSpore
+
+CRASH_SCENARIO = r'''
+import ctypes, json, os, signal, subprocess, sys, time
+from ms_shm.cleanup import clean, read_sysvipc
+from pathlib import Path
+
+PROC = Path("/proc/sysvipc")
+libc = ctypes.CDLL("libc.so.6", use_errno=True)
+libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphaned workers come to us to be reaped
+
+CHILD = """
+import os, sys, numpy as np, mindspore.dataset as ds
+def rows():
+    for i in range(100000):
+        yield (np.full((1 << 20,), i, dtype=np.float32),)  # 4 MiB
+def plus(x):
+    return x + 1
+data = ds.GeneratorDataset(rows, ["x"], num_parallel_workers=1)
+data = data.map(plus, input_columns=["x"], python_multiprocessing=True, num_parallel_workers=2)
+for n, _ in enumerate(data.create_tuple_iterator(output_numpy=True, num_epochs=1)):
+    if n == 4:
+        open(sys.argv[1], "w").write(str(os.getpid()))
+"""
+marker = "/tmp/ms_shm_marker"
+child = subprocess.Popen([sys.executable, "-c", CHILD, marker], start_new_session=True)
+deadline = time.time() + 240
+while not os.path.exists(marker) or not open(marker).read():
+    if child.poll() is not None or time.time() > deadline:
+        sys.exit("pipeline did not start: rc=%s" % child.poll())
+    time.sleep(0.05)
+
+def group(pgid):
+    pids = set()
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                fields = open("/proc/%s/stat" % name).read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid:
+                pids.add(int(name))
+    return pids
+
+pids = group(child.pid)
+os.killpg(child.pid, signal.SIGKILL)
+deadline = time.time() + 30
+while time.time() < deadline:
+    try:
+        os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+        pass
+    if not any(os.path.exists("/proc/%d" % p) for p in pids):
+        break
+    time.sleep(0.05)
+
+def ours():
+    shm = [r for r in read_sysvipc(PROC / "shm", []) if r["cpid"] in pids or r["lpid"] in pids]
+    msg = [r for r in read_sysvipc(PROC / "msg", []) if r["lspid"] in pids or r["lrpid"] in pids]
+    return {"shm": shm, "msg": msg}
+
+out = {"pids": sorted(pids), "main": child.pid, "before": ours(),
+       "files": sorted(os.listdir("/tmp")), "ipcs": subprocess.run(["ipcs", "-m", "-q"],
+       capture_output=True, text=True).stdout}
+out["dry"] = clean(dry_run=True).to_dict()
+out["after_dry"] = ours()
+out["real"] = clean(dry_run=False).to_dict()
+out["after"] = ours()
+out["files_after"] = sorted(os.listdir("/tmp"))
+try:  # an id that names nothing (private IPC namespace: harmless) counts as "already gone"
+    __import__("ms_shm.cleanup").cleanup._libc_rmid("sysv-shm", 987654)
+    out["bogus_rmid"] = "no error"
+except FileNotFoundError:
+    out["bogus_rmid"] = "FileNotFoundError"
+print("RESULT " + json.dumps(out))
+'''
+
+
+def _run_private_ipc(code: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Like ``isolated.run_python`` but with a private IPC namespace and a private /tmp as well.
+
+    SysV objects live in the IPC namespace, not the mount namespace: with ``unshare -i`` the real
+    ``clean(dry_run=False)`` can only ever see (and remove) what this test's own pipeline leaked.
+    """
+    from tests import isolated
+
+    env = dict(os.environ, PYTHONPATH=str(isolated.REPO), GLOG_v="3")
+    script = ("mount -t tmpfs -o size=64m tmpfs /dev/shm && mount -t tmpfs -o size=64m tmpfs /tmp && "
+              f"exec {sys.executable} -c \"$MS_SHM_CODE\"")
+    env["MS_SHM_CODE"] = textwrap.dedent(code)
+    return subprocess.run(["unshare", "-m", "-i", "--propagation", "private", "sh", "-c", script],
+                          capture_output=True, text=True, timeout=timeout, env=env, cwd=str(isolated.REPO))
+
+
+@pytest.mark.mindspore
+@pytest.mark.privileged
+def test_real_map_pipeline_killed_as_a_group_leaks_and_clean_removes_it(real_mindspore):
+    probe = subprocess.run(["unshare", "-m", "-i", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a private IPC namespace: {probe.stderr.strip()[:200]}")
+    result = _run_private_ipc(CRASH_SCENARIO)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    assert result.returncode == 0 and lines, real_mindspore.describe(result)
+    out = json.loads(lines[-1][len("RESULT "):])
+
+    before = out["before"]
+    assert len(before["shm"]) == 2 and len(before["msg"]) == 2, out
+    assert all(row["nattch"] == 0 and row["size"] >= 4 << 20 for row in before["shm"]), out
+    assert {row["key"] for row in before["shm"]} == {row["key"] for row in before["msg"]}
+    assert all(f"{row['key']:08x}" in out["ipcs"] for row in before["shm"])
+    key_files = [name for name in out["files"] if name.startswith(f"dataset_ipc_{out['main']}_")]
+    assert len(key_files) == 2
+
+    dry = out["dry"]
+    assert dry["dry_run"] and out["after_dry"] == before
+    listed = sorted(item["kind"] for item in dry["leftovers"])
+    assert listed == [KIND_IPC_FILE] * 2 + [KIND_MSG] * 2 + [KIND_SHM] * 2, dry
+    assert not any(item["removed"] for item in dry["leftovers"])
+    assert dry["bytes_freed"] >= 2 * (4 << 20)
+
+    real = out["real"]
+    assert all(item["removed"] and item["error"] is None for item in real["leftovers"]), real
+    assert len(real["leftovers"]) == 6 and real["bytes_freed"] == dry["bytes_freed"]
+    assert out["after"] == {"shm": [], "msg": []}
+    assert not any(name.startswith("dataset_ipc_") for name in out["files_after"])
+    assert out["bogus_rmid"] == "FileNotFoundError"

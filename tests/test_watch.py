@@ -1,0 +1,233 @@
+"""``ms_shm.watch``: the pure rules, the sampler on this host, then real MindSpore under a private /dev/shm."""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import os
+import resource
+import shlex
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ms_shm import watch as watch_module
+from ms_shm.watch import CSV_COLUMNS, descendants, fd_warning, growth, shm_warning, watch
+
+MiB = 1 << 20
+
+
+@pytest.mark.parametrize("used, total, fires", [
+    (int(0.85 * 64 * MiB), 64 * MiB, True),
+    (int(0.80 * 64 * MiB), 64 * MiB, False),  # "passes 80%": exactly 80% is not yet
+    (10 * MiB, 64 * MiB, False),
+    (None, 64 * MiB, False),
+    (10 * MiB, None, False),
+    (10 * MiB, 0, False),
+])
+def test_shm_warning_threshold(used, total, fires):
+    text = shm_warning(used, total)
+    assert (text is not None) == fires
+    if fires:
+        assert "85% full" in text and "54.4 MiB of 64.0 MiB" in text
+        assert "--shm-size=1g" in text and "medium: Memory" in text
+
+
+def test_shm_warning_suggests_double_of_a_big_mount():
+    assert "--shm-size=16g" in shm_warning(7 << 30, 8 << 30)
+
+
+@pytest.mark.parametrize("fds, soft, hard, expect", [
+    (900, 1024, 1_048_576, "ulimit -n 65536"),
+    (900, 1024, 4096, "ulimit -n 4096"),
+    (900, 1024, 1024, "hard limit (1024) is reached"),
+    (900, 1024, resource.RLIM_INFINITY, "ulimit -n 65536"),
+    (800, 1024, 4096, None),
+    (5, resource.RLIM_INFINITY, resource.RLIM_INFINITY, None),
+    (None, 1024, 4096, None),
+])
+def test_fd_warning(fds, soft, hard, expect):
+    text = fd_warning(fds, soft, hard, "a worker process")
+    if expect is None:
+        assert text is None
+    else:
+        assert expect in text and "Too many open files" in text and "a worker process" in text
+
+
+@pytest.mark.parametrize("series, steady", [
+    ([100 * MiB, 120 * MiB, 140 * MiB, 160 * MiB], True),           # a leak: +20 MiB every epoch
+    ([100 * MiB, 300 * MiB, 301 * MiB, 301 * MiB], False),          # warm-up, then flat
+    ([100 * MiB, 120 * MiB, 140 * MiB], False),                     # two epochs are not a trend yet
+    ([100 * MiB, 105 * MiB, 110 * MiB, 115 * MiB], False),          # under 8 MiB per epoch
+    ([4 << 30, (4 << 30) + 20 * MiB, (4 << 30) + 40 * MiB, (4 << 30) + 60 * MiB], False),  # under 1%
+    ([100 * MiB, 150 * MiB, 140 * MiB, 160 * MiB, 180 * MiB, 200 * MiB], True),  # the last three count
+])
+def test_growth_rule(series, steady):
+    diffs, is_steady = growth(series)
+    assert is_steady == steady
+    assert diffs == tuple(b - a for a, b in zip(series, series[1:]))
+
+
+def test_sampler_on_this_host_writes_csv_and_summary(tmp_path):
+    streamed = tmp_path / "stream.csv"
+    with watch(interval=0.02, csv_path=streamed, pids=[], shm_path=tmp_path) as w:
+        time.sleep(0.15)
+        w.mark_epoch()
+        w.mark_epoch()
+    summary = w.summary
+    assert summary is w.stop()  # stopping twice returns the same summary
+    assert summary.samples >= 3 and summary.epochs == 2
+    assert summary.shm_total_bytes > 0 and 0 <= summary.peak_shm_fraction <= 1
+    assert summary.peak_fds > 0 and summary.fd_soft_limit > 0
+    assert summary.peak_workers == 0 and summary.warnings == ()
+    assert 0 <= summary.sampler_cpu_fraction < 1
+    json.loads(summary.to_json())
+    assert any("sampler CPU" in line for line in summary.lines())
+    with open(streamed) as handle:
+        rows = list(csv.reader(handle))
+    assert tuple(rows[0]) == CSV_COLUMNS and len(rows) == summary.samples + 1
+    written = w.write_csv(tmp_path / "after.csv")
+    assert written.read_text() == streamed.read_text()
+    assert rows[-1][CSV_COLUMNS.index("epoch")] == "2"
+
+
+def test_watcher_cannot_restart():
+    w = watch(interval=0.05, pids=[]).start()
+    w.stop()
+    with pytest.raises(RuntimeError):
+        w.start()
+    with pytest.raises(ValueError):
+        watch(interval=0)
+
+
+def test_thresholds_fire_once_through_the_logger(tmp_path, caplog):
+    (tmp_path / "data").write_bytes(b"x" * 65536)  # statvfs of a real mount: used > 0
+    with caplog.at_level(logging.WARNING, logger="ms_shm.watch"):
+        with watch(interval=0.01, pids=[], shm_path=tmp_path, shm_threshold=0.0, fd_threshold=0.0) as w:
+            time.sleep(0.1)
+    texts = [r.getMessage() for r in caplog.records if r.name == "ms_shm.watch"]
+    assert sum("full" in t for t in texts) == 1 and sum("file descriptors" in t for t in texts) == 1
+    assert len(w.summary.warnings) == 2
+
+
+def test_unreadable_sources_become_notes(tmp_path):
+    with watch(interval=0.05, pids=[], shm_path=tmp_path / "missing", sysv_path=tmp_path / "nope") as w:
+        pass
+    summary = w.summary
+    assert summary.peak_shm_used_bytes is None and summary.peak_sysv_bytes is None
+    assert any("statvfs" in note for note in summary.notes) and any("nope" in note for note in summary.notes)
+
+
+GROWER = """
+import sys
+hoard = []
+for line in sys.stdin:
+    hoard.append(bytearray(int(line)))  # touched pages: unique memory that only grows, like a leak
+    hoard[-1][::4096] = b"x" * len(hoard[-1][::4096])
+    print("ok", flush=True)
+"""
+
+
+def test_steady_growth_of_a_real_child_warns(caplog):
+    child = subprocess.Popen([sys.executable, "-c", GROWER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert child.pid in descendants(os.getpid())
+        with caplog.at_level(logging.WARNING, logger="ms_shm.watch"):
+            with watch(interval=0.05) as w:
+                for _ in range(4):
+                    child.stdin.write(f"{24 * MiB}\n")
+                    child.stdin.flush()
+                    assert child.stdout.readline().strip() == "ok"
+                    w.mark_epoch()
+    finally:
+        child.kill()
+        child.wait()
+    growth_of_child = [item for item in w.summary.worker_growth if item.pid == child.pid]
+    assert growth_of_child and growth_of_child[0].steady
+    assert all(step > 20 * MiB for step in growth_of_child[0].growth_per_epoch)
+    assert len(w.summary.growth_per_epoch_bytes) == 3
+    assert any(f"worker pid {child.pid} grew" in r.getMessage() for r in caplog.records)
+
+
+def test_sampler_overhead_at_the_default_interval_is_under_one_percent():
+    with watch(pids=[]) as w:  # interval 1.0: the first sample now, then one a second
+        time.sleep(2.5)
+    assert w.summary.samples >= 3
+    assert w.summary.sampler_cpu_fraction < 0.01, w.summary
+
+
+def test_uss_is_rationed_by_its_budget():
+    """USS reads smaps_rollup (~2.5 ms per MindSpore worker): with no budget it is only read at marks."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        with watch(interval=0.01, pids=[child.pid], uss_budget=0.0) as w:
+            time.sleep(0.1)
+            w.mark_epoch()
+    finally:
+        child.kill()
+        child.wait()
+    assert w.summary.uss_samples == 1 and w.summary.peak_workers_uss_bytes > 0
+    assert sum(s.workers_uss is not None for s in w.samples) == 1
+    assert watch_module.Watcher  # the class is public for type hints
+
+
+# ------------------------------------------------------------------------------------- real MindSpore
+
+GENERATOR_UNDER_WATCH = r"""
+import json, os, sys, numpy as np, mindspore.dataset as ds
+from ms_shm.watch import watch
+
+class Rows:
+    def __getitem__(self, i):
+        return (np.full((1 << 18,), i, dtype=np.float32),)  # 1 MiB
+    def __len__(self):
+        return 48
+
+data = ds.GeneratorDataset(Rows(), ["x"], num_parallel_workers=2, python_multiprocessing=True, shuffle=False)
+with watch(interval=0.05, csv_path=sys.argv[1]) as w:
+    for epoch in range(2):
+        for row in data.create_tuple_iterator(output_numpy=True, num_epochs=1):
+            pass
+        w.mark_epoch()
+print("RESULT " + w.summary.to_json(indent=None))
+"""
+
+
+@pytest.mark.mindspore
+@pytest.mark.privileged
+def test_real_generator_pipeline_under_watch(real_mindspore, tmp_path):
+    csv_path = tmp_path / "samples.csv"
+    result = real_mindspore.run_shell(
+        f"exec {sys.executable} -c {shlex.quote(GENERATOR_UNDER_WATCH)} {csv_path}", shm="64m",
+        env={"GLOG_v": "3"})
+    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    assert result.returncode == 0 and lines, real_mindspore.describe(result)
+    summary = json.loads(lines[-1][len("RESULT "):])
+    assert summary["peak_shm_used_bytes"] > 0, summary
+    assert summary["shm_total_bytes"] == 64 * MiB
+    # 2 workers plus MindSpore's GeneratorCleanProcess: /proc cannot tell them apart
+    assert summary["peak_workers"] in (2, 3), summary
+    assert summary["epochs"] == 2 and summary["warnings"] == []
+    with open(csv_path) as handle:
+        rows = list(csv.DictReader(handle))
+    assert tuple(rows[0].keys()) == CSV_COLUMNS and len(rows) == summary["samples"]
+    assert max(int(row["workers"]) for row in rows) >= 2
+
+
+@pytest.mark.privileged
+def test_full_dev_shm_warns_with_the_fix(private_shm):
+    code = ("import logging, time; logging.basicConfig(level=logging.WARNING); "
+            "from ms_shm.watch import watch\n"
+            "with watch(interval=0.05, pids=[]) as w: time.sleep(0.2)\n"
+            "print('RESULT', w.summary.peak_shm_fraction, len(w.summary.warnings))")
+    result = private_shm.run_shell(
+        f"fallocate -l 55m /dev/shm/filler && exec {sys.executable} -c \"{code}\"", shm="64m")
+    assert result.returncode == 0, private_shm.describe(result)
+    assert "WARNING:ms_shm.watch:/dev/shm is 86% full" in result.stderr, private_shm.describe(result)
+    assert "--shm-size=1g" in result.stderr
+    fraction, count = result.stdout.split()[1:]
+    assert float(fraction) > 0.8 and count == "1"

@@ -8,6 +8,7 @@ pipelines, and whether recommendations were already logged.
 from __future__ import annotations
 
 import logging
+import textwrap
 import threading
 import time
 import weakref
@@ -18,7 +19,7 @@ from ms_shm import budget as budget_mod
 from ms_shm import host, model, rows
 from ms_shm import plan as planner
 from ms_shm._results import Result, mib
-from ms_shm.guard import GuardedSource, GuardSpec
+from ms_shm.guard import GuardedSource, GuardSpec, guard_iterable
 from ms_shm.plan import Decision, Plan, ShmBudgetError
 
 log = logging.getLogger("ms_shm")
@@ -97,7 +98,8 @@ def _log_advice_once(facts: host.HostFacts, items: Sequence[Any]) -> None:
             continue
         _SESSION.advised.add(key)
         level = logging.WARNING if getattr(item, "severity", "") in ("crash", "slow") else logging.INFO
-        snippets = "".join(f"\n    {label}: {text}" for label, text in getattr(item, "snippets", ()))
+        snippets = "".join(f"\n  {label}:\n" + textwrap.indent(text, "    ")
+                           for label, text in getattr(item, "snippets", ()))
         log.log(level, "%s Fix: %s%s", item.problem, item.fix, snippets)
 
 
@@ -152,7 +154,11 @@ def tune(dry_run: bool = False, ranks: int | None = None, shm_fraction: float = 
         p = prefetch
         if p is None and row_mb is not None and b.shm_bytes is not None:
             p = _largest_prefetch(int(row_mb * model.MiB), w, current_p, b.shm_bytes)
-            if p is not None and p != current_p:
+            if p is None:
+                decisions.append(Decision("prefetch_size", current_p, current_p,
+                                          f"{w} workers x {row_mb} MiB rows do not fit {mib(b.shm_bytes)} even at "
+                                          f"prefetch 1: build_dataset will choose threads or pipes for them"))
+            elif p != current_p:
                 decisions.append(Decision("prefetch_size", p, current_p,
                                           f"{w} workers x {row_mb} MiB rows fit {mib(b.shm_bytes)} only up to "
                                           f"prefetch {p}"))
@@ -173,6 +179,7 @@ def tune(dry_run: bool = False, ranks: int | None = None, shm_fraction: float = 
     advice = _advise(facts, ms)
     report = TuneReport(facts, ms, b, tuple(decisions), tuple(c for c in changes if c), advice, dry_run,
                         tuple(notes))
+    log.info("ms_shm.tune: /dev/shm budget %s per pipeline: %s", mib(b.shm_bytes), b.reason)
     for d in decisions:
         log.info("ms_shm.tune%s: %s", " (dry run)" if dry_run else "", d)
     _log_advice_once(facts, advice)
@@ -272,12 +279,14 @@ def build_dataset(source: Any, column_names: Sequence[str] | str | None = None, 
     facts = _current_nofile(_SESSION.host_facts())
     ms = eng.read_config()
     names = [column_names] if isinstance(column_names, str) else column_names
+    source = rows.as_mindspore_source(source)
     random_access = rows.is_random_access(source)
     if random_access:
         stats, probe_rows = rows.measure_random_access(source, names)
         feed = source
     else:
         stats, probe_rows, feed = rows.measure_iterable(source, names)
+        feed = guard_iterable(feed, names)
     req = _request(generator_kwargs, ms, facts, stats)
     profile = model.profile_for(ms.version if ms else facts.mindspore_version)
     b = _budget(facts)
@@ -287,7 +296,8 @@ def build_dataset(source: Any, column_names: Sequence[str] | str | None = None, 
     if random_access:
         spec = None
         if p.guard_slots and p.guard_worker_bytes:
-            spec = GuardSpec(p.guard_slots, p.guard_worker_bytes, p.row_bytes, _row_fix(p, facts))
+            spec = GuardSpec(p.guard_slots, p.guard_worker_bytes, p.row_bytes, _ROW_FIX, p.workers,
+                             facts.shm_path, max(1, facts.ranks.local_size) / max(p.budget.fraction, 0.01))
         feed = GuardedSource(source, names, spec)
     kwargs = dict(generator_kwargs)
     changes = _apply_globals(p, ms)
@@ -308,12 +318,7 @@ def build_dataset(source: Any, column_names: Sequence[str] | str | None = None, 
     return dataset
 
 
-def _row_fix(p: Plan, facts: host.HostFacts) -> str:
-    need = model.generator_peak(p.row_bytes * 2, p.workers, p.prefetch)
-    host_need = int(need * max(1, facts.ranks.local_size) / max(p.budget.fraction, 0.01))
-    return (f"give /dev/shm at least {mib(host_need)} (docker run --shm-size={-(-host_need // model.MiB)}m, "
-            f"or a Kubernetes emptyDir with medium: Memory and that sizeLimit), or lower "
-            f"num_parallel_workers, or pass python_multiprocessing=False to build_dataset")
+_ROW_FIX = "lower num_parallel_workers, or pass python_multiprocessing=False to build_dataset"
 
 
 def _apply_globals(p: Plan, ms: Any) -> list:

@@ -200,10 +200,15 @@ def _candidates(stats: RowStats, req: Request, budget: Budget, profile: model.En
 
 
 def _rank(c: Candidate, req: Request) -> tuple:
-    """Fastest first (within 5%: estimates are rough), then MindSpore's own defaults, then less shm."""
+    """Fastest first (within 0.05 s: estimates are rough), then MindSpore's own defaults, then less shm.
+
+    Pipes lose every tie: they are never faster than shared-memory slots at the same workers, and switching
+    to them changes a deprecated global that every later pipeline of the process inherits.
+    """
     seconds = c.seconds if c.seconds is not None else 0.0
     default_like = {PROCESSES: 0, THREADS: 1, PIPES: 2, INLINE: 3}[c.mode] if c.seconds is None else 0
-    return (round(seconds / 0.05 + 0.5) if seconds > 0 else 0, default_like, -c.prefetch, -c.workers, c.shm)
+    return (round(seconds / 0.05 + 0.5) if seconds > 0 else 0, c.mode == PIPES, default_like, -c.prefetch,
+            -c.workers, c.shm)
 
 
 def plan_generator(stats: RowStats, request: Request, budget: Budget, profile: model.EngineProfile,
@@ -231,7 +236,8 @@ def plan_generator(stats: RowStats, request: Request, budget: Budget, profile: m
     if not fitting:
         raise ShmBudgetError(_no_fit_message(cands, req, budget, stats, row))
     best = min(fitting, key=lambda c: _rank(c, req))
-    decisions.append(Decision("mode", best.mode, _default_mode(req), _mode_reason(best, fitting, req, stats)))
+    decisions.append(Decision("mode", best.mode, _default_mode(req),
+                              _mode_reason(best, fitting, req, stats) + _unknown_shm(budget)))
     if best.workers != (req.workers or 1):
         decisions.append(Decision("num_parallel_workers", best.workers, req.workers or 1,
                                   "fastest that fits" if req.workers is None else "capped"))
@@ -242,8 +248,11 @@ def plan_generator(stats: RowStats, request: Request, budget: Budget, profile: m
                                   f"{mib(budget.shm_bytes)}; this lowers MindSpore's global prefetch size"))
     shared = best.mode == PROCESSES
     if best.mode == PIPES:
+        slots_why = [c.why_not for c in cands if c.mode == PROCESSES and c.workers == best.workers]
         decisions.append(Decision("shared_mem", False, True,
-                                  "rows go through pipes: shared-memory slots would not fit the budget"))
+                                  "rows go through pipes: shared-memory slots "
+                                  + (f"do not fit ({slots_why[-1]})" if slots_why and slots_why[-1]
+                                     else "are not faster")))
     static = req.max_rowsize if shared else None
     if shared and static is None and profile.generator_default_max_rowsize_mb:
         static = max(model.static_rowsize_for(row), profile.generator_default_max_rowsize_mb)
@@ -256,6 +265,12 @@ def plan_generator(stats: RowStats, request: Request, budget: Budget, profile: m
     return Plan("generator", best.mode, best.workers, best.prefetch, best.mode in (PROCESSES, PIPES),
                 shared, static, row, best.shm, best.fds, 0, budget, True, slots, worker_share,
                 best.seconds, profile, tuple(decisions), (), tuple(_top(cands, best)))
+
+
+def _unknown_shm(budget: Budget) -> str:
+    if budget.shm_bytes is not None:
+        return ""
+    return "; /dev/shm size unknown: no shared-memory transport was considered"
 
 
 def _shm_at(cands: list, best: Candidate, prefetch: int) -> int:
@@ -381,7 +396,7 @@ def plan_map(in_bytes: int, out_bytes: int, seconds_per_row: float | None, cpu_f
                                   f"MindSpore refuses more workers than os.cpu_count()={req.cpu_count}"))
     reason = _mode_reason(best, fitting, req, stats) if seconds_per_row is not None else \
         "operations were not timed: MindSpore's default transport that fits"
-    decisions.append(Decision("mode", best.mode, _default_mode(req), reason))
+    decisions.append(Decision("mode", best.mode, _default_mode(req), reason + _unknown_shm(budget)))
     sysv = model.map_pool_cost(profile, best.workers, in_bytes, out_bytes, req.max_rowsize).sysv \
         if best.mode == PROCESSES else 0
     return Plan("map", best.mode, best.workers, req.prefetch, best.mode == PROCESSES, req.shared_mem,

@@ -1,0 +1,36 @@
+# The two commands of the README's quick start, on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The MindSpore release ms_shm's model was measured on (CPU wheel from PyPI); override for another build.
+MINDSPORE ?= mindspore==2.10.0
+
+.PHONY: install demo test lint bench doctor clean
+
+$(VENV)/.installed: setup.cfg setup.py pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]' '$(MINDSPORE)'
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(PY) examples/quickstart.py
+
+lint: install
+	$(VENV)/bin/ruff check ms_shm tests benchmarks examples
+
+# MS_SHM_REQUIRE_MINDSPORE=1: a run that skipped real-MindSpore tests fails instead of looking green.
+test: install lint
+	MS_SHM_REQUIRE_MINDSPORE=1 $(PY) -m pytest -q
+
+bench: install
+	$(PY) benchmarks/bench_core.py
+	$(PY) benchmarks/bench_cow.py
+
+doctor: install
+	$(VENV)/bin/ms-shm doctor
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

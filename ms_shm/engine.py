@@ -178,7 +178,12 @@ def column_names(dataset: Any) -> list:
 
 
 def take_rows(dataset: Any, count: int) -> list:
-    """The first rows of any dataset as numpy dicts; costs one short pipeline run."""
+    """The first rows of any dataset as numpy dicts; costs one short pipeline run.
+
+    ``take`` adds a second consumer to ``dataset``; MindSpore refuses to build a tree from a node with two
+    parents, so the parent list is put back afterwards.
+    """
+    parents = list(getattr(dataset, "parent", []))
     it = dataset.take(count).create_dict_iterator(output_numpy=True, num_epochs=1)
     try:
         return [dict(row) for row in it]
@@ -186,3 +191,5 @@ def take_rows(dataset: Any, count: int) -> list:
         stop = getattr(it, "stop", None)
         if stop:
             stop()
+        if hasattr(dataset, "parent"):
+            dataset.parent = parents

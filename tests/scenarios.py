@@ -82,7 +82,7 @@ def check(rows_seen, source) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("kind", choices=[*SOURCES, "generator", "map"])
+    ap.add_argument("kind", choices=[*SOURCES, "generator", "map", "pair", "foreign-map"])
     ap.add_argument("--mode", choices=["raw", "ms_shm"], required=True)
     ap.add_argument("--rows", type=int, default=64)
     ap.add_argument("--mb", type=float, default=8)
@@ -97,6 +97,10 @@ def main(argv=None) -> int:
 
     import ms_shm
 
+    if args.kind == "pair":
+        return pair(args, ds, ms_shm)
+    if args.kind == "foreign-map":
+        return foreign_map(args, ds, ms_shm)
     if args.spawn:
         ds.config.set_multiprocessing_start_method("spawn")
     t0 = time.perf_counter()
@@ -145,6 +149,43 @@ def main(argv=None) -> int:
         "map_mode": final.mode if (final is not None and args.kind == "map") else None,
         "pid": os.getpid(),
     }), flush=True)
+    return 0
+
+
+def pair(args, ds, ms_shm) -> int:
+    """Train and eval pipelines iterated together: their slots are alive at the same time."""
+    train_src, eval_src = FixedRows(args.rows, args.mb), FixedRows(args.rows, args.mb)
+    kwargs = {"num_parallel_workers": args.workers, "shuffle": False}
+    if args.mode == "raw":
+        train = ds.GeneratorDataset(train_src, ["data", "label"], **kwargs)
+        evalu = ds.GeneratorDataset(eval_src, ["data", "label"], **kwargs)
+    else:
+        ms_shm.tune()
+        train = ms_shm.build_dataset(train_src, ["data", "label"], **kwargs)
+        evalu = ms_shm.build_dataset(eval_src, ["data", "label"], **kwargs)
+    it_train = train.create_tuple_iterator(output_numpy=True, num_epochs=1)
+    it_eval = evalu.create_tuple_iterator(output_numpy=True, num_epochs=1)
+    seen = []
+    for a, b in zip(it_train, it_eval):
+        seen += check([a], train_src) + check([b], eval_src)
+    plans = [ms_shm.plan_of(d) for d in (train, evalu)]
+    print("RESULT " + json.dumps({
+        "rows": len(seen), "unique": len(set(seen)) * 2,
+        "predicted_shm": sum(p.predicted_shm for p in plans if p) if plans[0] else None,
+        "modes": [p.mode for p in plans if p], "prefetch": [p.prefetch for p in plans if p]}), flush=True)
+    return 0
+
+
+def foreign_map(args, ds, ms_shm) -> int:
+    """ms_shm.map on a dataset ms_shm did not build: it reads a few rows to measure the operation."""
+    source = FixedRows(args.rows, 1 / 1024)
+    dataset = ds.GeneratorDataset(source, ["data", "label"], shuffle=False)
+    mapped = ms_shm.map(dataset, Grow(args.map_mb), input_columns="data")
+    checker = MapChecked(args.map_mb)
+    seen = [checker.check(cols) for cols in mapped.create_tuple_iterator(output_numpy=True, num_epochs=1)]
+    plan = ms_shm.plan_of(mapped)
+    print("RESULT " + json.dumps({"rows": len(seen), "unique": len(set(seen)), "map_mode": plan.mode,
+                                  "row_bytes": plan.row_bytes}), flush=True)
     return 0
 
 

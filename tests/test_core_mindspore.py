@@ -108,3 +108,35 @@ def test_spawn_start_method(real_mindspore):
     res = result_of(scenario("fixed", "--mode", "ms_shm", "--mb", "2", "--spawn", shm="64m", timeout=600))
     assert_all_rows(res, 64)
     assert res["mode"] in ("processes", "pipes")
+
+
+def test_train_and_eval_alive_together_share_one_budget(real_mindspore):
+    """Each raw pipeline alone fits 64 MB (36 MiB); two alive together do not. ms_shm reserves per plan."""
+    raw = scenario("pair", "--mode", "raw", "--mb", "1", shm="64m")
+    assert_crashed(raw, *BUS)
+    res = result_of(scenario("pair", "--mode", "ms_shm", "--mb", "1", shm="64m"))
+    assert res["rows"] == 128
+    assert res["predicted_shm"] <= 64 * (1 << 20) * 0.8
+
+
+def test_map_on_a_dataset_ms_shm_did_not_build(real_mindspore):
+    res = result_of(scenario("foreign-map", "--mode", "ms_shm", "--map-mb", "8", "--rows", "16", shm="64m"))
+    assert_all_rows(res, 16)
+    assert res["row_bytes"] == 8 << 20
+
+
+def test_bad_row_fails_before_any_worker_starts(real_mindspore):
+    proc = isolated.run_python("""
+        import numpy as np, ms_shm
+        class Src:
+            def __getitem__(self, i):
+                return np.zeros(4), (None if i == 5 else np.int64(i))
+            def __len__(self):
+                return 6
+        try:
+            ms_shm.build_dataset(Src(), ["image", "label"], num_parallel_workers=2)
+        except ms_shm.RowError as exc:
+            print("ERROR", exc)
+    """, shm="64m")
+    assert "ERROR column 'label' of row 5 is None" in proc.stdout, isolated.describe(proc)
+    assert "Fix:" in proc.stdout

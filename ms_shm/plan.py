@@ -54,6 +54,7 @@ class Costs(Result):
     per_row: tuple = ((INLINE, 4e-5, 1.3e-4), (THREADS, 5e-5, 3.5e-4), (PROCESSES, 3e-4, 4.2e-4),
                       (PIPES, 3e-4, 2.3e-3))
     startup: tuple = ((INLINE, 0.0), (THREADS, 0.10), (PROCESSES, 0.20), (PIPES, 0.20))
+    spawn_startup: float = 3.8  # spawn re-imports MindSpore in each worker: 2.1 s to start, 1.7 s to stop
 
     def row(self, mode: str, row_bytes: int) -> float:
         a, b = next((a, b) for m, a, b in self.per_row if m == mode)
@@ -129,7 +130,8 @@ class Plan(Result):
         return self.summary()
 
 
-def _epoch_seconds(mode: str, workers: int, stats: RowStats, rows: int, costs: Costs) -> float | None:
+def _epoch_seconds(mode: str, workers: int, stats: RowStats, rows: int, costs: Costs,
+                   start_method: str = "fork") -> float | None:
     """Estimated seconds for one epoch; ``None`` when the rows were not timed."""
     t = stats.seconds_per_row
     if t is None:
@@ -143,7 +145,10 @@ def _epoch_seconds(mode: str, workers: int, stats: RowStats, rows: int, costs: C
         per_row = t * cpu + t * (1 - cpu) / workers + overhead
     else:
         per_row = max(t / workers, overhead) + 0.25 * overhead
-    return costs.start(mode) + rows * per_row
+    start = costs.start(mode)
+    if mode in (PROCESSES, PIPES) and start_method == "spawn":
+        start += costs.spawn_startup
+    return start + rows * per_row
 
 
 def _prefetch_options(current: int) -> list:
@@ -192,7 +197,7 @@ def _candidates(stats: RowStats, req: Request, budget: Budget, profile: model.En
                     why.append(f"needs {fds} fds > {budget.fds} left under the open-files limit")
                 if static and shared and static * model.MiB <= stats.row_bytes_max:
                     why.append(f"max_rowsize={static} MiB is not larger than the {mib(stats.row_bytes_max)} row")
-                secs = _epoch_seconds(mode, w, stats, est_rows, costs)
+                secs = _epoch_seconds(mode, w, stats, est_rows, costs, req.start_method)
                 out.append(Candidate(mode, w, p, shm, fds, secs, not why, "; ".join(why)))
                 if not why and mode in (PROCESSES, PIPES):
                     break  # lower prefetch only costs queue depth once this one fits
@@ -203,12 +208,14 @@ def _rank(c: Candidate, req: Request) -> tuple:
     """Fastest first (within 0.05 s: estimates are rough), then MindSpore's own defaults, then less shm.
 
     Pipes lose every tie: they are never faster than shared-memory slots at the same workers, and switching
-    to them changes a deprecated global that every later pipeline of the process inherits.
+    to them changes a deprecated global that every later pipeline of the process inherits. Among equally
+    fast candidates fewer workers win (GeneratorDataset's own default is 1): extra processes or threads that
+    buy nothing still cost memory, fds and start-up.
     """
     seconds = c.seconds if c.seconds is not None else 0.0
     default_like = {PROCESSES: 0, THREADS: 1, PIPES: 2, INLINE: 3}[c.mode] if c.seconds is None else 0
     return (round(seconds / 0.05 + 0.5) if seconds > 0 else 0, c.mode == PIPES, default_like, -c.prefetch,
-            -c.workers, c.shm)
+            c.workers if c.seconds is not None else -c.workers, c.shm)
 
 
 def plan_generator(stats: RowStats, request: Request, budget: Budget, profile: model.EngineProfile,
@@ -430,7 +437,8 @@ def what_if(row_bytes: int, workers: int, prefetch: int = model.DEFAULT_PREFETCH
                     model.generator_fds(workers, prefetch), 0, b, False, 0, 0, None, profile,
                     (Decision("mode", "none", PROCESSES, str(exc)),))
     fits = b.shm_bytes is None or as_asked <= b.shm_bytes
-    decisions = (Decision("as_asked", f"processes x{workers}, prefetch {prefetch}", "",
+    asked = f"processes x{workers}, prefetch {prefetch}"
+    decisions = (Decision("as_asked", asked, asked,
                           f"needs {mib(as_asked)} of /dev/shm vs budget {mib(b.shm_bytes)}: "
                           f"{'fits' if fits else 'does NOT fit'}"),) + chosen.decisions
     return replace(chosen, fits=fits, decisions=decisions,

@@ -158,14 +158,20 @@ def read_cgroup(root: Path, notes: _Notes) -> tuple[str | None, int | None, int 
         for d in _cgroup_dirs(fs, paths.get("", "/")):
             raw = _read(d / "memory.max", _Notes())
             if raw is not None and raw.strip() != "max" and limit is None:
-                limit = int(raw)
+                try:
+                    limit = int(raw)
+                except ValueError as exc:
+                    notes.add(str(d / "memory.max"), exc)
             if usage is None:
                 usage = _read_int(d / "memory.current", _Notes())
             cpu = _read(d / "cpu.max", _Notes())
             if cpu is not None and quota is None:
                 q, _, period = cpu.strip().partition(" ")
                 if q != "max" and period:
-                    quota = int(q) / int(period)
+                    try:
+                        quota = int(q) / int(period)
+                    except (ValueError, ZeroDivisionError) as exc:
+                        notes.add(str(d / "cpu.max"), exc)
     else:
         mem_rel = paths.get("memory", "/")
         for d in _cgroup_dirs(fs / "memory", mem_rel):

@@ -195,6 +195,9 @@ def _candidates(stats: RowStats, req: Request, budget: Budget, profile: model.En
                     why.append(f"needs {mib(shm)} > budget {mib(budget.shm_bytes)}")
                 if budget.fds is not None and fds > budget.fds:
                     why.append(f"needs {fds} fds > {budget.fds} left under the open-files limit")
+                if static and shared and req.start_method == "spawn":
+                    why.append("a static max_rowsize cannot be used with spawn: MindSpore fails to pickle its "
+                               "ctypes slots ('Failed to launch multiprocessing')")
                 if static and shared and static * model.MiB <= stats.row_bytes_max:
                     why.append(f"max_rowsize={static} MiB is not larger than the {mib(stats.row_bytes_max)} row")
                 secs = _epoch_seconds(mode, w, stats, est_rows, costs, req.start_method)

@@ -1,0 +1,540 @@
+"""Turn host facts into findings and fixes a user can paste: ``docker run``, compose, Kubernetes YAML, ``ulimit``.
+
+Pure: facts in, ``Advice`` out. No I/O, no clock, no MindSpore import, so the planner, the CLI and the tests
+all call the same rules. Sizes are computed from the host (usable CPUs, ranks on the host) with the measured
+shared-memory formula in ``model``, never copied from a constant: MindSpore's own "5 GB" advice is what the
+formula gives for 8 ranks of 8 workers with 8 MiB rows, and is only the reference when nothing better is known.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from ms_shm import model
+from ms_shm._results import Result, mib
+
+# Same headroom as the planner's budget: MindSpore's own static check refuses at 80% of free /dev/shm, and
+# other processes (the semaphores of map pools, a second pipeline) need the rest.
+HEADROOM = 0.8
+REFERENCE_ROW_BYTES = 8 * model.MiB  # a decoded 1080p RGB frame is 6 MiB; MindSpore's "5 GB" assumes ~8 MiB
+TYPICAL_MAX_WORKERS = 8  # MindSpore's default num_parallel_workers, capped by the CPU count
+SEVERITIES = ("crash", "slow", "info")
+_HUGE = 1 << 62  # kernel "unlimited" SysV values are near 2**64
+_GiB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Advice(Result):
+    """One finding: what is wrong in numbers, how bad, and the fix for where the process runs.
+
+    Attributes:
+        problem: the finding, with the measured numbers.
+        severity: ``"crash"`` (a typical pipeline dies: bus error, EMFILE, OOM kill), ``"slow"`` (it runs,
+            but ms_shm or MindSpore must fall back to a slower path) or ``"info"``.
+        fix: one line saying what to change.
+        snippets: ``(label, text)`` pairs to paste, the one for where we run first.
+        code: a stable identifier (``"shm-small"``, ``"nofile-soft"``...) for scripts and tests.
+    """
+
+    problem: str
+    severity: str
+    fix: str
+    snippets: tuple = ()
+    code: str = ""
+
+    @property
+    def rank(self) -> int:
+        """Sort key: crash before slow before info."""
+        return SEVERITIES.index(self.severity) if self.severity in SEVERITIES else len(SEVERITIES)
+
+
+# ----------------------------------------------------------------------------------------------- sizes
+
+
+def human_size(nbytes: int) -> str:
+    """Round up to a size people write in a Dockerfile: a power of two below 1 GiB, whole GiB above.
+
+    Docker reads ``m``/``g`` as MiB/GiB, so ``human_size(800 MiB) == "1g"``.
+
+    Examples:
+        >>> human_size(300 * 2**20), human_size(800 * 2**20), human_size(int(6.25 * 2**30))
+        ('512m', '1g', '7g')
+    """
+    nbytes = max(int(nbytes), 64 * model.MiB)  # never advise less than Docker's default
+    if nbytes <= _GiB:
+        size = 64
+        while size * model.MiB < nbytes:
+            size *= 2
+        return "1g" if size >= 1024 else f"{size}m"
+    return f"{math.ceil(nbytes / _GiB)}g"
+
+
+def parse_size(text: str) -> int:
+    """Bytes of a Docker-style size (``64m``, ``2g``, ``512Mi``, ``1.5G``, ``4096``); binary units, like Docker.
+
+    Raises:
+        ValueError: the text is not a size.
+    """
+    raw = text.strip().lower().replace(" ", "")
+    for suffix in ("ib", "b", "i"):
+        if raw.endswith(suffix) and len(raw) > len(suffix) and raw[-len(suffix) - 1] in "kmgt":
+            raw = raw[: -len(suffix)]
+            break
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    scale = 1
+    if raw and raw[-1] in units:
+        scale, raw = units[raw[-1]], raw[:-1]
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"not a size: {text!r} (try 64m, 512m, 2g)") from None
+    if value < 0 or math.isnan(value) or math.isinf(value):
+        raise ValueError(f"not a size: {text!r}")
+    return int(value * scale)
+
+
+def _k8s_size(human: str) -> str:
+    """Kubernetes spells Docker's ``512m``/``2g`` as ``512Mi``/``2Gi`` (``512m`` would mean 0.512 bytes)."""
+    return human[:-1] + ("Mi" if human.endswith("m") else "Gi")
+
+
+# ----------------------------------------------------------------------------------------------- snippets
+
+
+def shm_fixes(size_bytes: int, container: str | None, memory_limit: int | None = None) -> tuple:
+    """Ways to give the process a ``/dev/shm`` of at least ``size_bytes``, the one for ``container`` first.
+
+    Every place is listed, because the same image runs under ``docker run``, compose and Kubernetes.
+
+    Args:
+        size_bytes: the size wanted; rounded up with ``human_size``.
+        container: ``host.detect_container()``'s answer: ``"kubernetes"``, ``"docker"``, ``"podman"``,
+            ``"container"`` or ``None`` (bare host).
+        memory_limit: the container's memory limit when known. A memory-backed ``emptyDir`` counts against
+            it, so the Kubernetes block suggests a limit raised by the /dev/shm size.
+
+    Returns:
+        ``(label, text)`` pairs.
+    """
+    size = human_size(size_bytes)
+    k8s = _k8s_size(size)
+    if memory_limit:
+        raised = human_size(memory_limit + parse_size(size))
+        limit_line = f"        memory: {_k8s_size(raised)}   # was {mib(memory_limit)}; /dev/shm pages count against it"
+    else:
+        limit_line = f"        memory: <your limit + {k8s}>   # /dev/shm pages count against it"
+    docker = ("docker run", f"docker run --shm-size={size} ...   # or --ipc=host to share the host's /dev/shm")
+    compose = ("docker-compose", f"services:\n  train:\n    shm_size: \"{size}\"")
+    kube = ("kubernetes", "\n".join([
+        "spec:",
+        "  containers:",
+        "  - name: train",
+        "    volumeMounts:",
+        "    - name: dshm",
+        "      mountPath: /dev/shm",
+        "    resources:",
+        "      limits:",
+        limit_line,
+        "  volumes:",
+        "  - name: dshm",
+        "    emptyDir:",
+        "      medium: Memory",
+        f"      sizeLimit: {k8s}",
+        "# An emptyDir with medium: Memory is RAM charged to the pod's memory limit: raise",
+        "# resources.limits.memory by the sizeLimit, or the pod is OOM-killed instead of bus-erroring.",
+    ]))
+    podman = ("podman run", f"podman run --shm-size={size} ...")
+    host = ("bare host", f"sudo mount -o remount,size={size} /dev/shm\n"
+                         f"# and in /etc/fstab, to keep it after a reboot:\n"
+                         f"tmpfs  /dev/shm  tmpfs  defaults,size={size}  0 0")
+    if container == "kubernetes":
+        order = (kube, docker, compose)
+    elif container == "podman":
+        order = (podman, docker, compose, kube)
+    elif container in ("docker", "container"):
+        order = (docker, compose, kube)
+    else:
+        order = (host, docker, compose, kube)
+    return order
+
+
+def nofile_target(n: int) -> int:
+    """Round an fd count up to a limit people set: 1024, 4096, 16384, 65536..."""
+    target = 1024
+    while target < n:
+        target *= 4
+    return target
+
+
+def nofile_fixes(n: int, container: str | None = None) -> tuple:
+    """Ways to raise the open-files limit to at least ``n`` (rounded up to 1024, 4096, 65536...).
+
+    The soft limit can be raised by the process itself up to the hard limit; the hard limit only by root,
+    the container runtime (``--ulimit``) or PAM (``limits.conf``) at login.
+    """
+    target = nofile_target(n)
+    shell = ("shell", f"ulimit -n {target}   # before starting training; cannot exceed the hard limit (ulimit -Hn)")
+    limits = ("limits.conf", f"# /etc/security/limits.conf (new logins):\n*  soft  nofile  {target}\n"
+                             f"*  hard  nofile  {target}")
+    python = ("python", "import resource\n"
+                        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+                        f"new = {target} if hard == resource.RLIM_INFINITY else min({target}, hard)\n"
+                        "resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))   # the soft limit, up to the hard")
+    docker = ("docker run", f"docker run --ulimit nofile={target}:{target} ...")
+    compose = ("docker-compose", f"services:\n  train:\n    ulimits:\n      nofile:\n"
+                                 f"        soft: {target}\n        hard: {target}")
+    kube = ("kubernetes", "# Kubernetes has no per-pod nofile setting: the container runtime's default applies\n"
+                          "# (containerd: LimitNOFILE in its systemd unit). Raise the soft limit in the entrypoint:\n"
+                          f"command: [\"sh\", \"-c\", \"ulimit -n {target} && exec python train.py\"]")
+    if container == "kubernetes":
+        return (kube, shell, python)
+    if container in ("docker", "podman", "container"):
+        return (docker, compose, shell, python)
+    return (shell, limits, python)
+
+
+def ds_config_fixes(prefetch: int | None = None, shared_mem_off: bool = False, workers: int | None = None) -> tuple:
+    """``mindspore.dataset.config`` calls that make a pipeline fit without touching the container."""
+    lines = ["import mindspore.dataset as ds"]
+    if prefetch is not None:
+        lines.append(f"ds.config.set_prefetch_size({prefetch})   # fewer shared-memory slots per worker")
+    if workers is not None:
+        lines.append(f"ds.config.set_num_parallel_workers({workers})")
+    if shared_mem_off:
+        lines.append("ds.config.set_enable_shared_mem(False)   # rows go through pipes: 2-4x slower, but no /dev/shm")
+        lines.append("# or GeneratorDataset(..., python_multiprocessing=False): threads, no /dev/shm")
+    return (("ds.config", "\n".join(lines)),)
+
+
+# ----------------------------------------------------------------------------------------------- sizing
+
+
+def _get(config: Any, name: str) -> Any:
+    """A field of MindSpore's dataset config, whether it came as the engine's dataclass or a dict."""
+    if config is None:
+        return None
+    if isinstance(config, dict):
+        return config.get(name)
+    return getattr(config, name, None)
+
+
+def typical_workers(facts: Any) -> int:
+    """Workers of a typical pipeline on this host: MindSpore's default 8, capped by the usable CPUs."""
+    return max(1, min(TYPICAL_MAX_WORKERS, int(getattr(facts, "usable_cpus", None) or 1)))
+
+
+def recommended_shm(facts: Any, row_bytes: int | None = None, workers: int | None = None,
+                    ranks: int | None = None, prefetch: int | None = None) -> tuple:
+    """The /dev/shm size this host needs for a typical GeneratorDataset pipeline on every local rank.
+
+    The peak per rank comes from ``model.generator_peak`` (exact to the byte on 2.10); all ranks on the host
+    share one /dev/shm; and ms_shm keeps 20% headroom, so the total is divided by 0.8.
+
+    Args:
+        facts: ``HostFacts`` (``usable_cpus`` and ``ranks.local_size`` are read).
+        row_bytes: largest row; the 8 MiB reference row when unknown.
+        workers: worker processes; ``min(8, usable CPUs)`` when unknown.
+        ranks: ranks sharing this /dev/shm; the launcher's count when unknown.
+        prefetch: ``ds.config.get_prefetch_size()``; MindSpore's default 16 when unknown.
+
+    Returns:
+        ``(bytes, explanation)``: bytes is 0 when a typical pipeline uses no shared memory (one worker).
+
+    Examples:
+        8 ranks of 8 workers with 8 MiB rows need 8 x 10 x 8 MiB = 640 MiB each, 5 GiB together: MindSpore's
+        "5 GB" advice. With headroom that is 6.25 GiB.
+    """
+    reference = row_bytes is None
+    row = REFERENCE_ROW_BYTES if reference else int(row_bytes)
+    w = typical_workers(facts) if workers is None else max(1, int(workers))
+    r = ranks if ranks is not None else getattr(getattr(facts, "ranks", None), "local_size", 1)
+    r = max(1, int(r or 1))
+    p = model.DEFAULT_PREFETCH if prefetch is None else max(1, int(prefetch))
+    per_rank = model.generator_peak(row, w, p)
+    total = per_rank * r
+    need = math.ceil(total / HEADROOM)
+    row_text = f"{mib(row)} rows" + (" (reference row: real size unknown)" if reference else "")
+    how = "" if workers is not None else f" (MindSpore's default {TYPICAL_MAX_WORKERS}, capped at the usable CPUs)"
+    if w <= 1:
+        return 0, (f"1 worker{how}: MindSpore reads the source in the main process and uses no /dev/shm "
+                   f"for rows")
+    s = model.slots(p, w)
+    text = (f"{w} workers{how} x {s} slots (prefetch {p}) x {row_text} + semaphores = {mib(per_rank)} per rank"
+            f" x {r} rank(s) on this host = {mib(total)}; / {HEADROOM:.0%} headroom = {mib(need)}")
+    return need, text
+
+
+def fitting_prefetch(row_bytes: int, workers: int, budget: int) -> int | None:
+    """The largest prefetch (<= 16) whose slots fit ``budget`` bytes, or ``None`` when even prefetch 1 does not."""
+    for p in range(model.DEFAULT_PREFETCH, 0, -1):
+        if model.generator_peak(row_bytes, workers, p) <= budget:
+            return p
+    return None
+
+
+# ----------------------------------------------------------------------------------------------- diagnose
+
+
+@dataclass(frozen=True)
+class Typical(Result):
+    """The pipeline the host is judged for: MindSpore's defaults on this host unless the caller says otherwise."""
+
+    workers: int
+    prefetch: int
+    ranks: int
+    row_bytes: int
+    row_known: bool
+    need: int  # recommended /dev/shm bytes, headroom included
+    peak: int  # the same without headroom: beyond this the pipeline bus-errors
+    reason: str  # how ``need`` was computed, step by step
+
+    @property
+    def shape(self) -> str:
+        """``2 workers x 18 slots x 8.0 MiB rows x 1 rank(s)``: the pipeline in one phrase."""
+        return (f"{self.workers} workers x {model.slots(self.prefetch, self.workers)} slots x "
+                f"{mib(self.row_bytes)} rows x {self.ranks} rank(s)")
+
+    @classmethod
+    def of(cls, facts: Any, ms_config: Any = None, workers: int | None = None,
+           row_bytes: int | None = None) -> "Typical":
+        w = typical_workers(facts) if workers is None else max(1, int(workers))
+        p = _get(ms_config, "prefetch_size")
+        p = p if isinstance(p, int) and p > 0 else model.DEFAULT_PREFETCH
+        r = max(1, int(getattr(getattr(facts, "ranks", None), "local_size", 1) or 1))
+        row = REFERENCE_ROW_BYTES if row_bytes is None else int(row_bytes)
+        need, why = recommended_shm(facts, row_bytes=row_bytes, workers=workers, ranks=r, prefetch=p)
+        return cls(w, p, r, row, row_bytes is not None, need, model.generator_peak(row, w, p) * r, why)
+
+
+def _note(facts: Any, *keys: str) -> str | None:
+    for note in getattr(facts, "notes", ()) or ():
+        if any(k in note for k in keys):
+            return note
+    return None
+
+
+def _shm_findings(facts: Any, t: Typical) -> list:
+    out = []
+    total, free = facts.shm_total, facts.shm_free
+    container = facts.container
+    fixes = shm_fixes(max(t.need, 1), container, facts.cgroup_mem_limit)
+    if total is None:
+        note = _note(facts, "statvfs") or "statvfs failed"
+        if "FileNotFoundError" in note:
+            out.append(Advice(
+                f"{facts.shm_path} does not exist ({note}): multiprocessing cannot create its semaphores, so "
+                "every multi-worker GeneratorDataset or map fails at launch",
+                "crash", f"mount a tmpfs of at least {human_size(t.need)} at /dev/shm", fixes, "shm-missing"))
+        else:
+            out.append(Advice(f"/dev/shm size: could not determine ({note})", "info",
+                              "check it with: df -h /dev/shm", (), "shm-unknown"))
+        return out
+    sem = model.semaphore_bytes(t.workers) * t.ranks
+    used = total - free if free is not None else None
+    if free is not None and free < sem:
+        out.append(Advice(
+            f"/dev/shm is full: {mib(free)} free of {mib(total)} ({mib(used)} used). MindSpore cannot even create "
+            f"its semaphores ({mib(sem)} for {t.ranks} rank(s)): GeneratorDataset fails with 'recommended shm "
+            "size is at least 5 GB', map with '[Errno 28] No space left on device'",
+            "crash", "free /dev/shm: stop the process holding it, or remove leftovers with `ms-shm clean`; "
+                     "files there may be held open by live processes (`lsof +D /dev/shm`)",
+            (("shell", "df -h /dev/shm\nms-shm clean --dry-run"),), "shm-full"))
+    if t.need and total < t.peak:
+        budget = int(total * HEADROOM / t.ranks)
+        p_fit = fitting_prefetch(t.row_bytes, t.workers, budget)
+        snippets = fixes + (ds_config_fixes(prefetch=p_fit) if p_fit else ds_config_fixes(shared_mem_off=True))
+        out.append(Advice(
+            f"/dev/shm is {mib(total)}, but a typical pipeline here ({t.shape}) peaks at {mib(t.peak)}. MindSpore "
+            "checks nothing for dynamic rows (the default since 2.4), so the first worker that writes past the "
+            "end dies with 'Bus error'",
+            "crash", f"give the container a /dev/shm of {human_size(t.need)}"
+                     + (f", or lower the prefetch to {p_fit}" if p_fit else ", or turn shared memory off"),
+            snippets, "shm-small"))
+    elif t.need and total < t.need:
+        out.append(Advice(
+            f"/dev/shm is {mib(total)}: a typical pipeline here ({t.shape}) fits ({mib(t.peak)}) but not with "
+            f"the 20% headroom ms_shm keeps ({mib(t.need)}), so ms_shm will lower the prefetch",
+            "slow", f"give the container a /dev/shm of {human_size(t.need)}", fixes, "shm-tight"))
+    if free is not None and t.need and total >= t.peak and sem <= free < t.peak:
+        out.append(Advice(
+            f"/dev/shm is nearly full: {mib(free)} free of {mib(total)}; {mib(used)} is held by other processes "
+            f"or leftovers, and a typical pipeline here ({t.shape}) needs {mib(t.peak)}",
+            "crash", "find what holds it (`lsof +D /dev/shm`, `ipcs -m`) or remove leftovers with `ms-shm clean`",
+            (("shell", "df -h /dev/shm\nms-shm clean --dry-run"),), "shm-nearly-full"))
+    return out
+
+
+def fds_needed(facts: Any, workers: int, prefetch: int) -> int:
+    """Fds the main process needs for one pipeline: its slots and pipes, a margin, and what is open already."""
+    return model.generator_fds(workers, prefetch) + model.FD_MARGIN + (getattr(facts, "open_fds", None) or 0)
+
+
+def _nofile_findings(facts: Any, t: Typical) -> list:
+    soft, hard = facts.nofile_soft, facts.nofile_hard
+    note = _note(facts, "RLIMIT_NOFILE")
+    if note:
+        return [Advice(f"open-files limit: could not determine ({note})", "info",
+                       "check it with: ulimit -Sn; ulimit -Hn", (), "nofile-unknown")]
+    need = fds_needed(facts, t.workers, t.prefetch)
+    out = []
+    if soft is not None and soft < need:
+        can_raise = hard is None or hard >= need
+        out.append(Advice(
+            f"open-files soft limit is {soft}, but a typical {t.workers}-worker pipeline (prefetch {t.prefetch}) "
+            f"needs about {need} fds in the main process (one per shared-memory slot plus pipes, "
+            f"{facts.open_fds or 0} open now): it fails with 'Too many open files' (errno 24)",
+            "crash", f"raise the soft limit to {nofile_target(need)}"
+                     + (" (the hard limit allows it)" if can_raise else f"; the hard limit {hard} must go up first"),
+            nofile_fixes(need, facts.container), "nofile-soft"))
+    two = 2 * need  # a train and an eval pipeline alive together
+    if hard is not None and hard < two:
+        out.append(Advice(
+            f"open-files hard limit is {hard}: a process that is not root cannot raise its soft limit above it, "
+            f"and a train plus an eval pipeline here need about {two}",
+            "crash" if hard < need else "slow",
+            f"raise the hard limit to {nofile_target(two)} where the process starts (runtime or limits.conf)",
+            nofile_fixes(two, facts.container), "nofile-hard"))
+    return out
+
+
+def _cgroup_findings(facts: Any, t: Typical) -> list:
+    limit = facts.cgroup_mem_limit
+    if limit is None:
+        return []
+    out = []
+    if t.peak and limit < t.peak:
+        out.append(Advice(
+            f"the cgroup memory limit is {mib(limit)}, smaller than the {mib(t.peak)} of /dev/shm a typical "
+            "pipeline here writes: tmpfs pages are charged to the writer's cgroup (a Kubernetes emptyDir to the "
+            "pod), so the kernel OOM-kills the job before /dev/shm fills",
+            "crash", f"raise the memory limit by at least {human_size(t.need)} (resources.limits.memory, "
+                     "docker run --memory)",
+            shm_fixes(t.need, facts.container, limit), "cgroup-small"))
+    elif facts.shm_total is not None and facts.shm_total > limit:
+        out.append(Advice(
+            f"/dev/shm ({mib(facts.shm_total)}) is larger than the cgroup memory limit ({mib(limit)}): filling "
+            "it gets the process OOM-killed ('Killed', signal 9) rather than a clear 'No space left on device'",
+            "info", "keep /dev/shm use below the memory limit; ms_shm budgets by the smaller of the two",
+            (), "cgroup-below-shm"))
+    return out
+
+
+def _sysv_findings(facts: Any, t: Typical) -> list:
+    profile = model.profile_for(facts.mindspore_version)
+    out = []
+    if profile.map_transport == "sysv":
+        cost = model.map_pool_cost(profile, t.workers, t.row_bytes, t.row_bytes)
+        if facts.shmmax is not None and facts.shmmax < cost.sysv_segment:
+            out.append(Advice(
+                f"kernel.shmmax is {mib(facts.shmmax)}: a map/batch worker (MindSpore "
+                f"{profile.version or '2.7+'} sends rows through one SysV segment per worker) cannot hold a "
+                f"{mib(t.row_bytes)} row",
+                "crash", f"raise kernel.shmmax to at least {cost.sysv_segment} (sysctl; --sysctl in docker)",
+                (("sysctl", f"sysctl -w kernel.shmmax={cost.sysv_segment * 4}"),
+                 ("docker run", f"docker run --sysctl kernel.shmmax={cost.sysv_segment * 4} ...")), "sysv-shmmax"))
+        pool = cost.sysv * t.ranks
+        if facts.shmall_pages is not None and facts.shmall_pages < _HUGE // model.PAGE:
+            room = facts.shmall_pages * model.PAGE - (facts.sysv_bytes or 0)
+            if room < pool:
+                out.append(Advice(
+                    f"kernel.shmall allows {mib(facts.shmall_pages * model.PAGE)} of SysV memory "
+                    f"({mib(facts.sysv_bytes or 0)} in use); {t.ranks} rank(s) of {t.workers} map workers with "
+                    f"{mib(t.row_bytes)} rows need {mib(pool)}",
+                    "crash", "raise kernel.shmall (in pages)",
+                    (("sysctl", f"sysctl -w kernel.shmall={math.ceil(2 * pool / model.PAGE)}"),), "sysv-shmall"))
+        segments = t.workers * t.ranks
+        for name, value in (("shmmni", facts.shmmni), ("msgmni", facts.msgmni)):
+            if value is not None and value < segments + (facts.sysv_segments or 0):
+                what = "segments" if name == "shmmni" else "message queues"
+                out.append(Advice(
+                    f"kernel.{name} is {value}: {t.ranks} rank(s) x {t.workers} map workers need {segments} SysV "
+                    f"{what}", "crash", f"raise kernel.{name}",
+                    (("sysctl", f"sysctl -w kernel.{name}={max(4096, 2 * segments)}"),), f"sysv-{name}"))
+    if facts.sysv_segments:
+        out.append(Advice(
+            f"{facts.sysv_segments} SysV shared-memory segment(s) in use ({mib(facts.sysv_bytes or 0)}). "
+            "MindSpore's map/batch workers leave theirs behind when the whole process group is SIGKILLed "
+            "(OOM killer); if no pipeline is running now they are leftovers",
+            "info", "list them with `ipcs -m`; remove MindSpore's leftovers with `ms-shm clean`",
+            (("shell", "ipcs -m\nms-shm clean --dry-run"),), "sysv-in-use"))
+    return out
+
+
+def _unknown_findings(facts: Any) -> list:
+    out = []
+    checks = (
+        ("memory", facts.mem_total, "proc/meminfo"),
+        ("cgroup", facts.cgroup_version, "cgroup"),
+        ("kernel.shmmax", facts.shmmax, "shmmax"),
+        ("SysV segments in use", facts.sysv_segments, "sysvipc"),
+        ("open fds", facts.open_fds, "open fds"),
+        ("MindSpore version", facts.mindspore_version, None),
+    )
+    for label, value, key in checks:
+        if value is None:
+            note = (_note(facts, key) if key else None) or (
+                "MindSpore is not installed" if label == "MindSpore version" else "no reading")
+            out.append(Advice(f"{label}: could not determine ({note})", "info",
+                              "nothing to do unless another finding points here", (), "unknown"))
+    return out
+
+
+def _config_findings(config: Any, facts: Any) -> list:
+    out = []
+    if config is None:
+        return out
+    if _get(config, "shared_mem") is False:
+        out.append(Advice(
+            "MindSpore's shared memory is off (ds.config.set_enable_shared_mem(False)): GeneratorDataset rows "
+            "are pickled through pipes, 2-4x slower for large rows",
+            "slow", "turn it back on once /dev/shm is large enough",
+            (("ds.config", "import mindspore.dataset as ds\nds.config.set_enable_shared_mem(True)"),),
+            "config-shm-off"))
+    if "spawn" in str(_get(config, "start_method") or ""):
+        out.append(Advice(
+            "the multiprocessing start method is spawn: a static max_rowsize then fails to launch "
+            "('Failed to launch multiprocessing of GeneratorDataset'), and the source is pickled with dill",
+            "info", "keep max_rowsize=None (dynamic slots) with spawn", (), "config-spawn"))
+    workers = _get(config, "num_parallel_workers")
+    if isinstance(workers, int) and workers > facts.usable_cpus:
+        out.append(Advice(
+            f"ds.config num_parallel_workers is {workers} but only {facts.usable_cpus} CPU(s) are usable here "
+            "(affinity and cgroup quota): the extra workers only add shared-memory slots",
+            "slow", f"use at most {facts.usable_cpus} workers",
+            ds_config_fixes(workers=facts.usable_cpus), "config-workers"))
+    return out
+
+
+def diagnose(facts: Any, ms_config: Any = None, *, workers: int | None = None,
+             row_bytes: int | None = None) -> tuple:
+    """Every problem this host has for a typical MindSpore pipeline, worst first.
+
+    The typical pipeline is MindSpore's default: ``min(8, usable CPUs)`` workers, prefetch 16 (or the
+    configured prefetch), the 8 MiB reference row, on each of the ranks the launcher put on this host.
+
+    Args:
+        facts: ``host.HostFacts``.
+        ms_config: the engine's reading of ``mindspore.dataset.config`` (fields ``prefetch_size``,
+            ``shared_mem``, ``start_method``, ``num_parallel_workers``), a dict, or ``None``.
+        workers: judge for this many workers instead of the typical count.
+        row_bytes: judge for rows of this size instead of the 8 MiB reference.
+
+    Returns:
+        ``Advice`` tuple sorted crash, slow, info; empty when nothing is wrong.
+    """
+    t = Typical.of(facts, ms_config, workers, row_bytes)
+    findings = []
+    findings += _shm_findings(facts, t)
+    findings += _nofile_findings(facts, t)
+    findings += _cgroup_findings(facts, t)
+    findings += _sysv_findings(facts, t)
+    findings += _config_findings(ms_config, facts)
+    if "assumed" in facts.ranks.source:
+        findings.append(Advice(
+            f"ranks on this host: {facts.ranks.local_size}, assumed from {facts.ranks.source}",
+            "info", "export LOCAL_WORLD_SIZE (or MS_SHM_LOCAL_RANKS) with the ranks per host to size exactly",
+            (), "ranks-assumed"))
+    findings += _unknown_findings(facts)
+    return tuple(sorted(findings, key=lambda a: a.rank))

@@ -1,0 +1,276 @@
+"""``advice``: sizes, snippets and findings, table-driven over fake ``HostFacts``. Pure, so microseconds each."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from ms_shm import advice, model
+from ms_shm.host import HostFacts, Ranks
+
+MiB = 1 << 20
+GiB = 1 << 30
+HUGE = 18446744073692774399
+
+
+def facts(**kw) -> HostFacts:
+    """A roomy 8-CPU bare host; each test changes only what it is about."""
+    base = dict(
+        shm_path="/dev/shm", shm_total=32 * GiB, shm_free=32 * GiB, mem_total=64 * GiB, mem_available=60 * GiB,
+        cgroup_version="v2", cgroup_mem_limit=None, cgroup_mem_usage=None, cpu_count=8, cpu_affinity=8,
+        cpu_quota=None, usable_cpus=8, nofile_soft=65536, nofile_hard=65536, open_fds=6, shmmax=HUGE,
+        shmall_pages=HUGE, shmmni=4096, msgmni=32000, sysv_segments=0, sysv_bytes=0, container=None,
+        ranks=Ranks(1, 0, "default"), mindspore_version="2.10.0", start_method="fork", notes=(),
+    )
+    base.update(kw)
+    return HostFacts(**base)
+
+
+def codes(findings) -> list:
+    return [f.code for f in findings]
+
+
+# ------------------------------------------------------------------------------------------- sizes
+
+
+@pytest.mark.parametrize("nbytes, human", [
+    (1, "64m"), (64 * MiB, "64m"), (64 * MiB + 1, "128m"), (300 * MiB, "512m"), (800 * MiB, "1g"),
+    (GiB, "1g"), (GiB + 1, "2g"), (int(6.25 * GiB), "7g"), (100 * GiB, "100g"),
+])
+def test_human_size_rounds_up(nbytes, human):
+    assert advice.human_size(nbytes) == human
+    assert advice.parse_size(human) >= nbytes
+
+
+@pytest.mark.parametrize("text, nbytes", [
+    ("64m", 64 * MiB), ("64M", 64 * MiB), ("512Mi", 512 * MiB), ("2g", 2 * GiB), ("2GB", 2 * GiB),
+    ("1.5g", int(1.5 * GiB)), ("4096", 4096), ("8k", 8192), ("1Gi", GiB),
+])
+def test_parse_size(text, nbytes):
+    assert advice.parse_size(text) == nbytes
+
+
+@pytest.mark.parametrize("text", ["", "m", "64x", "-1g", "lots", "nan"])
+def test_parse_size_rejects(text):
+    with pytest.raises(ValueError):
+        advice.parse_size(text)
+
+
+def test_recommended_shm_reproduces_mindspores_5gb():
+    """8 ranks x 8 workers x 10 slots x 8 MiB = 5 GiB: MindSpore's "at least 5 GB", plus ms_shm's headroom."""
+    need, why = advice.recommended_shm(facts(ranks=Ranks(8, 0, "LOCAL_WORLD_SIZE")))
+    per_rank = model.generator_peak(8 * MiB, 8, 16)
+    assert per_rank == 8 * 10 * 8 * MiB + model.semaphore_bytes(8)
+    assert (8 * per_rank) / GiB == pytest.approx(5.0, abs=0.01)
+    assert need == math.ceil(8 * per_rank / 0.8)
+    assert "reference row" in why and "8 rank(s)" in why and "10 slots" in why
+
+
+@pytest.mark.parametrize("cpus, workers", [(1, 1), (2, 2), (4, 4), (8, 8), (64, 8)])
+def test_typical_workers_follow_usable_cpus(cpus, workers):
+    assert advice.typical_workers(facts(usable_cpus=cpus)) == workers
+
+
+def test_recommended_shm_single_cpu_needs_none():
+    need, why = advice.recommended_shm(facts(usable_cpus=1))
+    assert need == 0 and "main process" in why
+
+
+def test_recommended_shm_uses_the_given_pipeline():
+    need, _ = advice.recommended_shm(facts(), row_bytes=MiB, workers=2, ranks=1, prefetch=4)
+    assert need == math.ceil(model.generator_peak(MiB, 2, 4) / 0.8)
+
+
+def test_fitting_prefetch():
+    assert advice.fitting_prefetch(8 * MiB, 2, 10 * GiB) == 16
+    p = advice.fitting_prefetch(MiB, 2, 20 * MiB)
+    assert p is not None and model.generator_peak(MiB, 2, p) <= 20 * MiB < model.generator_peak(MiB, 2, p + 1)
+    assert advice.fitting_prefetch(8 * MiB, 2, 51 * MiB) is None  # 4 slots x 2 workers x 8 MiB = 64 MiB
+
+
+# ------------------------------------------------------------------------------------------- snippets
+
+
+def test_shm_fixes_kubernetes_block():
+    fixes = dict(advice.shm_fixes(800 * MiB, "kubernetes"))
+    assert list(dict(advice.shm_fixes(800 * MiB, "kubernetes")))[0] == "kubernetes"
+    k8s = fixes["kubernetes"]
+    for text in ("emptyDir:", "medium: Memory", "sizeLimit: 1Gi", "mountPath: /dev/shm", "name: dshm",
+                 "resources.limits.memory", "memory limit"):
+        assert text in k8s
+    assert "--shm-size=1g" in fixes["docker run"]
+    assert 'shm_size: "1g"' in fixes["docker-compose"]
+
+
+def test_shm_fixes_raise_the_known_memory_limit():
+    k8s = dict(advice.shm_fixes(GiB, "kubernetes", memory_limit=4 * GiB))["kubernetes"]
+    assert "memory: 5Gi" in k8s and "was 4.0 GiB" in k8s
+
+
+@pytest.mark.parametrize("container, first", [
+    ("kubernetes", "kubernetes"), ("docker", "docker run"), ("podman", "podman run"),
+    ("container", "docker run"), (None, "bare host"),
+])
+def test_shm_fixes_put_where_we_run_first(container, first):
+    fixes = advice.shm_fixes(300 * MiB, container)
+    assert fixes[0][0] == first
+    labels = [label for label, _ in fixes]
+    assert "kubernetes" in labels and "docker run" in labels  # the same image runs everywhere
+    if container is None:
+        assert "remount,size=512m" in fixes[0][1] and "/etc/fstab" in fixes[0][1]
+
+
+def test_nofile_fixes():
+    fixes = dict(advice.nofile_fixes(2000))
+    assert "ulimit -n 4096" in fixes["shell"]
+    assert "*  soft  nofile  4096" in fixes["limits.conf"]
+    assert "setrlimit" in fixes["python"]
+    assert "--ulimit nofile=4096:4096" in dict(advice.nofile_fixes(2000, "docker"))["docker run"]
+    assert advice.nofile_target(10) == 1024 and advice.nofile_target(70000) == 262144
+
+
+def test_ds_config_fixes():
+    (label, text), = advice.ds_config_fixes(prefetch=4)
+    assert label == "ds.config" and "ds.config.set_prefetch_size(4)" in text
+    assert "set_enable_shared_mem(False)" in advice.ds_config_fixes(shared_mem_off=True)[0][1]
+
+
+# ------------------------------------------------------------------------------------------- diagnose
+
+
+def test_roomy_host_has_no_problems():
+    assert advice.diagnose(facts()) == ()
+
+
+def test_docker_default_64m_is_a_crash_with_a_size_that_fits():
+    f = facts(shm_total=64 * MiB, shm_free=64 * MiB, container="docker")
+    findings = advice.diagnose(f)
+    first = findings[0]
+    assert (first.code, first.severity) == ("shm-small", "crash")
+    assert "64.0 MiB" in first.problem and "640.2 MiB" in first.problem
+    snippets = dict(first.snippets)
+    size = snippets["docker run"].split("--shm-size=")[1].split()[0]
+    assert advice.parse_size(size) * 0.8 >= model.generator_peak(8 * MiB, 8, 16)
+    assert "emptyDir" in snippets["kubernetes"]
+    assert "ds.config" in snippets
+
+
+def test_tight_shm_is_slow_not_crash():
+    peak = model.generator_peak(8 * MiB, 8, 16)
+    f = facts(shm_total=int(peak * 1.1), shm_free=int(peak * 1.1))
+    assert [(a.code, a.severity) for a in advice.diagnose(f)] == [("shm-tight", "slow")]
+
+
+def test_ranks_multiply_the_need():
+    f = facts(shm_total=2 * GiB, shm_free=2 * GiB, ranks=Ranks(8, 0, "LOCAL_WORLD_SIZE"))
+    first = advice.diagnose(f)[0]
+    assert first.code == "shm-small" and "8 rank(s)" in first.problem
+    assert "--shm-size=7g" in dict(first.snippets)["docker run"]
+
+
+def test_nearly_full_and_full_shm():
+    nearly = advice.diagnose(facts(shm_free=100 * MiB))
+    assert nearly[0].code == "shm-nearly-full" and nearly[0].severity == "crash"
+    full = advice.diagnose(facts(shm_free=0))
+    assert full[0].code == "shm-full" and "5 GB" in full[0].problem
+
+
+def test_unreadable_shm_is_info():
+    f = facts(shm_total=None, shm_free=None, notes=("statvfs(/dev/shm): PermissionError: denied",))
+    (finding,) = advice.diagnose(f)
+    assert finding.severity == "info" and "could not determine (statvfs(/dev/shm): PermissionError" in finding.problem
+
+
+def test_low_soft_nofile():
+    f = facts(nofile_soft=64, nofile_hard=1 << 20)
+    (finding,) = advice.diagnose(f)
+    need = model.generator_fds(8, 16) + model.FD_MARGIN + 6
+    assert finding.code == "nofile-soft" and str(need) in finding.problem
+    assert "hard limit allows it" in finding.fix
+    assert "ulimit -n 1024" in dict(finding.snippets)["shell"]
+
+
+def test_low_hard_nofile():
+    f = facts(nofile_soft=100, nofile_hard=100)
+    found = {a.code: a for a in advice.diagnose(f)}
+    assert found["nofile-soft"].severity == "crash" and "must go up first" in found["nofile-soft"].fix
+    assert found["nofile-hard"].severity == "crash" and "not root" in found["nofile-hard"].problem
+    slow = {a.code: a for a in advice.diagnose(facts(nofile_soft=200, nofile_hard=200))}
+    assert set(slow) == {"nofile-hard"} and slow["nofile-hard"].severity == "slow"
+
+
+def test_cgroup_limit_below_the_shm_need():
+    f = facts(cgroup_mem_limit=256 * MiB, container="kubernetes")
+    found = {a.code: a for a in advice.diagnose(f)}
+    k8s = dict(found["cgroup-small"].snippets)["kubernetes"]
+    assert found["cgroup-small"].severity == "crash" and "was 256.0 MiB" in k8s
+    info = {a.code: a for a in advice.diagnose(facts(cgroup_mem_limit=8 * GiB))}
+    assert info["cgroup-below-shm"].severity == "info"
+
+
+def test_sysv_limits_for_map_workers():
+    found = {a.code: a for a in advice.diagnose(facts(shmmax=MiB, shmall_pages=1024, shmmni=4, msgmni=4))}
+    assert {"sysv-shmmax", "sysv-shmall", "sysv-shmmni", "sysv-msgmni"} <= set(found)
+    assert all(found[c].severity == "crash" for c in ("sysv-shmmax", "sysv-shmall"))
+    # MindSpore <= 2.3 sends map rows through /dev/shm, not SysV: no SysV finding there.
+    assert not [a for a in advice.diagnose(facts(shmmax=MiB, mindspore_version="2.3.1")) if "sysv" in a.code]
+
+
+def test_sysv_segments_in_use_are_info():
+    found = {a.code: a for a in advice.diagnose(facts(sysv_segments=3, sysv_bytes=24 * MiB))}
+    assert found["sysv-in-use"].severity == "info" and "ms-shm clean" in found["sysv-in-use"].fix
+
+
+def test_config_findings_accept_dataclass_or_dict():
+    @dataclasses.dataclass(frozen=True)
+    class Config:
+        prefetch_size: int = 16
+        shared_mem: bool = False
+        start_method: str = "spawn"
+        num_parallel_workers: int = 32
+
+    for config in (Config(), dataclasses.asdict(Config())):
+        got = set(codes(advice.diagnose(facts(), config)))
+        assert got == {"config-shm-off", "config-spawn", "config-workers"}
+
+
+def test_configured_prefetch_changes_the_need():
+    """Prefetch 1 gives 8 workers 4 slots: 256 MiB instead of 640 MiB, which a 300 MiB /dev/shm holds."""
+    f = facts(shm_total=300 * MiB, shm_free=300 * MiB)
+    assert codes(advice.diagnose(f, {"prefetch_size": 16})) == ["shm-small"]
+    assert codes(advice.diagnose(f, {"prefetch_size": 1})) == ["shm-tight"]
+
+
+def test_unknown_facts_are_info_lines():
+    f = facts(mem_total=None, mem_available=None, shmmax=None, mindspore_version=None,
+              notes=("/proc/meminfo: PermissionError: denied", "/proc/sys/kernel/shmmax: OSError: x"))
+    infos = [a for a in advice.diagnose(f) if a.code == "unknown"]
+    text = "\n".join(a.problem for a in infos)
+    assert "memory: could not determine (/proc/meminfo: PermissionError" in text
+    assert "kernel.shmmax: could not determine" in text
+    assert "MindSpore version: could not determine (MindSpore is not installed)" in text
+
+
+def test_findings_sorted_worst_first_and_json_ready():
+    f = facts(shm_total=64 * MiB, shm_free=64 * MiB, nofile_soft=100, nofile_hard=100, sysv_segments=2,
+              sysv_bytes=MiB, cgroup_mem_limit=8 * GiB, mem_total=None)
+    findings = advice.diagnose(f)
+    ranks = [a.rank for a in findings]
+    assert ranks == sorted(ranks) and findings[0].severity == "crash" and findings[-1].severity == "info"
+    data = json.loads(json.dumps([a.to_dict() for a in findings]))
+    assert set(data[0]) == {"problem", "severity", "fix", "snippets", "code"}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        findings[0].severity = "info"
+
+
+def test_advice_and_explain_do_not_import_mindspore():
+    code = ("import sys, ms_shm.advice, ms_shm.explain; "
+            "bad = [m for m in sys.modules if m.split('.')[0] == 'mindspore']; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -1,0 +1,165 @@
+"""``explain`` on what MindSpore really prints (``tests/data/logs``, captured by ``capture.py``) and on PyTorch's
+messages (written by hand from its source: no torch here), judged against fake host facts."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from ms_shm import advice
+from ms_shm.explain import explain
+from ms_shm.host import HostFacts, Ranks
+
+LOGS = Path(__file__).resolve().parent / "data" / "logs"
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+def facts(**kw) -> HostFacts:
+    """Docker's default container: 64 MiB /dev/shm, 2 CPUs, a low-ish fd limit."""
+    base = dict(
+        shm_path="/dev/shm", shm_total=64 * MiB, shm_free=64 * MiB, mem_total=16 * GiB, mem_available=12 * GiB,
+        cgroup_version="v2", cgroup_mem_limit=None, cgroup_mem_usage=None, cpu_count=2, cpu_affinity=2,
+        cpu_quota=None, usable_cpus=2, nofile_soft=1024, nofile_hard=4096, open_fds=6, shmmax=1 << 63,
+        shmall_pages=1 << 63, shmmni=4096, msgmni=32000, sysv_segments=0, sysv_bytes=0, container="docker",
+        ranks=Ranks(1, 0, "default"), mindspore_version="2.10.0", start_method="fork", notes=(),
+    )
+    base.update(kw)
+    return HostFacts(**base)
+
+
+def log(name: str) -> str:
+    return (LOGS / name).read_text()
+
+
+def only(text: str, **kw):
+    found = explain(text, facts(**kw))
+    assert len(found) == 1, [e.kind for e in found]
+    return found[0]
+
+
+CAPTURED = ["bus_error.log", "insufficient_shm.log", "shm_full_generator.log", "shm_full_map.log",
+            "too_many_open_files.log", "too_many_open_files_main.log"]
+
+
+@pytest.mark.parametrize("name", CAPTURED)
+def test_captured_logs_are_real_mindspore_output(name):
+    """The test data came from MindSpore, not from us: each file carries MindSpore's own traces."""
+    text = log(name)
+    assert "Written by hand" not in text
+    assert "mindspore" in text.lower() or "Unexpected bus error encountered in process" in text
+
+
+def test_bus_error_log():
+    text = log("bus_error.log")
+    e = only(text)
+    assert (e.kind, e.severity, e.signal) == ("bus-error", "crash", "Bus error")
+    assert f"Dataset worker process {e.pid} was killed by signal: Bus error" in text
+    assert "64.0 MiB" in e.cause  # this host's numbers
+    snippets = dict(e.snippets)
+    size = snippets["docker run"].split("--shm-size=")[1].split()[0]
+    assert advice.parse_size(size) * 0.8 >= advice.Typical.of(facts()).peak
+    assert "emptyDir" in snippets["kubernetes"]
+    assert "set_enable_shared_mem(False)" in snippets["ds.config"]  # 64 MiB is too small even at prefetch 1
+
+
+def test_insufficient_shm_log_parses_the_numbers():
+    text = log("insufficient_shm.log")
+    e = only(text)
+    assert e.kind == "insufficient-shm"
+    assert f"Required: {e.required}, Available: {e.available}" in text
+    assert e.required > e.available > 0
+    size = dict(e.snippets)["docker run"].split("--shm-size=")[1].split()[0]
+    assert advice.parse_size(size) * 0.8 >= e.required  # MindSpore's own 80% check would pass
+    assert "max_rowsize" in e.fix
+
+
+def test_full_shm_generator_log():
+    e = only(log("shm_full_generator.log"), shm_free=0)
+    assert e.kind == "shm-full" and "0 B free" in e.cause
+    assert "ms-shm clean" in e.fix
+
+
+def test_full_shm_map_log_is_the_semaphores():
+    e = only(log("shm_full_map.log"))
+    assert e.kind == "no-space" and e.severity == "crash" and "semaphores" in e.cause
+
+
+@pytest.mark.parametrize("name", ["too_many_open_files.log", "too_many_open_files_main.log"])
+def test_too_many_open_files_logs(name):
+    e = only(log(name), nofile_soft=40, nofile_hard=4096)
+    assert e.kind == "too-many-open-files"
+    assert "soft limit is 40" in e.cause
+    assert "ulimit -n 1024" in dict(e.snippets)["shell"] or "--ulimit nofile=1024" in dict(e.snippets)["docker run"]
+
+
+def test_pytorch_bus_error_written_by_hand():
+    text = log("pytorch_bus_error.log")
+    assert text.startswith("# Written by hand")
+    e = only(text)
+    assert (e.kind, e.pid, e.signal) == ("pytorch-bus-error", 1234, "Bus error")
+    assert "--shm-size=" in dict(e.snippets)["docker run"]
+
+
+def test_pytorch_shm_file_write_failure():
+    text = ("RuntimeError: unable to write to file </torch_287_2714559211_8>: No space left on device (28)\n")
+    e = only(text)
+    assert e.kind == "pytorch-shm"
+
+
+def test_nothing_recognised():
+    assert explain("Epoch 1 loss 0.25\nall good\n", facts()) == ()
+    assert explain("", facts()) == ()
+
+
+def test_enospc_outside_multiprocessing_is_probably_a_disk():
+    e = only("OSError: [Errno 28] No space left on device: '/data/ckpt/model.ckpt'\n")
+    assert e.kind == "no-space" and e.severity == "info" and "disk" in e.cause
+
+
+def test_worker_killed_by_sigkill_points_at_oom():
+    line = ("[ERROR] MD(1,7f,python):2026-01-01 [sig_handler.cc:556] SIGCHLDHandler] Dataset worker process 4242 "
+            "was killed by signal: Killed. Main process will be terminated.")
+    e = only(line, cgroup_mem_limit=2 * GiB)
+    assert (e.kind, e.pid, e.signal) == ("worker-killed", 4242, "Killed")
+    assert "OOM" in e.cause and "2.0 GiB" in e.cause
+
+
+def test_worker_exit_alone_is_reported_but_not_when_explained():
+    line = ("SIGCHLDHandler] Dataset worker process 77 exited unexpectedly with exit code 1. "
+            "Main process will be terminated.")
+    assert only(line).kind == "worker-exited"
+    kinds = [e.kind for e in explain(log("too_many_open_files.log"), facts())]
+    assert kinds == ["too-many-open-files"]  # the exit is the consequence, not a second failure
+
+
+def test_static_row_too_big_warning():
+    text = ("[WARNING] ME(1:1,MainProcess): Using shared memory queue, but rowsize is larger than allocated "
+            "memory max_rowsize: 4.0MB, current rowsize: 4.0MB.")
+    e = only(text)
+    assert e.kind == "row-too-big" and e.severity == "slow" and "max_rowsize=5" in e.fix
+
+
+def test_several_failures_in_order_of_appearance():
+    text = log("too_many_open_files_main.log") + "\n" + log("bus_error.log")
+    assert [e.kind for e in explain(text, facts())] == ["too-many-open-files", "bus-error"]
+
+
+def test_unknown_host_facts_do_not_break_explanations():
+    unknown = facts(shm_total=None, shm_free=None, nofile_soft=None, nofile_hard=None, open_fds=None,
+                    notes=("statvfs(/dev/shm): PermissionError: denied",))
+    for name in CAPTURED + ["pytorch_bus_error.log"]:
+        for e in explain(log(name), unknown):
+            assert e.cause and e.fix and "None" not in e.cause
+
+
+def test_explanations_are_json_ready():
+    import json
+
+    for e in explain(log("bus_error.log") + log("insufficient_shm.log"), facts()):
+        data = json.loads(json.dumps(e.to_dict()))
+        assert set(data) >= {"kind", "severity", "line", "cause", "fix", "snippets", "pid", "signal",
+                             "required", "available"}
+        assert re.match(r"^[a-z-]+$", data["kind"])

@@ -15,10 +15,12 @@ import logging
 from ms_shm.api import TuneReport, build_dataset, map, plan_of, probe, reset, tune
 from ms_shm.budget import Budget
 from ms_shm.cleanup import CleanReport, Leftover, clean
+from ms_shm.cow import CowFinding
 from ms_shm.guard import RowTooLargeError, SourceError
 from ms_shm.host import HostFacts
 from ms_shm.plan import Decision, Plan, ShmBudgetError
 from ms_shm.rows import RowError, RowStats
+from ms_shm.shared_list import SharedDict, SharedList
 from ms_shm.watch import Watcher, WatchSummary, watch
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
@@ -30,4 +32,5 @@ __all__ = [
     "TuneReport", "Plan", "Decision", "Budget", "HostFacts", "RowStats",
     "ShmBudgetError", "RowError", "RowTooLargeError", "SourceError",
     "clean", "CleanReport", "Leftover", "watch", "Watcher", "WatchSummary",
+    "SharedList", "SharedDict", "CowFinding",
 ]

@@ -248,7 +248,7 @@ def _inspect_copy_on_read(source: Any, workers: int, facts: host.HostFacts, star
         return
     if share_lists:
         cow.share_lists(source, findings)
-    else:
+    elif facts.ranks.local_rank == 0:
         cow.log_findings(findings)
 
 
@@ -274,6 +274,7 @@ def build_dataset(source: Any, column_names: Sequence[str] | str | None = None, 
     Raises:
         ms_shm.RowError: a probe row MindSpore cannot carry (names the column, the row and the fix).
         ms_shm.ShmBudgetError: explicit arguments that cannot fit, before any worker starts.
+        RuntimeError: ``python_multiprocessing=True`` where MindSpore cannot start worker processes (no /proc).
     """
     eng = _engine()
     facts = _current_nofile(_SESSION.host_facts())
@@ -288,9 +289,14 @@ def build_dataset(source: Any, column_names: Sequence[str] | str | None = None, 
         stats, probe_rows, feed = rows.measure_iterable(source, names)
         feed = guard_iterable(feed, names)
     req = _request(generator_kwargs, ms, facts, stats)
+    blocked = eng.processes_blocker() if random_access and ms is not None else None
+    if blocked:
+        req = _without_processes(req, blocked)
     profile = model.profile_for(ms.version if ms else facts.mindspore_version)
     b = _budget(facts)
     p = planner.plan_generator(stats, req, b, profile)
+    if blocked:
+        p = replace(p, decisions=p.decisions + (Decision("python_multiprocessing", False, True, blocked),))
     if random_access and p.python_multiprocessing and p.workers > 1:
         _inspect_copy_on_read(source, p.workers, facts, req.start_method, share_lists)
     if random_access:
@@ -319,6 +325,16 @@ def build_dataset(source: Any, column_names: Sequence[str] | str | None = None, 
 
 
 _ROW_FIX = "lower num_parallel_workers, or pass python_multiprocessing=False to build_dataset"
+
+
+def _without_processes(req: planner.Request, why: str) -> planner.Request:
+    """MindSpore's worker processes cannot start here: plan threads, or stop now if the caller insisted."""
+    if req.multiprocessing is True and (req.workers or 1) > 1:
+        raise RuntimeError(f"python_multiprocessing=True cannot work here: {why}, and MindSpore's GeneratorDataset "
+                           f"reads its own process through psutil before starting workers. Fix: mount /proc (or "
+                           f"make it readable), or pass python_multiprocessing=False.")
+    log.warning("ms_shm: %s; worker processes are not planned, threads are", why)
+    return replace(req, multiprocessing=False)
 
 
 def _apply_globals(p: Plan, ms: Any) -> list:

@@ -1,0 +1,491 @@
+"""Find the big Python containers a dataset source holds, before workers copy them, and say what it costs.
+
+With the fork start method a worker starts by sharing the parent's pages. Each Python object read by the
+worker has its reference count written, and the kernel then copies that object's page into the worker:
+a list of a million small dicts ends up copied into every worker, worker by worker and rank by rank
+(PyTorch issue 13246). With spawn the copy happens at once, when the source is pickled into each worker.
+Numpy arrays, ``bytes``, ``str`` and ``SharedList`` have no per-item objects and are never flagged.
+
+Three steps, kept apart: ``inspect_source`` looks and returns ``CowFinding``s (it never logs a warning
+and never raises); ``log_findings`` writes one warning per finding; ``share_lists`` swaps flagged
+containers for ``SharedList``/``SharedDict`` when the caller opted in.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import sys
+import types
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+
+from ms_shm._results import Result, mib
+from ms_shm.shared_list import SharedDict, SharedList
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CowFinding", "inspect_source", "log_findings", "share_lists"]
+
+PAGE = 4096
+#: Objects larger than this come from malloc, not pymalloc's pools: touching one copies about one page.
+_SMALL_OBJECT = 512
+#: Elements sampled from a flagged container; enough for a stable mean, cheap for any size.
+_SAMPLE = 1000
+#: Children looked at inside one sampled element, and how deep; the rest is scaled from them.
+_CHILD_SAMPLE = 16
+_ELEMENT_DEPTH = 2
+#: Top-level containers up to this length are looked into (``self.meta = {"captions": [...]}``).
+_WRAPPER_MAX = 64
+#: Attributes read per object; a bound for objects with thousands of attributes.
+_MAX_ATTRIBUTES = 1000
+
+_CONTAINERS = (list, tuple, dict, set, frozenset, deque)
+_NO_OBJECTS = (str, bytes, bytearray, memoryview, range, int, float, complex, bool, type(None),
+               SharedList, SharedDict)
+_NOT_WALKED = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
+               types.CodeType, types.FrameType, types.GeneratorType)
+_DICT_KEY_TYPES = (str, bytes, int)
+#: Containers whose item table is allocated apart from the object header.
+_TABLED = (list, dict, set, frozenset, deque)
+_GC_HEAD = 16  # bytes CPython puts before every object that the cyclic GC can track
+
+FORK_MECHANISM = "fork: copy-on-read page faults"
+PICKLE_MECHANISM = "{method}: pickled into each worker"
+
+# A path step: ("attr", name) for obj.name, ("key", key) for obj[key], ("index", i) for obj[i].
+Step = tuple
+
+
+@dataclass(frozen=True)
+class CowFinding(Result):
+    """One container in a source that every worker will come to hold its own copy of.
+
+    Attributes:
+        attribute: Where it is, from the source: ``"annotations"``, ``"meta.captions"``,
+            ``"meta['captions']"``, or ``"<source>"`` when the source itself is the container.
+        kind: Its type name (``"list"``, ``"dict"``, ``"ndarray[object]"``...).
+        items: ``len()`` of the container.
+        objects: Estimated Python objects reachable through it (items and what they hold); what costs.
+        bytes_per_worker: Estimated bytes one worker comes to copy.
+        workers: Worker processes per rank that were assumed.
+        ranks: Ranks (training processes) on the host that were assumed, each with its own workers.
+        total_bytes: ``bytes_per_worker * workers * ranks``: host memory the copies add.
+        start_method: ``"fork"`` or ``"spawn"``; decides the mechanism.
+        mechanism: How the copy happens (page faults under fork, pickling otherwise).
+        fix: A line of code that removes the copies.
+        swappable: Whether ``share_lists`` can do the fix itself.
+    """
+
+    attribute: str
+    kind: str
+    items: int
+    objects: int
+    bytes_per_worker: int
+    workers: int
+    ranks: int
+    total_bytes: int
+    start_method: str
+    mechanism: str
+    fix: str
+    swappable: bool
+    path: tuple = field(default=(), repr=False, compare=False)
+    container_id: int = field(default=0, repr=False, compare=False)
+
+    @property
+    def message(self) -> str:
+        """The one-line warning: what, how many, how it gets copied, how much, and the fix."""
+        where = "the source itself" if not self.path else f"source attribute {self.attribute!r}"
+        if self.start_method == "fork":
+            how = (f"{self.mechanism}: each of {self.workers} worker(s) x {self.ranks} rank(s) copies "
+                   "the pages it reads as reference counts are touched")
+        else:
+            how = (f"{self.mechanism}: each of {self.workers} worker(s) x {self.ranks} rank(s) "
+                   "unpickles its own full copy at start")
+        also = " (or build_dataset(..., share_lists=True))" if self.swappable else ""
+        return (f"copy-on-read: {where} is a {self.kind} of {self.items:,} items "
+                f"(~{self.objects:,} Python objects, ~{mib(self.bytes_per_worker)} per worker); {how}: "
+                f"~{mib(self.total_bytes)} more host memory. Fix: {self.fix}{also}")
+
+
+def inspect_source(source: Any, workers: int, ranks: int = 1, start_method: str = "fork",
+                   min_objects: int = 10_000) -> tuple[CowFinding, ...]:
+    """Find containers in ``source`` that every worker will copy, largest total first.
+
+    Looks at the source's attributes (``vars()`` and ``__slots__``; properties are never called), then
+    one level deeper: attributes of attribute objects and values of small dict/list/tuple attributes. A
+    ``list``, ``tuple``, ``dict``, ``set``, ``frozenset``, ``deque`` or object-dtype array is flagged when
+    it holds at least ``min_objects`` Python objects, estimated from a sample of up to 1000 elements.
+    Anything odd (an attribute that raises, a ``len`` that fails) is skipped and logged at DEBUG: a
+    warning helper must never break the pipeline it warns about.
+
+    Args:
+        source: The dataset source (any object, or a list used as a source).
+        workers: Worker processes per rank that will hold a copy. Pass 0 when no worker process is started
+            (threads, in-process reading, MindSpore with one worker or an iterable source): nothing is
+            flagged then.
+        ranks: Training processes on this host, each with its own workers.
+        start_method: ``"fork"`` (copy by page faults as items are read) or ``"spawn"`` (copy by pickling
+            when each worker starts). Anything other than ``"fork"`` is treated as pickling.
+        min_objects: Flag containers holding at least this many Python objects.
+
+    Returns:
+        One ``CowFinding`` per container, sorted by ``total_bytes``, largest first.
+
+    Examples:
+        >>> class Source:
+        ...     def __init__(self):
+        ...         self.names = [f"{i}.jpg" for i in range(20_000)]
+        >>> [f.attribute for f in inspect_source(Source(), workers=2)]
+        ['names']
+    """
+    if workers < 1:
+        return ()
+    fork = start_method == "fork"
+    findings: list[CowFinding] = []
+    seen: set[int] = {id(source)}
+
+    def consider(path: tuple, value: Any, assignable: bool = True) -> CowFinding | None:
+        finding = _finding(path, value, workers, ranks, start_method, fork, min_objects, assignable)
+        if finding is not None:
+            findings.append(finding)
+        return finding
+
+    if _is_container(source):
+        consider((), source)
+        return tuple(findings)
+    for step, value in _children(source):
+        if id(value) in seen or isinstance(value, _NO_OBJECTS):
+            continue
+        seen.add(id(value))
+        if _is_container(value) and _safe_len(value) > _WRAPPER_MAX:
+            consider((step,), value)
+            continue
+        flagged_inside = False
+        for inner_step, inner in _children(value):
+            if id(inner) in seen or not _is_container(inner):
+                continue
+            seen.add(id(inner))
+            assignable = not isinstance(value, tuple)  # self.splits = (train, val) cannot be assigned into
+            flagged_inside |= consider((step, inner_step), inner, assignable) is not None
+        if _is_container(value) and not flagged_inside:  # a small container of medium-sized things
+            consider((step,), value)
+    findings.sort(key=lambda f: f.total_bytes, reverse=True)
+    return tuple(findings)
+
+
+def log_findings(findings: Iterable[CowFinding]) -> None:
+    """Log one WARNING per finding through the ``ms_shm.cow`` logger (call it from local rank 0 only)."""
+    for finding in findings:
+        log.warning("ms_shm: %s", finding.message)
+
+
+def share_lists(source: Any, findings: Iterable[CowFinding], shared_memory: bool | None = None
+                ) -> tuple[str, ...]:
+    """Replace flagged containers in ``source`` with ``SharedList``/``SharedDict``; return what changed.
+
+    Lists, tuples and deques become ``SharedList``; dicts (plain or ``OrderedDict``) with str, bytes or
+    int keys become ``SharedDict``. Both are read-only: code in the source that appends to or assigns
+    into the container will fail with ``TypeError`` (or ``AttributeError``), which is why this is opt-in.
+    Sets, subclasses (a ``defaultdict`` would lose its default), object arrays, the source itself and
+    containers that cannot be assigned back (inside a tuple, a read-only property) are left as they are,
+    each with an INFO line saying why. Each swap is logged at INFO.
+
+    Args:
+        source: The object ``inspect_source`` looked at.
+        findings: Its findings.
+        shared_memory: Put the new containers in POSIX shared memory, so spawned workers map one copy
+            instead of unpickling one each. ``None`` means: yes under spawn, no under fork (forked
+            workers share the pages anyway). Falls back to in-process buffers if ``/dev/shm`` is short.
+
+    Returns:
+        The ``attribute`` of every container that was replaced.
+    """
+    swapped = []
+    for finding in findings:
+        if not finding.path:
+            log.info("ms_shm: the source itself is a %s; wrap it yourself: %s", finding.kind, finding.fix)
+            continue
+        if not finding.swappable:
+            log.info("ms_shm: left %s (%s) as is: no read-only shared stand-in fits; by hand: %s",
+                     finding.attribute, finding.kind, finding.fix)
+            continue
+        try:
+            parent = _resolve(source, finding.path[:-1])
+            current = _get(parent, finding.path[-1])
+        except Exception as exc:  # the source changed since it was inspected
+            log.info("ms_shm: left %s as is: cannot reach it again (%s)", finding.attribute, exc)
+            continue
+        if id(current) != finding.container_id:
+            log.info("ms_shm: left %s as is: it is no longer the object that was inspected", finding.attribute)
+            continue
+        use_shm = finding.start_method != "fork" if shared_memory is None else shared_memory
+        try:
+            replacement = _shared_version(current, use_shm)
+        except OSError as exc:
+            log.info("ms_shm: %s: no room in shared memory (%s); using an in-process buffer",
+                     finding.attribute, exc)
+            replacement = _shared_version(current, False)
+        except (TypeError, ValueError) as exc:  # unpicklable item, unsupported key
+            log.info("ms_shm: left %s as is: %s", finding.attribute, exc)
+            continue
+        try:
+            _set(parent, finding.path[-1], replacement)
+        except Exception as exc:  # frozen dataclass, read-only property, tuple parent
+            log.info("ms_shm: left %s as is: cannot assign it (%s: %s)", finding.attribute,
+                     type(exc).__name__, exc)
+            continue
+        block = _block_name(replacement)
+        where = f", in shared memory block {block}" if block else ""
+        log.info("ms_shm: replaced source.%s (%s of %s items, ~%s of Python objects) with a %s of %s%s",
+                 finding.attribute, finding.kind, f"{finding.items:,}", mib(finding.bytes_per_worker),
+                 type(replacement).__name__, mib(replacement.nbytes), where)
+        swapped.append(finding.attribute)
+    return tuple(swapped)
+
+
+# ------------------------------------------------------------------------------------------------ walking
+def _is_container(value: Any) -> bool:
+    if isinstance(value, _CONTAINERS):
+        return True
+    return isinstance(value, np.ndarray) and value.dtype == object
+
+
+def _safe_len(value: Any) -> int:
+    try:
+        return len(value)
+    except Exception as exc:
+        log.debug("ms_shm.cow: len() of a %s failed: %s", type(value).__name__, exc)
+        return 0
+
+
+def _children(value: Any) -> Iterator[tuple[Step, Any]]:
+    """The (step, child) pairs one level below ``value``; never raises."""
+    try:
+        if isinstance(value, np.ndarray) or isinstance(value, _NO_OBJECTS + _NOT_WALKED):
+            return
+        if isinstance(value, dict):
+            if len(value) <= _WRAPPER_MAX:
+                yield from ((("key", k), v) for k, v in list(value.items()))
+            return
+        if isinstance(value, (list, tuple)):
+            if len(value) <= _WRAPPER_MAX:
+                yield from ((("index", i), v) for i, v in enumerate(value))
+            return
+        if _is_container(value):
+            return
+        yield from _attributes(value)
+    except Exception as exc:
+        log.debug("ms_shm.cow: cannot look inside a %s: %s", type(value).__name__, exc)
+
+
+def _attributes(obj: Any) -> Iterator[tuple[Step, Any]]:
+    """Instance attributes from ``__dict__`` and ``__slots__``; properties are never evaluated."""
+    names: list[str] = []
+    try:
+        names.extend(k for k in vars(obj) if isinstance(k, str))
+    except TypeError:
+        pass  # no __dict__: slots only
+    except Exception as exc:
+        log.debug("ms_shm.cow: vars() of a %s failed: %s", type(obj).__name__, exc)
+    for klass in type(obj).__mro__:
+        slots = klass.__dict__.get("__slots__", ())
+        names.extend([slots] if isinstance(slots, str) else [s for s in slots if isinstance(s, str)])
+    done = set()
+    for name in names:
+        if name in done or name in ("__dict__", "__weakref__"):
+            continue
+        done.add(name)
+        if len(done) > _MAX_ATTRIBUTES:
+            log.debug("ms_shm.cow: a %s has over %d attributes; the rest are not inspected",
+                      type(obj).__name__, _MAX_ATTRIBUTES)
+            return
+        try:
+            yield ("attr", name), _raw_attribute(obj, name)
+        except Exception as exc:  # unset slot, a __getattr__ that raises
+            log.debug("ms_shm.cow: attribute %s of a %s skipped: %s", name, type(obj).__name__, exc)
+
+
+def _raw_attribute(obj: Any, name: str) -> Any:
+    try:
+        return vars(obj)[name]
+    except (TypeError, KeyError):
+        return object.__getattribute__(obj, name)  # a slot: its descriptor, not __getattr__
+
+
+def _format_path(path: tuple) -> str:
+    if not path:
+        return "<source>"
+    text = ""
+    for kind, key in path:
+        if kind == "attr":
+            text += f".{key}" if text else key
+        elif kind == "key":
+            text += f"[{key!r}]"
+        else:
+            text += f"[{key}]"
+    return text
+
+
+def _resolve(source: Any, path: tuple) -> Any:
+    value = source
+    for step in path:
+        value = _get(value, step)
+    return value
+
+
+def _get(parent: Any, step: Step) -> Any:
+    kind, key = step
+    return _raw_attribute(parent, key) if kind == "attr" else parent[key]
+
+
+def _set(parent: Any, step: Step, value: Any) -> None:
+    kind, key = step
+    if kind == "attr":
+        setattr(parent, key, value)
+    else:
+        parent[key] = value
+
+
+# ----------------------------------------------------------------------------------------------- estimating
+def _footprint(obj: Any, depth: int, seen: set[int], fork: bool) -> tuple[float, float]:
+    """(bytes, objects) one worker copies for ``obj`` and what it holds, from a bounded sample.
+
+    Under fork a touched object costs its size if small (pymalloc packs small objects, so every page
+    holding them gets copied) and about one page if large (only the header's page is written); a numpy
+    array and a container cost their header. Every reachable object is assumed read, so this is an upper
+    bound when the source reads only some fields. Under spawn everything is pickled, data included. Shared singletons (None,
+    small ints, bools) cost nothing, and an object met twice in the sample counts once (interned keys).
+    """
+    if obj is None or isinstance(obj, bool) or (type(obj) is int and -5 <= obj <= 256):
+        return 0.0, 0.0
+    if id(obj) in seen:
+        return 0.0, 0.0
+    seen.add(id(obj))
+    size = float(_own_size(obj, fork))
+    if isinstance(obj, np.ndarray):
+        header = size - (obj.nbytes if obj.flags.owndata else 0)
+        if not fork or obj.dtype == object:
+            size = header + obj.nbytes
+        else:
+            size = header
+    elif fork and size > _SMALL_OBJECT:
+        size = float(PAGE)
+    count = 1.0
+    if depth <= 0 or isinstance(obj, _NO_OBJECTS):
+        return size, count
+    if isinstance(obj, dict):
+        total = 2 * len(obj)
+        children: list[Any] = [x for kv in itertools.islice(obj.items(), _CHILD_SAMPLE // 2) for x in kv]
+    elif _is_container(obj):
+        total = len(obj)
+        children = list(itertools.islice(iter(obj), _CHILD_SAMPLE))
+    elif hasattr(obj, "__dict__") and not isinstance(obj, _NOT_WALKED):
+        attributes = vars(obj)
+        total = len(attributes) + 1
+        children = [attributes, *itertools.islice(attributes.values(), _CHILD_SAMPLE)]
+    else:
+        return size, count
+    if children:
+        sub_bytes = sub_count = 0.0
+        for child in children:
+            b, n = _footprint(child, depth - 1, seen, fork)
+            sub_bytes += b
+            sub_count += n
+        scale = max(1.0, total / len(children))
+        size += sub_bytes * scale
+        count += sub_count * scale
+    return size, count
+
+
+def _own_size(obj: Any, fork: bool) -> int:
+    """Bytes of ``obj`` itself that a worker copies.
+
+    Under fork a list, dict, set or deque costs only its header: the refcount write lands there, and the
+    item table is a separate allocation that reading never writes. Under spawn it is all rebuilt.
+    """
+    if fork and isinstance(obj, _TABLED):
+        return type(obj).__basicsize__ + _GC_HEAD
+    return sys.getsizeof(obj, 64)
+
+
+def _sample(container: Any) -> list[Any]:
+    """Up to ``_SAMPLE`` elements, evenly spread for sequences (values and keys alike for dicts)."""
+    n = len(container)
+    if isinstance(container, (list, tuple, np.ndarray)):
+        step = max(1, n // _SAMPLE)
+        return [container[i] for i in range(0, n, step)][:_SAMPLE]
+    if isinstance(container, dict):
+        return [x for kv in itertools.islice(container.items(), _SAMPLE // 2) for x in kv]
+    return list(itertools.islice(iter(container), _SAMPLE))
+
+
+def _estimate(container: Any, fork: bool) -> tuple[int, int]:
+    """(bytes, objects) a worker copies for the whole container: a sample scaled to its length."""
+    elements = 2 * len(container) if isinstance(container, dict) else len(container)
+    sample = _sample(container)
+    seen: set[int] = {id(container)}
+    total_bytes = total_objects = 0.0
+    for element in sample:
+        b, n = _footprint(element, _ELEMENT_DEPTH, seen, fork)
+        total_bytes += b
+        total_objects += n
+    scale = elements / len(sample) if sample else 0.0
+    own = _own_size(container, fork)
+    if fork and isinstance(container, np.ndarray):  # object array: pointers are read, never written
+        own -= container.nbytes if container.flags.owndata else 0
+    return int(own + total_bytes * scale), int(round(total_objects * scale))
+
+
+def _fix(path: tuple, value: Any, assignable: bool) -> tuple[str, bool]:
+    """The code line that removes the copies, and whether ``share_lists`` can apply it itself."""
+    target = "source" if not path else "self." + _format_path(path)
+    swappable = bool(path) and assignable
+    if type(value) in (list, tuple, deque):
+        return f"{target} = ms_shm.SharedList({target})", swappable
+    if type(value) in (dict, OrderedDict) and all(isinstance(k, _DICT_KEY_TYPES) for k in _sample_keys(value)):
+        return f"{target} = ms_shm.SharedDict({target})", swappable
+    if isinstance(value, (set, frozenset)):
+        return f"{target} = ms_shm.SharedDict.fromkeys({target})  # keeps `in` and iteration", False
+    if isinstance(value, np.ndarray):
+        return f"{target} = ms_shm.SharedList({target}.tolist())", False
+    if isinstance(value, dict):
+        return f"{target} = ms_shm.SharedList(list({target}.items()))  # and look items up by index", False
+    return f"{target} = ms_shm.SharedList({target})", False
+
+
+def _sample_keys(value: dict) -> list[Any]:
+    return list(itertools.islice(iter(value), _SAMPLE))
+
+
+def _finding(path: tuple, value: Any, workers: int, ranks: int, start_method: str, fork: bool,
+             min_objects: int, assignable: bool) -> CowFinding | None:
+    try:
+        per_worker, objects = _estimate(value, fork)
+        if objects < min_objects:
+            return None
+        fix, swappable = _fix(path, value, assignable)
+        kind = "ndarray[object]" if isinstance(value, np.ndarray) else type(value).__name__
+    except Exception as exc:  # a container subclass with a broken __len__/__iter__, a huge odd object
+        log.debug("ms_shm.cow: %s skipped: %s: %s", _format_path(path), type(exc).__name__, exc)
+        return None
+    mechanism = FORK_MECHANISM if fork else PICKLE_MECHANISM.format(method=start_method)
+    return CowFinding(
+        attribute=_format_path(path), kind=kind, items=_safe_len(value), objects=objects,
+        bytes_per_worker=per_worker, workers=workers, ranks=ranks, total_bytes=per_worker * workers * ranks,
+        start_method=start_method, mechanism=mechanism, fix=fix, swappable=swappable, path=path,
+        container_id=id(value),
+    )
+
+
+def _block_name(value: SharedList | SharedDict) -> str | None:
+    return (value._keys if isinstance(value, SharedDict) else value).shared_memory_name
+
+
+def _shared_version(value: Any, shared_memory: bool) -> SharedList | SharedDict:
+    if isinstance(value, dict):
+        return SharedDict(value, shared_memory=shared_memory)
+    return SharedList(value, shared_memory=shared_memory)

@@ -140,3 +140,45 @@ def test_bad_row_fails_before_any_worker_starts(real_mindspore):
     """, shm="64m")
     assert "ERROR column 'label' of row 5 is None" in proc.stdout, isolated.describe(proc)
     assert "Fix:" in proc.stdout
+
+
+COW_SOURCE = """
+import logging, sys, numpy as np, ms_shm
+logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+class ListSource:
+    def __init__(self):
+        self.captions = [f"caption {{i}}" for i in range(200_000)]
+    def __getitem__(self, i):
+        return np.frombuffer(self.captions[i].encode(), np.uint8).copy(), np.array(i, np.int64)
+    def __len__(self):
+        return 64
+class ArraySource:
+    def __init__(self):
+        self.table = np.arange(200_000)
+    def __getitem__(self, i):
+        return np.array([self.table[i]]), np.array(i, np.int64)
+    def __len__(self):
+        return 64
+src = {kind}()
+ds = ms_shm.build_dataset(src, ["data", "label"], num_parallel_workers=2, python_multiprocessing=True,
+                          shuffle=False, share_lists={share})
+n = 0
+for data, label in ds.create_tuple_iterator(output_numpy=True, num_epochs=1):
+    if {kind!r} == "ListSource":
+        assert bytes(data).decode() == f"caption {{int(label)}}"
+    n += 1
+print("ROWS", n, type(getattr(src, "captions", None)).__name__)
+"""
+
+
+@pytest.mark.parametrize("kind,share", [("ListSource", False), ("ListSource", True), ("ArraySource", False)])
+def test_copy_on_read_warning_and_shared_lists(real_mindspore, kind, share):
+    proc = isolated.run_python(COW_SOURCE.format(kind=kind, share=share), shm="1g")
+    assert "ROWS 64" in proc.stdout, isolated.describe(proc)
+    warned = "WARNING ms_shm.cow" in proc.stderr and "captions" in proc.stderr
+    if kind == "ArraySource":
+        assert "WARNING ms_shm.cow" not in proc.stderr, proc.stderr[-2000:]
+    elif share:
+        assert "SharedList" in proc.stdout and not warned, isolated.describe(proc)
+    else:
+        assert warned and ("200,000" in proc.stderr or "200000" in proc.stderr), proc.stderr[-2000:]

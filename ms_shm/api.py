@@ -8,6 +8,7 @@ pipelines, and whether recommendations were already logged.
 from __future__ import annotations
 
 import logging
+import resource
 import textwrap
 import threading
 import time
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from ms_shm import budget as budget_mod
-from ms_shm import host, model, rows
+from ms_shm import engine, host, model, rows
 from ms_shm import plan as planner
 from ms_shm._results import Result, mib
 from ms_shm.guard import GuardedSource, GuardSpec, guard_iterable
@@ -48,12 +49,6 @@ class _Session:
 _SESSION = _Session()
 
 
-def _engine():
-    from ms_shm import engine  # deferred: importing it does not import MindSpore, but keep the seam visible
-
-    return engine
-
-
 @dataclass(frozen=True)
 class TuneReport(Result):
     """What ``tune()`` found and changed. ``restore()`` puts every changed setting back."""
@@ -69,7 +64,7 @@ class TuneReport(Result):
 
     def restore(self) -> None:
         """Undo this report's changes (prefetch size, shared-memory switch, open-files limit)."""
-        _engine().undo(self.changes)
+        engine.undo(self.changes)
 
     def __str__(self) -> str:
         lines = [f"ms_shm.tune: budget {mib(self.budget.shm_bytes)} of /dev/shm per pipeline "
@@ -124,11 +119,10 @@ def tune(dry_run: bool = False, ranks: int | None = None, shm_fraction: float = 
     Returns:
         TuneReport: facts, budget, decisions, changes and advice.
     """
-    eng = _engine()
     facts = host.probe(ranks=ranks)
     with _SESSION.lock:
         _SESSION.facts, _SESSION.fraction, _SESSION.ranks = facts, shm_fraction, ranks
-    ms = eng.read_config()
+    ms = engine.read_config()
     notes = list(facts.notes)
     if ms is None:
         notes.append("mindspore is not importable: only host facts and the open-files limit were handled")
@@ -146,7 +140,7 @@ def tune(dry_run: bool = False, ranks: int | None = None, shm_fraction: float = 
                   f"at prefetch {current_p} (one fd per shared-memory slot)")
         decisions.append(Decision("RLIMIT_NOFILE(soft)", target, facts.nofile_soft, reason))
         if raise_nofile and not dry_run and target > facts.nofile_soft:
-            change = eng.set_nofile_soft(target, reason)
+            change = engine.set_nofile_soft(target, reason)
             if change:
                 changes.append(change)
 
@@ -165,14 +159,14 @@ def tune(dry_run: bool = False, ranks: int | None = None, shm_fraction: float = 
         elif p is not None:
             decisions.append(Decision("prefetch_size", p, current_p, "asked for by the caller"))
         if p is not None and p != current_p and not dry_run:
-            changes.append(eng.set_prefetch_size(p, "tune()"))
+            changes.append(engine.set_prefetch_size(p, "tune()"))
         minimal = model.generator_peak(model.PAGE, 2, 1)
         if ms.shared_mem and ms.has_shared_mem_switch and (b.shm_bytes is None or b.shm_bytes < minimal):
             reason = (f"/dev/shm budget {mib(b.shm_bytes)} cannot hold even 2 workers' smallest slots "
                       f"({mib(minimal)}): rows go through pipes")
             decisions.append(Decision("shared_mem", False, True, reason))
             if not dry_run:
-                change = eng.set_shared_mem(False, reason)
+                change = engine.set_shared_mem(False, reason)
                 if change:
                     changes.append(change)
 
@@ -209,9 +203,7 @@ def _budget(facts: host.HostFacts, reserved: tuple | None = None) -> budget_mod.
 
 def _current_nofile(facts: host.HostFacts) -> host.HostFacts:
     """The fd limit may have been raised by tune() since the facts were cached."""
-    soft, hard = _engine().get_nofile()
-    import resource
-
+    soft, hard = engine.get_nofile()
     inf = resource.RLIM_INFINITY
     return replace(facts, nofile_soft=None if soft == inf else soft, nofile_hard=None if hard == inf else hard)
 
@@ -276,9 +268,8 @@ def build_dataset(source: Any, column_names: Sequence[str] | str | None = None, 
         ms_shm.ShmBudgetError: explicit arguments that cannot fit, before any worker starts.
         RuntimeError: ``python_multiprocessing=True`` where MindSpore cannot start worker processes (no /proc).
     """
-    eng = _engine()
     facts = _current_nofile(_SESSION.host_facts())
-    ms = eng.read_config()
+    ms = engine.read_config()
     names = [column_names] if isinstance(column_names, str) else column_names
     source = rows.as_mindspore_source(source)
     random_access = rows.is_random_access(source)
@@ -289,7 +280,7 @@ def build_dataset(source: Any, column_names: Sequence[str] | str | None = None, 
         stats, probe_rows, feed = rows.measure_iterable(source, names)
         feed = guard_iterable(feed, names)
     req = _request(generator_kwargs, ms, facts, stats)
-    blocked = eng.processes_blocker() if random_access and ms is not None else None
+    blocked = engine.processes_blocker() if random_access and ms is not None else None
     if blocked:
         req = _without_processes(req, blocked)
     profile = model.profile_for(ms.version if ms else facts.mindspore_version)
@@ -312,7 +303,7 @@ def build_dataset(source: Any, column_names: Sequence[str] | str | None = None, 
         kwargs["python_multiprocessing"] = p.python_multiprocessing
         if p.max_rowsize is not None and "max_rowsize" not in generator_kwargs:
             kwargs["max_rowsize"] = p.max_rowsize
-    dataset = eng.generator_dataset(feed, column_names, kwargs)
+    dataset = engine.generator_dataset(feed, column_names, kwargs)
     reservation = _SESSION.ledger.reserve(f"GeneratorDataset({type(source).__name__})", p.predicted_shm,
                                           p.predicted_fds)
     weakref.finalize(dataset, _SESSION.ledger.release, reservation.key)
@@ -341,13 +332,12 @@ def _apply_globals(p: Plan, ms: Any) -> list:
     """Global MindSpore settings the plan needs. Both only ever go down, so other pipelines stay safe."""
     if ms is None:
         return []
-    eng = _engine()
     out = []
     if ms.prefetch_size and p.prefetch < ms.prefetch_size:
-        out.append(eng.set_prefetch_size(p.prefetch, next((d.reason for d in p.decisions
+        out.append(engine.set_prefetch_size(p.prefetch, next((d.reason for d in p.decisions
                                                           if d.setting == "prefetch_size"), "plan")))
     if p.mode == planner.PIPES and ms.shared_mem:
-        out.append(eng.set_shared_mem(False, "rows go through pipes: shared-memory slots would not fit; this "
+        out.append(engine.set_shared_mem(False, "rows go through pipes: shared-memory slots would not fit; this "
                                              "also applies to pipelines launched later in this process"))
     for change in out:
         if change:
@@ -393,7 +383,7 @@ def _input_rows(dataset: Any, count: int = 3) -> dict:
         return cached
     log.info("ms_shm.map: the input dataset was not built by ms_shm; reading %d rows of it to measure the "
              "operations (one short pipeline run)", count)
-    taken = _engine().take_rows(dataset, count)
+    taken = engine.take_rows(dataset, count)
     out: dict = {}
     for row in taken:
         for k, v in row.items():
@@ -416,11 +406,10 @@ def map(dataset: Any, operations: Any, input_columns: Sequence[str] | str | None
         ms_shm.ShmBudgetError: explicit arguments that cannot fit.
         RuntimeError: an operation failed on a probe row (names the row and the columns).
     """
-    eng = _engine()
     facts = _current_nofile(_SESSION.host_facts())
-    ms = eng.read_config()
+    ms = engine.read_config()
     available = _input_rows(dataset)
-    all_names = list(available) or eng.column_names(dataset)
+    all_names = list(available) or engine.column_names(dataset)
     ins = [input_columns] if isinstance(input_columns, str) else list(input_columns or all_names[:1])
     outs = [output_columns] if isinstance(output_columns, str) else list(output_columns or ins)
     missing = [c for c in ins if c not in available]
@@ -435,7 +424,7 @@ def map(dataset: Any, operations: Any, input_columns: Sequence[str] | str | None
         args = [available[c][i] for c in ins]
         w0, c0 = time.perf_counter(), time.thread_time()
         try:
-            result = eng.run_operations(operations, args)
+            result = engine.run_operations(operations, args)
         except Exception as exc:
             raise RuntimeError(f"ms_shm.map: the operations raised {type(exc).__name__}: {exc} on probe row {i} "
                                f"(input columns {ins}), before any worker started. Fix the operation or "
@@ -461,7 +450,7 @@ def map(dataset: Any, operations: Any, input_columns: Sequence[str] | str | None
                          memory_left=memory_left)
     kwargs = dict(map_kwargs)
     kwargs["python_multiprocessing"] = p.python_multiprocessing
-    result_ds = eng.map_dataset(dataset, operations, input_columns, output_columns,
+    result_ds = engine.map_dataset(dataset, operations, input_columns, output_columns,
                                 dict(kwargs, num_parallel_workers=p.workers))
     reservation = _SESSION.ledger.reserve("map", p.predicted_shm, p.predicted_fds)
     weakref.finalize(result_ds, _SESSION.ledger.release, reservation.key)

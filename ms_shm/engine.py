@@ -177,6 +177,25 @@ def column_names(dataset: Any) -> list:
     return list(dataset.get_col_names())
 
 
+def processes_blocker() -> str | None:
+    """Why MindSpore's Python worker processes cannot run in this process, or ``None`` when they can.
+
+    ``GeneratorDataset(python_multiprocessing=True)`` with more than one worker first calls
+    ``psutil.Process(os.getpid()).memory_info()`` (2.10 ``__validate_memory_usage``). Where /proc is not mounted
+    or not readable that raises ``psutil.NoSuchProcess`` when the iterator is created (measured), and later
+    ``psutil.pid_exists`` would take live workers for dead ones.
+    """
+    import os
+
+    import psutil
+
+    try:
+        psutil.Process(os.getpid()).memory_info()
+    except (psutil.Error, OSError) as exc:
+        return f"psutil cannot read this process ({type(exc).__name__}: {exc}): /proc is missing or unreadable"
+    return None
+
+
 def take_rows(dataset: Any, count: int) -> list:
     """The first rows of any dataset as numpy dicts; costs one short pipeline run.
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+import types
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
@@ -19,8 +20,10 @@ from ms_shm._results import Result
 
 log = logging.getLogger(__name__)
 
-# numpy kinds MindSpore tensors can hold: bool, ints, floats, unicode and bytes strings (complex too in 2.x).
-_CARRIED_KINDS = {"b": "bool", "i": "int", "u": "uint", "f": "float", "c": "complex", "U": "str", "S": "bytes"}
+# numpy kinds a MindSpore 2.10 dataset column can hold: bool, ints, floats, unicode and bytes strings. Complex,
+# datetime, structured and object arrays fail in C++ with "Failed to create tensor from numpy array, data type
+# is unknown" (measured), so they are refused here with a fix instead.
+CARRIED_KINDS = {"b": "bool", "i": "int", "u": "uint", "f": "float", "U": "str", "S": "bytes"}
 
 
 class RowError(ValueError):
@@ -74,14 +77,21 @@ def _column_name(names: Sequence[str] | None, i: int) -> str:
 
 
 def convert_row(row: Any, index: Any, names: Sequence[str] | None) -> tuple:
-    """The row as a tuple of ndarrays, as MindSpore's ``_convert_row`` makes it, or a ``RowError``."""
+    """The row as a tuple of ndarrays, as MindSpore's ``_convert_row`` makes it, or a ``RowError``.
+
+    A whole-row dict is MindSpore's dict column: kept as a dict (values converted) when there is exactly one
+    column name, since that is the only way MindSpore 2.10 carries it.
+    """
     where = f"row {index}"
     if row is None:
         raise RowError(f"{where} is None: the source returned nothing. Fix: return a tuple of numpy arrays, "
                        f"one per column{_names_hint(names)}.", None, index)
     if isinstance(row, dict):
+        if names is not None and len(names) == 1:
+            return (_convert_dict(row, index, names[0]),)
         raise RowError(f"{where} is a dict with keys {sorted(map(str, row))[:6]}: GeneratorDataset rows are "
-                       f"tuples. Fix: return a tuple of arrays in column order, e.g. "
+                       f"tuples (a dict is carried whole only as the single column of a one-column dataset). "
+                       f"Fix: return a tuple of arrays in column order, e.g. "
                        f"`return (d['image'], d['label'])`, and pass column_names.", None, index)
     if isinstance(row, (np.ndarray, int, float, str, bytes, np.generic)) or hasattr(row, "asnumpy"):
         values = [row]
@@ -95,6 +105,14 @@ def convert_row(row: Any, index: Any, names: Sequence[str] | None) -> tuple:
                        f"({list(names)}). Fix: make __getitem__ return exactly {len(names)} values, "
                        f"or change column_names.", None, index)
     return tuple(_convert_column(v, index, _column_name(names, i)) for i, v in enumerate(values))
+
+
+def _convert_dict(row: dict, index: Any, name: str) -> dict:
+    """A whole-row dict, MindSpore's dict column type: every value must itself be an array (2.10 + NumPy 2)."""
+    out = {}
+    for key, value in row.items():
+        out[key] = _convert_column(value, index, f"{name}['{key}']")
+    return out
 
 
 def _names_hint(names: Sequence[str] | None) -> str:
@@ -121,7 +139,11 @@ def _convert_column(value: Any, index: Any, name: str) -> np.ndarray:
         raise RowError(f"{where} is an {kind} (dtype=object, {type(value).__name__}). MindSpore carries only "
                        f"numeric, bool and string arrays. Fix: convert it with np.asarray(x, dtype=...) to one "
                        f"dtype and shape, or pickle it to bytes.", name, index)
-    if array.dtype.kind not in _CARRIED_KINDS:
+    if array.dtype.kind == "c":
+        raise RowError(f"{where} has dtype {array.dtype}: MindSpore's dataset engine cannot carry complex "
+                       f"numbers. Fix: return np.stack([x.real, x.imag], axis=-1) and rebuild the complex "
+                       f"value after the pipeline.", name, index)
+    if array.dtype.kind not in CARRIED_KINDS:
         raise RowError(f"{where} has dtype {array.dtype} which MindSpore cannot carry. Fix: convert it "
                        f"(e.g. x.astype(np.int64) for datetimes, or split structured fields into columns).",
                        name, index)
@@ -129,16 +151,33 @@ def _convert_column(value: Any, index: Any, name: str) -> np.ndarray:
 
 
 def row_bytes(columns: tuple) -> int:
-    """Bytes a row takes in a dynamic shared-memory slot: every ndarray column, contiguous."""
-    return int(sum(c.nbytes for c in columns))
+    """Bytes a row takes in a dynamic shared-memory slot: every ndarray column, contiguous.
+
+    A dict column is pickled through the pipe, as in MindSpore's ``get_total_size``, so it counts 0.
+    """
+    total = 0
+    for c in columns:
+        if isinstance(c, np.ndarray):
+            total += c.nbytes
+    return total
 
 
 def _spread(length: int, count: int) -> list:
-    """Probe indices spread over the dataset, first and last included: rows often grow along it."""
+    """Probe indices spread over the dataset, in probing order: rows often grow along it.
+
+    First, last and middle come first, so a probe stopped early still sees both ends of the dataset.
+    """
     if length <= count:
-        return list(range(length))
-    step = (length - 1) / (count - 1)
-    return sorted({round(i * step) for i in range(count)})
+        spread = list(range(length))
+    elif count <= 1:
+        spread = [0] if count == 1 else []
+    else:
+        step = (length - 1) / (count - 1)
+        spread = sorted({round(i * step) for i in range(count)})
+    if not spread:
+        return []
+    head = list(dict.fromkeys([spread[0], spread[-1], spread[len(spread) // 2]]))
+    return head + [i for i in spread if i not in head]
 
 
 @dataclass
@@ -168,6 +207,9 @@ class _Probe:
             width = max(len(r) for r in self.rows)
             for i in range(width):
                 cells = [r[i] for r in self.rows if i < len(r)]
+                if not all(isinstance(c, np.ndarray) for c in cells):  # a dict column: pickled, not in shm
+                    columns.append(ColumnStats(_column_name(self.names, i), "dict", (), 0, False))
+                    continue
                 shapes = {c.shape for c in cells}
                 dtypes = {str(c.dtype) for c in cells}
                 columns.append(ColumnStats(_column_name(self.names, i), "|".join(sorted(dtypes)),
@@ -206,13 +248,46 @@ def measure_random_access(source: Any, names: Sequence[str] | None, max_rows: in
         try:
             row = probe.fetch(lambda i=index: source[i])
         except Exception as exc:
-            raise RowError(f"source[{index}] raised {type(exc).__name__}: {exc}. Fix the source; ms_shm "
+            hint = ""
+            if isinstance(exc, IndexError):
+                hint = (f" __len__ returns {length}, so MindSpore will ask for indices 0..{length - 1}: if the "
+                        f"data has fewer rows, __len__ is wrong.")
+            raise RowError(f"source[{index}] raised {type(exc).__name__}: {exc}.{hint} Fix the source; ms_shm "
                            f"called it before any worker started.", None, index) from exc
         probe.keep(index, row)
         if n + 1 >= min_rows and probe.wall > time_fraction * (probe.wall / (n + 1)) * length:
             notes.append(f"stopped after {n + 1} rows: probing is capped at {time_fraction:.0%} of an epoch")
             break
     return probe.stats(True, length, started, notes), probe.rows
+
+
+class _Replayable:
+    """A generator object that can be read again every epoch, as MindSpore's own ``_GeneratorWrapper`` does it.
+
+    ``GeneratorDataset`` wraps a generator object in ``itertools.tee`` so each epoch starts from its first row
+    (every row produced stays in memory). Each ``iter()`` here is an independent iterator from the start.
+    """
+
+    def __init__(self, generator: Iterator):
+        self._origin = generator
+
+    def __iter__(self) -> Iterator:
+        fresh, self._origin = itertools.tee(self._origin)
+        return fresh
+
+
+def as_mindspore_source(source: Any) -> Any:
+    """The source as ``GeneratorDataset`` itself would turn it, so ms_shm plans and replays the same thing.
+
+    MindSpore 2.10 turns a ``zip`` into a list (random access, every epoch) and wraps a generator object so it
+    replays every epoch. ms_shm hands MindSpore its own wrappers, which MindSpore does not recognise, so it
+    must do the same first.
+    """
+    if isinstance(source, zip):
+        return list(source)
+    if isinstance(source, types.GeneratorType):
+        return _Replayable(source)
+    return source
 
 
 class ReplaySource:
@@ -228,11 +303,19 @@ class ReplaySource:
         self._rest = rest
 
     def __iter__(self) -> Iterator:
+        return self._epoch()
+
+    def _epoch(self) -> Iterator:
+        # A generator: nothing here runs until the first row is read. MindSpore's own validator calls
+        # iter(source) once at construction and drops it unread; had that call claimed the probe rows, a
+        # one-shot iterator would lose them (measured: rows 0-3 of 10 missing in epoch 1).
         if self._rest is not None:
             head, rest = self._head, self._rest
             self._head, self._rest = [], None
-            return itertools.chain(head, rest)
-        return _fresh_iterator(self._source)
+            yield from head
+            yield from rest
+        else:
+            yield from _fresh_iterator(self._source)
 
 
 class SizedReplaySource(ReplaySource):

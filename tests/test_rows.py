@@ -1,0 +1,284 @@
+"""``ms_shm.rows`` without MindSpore: probe indices, row validation, and replaying an iterable's first rows.
+
+Validation runs in the main process before any worker exists, so its messages are the user's first and best
+chance to fix a bad source: each must name the column, the row and the fix. Replay must neither lose nor
+duplicate a row, in the first epoch or any later one.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from ms_shm import rows
+from ms_shm.rows import ReplaySource, RowError, SizedReplaySource
+
+# ---------------------------------------------------------------------------------------- _spread
+
+
+@pytest.mark.parametrize("length, count, expected", [
+    (0, 8, []),
+    (1, 8, [0]),
+    (5, 8, [0, 4, 2, 1, 3]),
+    (8, 8, [0, 7, 4, 1, 2, 3, 5, 6]),
+    (9, 8, [0, 8, 5, 1, 2, 3, 6, 7]),
+    (64, 8, [0, 63, 36, 9, 18, 27, 45, 54]),
+    (1000, 3, [0, 999, 500]),
+    (10, 2, [0, 9]),
+    (10, 1, [0]),
+    (10, 0, []),
+])
+def test_spread_probes_first_last_and_middle_first(length, count, expected):
+    """A probe stopped early (slow rows) has still seen both ends and the middle, where sizes differ most."""
+    assert rows._spread(length, count) == expected
+
+
+@pytest.mark.parametrize("length", [2, 9, 17, 100, 12345])
+def test_spread_is_unique_in_range_and_covers_both_ends(length):
+    got = rows._spread(length, 8)
+    assert len(got) == len(set(got)) == min(length, 8)
+    assert got[:2] == [0, length - 1] and all(0 <= i < length for i in got)
+
+
+# ------------------------------------------------------------------------------------ validation
+
+
+@pytest.mark.parametrize("row, names, texts, column", [
+    (None, ["image", "label"], ["row 3 is None", "Fix: return a tuple of numpy arrays", "(image, label)"], None),
+    ((np.zeros(2), None), ["image", "label"], ["column 'label' of row 3 is None", "Fix: return a value"], "label"),
+    ({"image": 1, "label": 2}, ["image", "label"],
+     ["row 3 is a dict with keys ['image', 'label']", "Fix: return a tuple of arrays in column order"], None),
+    ({"image": 1}, None, ["row 3 is a dict", "Fix:"], None),
+    ((np.zeros(2), {"a": 1}), ["image", "meta"], ["column 'meta' of row 3 is a dict", "Fix: split it"], "meta"),
+    ((np.array([1, "a", None], dtype=object),), ["x"],
+     ["column 'x' of row 3 is an object array (dtype=object, ndarray)", "Fix: convert it"], "x"),
+    (([[1, 2], [3]],), ["x"], ["column 'x' of row 3 is a ragged list", "Fix: pad it"], "x"),
+    (([np.zeros(2), "a"],), ["x"], ["column 'x' of row 3 is a", "Fix:"], "x"),
+    ((np.zeros(2), np.zeros(2), np.zeros(2)), ["a", "b"],
+     ["row 3 has 3 column(s) but column_names has 2 (['a', 'b'])", "Fix: make __getitem__ return exactly 2"],
+     None),
+    ((np.array(["2020-01-01"], dtype="datetime64[D]"),), ["when"],
+     ["column 'when' of row 3 has dtype datetime64[D] which MindSpore cannot carry", "x.astype(np.int64)"], "when"),
+    ((np.zeros(2, dtype=[("a", "i4"), ("b", "f4")]),), ["rec"], ["has dtype", "split structured fields"], "rec"),
+    ((np.arange(3).astype(np.complex64),), ["z"],
+     ["column 'z' of row 3 has dtype complex64", "Fix: return np.stack([x.real, x.imag], axis=-1)"], "z"),
+    (object(), ["x"], ["row 3 is a object", "Fix: return a tuple of numpy arrays (x)"], None),
+    ({"d": {"nested": 1}}, ["d"], ["column 'd['d']' of row 3 is a dict"], "d['d']"),
+])
+def test_rows_mindspore_cannot_carry_are_refused_naming_column_row_and_fix(row, names, texts, column):
+    with pytest.raises(RowError) as err:
+        rows.convert_row(row, 3, names)
+    for text in texts:
+        assert text in str(err.value)
+    assert err.value.row == 3 and err.value.column == column
+
+
+@pytest.mark.parametrize("row, expected", [
+    ((np.arange(3), 5, 2.5, "s", b"b", True, [1, 2]),
+     [np.arange(3), np.array(5), np.array(2.5), np.array("s"), np.array(b"b"), np.array(True), np.array([1, 2])]),
+    (np.arange(4), [np.arange(4)]),
+    (7, [np.array(7)]),
+    ([np.zeros((0, 2)), np.float16(1.5)], [np.zeros((0, 2)), np.array(1.5, np.float16)]),
+])
+def test_carried_rows_become_tuples_of_arrays_with_the_same_values(row, expected):
+    out = rows.convert_row(row, 0, None)
+    assert isinstance(out, tuple) and len(out) == len(expected)
+    for got, want in zip(out, expected):
+        assert type(got) is np.ndarray and got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+
+
+def test_objects_with_asnumpy_are_converted_like_mindspore_tensors():
+    class Tensorish:
+        def asnumpy(self):
+            return np.arange(3, dtype=np.float32)
+
+    out = rows.convert_row((Tensorish(),), 0, ["t"])
+    np.testing.assert_array_equal(out[0], np.arange(3, dtype=np.float32))
+
+
+def test_a_dict_row_is_mindspores_dict_column_when_there_is_one_column():
+    """MindSpore 2.10 carries a whole-row dict as one column of dict type (measured): keep it, check values."""
+    source_row = {"image": np.arange(4), "label": 3}
+    out = rows.convert_row(source_row, 0, ["sample"])
+    assert len(out) == 1 and isinstance(out[0], dict) and out[0] is not source_row
+    np.testing.assert_array_equal(out[0]["image"], np.arange(4))
+    assert out[0]["label"].dtype == np.int64 and source_row["label"] == 3
+
+
+@pytest.mark.parametrize("columns, expected", [
+    ((np.zeros(10, np.uint8), np.zeros(3, np.int64)), 34),
+    ((np.zeros((0, 5)),), 0),
+    (({"a": np.zeros(100)},), 0),  # pickled through the pipe, not shared memory
+    ((np.zeros((4, 6), np.float32)[:, ::2],), 48),
+])
+def test_row_bytes_counts_ndarray_columns_only(columns, expected):
+    assert rows.row_bytes(columns) == expected
+
+
+# ---------------------------------------------------------------------------------------- probing
+
+
+class Indexed:
+    def __init__(self, length: int, data_rows: int | None = None, fail_at: int | None = None):
+        self.length = length
+        self.data_rows = length if data_rows is None else data_rows
+        self.fail_at = fail_at
+        self.calls: list = []
+
+    def __getitem__(self, index):
+        self.calls.append(index)
+        if index == self.fail_at:
+            raise KeyError(f"missing file {index}.jpg")
+        if index >= self.data_rows:
+            raise IndexError("list index out of range")
+        return (np.full(100 + index, index, np.uint8), np.array(index))
+
+    def __len__(self):
+        return self.length
+
+
+def test_probe_reads_rows_spread_over_the_source():
+    src = Indexed(64)
+    stats, probe_rows = rows.measure_random_access(src, ["a", "b"], time_fraction=1e9)
+    assert src.calls == rows._spread(64, 8) == [0, 63, 36, 9, 18, 27, 45, 54]
+    assert stats.indices == tuple(src.calls) and stats.probed == 8 and stats.length == 64
+    assert stats.row_bytes_max == 100 + 63 + 8 and stats.row_bytes_min == 108 and stats.ragged
+    assert [c.name for c in stats.columns] == ["a", "b"] and stats.columns[0].varies
+    assert [int(r[1]) for r in probe_rows] == src.calls
+
+
+def test_probe_names_the_failing_index_and_the_original_error():
+    with pytest.raises(RowError) as err:
+        rows.measure_random_access(Indexed(64, fail_at=18), ["a", "b"], time_fraction=1e9)
+    assert str(err.value).startswith("source[18] raised KeyError: 'missing file 18.jpg'. Fix the source")
+    assert err.value.row == 18 and isinstance(err.value.__cause__, KeyError)
+
+
+def test_a_len_larger_than_the_data_is_named_at_the_probe():
+    """The probe always reads the last index, so ``__len__`` > rows is caught before any worker starts."""
+    with pytest.raises(RowError) as err:
+        rows.measure_random_access(Indexed(64, data_rows=40), ["a", "b"], time_fraction=1e9)
+    assert str(err.value).startswith("source[63] raised IndexError: list index out of range. __len__ returns 64, "
+                                     "so MindSpore will ask for indices 0..63: if the data has fewer rows, "
+                                     "__len__ is wrong.")
+
+
+def test_an_empty_source_is_noted_not_probed():
+    stats, probe_rows = rows.measure_random_access(Indexed(0), ["a"])
+    assert stats.probed == 0 and probe_rows == [] and "source is empty" in stats.notes
+
+
+def test_a_dict_column_is_probed_as_zero_shared_bytes():
+    class Dicts:
+        def __getitem__(self, i):
+            return {"a": np.zeros(1000)}
+
+        def __len__(self):
+            return 4
+
+    stats, _ = rows.measure_random_access(Dicts(), ["d"], time_fraction=1e9)
+    assert stats.row_bytes_max == 0 and stats.columns[0].dtype == "dict"
+
+
+# -------------------------------------------------------------------------------------- replaying
+
+
+DATA = [(np.array(i),) for i in range(10)]
+
+
+class Iterable:
+    """Re-iterable, no ``__getitem__``: MindSpore calls ``iter()`` on it each epoch."""
+
+    def __init__(self):
+        self.iters = 0
+
+    def __iter__(self):
+        self.iters += 1
+        return iter(DATA)
+
+
+class SizedIterable(Iterable):
+    def __len__(self):
+        return len(DATA)
+
+
+def generator_function():
+    yield from DATA
+
+
+def values(iterable) -> list:
+    return [int(r[0]) for r in iterable]
+
+
+def epochs(source, count: int = 3) -> list:
+    """What MindSpore reads: after the probe, one ``iter()`` dropped unread (``check_generator_dataset``
+    does that at construction, measured on 2.10), then ``iter()`` once per epoch."""
+    source = rows.as_mindspore_source(source)
+    stats, probe_rows, replay = rows.measure_iterable(source, ["x"])
+    assert stats.probed == 4 and [int(r[0]) for r in probe_rows] == [0, 1, 2, 3]
+    iter(replay)
+    return [values(replay) for _ in range(count)]
+
+
+ALL = list(range(10))
+
+
+def test_an_iterable_yields_every_row_once_per_epoch():
+    src = Iterable()
+    assert epochs(src) == [ALL, ALL, ALL]
+    assert src.iters == 3  # the probe's iterator is the first epoch's: nothing is read twice
+
+
+def test_an_iter_dropped_unread_does_not_use_up_the_probe_rows():
+    """The first epoch's replay must start when a row is read, not when ``iter()`` is called."""
+    _, _, replay = rows.measure_iterable(iter(DATA), ["x"])
+    dropped = iter(replay)
+    assert values(replay) == ALL
+    assert list(dropped) == []  # a late reader of the dropped iterator gets nothing twice
+
+
+def test_a_generator_function_is_called_again_each_epoch():
+    assert epochs(generator_function) == [ALL, ALL, ALL]
+
+
+def test_a_generator_object_replays_every_epoch_as_mindspore_wraps_it():
+    """MindSpore 2.10 wraps a generator object in ``itertools.tee`` (``_GeneratorWrapper``): all rows, every
+    epoch. ms_shm hands MindSpore its own wrapper instead, so it must replay the same way."""
+    assert epochs(r for r in DATA) == [ALL, ALL, ALL]
+
+
+def test_a_one_shot_iterator_gives_one_epoch_as_it_does_in_mindspore():
+    """``iter(list)`` is not a generator: MindSpore calls ``iter()`` on it again and gets nothing."""
+    assert epochs(iter(DATA)) == [ALL, [], []]
+
+
+def test_zip_becomes_a_list_as_in_mindspore():
+    """MindSpore turns a zip into a list, which makes it random access (and multiprocess-capable)."""
+    source = rows.as_mindspore_source(zip(range(3), range(3)))
+    assert source == [(0, 0), (1, 1), (2, 2)] and rows.is_random_access(source)
+
+
+def test_a_source_shorter_than_the_probe_is_replayed_whole():
+    short = [(np.array(i),) for i in range(2)]
+    stats, _, replay = rows.measure_iterable(lambda: iter(short), ["x"])
+    assert stats.probed == 2 and values(replay) == [0, 1] and values(replay) == [0, 1]
+
+
+def test_replay_keeps_len_only_for_sized_sources():
+    _, _, sized = rows.measure_iterable(SizedIterable(), ["x"])
+    _, _, unsized = rows.measure_iterable(Iterable(), ["x"])
+    assert isinstance(sized, SizedReplaySource) and len(sized) == 10
+    assert type(unsized) is ReplaySource and not hasattr(unsized, "__len__")
+
+
+def test_replay_without_probe_rows_restarts_the_source():
+    replay = ReplaySource(generator_function, [], None)
+    assert values(replay) == ALL and values(itertools.islice(replay, 3)) == [0, 1, 2]
+
+
+def test_is_random_access_needs_both_getitem_and_len():
+    assert rows.is_random_access(Indexed(3)) and rows.is_random_access([1])
+    assert not rows.is_random_access(Iterable()) and not rows.is_random_access(generator_function)

@@ -280,16 +280,24 @@ def _ipc_files(root: Path, notes: list) -> list:
         match = _IPC_FILE.match(entry.name)
         if not match:
             continue
-        try:
-            st = os.lstat(entry.path)
-        except OSError as exc:
-            notes.append(f"cannot stat {entry.path}: {type(exc).__name__}")
-            continue
-        if not stat.S_ISREG(st.st_mode):
-            notes.append(f"skipped {entry.path}: not a regular file (symlinks are never followed)")
+        st = _regular_file(entry.path, notes)
+        if st is None:
             continue
         found.append(_IpcFile(Path(entry.path), int(match.group(1)), st))
     return found
+
+
+def _regular_file(path: str, notes: list) -> os.stat_result | None:
+    """``lstat`` of a candidate, or ``None`` (with a note) unless it is a regular file: links are never followed."""
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        notes.append(f"cannot stat {path}: {type(exc).__name__}")
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        notes.append(f"skipped {path}: not a regular file (symlinks are never followed)")
+        return None
+    return st
 
 
 # --------------------------------------------------------------------------------------------- removing
@@ -475,13 +483,8 @@ def _file_candidates(root: Path, procs: _Processes, files: list, uid: int, kept_
         origin, pid = _classify(entry.name)
         if origin is None:
             continue
-        try:
-            st = os.lstat(entry.path)
-        except OSError as exc:
-            notes.append(f"cannot stat {entry.path}: {type(exc).__name__}")
-            continue
-        if not stat.S_ISREG(st.st_mode):
-            notes.append(f"skipped {entry.path}: not a regular file (symlinks are never followed)")
+        st = _regular_file(entry.path, notes)
+        if st is None:
             continue
         if not is_root and st.st_uid != uid:
             continue

@@ -1,0 +1,495 @@
+"""Raw defaults vs ms_shm vs the best of a grid: seconds per epoch, crashes, and the cost of probing.
+
+For each workload (100 rows each) and each /dev/shm size, in one run and on the same data:
+
+* **raw**: what a user writes without ms_shm, ``GeneratorDataset(src, cols, num_parallel_workers=2,
+  shuffle=False)`` (``python_multiprocessing`` defaults to True) at MindSpore's default prefetch 16;
+* **ms_shm**: ``ms_shm.tune(); ms_shm.build_dataset(src, cols, shuffle=False)``, workers left to ms_shm;
+* **grid**: inline (W=1), threads (W=2), processes+shm and processes+pipes (W=2, prefetch 2/4/16).
+
+Every configuration runs in its own process inside a private mount namespace whose ``/dev/shm`` is a fresh
+tmpfs of the cell's size, so a bus error, SIGTERM or MindSpore's ``RuntimeError`` kills only that run. The
+child times, with ``perf_counter``, the dataset's construction (for ms_shm: ``build_dataset``, i.e. probe,
+plan and construction) plus one epoch up to the last row received; MindSpore's import and the iterator's
+teardown are not counted (teardown is reported apart). Every row is checked (index, size and sampled
+bytes), so a run that finishes with wrong data counts as a crash. Each configuration runs ``--repeat``
+times, round-robin over all configurations in a shuffled (seeded) order, so neither the shared machine's
+drift nor the after-effects of the previous run favour any column; the median is reported.
+A configuration that crashes once is not repeated.
+
+The CPU-bound workload runs a fixed number of pure-Python iterations per row, calibrated once in the parent
+to take about 20 ms: a time-based busy-wait would let threads overlap and flatter them.
+
+Run (as root: it mounts a tmpfs in a private namespace):
+    .venv/bin/python benchmarks/bench_core.py                 # full run, ~15 minutes on 2 cores
+    .venv/bin/python benchmarks/bench_core.py --quick         # 1 repeat, fewer grid points
+    .venv/bin/python benchmarks/bench_core.py --out benchmarks/results_core.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+
+ROWS = 100
+COLUMNS = ["data", "label"]
+KiB, MiB = 1 << 10, 1 << 20
+RESULT_TAG = "BENCH_CORE_RESULT "
+SHM_SIZES = {"64m": "64m", "512m": "512m", "ample": "4g"}
+WORKLOADS = {
+    "8mib": "8 MiB rows, trivial work",
+    "cpu": "256 KiB rows + ~20 ms pure Python",
+    "ragged": "ragged rows 0.5-6 MiB",
+}
+TARGET_RATIO = 0.9  # best grid time / ms_shm time
+TARGET_RAW = 1.10  # ms_shm time / raw time, where raw survives
+TARGET_PROBE = 0.05  # build_dataset's probing / one epoch
+
+
+# ---------------------------------------------------------------- workloads (parent and child)
+
+def row_size(workload: str, i: int) -> int:
+    if workload == "8mib":
+        return 8 * MiB
+    if workload == "cpu":
+        return 256 * KiB
+    return ((i * 7919) % 12 + 1) * 512 * KiB
+
+
+def busy(iterations: int) -> int:
+    """Pure-Python CPU work holding the GIL throughout: a fixed amount of work, not a fixed time."""
+    s = 0
+    for k in range(iterations):
+        s = (s + k * k) % 1000003
+    return s
+
+
+class Source:
+    """Random-access source: row ``i`` is ``np.full(size, i % 251, uint8)`` and an int64 label ``i``."""
+
+    def __init__(self, workload: str, work_iterations: int) -> None:
+        self.workload = workload
+        self.work = work_iterations if workload == "cpu" else 0
+
+    def __len__(self) -> int:
+        return ROWS
+
+    def __getitem__(self, i):
+        i = int(i)
+        if self.work:
+            busy(self.work)
+        return np.full(row_size(self.workload, i), i % 251, np.uint8), np.array(i, np.int64)
+
+
+def calibrate(target_s: float = 0.020) -> tuple[int, float]:
+    """Iterations of ``busy`` that take ``target_s`` of CPU in this process; and the CPU time they took.
+
+    CPU time, not wall time: on a shared machine the wall clock also counts time spent waiting for a core.
+    """
+    n = 50_000
+    t = min(_time_busy(n) for _ in range(3))
+    while t < 0.005:
+        n *= 4
+        t = min(_time_busy(n) for _ in range(3))
+    n = max(1, int(n * target_s / t))
+    return n, min(_time_busy(n) for _ in range(5))
+
+
+def _time_busy(n: int) -> float:
+    t0 = time.thread_time()
+    busy(n)
+    return time.thread_time() - t0
+
+
+# ---------------------------------------------------------------- child: one configuration, one epoch
+
+def _check(row: tuple, expected: int, workload: str) -> str | None:
+    data, label = row
+    size = row_size(workload, expected)
+    if int(label) != expected:
+        return f"row {expected}: label {int(label)}"
+    if data.size != size:
+        return f"row {expected}: {data.size} bytes, expected {size}"
+    sample = data[::4093]
+    if not (np.all(sample == expected % 251) and data[-1] == expected % 251):
+        return f"row {expected}: wrong bytes"
+    return None
+
+
+def child(spec: dict) -> dict:
+    """Build and iterate one configuration; returns timings, the plan (ms_shm) and any data error."""
+    import mindspore.dataset as ds
+
+    src = Source(spec["workload"], spec["work"])
+    cfg = spec["config"]
+    out: dict = {"ok": True}
+    if cfg["kind"] == "ms_shm":
+        import ms_shm
+        from ms_shm import engine
+
+        construct = []
+        original = engine.generator_dataset
+
+        def timed(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                construct.append(time.perf_counter() - t)
+
+        engine.generator_dataset = timed
+        t0 = time.perf_counter()
+        ms_shm.tune()
+        out["tune_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        dataset = ms_shm.build_dataset(src, COLUMNS, shuffle=False)
+        t1 = time.perf_counter()
+        out["construct_s"] = sum(construct)
+        plan = ms_shm.plan_of(dataset)
+        out["plan"] = {
+            "mode": plan.mode, "workers": plan.workers, "prefetch": plan.prefetch,
+            "estimated_s": plan.estimated_seconds, "summary": plan.summary(),
+            "alternatives": [[c.mode, c.workers, c.prefetch, c.seconds, c.fits] for c in plan.alternatives],
+        }
+    else:
+        if cfg.get("prefetch"):
+            ds.config.set_prefetch_size(cfg["prefetch"])
+        if cfg.get("shared_mem") is False:
+            ds.config.set_enable_shared_mem(False)
+        kwargs = {"num_parallel_workers": cfg["workers"], "shuffle": False}
+        if cfg.get("multiprocessing") is not None:
+            kwargs["python_multiprocessing"] = cfg["multiprocessing"]
+        t0 = time.perf_counter()
+        dataset = ds.GeneratorDataset(src, COLUMNS, **kwargs)
+        t1 = time.perf_counter()
+        out["construct_s"] = t1 - t0
+    it = dataset.create_tuple_iterator(output_numpy=True, num_epochs=1)
+    n = 0
+    error = None
+    for row in it:
+        error = error or _check(row, n, spec["workload"])
+        n += 1
+    t2 = time.perf_counter()
+    if n != ROWS:
+        error = error or f"{n} rows, expected {ROWS}"
+    del it, dataset
+    out["teardown_s"] = time.perf_counter() - t2
+    out.update(build_s=t1 - t0, epoch_s=t2 - t1, total_s=t2 - t0, rows=n)
+    if error:
+        out.update(ok=False, crash="WRONG", error=error)
+    return out
+
+
+# ---------------------------------------------------------------- parent: run, classify, tabulate
+
+def grid(quick: bool) -> list:
+    prefetches = (2, 16) if quick else (2, 4, 16)
+    out = [{"name": "inline", "kind": "grid", "workers": 1},
+           {"name": "threads x2", "kind": "grid", "workers": 2, "multiprocessing": False}]
+    for p in prefetches:
+        out.append({"name": f"processes x2 P{p}", "kind": "grid", "workers": 2, "multiprocessing": True,
+                    "prefetch": p})
+    for p in prefetches:
+        out.append({"name": f"pipes x2 P{p}", "kind": "grid", "workers": 2, "multiprocessing": True,
+                    "prefetch": p, "shared_mem": False})
+    return out
+
+
+RAW = {"name": "raw", "kind": "raw", "workers": 2}
+MS_SHM = {"name": "ms_shm", "kind": "ms_shm"}
+
+
+def classify(rc: int, stderr: str) -> str:
+    text = stderr.lower()
+    if "bus error" in text:
+        return "BUS"
+    if "insufficient shared memory" in text:
+        return "RTE"
+    if "too many open files" in text:
+        return "FD"
+    if rc < 0:
+        return f"SIG{-rc}"
+    return f"ERR{rc}"
+
+
+def run_one(spec: dict, shm: str, timeout: float) -> dict:
+    python = shlex.quote(sys.executable)
+    script = shlex.quote(str(Path(__file__).resolve()))
+    command = (f"mount -t tmpfs -o size={shm} tmpfs /dev/shm && "
+               f"exec {python} {script} --child {shlex.quote(json.dumps(spec))}")
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.setdefault("GLOG_v", "2")
+    proc = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c", command],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=str(REPO), start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # our own session: the child and its MindSpore workers
+        proc.communicate()
+        return {"ok": False, "crash": "HANG", "error": f"no result within {timeout:.0f} s"}
+    for line in stdout.splitlines():
+        if line.startswith(RESULT_TAG):
+            result = json.loads(line[len(RESULT_TAG):])
+            if proc.returncode == 0 or not result.get("ok"):
+                return result
+    crash = classify(proc.returncode, stderr)
+    return {"ok": False, "crash": crash, "rc": proc.returncode, "error": stderr.strip()[-400:]}
+
+
+class Cell:
+    """All runs of one (workload, /dev/shm size)."""
+
+    def __init__(self, workload: str, shm: str, configs: list) -> None:
+        self.workload, self.shm = workload, shm
+        self.configs = configs
+        self.runs: dict = {c["name"]: [] for c in configs}
+
+    def crashed(self, name: str) -> dict | None:
+        return next((r for r in self.runs[name] if not r.get("ok")), None)
+
+    def median(self, name: str, key: str = "total_s") -> float | None:
+        runs = self.runs[name]
+        if not runs or self.crashed(name):
+            return None
+        return statistics.median(r[key] for r in runs)
+
+    def best(self) -> tuple:
+        times = [(self.median(c["name"]), c["name"]) for c in self.configs if c["kind"] == "grid"]
+        times = [t for t in times if t[0] is not None]
+        return min(times) if times else (None, None)
+
+    def grid_crashes(self) -> tuple:
+        names = [c["name"] for c in self.configs if c["kind"] == "grid"]
+        return sum(self.crashed(n) is not None for n in names), len(names)
+
+    def probe_fraction(self) -> float | None:
+        runs = self.runs["ms_shm"]
+        if not runs or self.crashed("ms_shm"):
+            return None
+        return statistics.median((r["build_s"] - r["construct_s"]) / r["epoch_s"] for r in runs)
+
+    def ms_plan(self) -> dict | None:
+        return next((r.get("plan") for r in self.runs["ms_shm"] if r.get("plan")), None)
+
+    def choice(self) -> str | None:
+        """The grid configuration identical to ms_shm's choice, when the grid has it."""
+        plan = self.ms_plan()
+        if not plan:
+            return None
+        mode, w, p = plan["mode"], plan["workers"], plan["prefetch"]
+        name = {"inline": "inline", "threads": f"threads x{w}" if p == 16 else None,
+                "processes": f"processes x{w} P{p}", "pipes": f"pipes x{w} P{p}"}.get(mode)
+        return name if name in self.runs else None
+
+    def spread(self, name: str) -> str:
+        runs = self.runs[name]
+        crash = self.crashed(name)
+        if crash is not None or not runs:
+            return _fmt(None, crash)
+        times = sorted(r["total_s"] for r in runs)
+        if len(times) == 1:
+            return f"{times[0]:.2f}"
+        return f"{statistics.median(times):.2f} ({times[0]:.2f}-{times[-1]:.2f})"
+
+
+def _fmt(seconds: float | None, crash: dict | None = None) -> str:
+    if crash is not None:
+        return f"CRASH ({crash.get('crash')})"
+    return "-" if seconds is None else f"{seconds:.2f}"
+
+
+def _crash_count(cell: Cell, name: str) -> str:
+    runs = cell.runs[name]
+    return f"{sum(not r.get('ok') for r in runs)}/{len(runs)}"
+
+
+def table(cells: list) -> list:
+    lines = [
+        "Seconds per epoch = dataset construction (ms_shm: `build_dataset`, i.e. probe + plan + construction) "
+        "+ one epoch of 100 rows to the last row received; median of the repeats. "
+        f"**best/ms_shm** = best grid time ÷ ms_shm time (1.00 = as fast as the best grid point; target "
+        f"≥ {TARGET_RATIO}); the best is the lowest of several noisy medians, so it leans low. **same config** "
+        "= the grid point identical to ms_shm's choice, timed without ms_shm; **best/choice** = best ÷ that time "
+        "(how good the decision was, free of ms_shm's own overhead; a diagnostic, not a target). "
+        f"**ms_shm/raw** = ms_shm time ÷ raw time (target ≤ {TARGET_RAW:.2f} where raw "
+        f"survives). **probe** = (`build_dataset` time − GeneratorDataset construction) ÷ ms_shm's epoch "
+        f"(target ≤ {TARGET_PROBE:.0%}). Crashes: runs that crashed / runs (raw, ms_shm); grid: configurations "
+        "that crashed / configurations. A configuration that crashes once is not repeated.",
+        "",
+        "| workload | /dev/shm | raw s | ms_shm s (mode) | same config s | best grid s (config) | best/ms_shm | "
+        "best/choice | ms_shm/raw | probe | crashes raw | crashes ms_shm | crashes grid |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for cell in cells:
+        raw = cell.median("raw")
+        ms = cell.median("ms_shm")
+        best, best_name = cell.best()
+        plan = cell.ms_plan()
+        mode = f"{plan['mode']} x{plan['workers']} P{plan['prefetch']}" if plan else "?"
+        ratio = f"{best / ms:.2f}" if best and ms else "-"
+        choice = cell.choice()
+        same = cell.median(choice) if choice else None
+        decision = f"{best / same:.2f}" if best and same else "-"
+        vs_raw = f"{ms / raw:.2f}" if raw and ms else "-"
+        probe = cell.probe_fraction()
+        crashed, total = cell.grid_crashes()
+        lines.append(
+            f"| {WORKLOADS[cell.workload]} | {cell.shm} | {_fmt(raw, cell.crashed('raw'))} | "
+            f"{_fmt(ms, cell.crashed('ms_shm'))} ({mode}) | {_fmt(same, cell.crashed(choice) if choice else None)} | "
+            f"{_fmt(best)} ({best_name or 'none'}) | {ratio} | {decision} | {vs_raw} | {'-' if probe is None else f'{probe:.1%}'} | {_crash_count(cell, 'raw')} | "
+            f"{_crash_count(cell, 'ms_shm')} | {crashed}/{total} |")
+    return lines
+
+
+def details(cells: list) -> list:
+    names = [c["name"] for c in cells[0].configs] if cells else []
+    lines = ["", "### Every configuration (median s and the range of the repeats, or the crash)", "",
+             "| workload | /dev/shm | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+    for cell in cells:
+        lines.append(f"| {cell.workload} | {cell.shm} | "
+                     + " | ".join(cell.spread(n) for n in names) + " |")
+    lines += ["", "### ms_shm's plans (estimated s/epoch per candidate) and measured phases", ""]
+    for cell in cells:
+        plan = cell.ms_plan()
+        runs = [r for r in cell.runs["ms_shm"] if r.get("ok")]
+        if runs:
+            med = {k: statistics.median(r[k] for r in runs) for k in ("tune_s", "build_s", "construct_s",
+                                                                       "epoch_s", "teardown_s")}
+            phases = ", ".join(f"{k[:-2]} {v * 1e3:.0f} ms" for k, v in med.items())
+        else:
+            phases = f"crashed: {(cell.crashed('ms_shm') or {}).get('error', '')[:200]}"
+        lines.append(f"- **{cell.workload} / {cell.shm}**: {phases}")
+        if plan:
+            est = "; ".join(f"{m} x{w} P{p} {'-' if s is None else f'{s:.2f}'}{'' if fit else ' (no fit)'}"
+                            for m, w, p, s, fit in plan["alternatives"])
+            chosen = "-" if plan["estimated_s"] is None else f"{plan['estimated_s']:.2f}"
+            lines.append(f"  - chose {plan['mode']} x{plan['workers']} P{plan['prefetch']} (est {chosen}); "
+                         f"others: {est}")
+    return lines
+
+
+def targets(cells: list, guard: str) -> list:
+    ms_crashes = [f"{c.workload}/{c.shm}" for c in cells if c.crashed("ms_shm")]
+    ratio_miss, raw_miss, probe_miss, choice_miss = [], [], [], []
+    for c in cells:
+        ms, raw, (best, _) = c.median("ms_shm"), c.median("raw"), c.best()
+        if ms and best and best / ms < TARGET_RATIO:
+            ratio_miss.append(f"{c.workload}/{c.shm} ({best / ms:.2f})")
+        if ms and raw and ms / raw > TARGET_RAW:
+            raw_miss.append(f"{c.workload}/{c.shm} ({ms / raw:.2f})")
+        same = c.median(c.choice()) if c.choice() else None
+        if same and best and best / same < TARGET_RATIO:
+            choice_miss.append(f"{c.workload}/{c.shm} ({best / same:.2f})")
+        probe = c.probe_fraction()
+        if probe is not None and probe > TARGET_PROBE:
+            probe_miss.append(f"{c.workload}/{c.shm} ({probe:.1%})")
+
+    def verdict(misses: list) -> str:
+        return "**met**" if not misses else "**not met**: " + ", ".join(misses)
+
+    return ["", "### Targets", "",
+            f"- zero crashes for ms_shm in every cell: {verdict(ms_crashes)}",
+            f"- ms_shm within {TARGET_RATIO} of the best grid point (best/ms_shm ≥ {TARGET_RATIO}): "
+            f"{verdict(ratio_miss)}",
+            f"- never more than {TARGET_RAW - 1:.0%} slower than raw where raw survives: {verdict(raw_miss)}",
+            f"- probing ≤ {TARGET_PROBE:.0%} of one epoch of {ROWS} rows: {verdict(probe_miss)}",
+            f"- (diagnostic) ms_shm's choice, timed without ms_shm, within {TARGET_RATIO} of the best: "
+            f"{verdict(choice_miss)}",
+            f"- runtime guard per-row cost: {guard}"]
+
+
+def guard_cost() -> str:
+    try:
+        sys.path[:0] = [str(HERE), str(REPO)]
+        from bench_guard import guard_overhead_us  # written separately; optional here
+    except ImportError:
+        return "not measured (benchmarks/bench_guard.py is not available)"
+    try:
+        return f"{guard_overhead_us():.1f} µs per row"
+    except Exception as exc:  # a broken helper must not lose the whole run's table
+        return f"not measured (guard_overhead_us() raised {type(exc).__name__}: {exc})"
+
+
+def main(argv: list | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3, help="runs per configuration (median)")
+    parser.add_argument("--quick", action="store_true", help="1 repeat, prefetch 2 and 16 only")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated: " + ",".join(WORKLOADS))
+    parser.add_argument("--shm", default=",".join(SHM_SIZES), help="comma-separated: " + ",".join(SHM_SIZES))
+    parser.add_argument("--timeout", type=float, default=180, help="seconds before a run counts as a hang")
+    parser.add_argument("--out", type=Path, help="also write the report (markdown) here")
+    parser.add_argument("--json", type=Path, help="also write every run's raw result (JSON) here")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        spec = json.loads(args.child)
+        try:
+            result = child(spec)
+        except Exception as exc:  # reported to the parent as this run's crash, with the message
+            result = {"ok": False, "crash": classify(1, str(exc)), "error": f"{type(exc).__name__}: {exc}"}
+        print(RESULT_TAG + json.dumps(result), flush=True)
+        return 0 if result["ok"] else 1
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        print("bench_core needs root and unshare(1): each run mounts its own /dev/shm", file=sys.stderr)
+        return 2
+    repeat = 1 if args.quick else args.repeat
+    workloads = [w for w in args.workloads.split(",") if w]
+    sizes = [s for s in args.shm.split(",") if s]
+    work, work_s = calibrate()
+    configs = [RAW, MS_SHM] + grid(args.quick)
+    cells = [Cell(w, s, configs) for w in workloads for s in sizes]
+    started = time.perf_counter()
+    total = repeat * len(cells) * len(configs)
+    done = 0
+    for r in range(repeat):
+        for k, cell in enumerate(cells):
+            order = list(configs)
+            # A fixed order would always run ms_shm right after raw: any after-effect of the previous run
+            # (worker processes exiting, a tmpfs being freed) would land on one column only.
+            random.Random(1000 * r + k).shuffle(order)
+            for cfg in order:
+                done += 1
+                if cell.crashed(cfg["name"]):
+                    continue
+                spec = {"workload": cell.workload, "work": work, "config": cfg}
+                result = run_one(spec, SHM_SIZES[cell.shm], args.timeout)
+                cell.runs[cfg["name"]].append(result)
+                status = f"{result['total_s']:.2f} s" if result.get("ok") else f"CRASH {result.get('crash')}"
+                print(f"[{done}/{total} {time.perf_counter() - started:.0f}s] repeat {r + 1} {cell.workload} "
+                      f"{cell.shm} {cfg['name']}: {status}", file=sys.stderr, flush=True)
+    command = "python benchmarks/bench_core.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    lines = [f"## bench_core: raw defaults vs ms_shm vs best grid point ({ROWS} rows per epoch)", "",
+             f"Command: `{command.strip()}` — {repeat} repeat(s), {time.perf_counter() - started:.0f} s. "
+             f"CPU work per row in the cpu workload: {work} iterations = {work_s * 1e3:.1f} ms of CPU in the parent. "
+             f"Machine: {os.cpu_count()} CPUs, shared with other jobs; run-to-run noise is about ±20%.", ""]
+    lines += table(cells) + targets(cells, guard_cost()) + details(cells)
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+    if args.json:
+        args.json.write_text(json.dumps({"command": command.strip(), "work_iterations": work,
+                                         "cells": [{"workload": c.workload, "shm": c.shm, "runs": c.runs}
+                                                   for c in cells]}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

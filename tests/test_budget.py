@@ -1,0 +1,109 @@
+"""``ms_shm.budget``: each rank's share of /dev/shm and fds, and the ledger of live pipelines. Pure."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from ms_shm import budget, model
+
+MiB = model.MiB
+
+
+@pytest.mark.parametrize("free, ranks, reserved, expected", [
+    (320 * MiB, 1, 0, 256 * MiB),
+    (320 * MiB, 4, 0, 64 * MiB),
+    (320 * MiB, 8, 0, 32 * MiB),
+    (320 * MiB, 4, 10 * MiB, 54 * MiB),
+    (320 * MiB, 4, 100 * MiB, 0),  # reservations beyond the share: nothing left, never negative
+    (0, 1, 0, 0),
+    (64 * MiB, 0, 0, int(64 * MiB * 0.8)),  # ranks < 1 is read as 1
+])
+def test_shm_share(free, ranks, reserved, expected):
+    b = budget.compute(free, ranks, None, None, reserved_shm=reserved)
+    assert b.shm_bytes == expected
+    assert b.ranks == max(1, ranks)
+    assert f"{max(1, ranks)} local rank(s)" in b.reason
+    assert ("reserved by live pipelines" in b.reason) is bool(reserved)
+
+
+def test_unknown_shm_is_none_and_says_why():
+    b = budget.compute(None, 4, 1024, 10)
+    assert b.shm_bytes is None
+    assert "could not be read" in b.reason
+    assert b.fds == 1024 - 10 - model.FD_MARGIN
+
+
+def test_fraction_and_rank_source_are_reported():
+    b = budget.compute(100 * MiB, 2, None, None, fraction=0.5, ranks_source="LOCAL_WORLD_SIZE")
+    assert b.shm_bytes == 25 * MiB
+    assert "50%" in b.reason and "[LOCAL_WORLD_SIZE]" in b.reason
+
+
+@pytest.mark.parametrize("nofile, open_fds, reserved, expected", [
+    (None, 10, 0, None),  # no limit
+    (1024, 10, 0, 1024 - 10 - model.FD_MARGIN),
+    (1024, None, 0, 1024 - model.FD_MARGIN),  # open fds unknown: counted as 0
+    (40, 10, 0, 22),
+    (40, 10, 30, 0),  # never negative
+    (1024, 10, 100, 1024 - 10 - model.FD_MARGIN - 100),
+])
+def test_fds(nofile, open_fds, reserved, expected):
+    assert budget.compute(MiB, 1, nofile, open_fds, reserved_fds=reserved).fds == expected
+
+
+def test_budget_serialises():
+    b = budget.compute(64 * MiB, 2, 1024, 10, 1024, 3, ranks_source="RANK_SIZE")
+    assert json.loads(json.dumps(b.to_dict()))["shm_bytes"] == b.shm_bytes
+
+
+def test_ledger_reserve_release_totals():
+    ledger = budget.Ledger()
+    a = ledger.reserve("train", 10 * MiB, 20)
+    b = ledger.reserve("eval", 5 * MiB, 7)
+    assert a.key != b.key
+    assert ledger.totals() == (15 * MiB, 27)
+    assert [r.label for r in ledger.live()] == ["train", "eval"]
+    ledger.release(a.key)
+    ledger.release(a.key)  # twice is harmless (weakref.finalize and an explicit release)
+    assert ledger.totals() == (5 * MiB, 7)
+    ledger.clear()
+    assert ledger.totals() == (0, 0) and ledger.live() == ()
+
+
+def test_ledger_feeds_the_next_budget():
+    ledger = budget.Ledger()
+    ledger.reserve("train", 100 * MiB, 50)
+    shm, fds = ledger.totals()
+    b = budget.compute(400 * MiB, 1, 1000, 10, shm, fds)
+    assert (b.shm_bytes, b.fds) == (220 * MiB, 1000 - 10 - model.FD_MARGIN - 50)
+    assert (b.reserved_shm, b.reserved_fds) == (100 * MiB, 50)
+
+
+def test_ledger_is_thread_safe():
+    ledger = budget.Ledger()
+    threads_n, per_thread = 8, 300
+    keys: list = []
+    lock = threading.Lock()
+    start = threading.Barrier(threads_n)
+
+    def work() -> None:
+        start.wait()
+        mine = [ledger.reserve("t", 3, 1).key for _ in range(per_thread)]
+        for key in mine[::2]:
+            ledger.release(key)
+        ledger.totals()
+        with lock:
+            keys.extend(mine)
+
+    threads = [threading.Thread(target=work) for _ in range(threads_n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(keys)) == threads_n * per_thread  # no key handed out twice
+    left = threads_n * per_thread // 2
+    assert ledger.totals() == (3 * left, left)
+    assert len(ledger.live()) == left

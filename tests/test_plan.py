@@ -1,0 +1,341 @@
+"""``ms_shm.plan``: fake facts in, decisions out. Pure: no MindSpore, no /dev/shm, no clock."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ms_shm import budget, model, plan
+from ms_shm.plan import INLINE, PIPES, PROCESSES, THREADS, Request, ShmBudgetError
+from ms_shm.rows import RowStats
+
+MiB = model.MiB
+KiB = 1 << 10
+GiB = 1 << 30
+V210 = model.profile_for("2.10.0")
+
+
+def rows(row_bytes: int, seconds: float | None = 0.02, cpu: float | None = 1.0, length: int | None = 100,
+         random_access: bool = True, smallest: int | None = None) -> RowStats:
+    """Probe stats as ``rows.measure_random_access`` would report them."""
+    return RowStats(random_access, length, 8, (), (), row_bytes, row_bytes if smallest is None else smallest,
+                    seconds, cpu, 0.0)
+
+
+def room(shm_free: int | None = 4 * GiB, ranks: int = 1, nofile: int | None = 65536, open_fds: int = 10,
+         reserved_shm: int = 0, reserved_fds: int = 0) -> budget.Budget:
+    return budget.compute(shm_free, ranks, nofile, open_fds, reserved_shm, reserved_fds)
+
+
+def ask(**kw) -> Request:
+    kw.setdefault("cpu_count", 2)
+    kw.setdefault("usable_cpus", kw["cpu_count"])
+    return Request(**kw)
+
+
+def mode_decision(p: plan.Plan) -> plan.Decision:
+    found = [d for d in p.decisions if d.setting == "mode"]
+    assert len(found) == 1, p.decisions
+    return found[0]
+
+
+CPU_HEAVY = dict(row_bytes=256 * KiB, seconds=0.02, cpu=1.0)  # pure-Python work, 20 ms a row
+TRIVIAL_BIG = dict(row_bytes=8 * MiB, seconds=0.05e-3, cpu=1.0)  # np.full of 8 MiB
+IO_BOUND = dict(row_bytes=256 * KiB, seconds=0.02, cpu=0.1)  # mostly waiting
+
+# name: (row stats, request, budget, expected mode or a set of acceptable modes, expected workers or None)
+GENERATOR_CASES = {
+    "64m shm, 8 MiB rows, W=2 explicit": (
+        rows(**TRIVIAL_BIG), ask(workers=2), room(64 * MiB), {THREADS, PIPES}, 2),
+    "64m shm, 8 MiB CPU-heavy rows, W=2 explicit": (
+        rows(8 * MiB, 0.02, 1.0), ask(workers=2), room(64 * MiB), {THREADS, PIPES}, 2),
+    "ample shm, CPU-heavy slow rows": (rows(**CPU_HEAVY), ask(), room(), PROCESSES, 2),
+    "ample shm, trivial fast 8 MiB rows": (rows(**TRIVIAL_BIG), ask(), room(), INLINE, 1),
+    "I/O-bound rows, multiprocessing=False": (
+        rows(**IO_BOUND), ask(multiprocessing=False, cpu_count=4), room(), THREADS, 4),
+    "unknown /dev/shm, CPU-heavy rows": (rows(**CPU_HEAVY), ask(), room(None), {INLINE, THREADS}, None),
+    "fd-starved (40), CPU-heavy rows": (
+        rows(**CPU_HEAVY), ask(), room(nofile=40, open_fds=10), {PIPES, THREADS, INLINE}, None),
+    "fd-short (50), CPU-heavy rows": (rows(**CPU_HEAVY), ask(), room(nofile=50, open_fds=10), PROCESSES, 2),
+    "W=8 explicit on 2 CPUs": (rows(**CPU_HEAVY), ask(workers=8), room(), PROCESSES, 2),
+    "iterable source": (rows(8 * MiB, random_access=False, length=None), ask(workers=4), room(), INLINE, 4),
+    "untimed rows (what-if)": (RowStats.synthetic(MiB), ask(workers=2), room(), PROCESSES, 2),
+}
+
+
+def _plan(name: str) -> plan.Plan:
+    stats, req, b, _, _ = GENERATOR_CASES[name]
+    return plan.plan_generator(stats, req, b, V210)
+
+
+@pytest.mark.parametrize("name", list(GENERATOR_CASES))
+def test_generator_mode(name):
+    _, _, b, modes, workers = GENERATOR_CASES[name]
+    p = _plan(name)
+    assert p.mode in (modes if isinstance(modes, set) else {modes}), p.summary()
+    if workers is not None:
+        assert p.workers == workers
+    assert p.fits
+    if b.shm_bytes is not None:
+        assert p.predicted_shm <= b.shm_bytes
+    if b.fds is not None:
+        assert p.predicted_fds <= b.fds
+
+
+@pytest.mark.parametrize("name", list(GENERATOR_CASES))
+def test_every_plan_explains_its_mode_and_serialises(name):
+    p = _plan(name)
+    d = mode_decision(p)
+    assert d.value == p.mode
+    assert d.reason.strip()
+    text = json.dumps(p.to_dict())
+    assert json.loads(text)["mode"] == p.mode
+    assert p.summary().startswith("generator: mode=" + p.mode)
+
+
+def test_processes_flags_match_mode():
+    p = _plan("ample shm, CPU-heavy slow rows")
+    assert (p.python_multiprocessing, p.shared_mem, p.max_rowsize, p.prefetch) == (True, True, None, 16)
+    assert p.predicted_shm == model.generator_peak(256 * KiB, 2, 16, 100)
+    # the runtime guard gets this worker's share of the budget and the slots it may create
+    assert p.guard_slots == model.slots(16, 2)
+    assert p.guard_worker_bytes == (p.budget.shm_bytes - model.semaphore_bytes(2)) // 2
+    assert not any(d.setting == "prefetch_size" for d in p.decisions)
+
+
+def test_pipes_never_win_a_tie_with_shared_memory():
+    # Estimates 1.21 vs 1.22 s: the same bucket. Pipes would flip a deprecated global for nothing.
+    p = _plan("ample shm, CPU-heavy slow rows")
+    assert p.mode == PROCESSES
+    assert any(c.mode == PIPES and c.fits for c in p.alternatives)
+
+
+def test_a_tie_goes_to_fewer_workers():
+    # Probe rows slowed by a busy machine (5.66 ms, 25% CPU) put inline (0.67 s) and processes (0.66 s) in the
+    # same 0.05 s bucket: the extra processes and 288 MiB of /dev/shm would buy nothing.
+    p = plan.plan_generator(rows(8 * MiB, 5.66e-3, 0.25), ask(), room(), V210)
+    estimates = {c.mode: c.seconds for c in p.alternatives}
+    assert abs(estimates[PROCESSES] - p.estimated_seconds) < 0.05
+    assert p.mode == INLINE
+
+
+def test_small_shm_big_rows_explicit_workers_keeps_workers_and_raises_nothing():
+    p = _plan("64m shm, 8 MiB CPU-heavy rows, W=2 explicit")
+    assert p.workers == 2
+    processes = [c for c in p.alternatives if c.mode == PROCESSES]
+    assert processes and not processes[0].fits and "budget" in processes[0].why_not
+
+
+def test_pipes_plan_says_why_slots_were_refused():
+    p = _plan("fd-starved (40), CPU-heavy rows")
+    if p.mode == PIPES:
+        d = next(d for d in p.decisions if d.setting == "shared_mem")
+        assert d.value is False and "fds" in d.reason
+
+
+def test_trivial_rows_stay_in_process():
+    p = _plan("ample shm, trivial fast 8 MiB rows")
+    assert (p.workers, p.python_multiprocessing, p.predicted_shm) == (1, False, 0)
+
+
+def test_io_bound_threads_use_every_cpu():
+    p = _plan("I/O-bound rows, multiprocessing=False")
+    assert not p.python_multiprocessing and p.predicted_shm == 0
+    assert {c.mode for c in p.alternatives} <= {THREADS}
+
+
+def test_unknown_shm_is_the_safe_choice_and_says_so():
+    p = _plan("unknown /dev/shm, CPU-heavy rows")
+    assert p.predicted_shm == 0 and not p.python_multiprocessing
+    assert "unknown" in mode_decision(p).reason
+    assert p.budget.shm_bytes is None and "could not be read" in p.budget.reason
+
+
+@pytest.mark.parametrize("nofile, open_fds, expect_processes", [
+    (40, 10, False),  # 22 fds left: even 4 slots per worker need 25
+    (50, 10, True),  # 32 fds left: prefetch 5 (7 slots per worker) needs 31
+    (65536, 10, True),
+])
+def test_fd_starved_processes_only_where_fds_fit(nofile, open_fds, expect_processes):
+    b = room(nofile=nofile, open_fds=open_fds)
+    p = plan.plan_generator(rows(**CPU_HEAVY), ask(), b, V210)
+    assert (p.mode == PROCESSES) is expect_processes, p.summary()
+    assert p.predicted_fds <= b.fds
+    if p.mode == PROCESSES:
+        assert p.predicted_fds == model.generator_fds(p.workers, p.prefetch, 100)
+        # and one more prefetch step would not have fit
+        if p.prefetch < 16:
+            assert model.generator_fds(p.workers, p.prefetch + 1, 100) > b.fds
+            assert any(d.setting == "prefetch_size" and d.value == p.prefetch for d in p.decisions)
+
+
+def test_fd_short_lowers_prefetch():
+    p = _plan("fd-short (50), CPU-heavy rows")
+    assert p.prefetch == 5
+
+
+def test_workers_over_cpu_count_are_capped_with_the_reason():
+    p = _plan("W=8 explicit on 2 CPUs")
+    capped = [d for d in p.decisions if d.setting == "num_parallel_workers"]
+    assert capped[0].value == 2 and capped[0].default == 8
+    assert "refuses" in capped[0].reason and "cpu_count" in capped[0].reason
+
+
+def test_iterable_source_runs_inline_without_shm():
+    p = _plan("iterable source")
+    assert p.predicted_shm == 0 and p.predicted_fds == 0 and p.guard_slots == 0
+    assert "__getitem__" in mode_decision(p).reason
+
+
+def test_untimed_rows_fall_back_to_mindspore_default_transport():
+    p = _plan("untimed rows (what-if)")
+    assert p.estimated_seconds is None
+    assert "not timed" in mode_decision(p).reason
+
+
+def test_ragged_rows_are_planned_at_one_and_a_half_times_the_largest():
+    stats = rows(4 * MiB, smallest=MiB)
+    assert stats.ragged
+    p = plan.plan_generator(stats, ask(), room(), V210)
+    assert p.row_bytes == 6 * MiB
+    d = next(d for d in p.decisions if d.setting == "row_bytes")
+    assert (d.value, d.default) == (6 * MiB, 4 * MiB)
+    if p.mode == PROCESSES:
+        assert p.predicted_shm == model.generator_peak(6 * MiB, p.workers, p.prefetch, 100)
+
+
+def test_uniform_rows_are_planned_as_measured():
+    p = plan.plan_generator(rows(4 * MiB), ask(), room(), V210)
+    assert p.row_bytes == 4 * MiB
+    assert not any(d.setting == "row_bytes" for d in p.decisions)
+
+
+def test_no_room_for_semaphores_with_explicit_processes_raises_with_numbers_and_fix():
+    b = room(64 * KiB)  # 51.2 KiB budget; 2 workers' semaphores alone are 19 pages = 76 KiB
+    with pytest.raises(ShmBudgetError) as err:
+        plan.plan_generator(rows(**CPU_HEAVY), ask(multiprocessing=True), b, V210)
+    msg = str(err.value)
+    assert "python_multiprocessing=True" in msg
+    assert "76.0 KiB" in msg and "51.2 KiB" in msg
+    assert "Fix:" in msg and "--shm-size=" in msg
+
+
+def test_explicit_processes_with_unknown_shm_raise():
+    with pytest.raises(ShmBudgetError, match="unknown"):
+        plan.plan_generator(rows(**CPU_HEAVY), ask(multiprocessing=True), room(None), V210)
+
+
+def test_four_ranks_share_the_host():
+    b = room(320 * MiB, ranks=4)
+    assert b.shm_bytes == 64 * MiB
+    p = plan.plan_generator(rows(2 * MiB, 0.02, 1.0), ask(), b, V210)
+    # 2 MiB rows at prefetch 16 need 72.2 MiB; 13 is the largest prefetch under 64 MiB
+    assert (p.mode, p.prefetch) == (PROCESSES, 13)
+    assert 4 * p.predicted_shm <= 320 * MiB * 0.8
+
+
+def test_ledger_reservations_shrink_the_next_plan():
+    ledger = budget.Ledger()
+    ledger.reserve("train", 300 * MiB, 60)
+    shm, fds = ledger.totals()
+    b = room(512 * MiB, reserved_shm=shm, reserved_fds=fds)
+    assert b.shm_bytes == int(512 * MiB * 0.8) - 300 * MiB
+    p = plan.plan_generator(rows(8 * MiB, 0.02, 1.0), ask(), b, V210)
+    free_p = plan.plan_generator(rows(8 * MiB, 0.02, 1.0), ask(), room(512 * MiB), V210)
+    assert (free_p.mode, free_p.prefetch) == (PROCESSES, 16)
+    assert (p.mode, p.prefetch) == (PROCESSES, 4)  # 96.1 MiB of the 109.6 MiB left
+    assert p.predicted_shm <= b.shm_bytes
+
+
+def test_old_mindspore_gets_a_static_rowsize_larger_than_the_row():
+    p = plan.plan_generator(rows(MiB, 0.02, 1.0), ask(), room(), model.profile_for("2.3.1"))
+    assert p.mode == PROCESSES
+    assert p.max_rowsize == 6  # 2.3's default, already larger than a 1 MiB row
+    assert p.guard_worker_bytes == 0  # static slots are committed up front: nothing for the guard to track
+    p = plan.plan_generator(rows(8 * MiB, 0.02, 1.0), ask(), room(), model.profile_for("2.3.1"))
+    assert p.max_rowsize == 9
+
+
+@pytest.mark.parametrize("version, as_asked", [
+    ("2.3", 8 * 10 * (6 * MiB + 4096) + 55 * 4096),  # static 6 MiB slots, committed at launch
+    ("2.10", 8 * 10 * 8 * MiB + 55 * 4096),  # dynamic slots sized to the row
+])
+def test_what_if_eight_ranks_eight_workers(version, as_asked):
+    p = plan.what_if(8 * MiB, 8, 16, ranks=8, version=version, shm_free=64 * MiB)
+    assert p.fits is False
+    assert p.budget.shm_bytes == int(64 * MiB * 0.8 / 8)
+    asked = [c for c in p.alternatives if c.why_not == "as asked"]
+    assert len(asked) == 1 and asked[0].shm == as_asked and not asked[0].fits
+    d = next(d for d in p.decisions if d.setting == "as_asked")
+    assert "does NOT fit" in d.reason
+    assert mode_decision(p).reason
+    json.dumps(p.to_dict())
+
+
+def test_what_if_that_fits():
+    p = plan.what_if(MiB, 2, 16, shm_free=4 * GiB)
+    assert p.fits is True and p.mode == PROCESSES
+
+
+def test_what_if_with_a_full_dev_shm_answers_instead_of_raising():
+    p = plan.what_if(8 * MiB, 2, 16, shm_free=0)
+    assert p.fits is False
+    assert p.mode == THREADS and p.predicted_shm == 0  # what ms_shm would build instead
+    json.dumps(p.to_dict())
+
+
+# map: (in, out, seconds, cpu, rows, request, budget, shmmax, memory_left, expected modes)
+MAP_CASES = {
+    "fast ops": (MiB, MiB, 0.1e-3, 1.0, 1000, ask(), room(), None, None, {THREADS}),
+    "slow CPU-bound ops, many rows": (MiB, MiB, 0.02, 1.0, 1000, ask(), room(), None, None, {PROCESSES}),
+    "slow ops, segment > shmmax": (MiB, 8 * MiB, 0.02, 1.0, 1000, ask(), room(), 4 * MiB, None, {THREADS}),
+    "slow ops, no memory for segments": (MiB, 8 * MiB, 0.02, 1.0, 1000, ask(), room(), None, 8 * MiB,
+                                         {THREADS}),
+    "untimed ops": (MiB, MiB, None, None, None, ask(), room(), None, None, {THREADS, PROCESSES}),
+    "slow ops, unknown /dev/shm": (MiB, MiB, 0.02, 1.0, 1000, ask(), room(None), None, None, {THREADS}),
+}
+
+
+def _map_plan(name: str) -> plan.Plan:
+    i, o, t, cpu, n, req, b, shmmax, mem, _ = MAP_CASES[name]
+    return plan.plan_map(i, o, t, cpu, n, req, b, V210, shmmax=shmmax, memory_left=mem)
+
+
+@pytest.mark.parametrize("name", list(MAP_CASES))
+def test_map_mode(name):
+    p = _map_plan(name)
+    assert p.kind == "map"
+    assert p.mode in MAP_CASES[name][-1], p.summary()
+    d = mode_decision(p)
+    assert d.value == p.mode and d.reason.strip()
+    json.dumps(p.to_dict())
+
+
+def test_map_processes_predict_sysv_not_dev_shm():
+    p = _map_plan("slow CPU-bound ops, many rows")
+    assert p.workers == 2 and p.python_multiprocessing
+    assert p.predicted_sysv == 2 * model.pages(MiB + 512)
+    assert p.predicted_shm == model.SEM_PAGES_PER_POOL * 4096
+
+
+def test_map_shmmax_is_named():
+    p = _map_plan("slow ops, segment > shmmax")
+    refused = [c for c in p.alternatives if c.mode == PROCESSES]
+    assert refused and all("shmmax" in c.why_not for c in refused)
+
+
+def test_map_unknown_shm_says_so():
+    assert "unknown" in mode_decision(_map_plan("slow ops, unknown /dev/shm")).reason
+
+
+def test_map_explicit_processes_that_cannot_fit_raise():
+    with pytest.raises(ShmBudgetError, match="shmmax"):
+        plan.plan_map(MiB, 8 * MiB, 0.02, 1.0, 1000, ask(multiprocessing=True), room(), V210, shmmax=MiB)
+
+
+def test_costs_are_positive_and_pipes_cost_more_per_mib():
+    c = plan.Costs()
+    for mode in plan.MODES:
+        assert c.row(mode, MiB) > 0 and c.start(mode) >= 0
+    assert c.row(PIPES, 8 * MiB) > c.row(PROCESSES, 8 * MiB)

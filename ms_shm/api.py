@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from ms_shm import budget as budget_mod
-from ms_shm import engine, host, model, rows
+from ms_shm import engine, host, model, reuse, rows
 from ms_shm import plan as planner
 from ms_shm._results import Result, mib
 from ms_shm.guard import GuardedSource, GuardSpec, guard_iterable
@@ -245,7 +245,7 @@ def _inspect_copy_on_read(source: Any, workers: int, facts: host.HostFacts, star
 
 
 def build_dataset(source: Any, column_names: Sequence[str] | str | None = None, share_lists: bool = False,
-                  **generator_kwargs: Any):
+                  reuse_probe_rows: bool = True, **generator_kwargs: Any):
     """A ``mindspore.dataset.GeneratorDataset`` whose transport, workers and prefetch fit this host.
 
     Takes every ``GeneratorDataset`` argument. A few rows are measured first (spread over a random-access
@@ -258,6 +258,10 @@ def build_dataset(source: Any, column_names: Sequence[str] | str | None = None, 
         column_names: as for ``GeneratorDataset``.
         share_lists: replace large Python lists held by the source with ``ms_shm.SharedList``
             (copy-on-read fix), logging each swap.
+        reuse_probe_rows: serve each row the probe read (random-access source) to the first request for its
+            index instead of calling ``source[i]`` again, so probing costs nothing when rows are expensive.
+            Pass ``False`` when the source must see every call (e.g. it counts calls, or you change its
+            transform after ``build_dataset``).
         **generator_kwargs: passed to ``GeneratorDataset``.
 
     Returns:
@@ -295,7 +299,15 @@ def build_dataset(source: Any, column_names: Sequence[str] | str | None = None, 
         if p.guard_slots and p.guard_worker_bytes:
             spec = GuardSpec(p.guard_slots, p.guard_worker_bytes, p.row_bytes, _ROW_FIX, p.workers,
                              facts.shm_path, max(1, facts.ranks.local_size) / max(p.budget.fraction, 0.01))
-        feed = GuardedSource(source, names, spec)
+        cache = reuse.cache_for(stats.indices, probe_rows) if reuse_probe_rows else None
+        feed = GuardedSource(source, names, spec, cache)
+        if cache is not None and stats.seconds_per_row is not None:
+            p = replace(p, reused_rows=len(cache), reused_seconds=stats.seconds_per_row * len(cache),
+                        decisions=p.decisions + (Decision(
+                "reuse_probe_rows", len(cache), 0,
+                f"the {len(cache)} probe rows ({stats.seconds_per_row * len(cache) * 1e3:.1f} ms to read) are "
+                f"served to the first request for their index instead of being read again; "
+                f"build_dataset(..., reuse_probe_rows=False) reads them again"),))
     kwargs = dict(generator_kwargs)
     changes = _apply_globals(p, ms)
     if random_access:
@@ -421,7 +433,9 @@ def map(dataset: Any, operations: Any, input_columns: Sequence[str] | str | None
     wall = cpu = 0.0
     produced: dict = {c: [] for c in outs}
     for i in range(count):
-        args = [available[c][i] for c in ins]
+        # Copies: an operation that works in place must not alter rows the pipeline will still serve.
+        args = [a.copy() if hasattr(a, "copy") and hasattr(a, "nbytes") else a
+                for a in (available[c][i] for c in ins)]
         w0, c0 = time.perf_counter(), time.thread_time()
         try:
             result = engine.run_operations(operations, args)

@@ -100,10 +100,14 @@ class GuardedSource:
         column_names: As passed to ``GeneratorDataset``; used to check the column count and name columns.
         spec: The budget to enforce, or ``None`` when rows do not go through dynamic shared-memory slots
             (threads, one worker, pipes, a static ``max_rowsize``): then only errors and columns are handled.
+        cache: Rows the probe already read, served once instead of calling the source again
+            (``reuse.ProbeRowCache``).
     """
 
-    def __init__(self, source: Any, column_names: Sequence[str] | None, spec: GuardSpec | None = None):
+    def __init__(self, source: Any, column_names: Sequence[str] | None, spec: GuardSpec | None = None,
+                 cache: Any = None):
         self.source = source
+        self.cache = cache
         self.column_names = list(column_names) if column_names is not None else None
         self.spec = spec
         self._width = len(self.column_names) if self.column_names is not None else None
@@ -121,11 +125,13 @@ class GuardedSource:
     def __getitem__(self, index: Any) -> tuple:
         if type(index) is not int and isinstance(index, np.integer):
             index = int(index)
-        try:
-            row = self.source[index]
-        except Exception as exc:
-            raise SourceError(f"source[{index}] raised {type(exc).__name__}: {exc}{_origin(exc)}"
-                              f"{self._length_hint(exc)}") from exc
+        row = self.cache.take(index) if self.cache is not None else None
+        if row is None:
+            try:
+                row = self.source[index]
+            except Exception as exc:
+                raise SourceError(f"source[{index}] raised {type(exc).__name__}: {exc}{_origin(exc)}"
+                                  f"{self._length_hint(exc)}") from exc
         row = self._normalise(row, index)
         if self.spec is not None:
             self._check(row, index)

@@ -116,6 +116,8 @@ class Plan(Result):
     decisions: tuple = ()
     advice: tuple = ()
     alternatives: tuple = ()
+    reused_rows: int = 0  # probe rows served to the pipeline instead of being read again
+    reused_seconds: float = 0.0  # the time the probe spent reading them, which the epoch does not repeat
 
     def summary(self) -> str:
         """The one INFO line: mode, workers, prefetch, predicted peak vs budget, why."""
@@ -164,10 +166,11 @@ def _candidates(stats: RowStats, req: Request, budget: Budget, profile: model.En
         worker_options = [max(1, min(req.workers, req.cpu_count))]
     else:
         worker_options = list(range(1, cap + 1))
+    # One worker runs in MindSpore's own thread whatever python_multiprocessing says (it checks W > 1).
     if req.multiprocessing is True:
-        modes = [PROCESSES, PIPES]
+        modes = [PROCESSES, PIPES] + ([INLINE] if req.workers == 1 else [])
     elif req.multiprocessing is False:
-        modes = [THREADS]
+        modes = [THREADS, INLINE]
     else:
         modes = list(MODES)
     if not req.can_switch_shared_mem and PIPES in modes:
@@ -248,7 +251,8 @@ def plan_generator(stats: RowStats, request: Request, budget: Budget, profile: m
     best = min(fitting, key=lambda c: _rank(c, req))
     decisions.append(Decision("mode", best.mode, _default_mode(req),
                               _mode_reason(best, fitting, req, stats) + _unknown_shm(budget)))
-    if best.workers != (req.workers or 1):
+    asked = min(req.workers, req.cpu_count) if req.workers is not None else 1  # the cap is logged above
+    if best.workers != asked:
         decisions.append(Decision("num_parallel_workers", best.workers, req.workers or 1,
                                   "fastest that fits" if req.workers is None else "capped"))
     if best.prefetch != req.prefetch:

@@ -59,6 +59,12 @@ GENERATOR_CASES = {
         rows(**CPU_HEAVY), ask(), room(nofile=40, open_fds=10), {PIPES, THREADS, INLINE}, None),
     "fd-short (50), CPU-heavy rows": (rows(**CPU_HEAVY), ask(), room(nofile=50, open_fds=10), PROCESSES, 2),
     "W=8 explicit on 2 CPUs": (rows(**CPU_HEAVY), ask(workers=8), room(), PROCESSES, 2),
+    "W=1, multiprocessing=False explicit": (
+        rows(**CPU_HEAVY), ask(workers=1, multiprocessing=False), room(), INLINE, 1),
+    "W=1, multiprocessing=True explicit (MindSpore runs W=1 in its own thread)": (
+        rows(**CPU_HEAVY), ask(workers=1, multiprocessing=True), room(), INLINE, 1),
+    "multiprocessing=False, trivial 8 MiB rows": (
+        rows(**TRIVIAL_BIG), ask(multiprocessing=False), room(), INLINE, 1),
     "iterable source": (rows(8 * MiB, random_access=False, length=None), ask(workers=4), room(), INLINE, 4),
     "untimed rows (what-if)": (RowStats.synthetic(MiB), ask(workers=2), room(), PROCESSES, 2),
 }
@@ -142,7 +148,7 @@ def test_trivial_rows_stay_in_process():
 def test_io_bound_threads_use_every_cpu():
     p = _plan("I/O-bound rows, multiprocessing=False")
     assert not p.python_multiprocessing and p.predicted_shm == 0
-    assert {c.mode for c in p.alternatives} <= {THREADS}
+    assert {c.mode for c in p.alternatives} <= {THREADS, INLINE}  # never processes: the caller said no
 
 
 def test_unknown_shm_is_the_safe_choice_and_says_so():
@@ -339,3 +345,10 @@ def test_costs_are_positive_and_pipes_cost_more_per_mib():
     for mode in plan.MODES:
         assert c.row(mode, MiB) > 0 and c.start(mode) >= 0
     assert c.row(PIPES, 8 * MiB) > c.row(PROCESSES, 8 * MiB)
+
+
+def test_worker_cap_is_one_decision():
+    """W=8 on 2 CPUs: one decision says why (MindSpore's cap), not a second "capped" line for the same change."""
+    p = _plan("W=8 explicit on 2 CPUs")
+    found = [d for d in p.decisions if d.setting == "num_parallel_workers"]
+    assert len(found) == 1 and found[0].value == 2 and found[0].default == 8 and "cpu_count" in found[0].reason

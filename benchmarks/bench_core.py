@@ -337,7 +337,9 @@ def table(cells: list) -> list:
         f"**best/ms_shm** = best grid time ÷ ms_shm time (1.00 = as fast as the best grid point; target "
         f"≥ {TARGET_RATIO}); the best is the lowest of several noisy medians, so it leans low. **same config** "
         "= the grid point identical to ms_shm's choice, timed without ms_shm; **best/choice** = best ÷ that time "
-        "(how good the decision was, free of ms_shm's own overhead; a diagnostic, not a target). "
+        "(how good the decision was, free of ms_shm's own overhead; a diagnostic, not a target); **ms_shm − same** = "
+        "ms_shm's median minus that configuration's median: what probing, planning and the guard cost end to "
+        "end (noisy: two medians of runs tens of milliseconds long). "
         f"**ms_shm/raw** = ms_shm time ÷ raw time (target ≤ {TARGET_RAW:.2f} where raw "
         f"survives). **probe** = the probing's net cost ÷ ms_shm's epoch (target ≤ {TARGET_PROBE:.0%}): "
         "`build_dataset` time − GeneratorDataset construction − the reading time of the probe rows the "
@@ -346,8 +348,8 @@ def table(cells: list) -> list:
         "that crashed / configurations. A configuration that crashes once is not repeated.",
         "",
         "| workload | /dev/shm | raw s | ms_shm s (mode) | same config s | best grid s (config) | best/ms_shm | "
-        "best/choice | ms_shm/raw | probe (gross) | crashes raw | crashes ms_shm | crashes grid |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "best/choice | ms_shm − same | ms_shm/raw | probe (gross) | crashes raw | crashes ms_shm | crashes grid |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for cell in cells:
         raw = cell.median("raw")
@@ -359,6 +361,7 @@ def table(cells: list) -> list:
         choice = cell.choice()
         same = cell.median(choice) if choice else None
         decision = f"{best / same:.2f}" if best and same else "-"
+        overhead = f"{(ms - same) * 1e3:+.0f} ms" if ms and same else "-"
         vs_raw = f"{ms / raw:.2f}" if raw and ms else "-"
         probe, gross = cell.probe_fraction(), cell.gross_probe_fraction()
         probe_text = "-" if probe is None else f"{probe:.1%} ({gross:.1%})"
@@ -366,7 +369,7 @@ def table(cells: list) -> list:
         lines.append(
             f"| {WORKLOADS[cell.workload]} | {cell.shm} | {_fmt(raw, cell.crashed('raw'))} | "
             f"{_fmt(ms, cell.crashed('ms_shm'))} ({mode}) | {_fmt(same, cell.crashed(choice) if choice else None)} | "
-            f"{_fmt(best)} ({best_name or 'none'}) | {ratio} | {decision} | {vs_raw} | {probe_text} | {_crash_count(cell, 'raw')} | "
+            f"{_fmt(best)} ({best_name or 'none'}) | {ratio} | {decision} | {overhead} | {vs_raw} | {probe_text} | {_crash_count(cell, 'raw')} | "
             f"{_crash_count(cell, 'ms_shm')} | {crashed}/{total} |")
     return lines
 
@@ -398,7 +401,7 @@ def details(cells: list) -> list:
     return lines
 
 
-def targets(cells: list, guard: str) -> list:
+def targets(cells: list, guard: str, watcher: str) -> list:
     ms_crashes = [f"{c.workload}/{c.shm}" for c in cells if c.crashed("ms_shm")]
     ratio_miss, raw_miss, probe_miss, choice_miss = [], [], [], []
     for c in cells:
@@ -425,7 +428,8 @@ def targets(cells: list, guard: str) -> list:
             f"- probing ≤ {TARGET_PROBE:.0%} of one epoch of {ROWS} rows: {verdict(probe_miss)}",
             f"- (diagnostic) ms_shm's choice, timed without ms_shm, within {TARGET_RATIO} of the best: "
             f"{verdict(choice_miss)}",
-            f"- runtime guard per-row cost: {guard}"]
+            f"- runtime guard per-row cost: {guard}",
+            f"- `ms_shm.watch()` overhead: {watcher}"]
 
 
 def guard_cost() -> str:
@@ -438,6 +442,17 @@ def guard_cost() -> str:
         return f"{guard_overhead_us():.1f} µs per row"
     except Exception as exc:  # a broken helper must not lose the whole run's table
         return f"not measured (guard_overhead_us() raised {type(exc).__name__}: {exc})"
+
+
+def watch_cost() -> str:
+    """``bench_watch.py`` in its own process (it imports MindSpore; this parent does not)."""
+    try:
+        proc = subprocess.run([sys.executable, str(HERE / "bench_watch.py")], capture_output=True, text=True,
+                              timeout=600, cwd=str(REPO))
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"not measured ({type(exc).__name__}: {exc})"
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("watch(")), None)
+    return line or f"not measured (bench_watch.py exited {proc.returncode}: {proc.stderr.strip()[-200:]})"
 
 
 def main(argv: list | None = None) -> int:
@@ -493,7 +508,7 @@ def main(argv: list | None = None) -> int:
              f"Command: `{command.strip()}` — {repeat} repeat(s), {time.perf_counter() - started:.0f} s. "
              f"CPU work per row in the cpu workload: {work} iterations = {work_s * 1e3:.1f} ms of CPU in the parent. "
              f"Machine: {os.cpu_count()} CPUs, shared with other jobs; run-to-run noise is about ±20%.", ""]
-    lines += table(cells) + targets(cells, guard_cost()) + details(cells)
+    lines += table(cells) + targets(cells, guard_cost(), watch_cost()) + details(cells)
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

@@ -278,11 +278,13 @@ def build_dataset(source: Any, column_names: Sequence[str] | str | None = None, 
     source = rows.as_mindspore_source(source)
     random_access = rows.is_random_access(source)
     if random_access:
-        stats, probe_rows = rows.measure_random_access(source, names)
+        stats, kept = rows.measure_random_access(
+            source, names, keep_row=reuse.worth_keeping if reuse_probe_rows else (lambda seconds, nbytes: False))
         feed = source
     else:
         stats, probe_rows, feed = rows.measure_iterable(source, names)
         feed = guard_iterable(feed, names)
+        later = _by_column(probe_rows, names)
     req = _request(generator_kwargs, ms, facts, stats)
     blocked = engine.processes_blocker() if random_access and ms is not None else None
     if blocked:
@@ -299,8 +301,9 @@ def build_dataset(source: Any, column_names: Sequence[str] | str | None = None, 
         if p.guard_slots and p.guard_worker_bytes:
             spec = GuardSpec(p.guard_slots, p.guard_worker_bytes, p.row_bytes, _ROW_FIX, p.workers,
                              facts.shm_path, max(1, facts.ranks.local_size) / max(p.budget.fraction, 0.01))
-        cache = reuse.cache_for(stats.indices, probe_rows) if reuse_probe_rows else None
+        cache = reuse.cache_for(list(kept), list(kept.values()))
         feed = GuardedSource(source, names, spec, cache)
+        later = _LateProbeRows(source, names, stats.indices[:4], cache)
         if cache is not None and stats.seconds_per_row is not None:
             p = replace(p, reused_rows=len(cache), reused_seconds=stats.seconds_per_row * len(cache),
                         decisions=p.decisions + (Decision(
@@ -322,7 +325,7 @@ def build_dataset(source: Any, column_names: Sequence[str] | str | None = None, 
     if changes:
         p = replace(p, decisions=p.decisions + tuple(Decision(c.setting, c.new, c.old, c.reason)
                                                      for c in changes))
-    _attach(dataset, p, _by_column(probe_rows, names))
+    _attach(dataset, p, later)
     _log_plan(p, generator_kwargs)
     return dataset
 
@@ -369,7 +372,32 @@ def _by_column(probe_rows: list, names: Sequence[str] | None, count: int = 4) ->
     return out
 
 
-def _attach(dataset: Any, p: Plan, columns: dict) -> None:
+class _LateProbeRows:
+    """The probe rows of a random-access source, for a later ``ms_shm.map``, without holding them.
+
+    Rows the pipeline has not been served yet come from the probe cache; the others are read again from the
+    source (one extra call per row, at ``map`` time). Holding them all for the dataset's life would cost
+    memory, and fresh pages for every row the pipeline produces meanwhile.
+    """
+
+    def __init__(self, source: Any, names: Sequence[str] | None, indices: Sequence[int], cache: Any):
+        self.source, self.names, self.indices, self.cache = source, names, tuple(indices), cache
+
+    def __call__(self) -> dict:
+        out = []
+        for index in self.indices:
+            row = self.cache.peek(index) if self.cache is not None else None
+            if row is None:
+                try:
+                    row = rows.convert_row(self.source[index], index, self.names)
+                except Exception as exc:  # it worked at probe time; map falls back to a short pipeline run
+                    log.debug("ms_shm.map: re-reading probe row %s failed: %s: %s", index, type(exc).__name__, exc)
+                    continue
+            out.append(row)
+        return _by_column(out, self.names)
+
+
+def _attach(dataset: Any, p: Plan, columns: Any) -> None:
     try:
         setattr(dataset, PLAN_ATTR, p)
         setattr(dataset, ROWS_ATTR, columns)
@@ -391,6 +419,8 @@ def plan_of(dataset: Any) -> Plan | None:
 
 def _input_rows(dataset: Any, count: int = 3) -> dict:
     cached = getattr(dataset, ROWS_ATTR, None)
+    if callable(cached):
+        cached = cached()
     if cached:
         return cached
     log.info("ms_shm.map: the input dataset was not built by ms_shm; reading %d rows of it to measure the "

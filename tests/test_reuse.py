@@ -41,6 +41,16 @@ def test_rows_that_could_change_the_data_are_not_kept(why, rows):
     assert reuse.cache_for(range(len(rows)), rows) is None
 
 
+@pytest.mark.parametrize("seconds, nbytes, keep", [
+    (0.0017, 8 << 20, False),  # np.full of 8 MiB on fresh pages: cheaper to read again than to hold
+    (0.020, 256 << 10, True),  # 20 ms of Python work for 256 KiB
+    (0.002, 150 << 10, True),  # a decoded 224x224 RGB image
+    (1e-6, 16, True),  # tiny rows cost nothing to hold
+])
+def test_only_rows_that_cost_more_than_their_memory_are_kept(seconds, nbytes, keep):
+    assert reuse.worth_keeping(seconds, nbytes) is keep
+
+
 def test_views_of_one_array_are_kept_and_large_rows_are_not():
     data = np.arange(100, dtype=np.float32).reshape(10, 10)
     assert reuse.reusable([(data[0],), (data[9],), (data[5],)]) is None  # disjoint slices
@@ -74,6 +84,7 @@ def test_forked_children_share_the_taken_flags():
 
 SOURCE_MODULE = r'''
 import os
+import time
 import numpy as np
 
 class Counted:
@@ -85,6 +96,7 @@ class Counted:
     def __getitem__(self, i):
         with open(self.log, "a") as f:
             f.write(f"{os.getpid()} {int(i)}\n")
+        time.sleep(0.005)  # worth keeping: producing the row costs more than touching 1 MiB of fresh memory
         rng = np.random.default_rng()
         return rng.integers(0, 255, 1 << 20, dtype=np.uint8), np.array(int(i))
 '''

@@ -147,7 +147,16 @@ def test_probe_reads_rows_spread_over_the_source():
     assert stats.indices == tuple(src.calls) and stats.probed == 8 and stats.length == 64
     assert stats.row_bytes_max == 100 + 63 + 8 and stats.row_bytes_min == 108 and stats.ragged
     assert [c.name for c in stats.columns] == ["a", "b"] and stats.columns[0].varies
-    assert [int(r[1]) for r in probe_rows] == src.calls
+    assert list(probe_rows) == src.calls and [int(r[1]) for r in probe_rows.values()] == src.calls
+
+
+def test_probe_keeps_only_the_rows_it_is_told_to():
+    """Rows not kept are dropped at once (holding big cheap rows costs fresh memory); stats still see them."""
+    src = Indexed(64)
+    stats, kept = rows.measure_random_access(src, ["a", "b"], time_fraction=1e9,
+                                             keep_row=lambda seconds, nbytes: nbytes > 150)
+    assert stats.probed == 8 and stats.row_bytes_max == 171 and stats.row_bytes_min == 108
+    assert sorted(kept) == [45, 54, 63] and all(int(r[1]) == i for i, r in kept.items())
 
 
 def test_probe_names_the_failing_index_and_the_original_error():
@@ -168,7 +177,7 @@ def test_a_len_larger_than_the_data_is_named_at_the_probe():
 
 def test_an_empty_source_is_noted_not_probed():
     stats, probe_rows = rows.measure_random_access(Indexed(0), ["a"])
-    assert stats.probed == 0 and probe_rows == [] and "source is empty" in stats.notes
+    assert stats.probed == 0 and probe_rows == {} and "source is empty" in stats.notes
 
 
 def test_a_dict_column_is_probed_as_zero_shared_bytes():

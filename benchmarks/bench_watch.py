@@ -1,0 +1,94 @@
+"""What ``ms_shm.watch()`` costs: its sampler's CPU share of one core, and epochs with and without it.
+
+A real pipeline (``GeneratorDataset``, 2 worker processes, 200 rows of 1 MiB with ~5 ms of pure-Python work
+each) runs rounds of epochs in one process: some epochs bare, then as many inside one watcher at the default
+interval (1 s), so drift on a shared machine hits both sides alike. The sampler times itself with
+``time.thread_time()`` (``WatchSummary.sampler_cpu_fraction``); the epoch ratio is the end-to-end check.
+
+Run:
+    .venv/bin/python benchmarks/bench_watch.py            # ~30 s
+    .venv/bin/python benchmarks/bench_watch.py --rounds 5 --interval 0.5
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+ROWS = 200
+TARGET = 0.01  # of one core, at the default interval
+
+
+def busy(iterations: int) -> int:
+    s = 0
+    for k in range(iterations):
+        s = (s + k * k) % 1000003
+    return s
+
+
+class Source:
+    def __init__(self, work: int) -> None:
+        self.work = work
+
+    def __len__(self) -> int:
+        return ROWS
+
+    def __getitem__(self, i):
+        busy(self.work)
+        return np.full(1 << 20, int(i) % 251, np.uint8), np.array(int(i), np.int64)
+
+
+def epoch(dataset) -> float:
+    t = time.perf_counter()
+    for _ in dataset.create_tuple_iterator(output_numpy=True, num_epochs=1):
+        pass
+    return time.perf_counter() - t
+
+
+def measure(rounds: int = 3, epochs: int = 5, interval: float = 1.0, work: int = 100_000) -> dict:
+    """Rounds of ``epochs`` epochs without, then ``epochs`` epochs inside one watcher (a steady window of
+    several seconds, as in training); returns median epoch times and the sampler's CPU share."""
+    import mindspore.dataset as ds
+
+    from ms_shm import watch
+
+    dataset = ds.GeneratorDataset(Source(work), ["data", "label"], num_parallel_workers=2, shuffle=False,
+                                  python_multiprocessing=True)
+    epoch(dataset)  # warm-up: workers started, slots created
+    bare, watched, fractions = [], [], []
+    for _ in range(rounds):
+        bare += [epoch(dataset) for _ in range(epochs)]
+        with watch(interval=interval) as w:
+            for _ in range(epochs):
+                watched.append(epoch(dataset))
+                w.mark_epoch()
+        fractions.append(w.summary.sampler_cpu_fraction or 0.0)
+    return {"interval_s": interval, "epoch_bare_s": statistics.median(bare),
+            "epoch_watched_s": statistics.median(watched),
+            "ratio": statistics.median(watched) / statistics.median(bare),
+            "sampler_cpu_fraction": statistics.median(fractions), "epochs": len(watched)}
+
+
+def main(argv: list | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=5, help="epochs per round and side")
+    parser.add_argument("--interval", type=float, default=1.0)
+    args = parser.parse_args(argv)
+    r = measure(args.rounds, args.epochs, args.interval)
+    verdict = "met" if r["sampler_cpu_fraction"] < TARGET else "NOT met"
+    print(f"watch(interval={r['interval_s']:g}): sampler {r['sampler_cpu_fraction']:.2%} of one core "
+          f"(target < {TARGET:.0%}: {verdict}); epoch {r['epoch_watched_s']:.2f} s watched vs "
+          f"{r['epoch_bare_s']:.2f} s bare (ratio {r['ratio']:.3f}, medians of {r['epochs']} epochs each side)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

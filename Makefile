@@ -28,6 +28,8 @@ test: install lint
 bench: install
 	$(PY) benchmarks/bench_core.py
 	$(PY) benchmarks/bench_cow.py
+	$(PY) benchmarks/bench_guard.py
+	$(PY) benchmarks/bench_watch.py
 
 doctor: install
 	$(VENV)/bin/ms-shm doctor

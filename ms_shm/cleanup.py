@@ -208,10 +208,24 @@ class _Processes:
             self.error: str | None = f"cannot list {self.proc}: {type(exc).__name__}: {exc}"
             return
         self.error = None
-        self.live = {int(name) for name in names if name.isdigit()}
+        self.live = {int(name) for name in names if name.isdigit() and not self._zombie(name)}
         for pid in self.live:
             self._scan_fds(pid)
             self._scan_maps(pid)
+
+    def _zombie(self, pid: str) -> bool:
+        """A killed process its parent has not reaped yet: it holds no fds or mappings, so it counts as dead.
+
+        Seen after ``kill -9`` of a pipeline whose launcher (a shell, a supervisor) does not wait for it.
+        Unreadable means alive: the safe answer.
+        """
+        try:
+            text = (self.proc / pid / "stat").read_text(errors="replace")
+        except OSError:
+            return False
+        _, _, rest = text.rpartition(")")
+        fields = rest.split()
+        return bool(fields) and fields[0] in ("Z", "X")
 
     def _scan_fds(self, pid: int) -> None:
         fd_dir = self.proc / str(pid) / "fd"

@@ -188,6 +188,22 @@ def test_dev_shm_patterns_of_dead_pids_are_removed(host, rmid):
     assert all(path.exists() for path in bystanders)
 
 
+def test_an_unreaped_zombie_counts_as_dead(host, rmid):
+    """``kill -9`` of a pipeline launched by a shell that never waits leaves its main process a zombie: it
+    holds nothing, so its leftovers go; a process in any other state (or with an unreadable stat) stays live."""
+    zombie, sleeping = 4242, 4343
+    host.live(zombie)
+    (host.root / "proc" / str(zombie) / "stat").write_text(f"{zombie} (python (x)) Z 1 4242 4242 0 -1\n")
+    host.live(sleeping)
+    (host.root / "proc" / str(sleeping) / "stat").write_text(f"{sleeping} (python) S 1 4343 4343 0 -1\n")
+    gone = host.dev_shm(f"mindspore_{zombie}_1_0")
+    kept = host.dev_shm(f"mindspore_{sleeping}_1_0")
+    kept_unreadable = host.dev_shm(f"mindspore_{LIVE}_1_0")
+    report = clean(dry_run=False, root=host.root, uid=0)
+    assert [Path(item.name).name for item in report.leftovers] == [gone.name]
+    assert not gone.exists() and kept.exists() and kept_unreadable.exists()
+
+
 def test_symlinks_are_never_followed_or_removed(host, rmid, tmp_path_factory):
     outside = tmp_path_factory.mktemp("victim") / "precious"
     outside.write_text("keep me")

@@ -18,6 +18,27 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
+def private_tmp(size: str = "64m") -> str:
+    """Shell lines that put a fresh tmpfs on /tmp, keeping the checkout and the interpreter visible.
+
+    MindSpore writes its ``/tmp/dataset_ipc_*`` key files to the fixed path /tmp, so fault tests give each run
+    its own /tmp. A checkout or virtualenv that itself lives under /tmp (a CI runner's workspace) would vanish
+    under the new mount; those directories are bound back from a saved view of the old /tmp.
+    """
+    needed = {REPO, Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(),
+              Path(sys.executable).resolve().parent}
+    keep = sorted(p for p in needed if p.is_relative_to("/tmp"))
+    mount = f"mount -t tmpfs -o size={size} tmpfs /tmp"
+    if not keep:
+        return mount
+    lines = ['saved=$(mktemp -d /var/tmp/ms_shm_oldtmp.XXXXXX)', 'mount --bind /tmp "$saved"', mount]
+    for path in keep:
+        rel = shlex.quote(str(path.relative_to("/tmp")))
+        lines += [f"mkdir -p /tmp/{rel}", f'mount --bind "$saved"/{rel} /tmp/{rel}']
+    lines += ['umount "$saved"', 'rmdir "$saved"']
+    return " && ".join(lines)
+
+
 @lru_cache(maxsize=None)
 def unavailable() -> str | None:
     """Why a private /dev/shm cannot be made here, or None when it can."""

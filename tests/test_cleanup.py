@@ -412,7 +412,7 @@ def _run_private_ipc(code: str, timeout: float = 300) -> subprocess.CompletedPro
     from tests import isolated
 
     env = dict(os.environ, PYTHONPATH=str(isolated.REPO), GLOG_v="3")
-    script = ("mount -t tmpfs -o size=64m tmpfs /dev/shm && mount -t tmpfs -o size=64m tmpfs /tmp && "
+    script = (f"mount -t tmpfs -o size=64m tmpfs /dev/shm && {isolated.private_tmp()} && "
               f"exec {sys.executable} -c \"$MS_SHM_CODE\"")
     env["MS_SHM_CODE"] = textwrap.dedent(code)
     return subprocess.run(["unshare", "-m", "-i", "--propagation", "private", "sh", "-c", script],

@@ -52,7 +52,7 @@ def drive(name: str, *args: str, shm: str = "64m", timeout: float = 150) -> dict
     and ``clean(dry_run=False)`` can only ever remove what the scenario leaked.
     """
     env = dict(os.environ, PYTHONPATH=str(isolated.REPO), GLOG_v="2")
-    script = (f"mount -t tmpfs -o size={shm} tmpfs /dev/shm && mount -t tmpfs -o size=64m tmpfs /tmp && "
+    script = (f"mount -t tmpfs -o size={shm} tmpfs /dev/shm && {isolated.private_tmp()} && "
               f"exec {sys.executable} -m tests.fault_scenarios drive {name} " + " ".join(args))
     proc = subprocess.run(["unshare", "-m", "-i", "--propagation", "private", "sh", "-c", script],
                           capture_output=True, text=True, timeout=timeout, env=env, cwd=str(isolated.REPO))

@@ -305,12 +305,7 @@ def build_dataset(source: Any, column_names: Sequence[str] | str | None = None, 
         feed = GuardedSource(source, names, spec, cache)
         later = _LateProbeRows(source, names, stats.indices[:4], cache)
         if cache is not None and stats.seconds_per_row is not None:
-            p = replace(p, reused_rows=len(cache), reused_seconds=stats.seconds_per_row * len(cache),
-                        decisions=p.decisions + (Decision(
-                "reuse_probe_rows", len(cache), 0,
-                f"the {len(cache)} probe rows ({stats.seconds_per_row * len(cache) * 1e3:.1f} ms to read) are "
-                f"served to the first request for their index instead of being read again; "
-                f"build_dataset(..., reuse_probe_rows=False) reads them again"),))
+            p = _with_reuse(p, len(cache), stats.seconds_per_row * len(cache))
     kwargs = dict(generator_kwargs)
     changes = _apply_globals(p, ms)
     if random_access:
@@ -328,6 +323,13 @@ def build_dataset(source: Any, column_names: Sequence[str] | str | None = None, 
     _attach(dataset, p, later)
     _log_plan(p, generator_kwargs)
     return dataset
+
+
+def _with_reuse(p: Plan, count: int, seconds: float) -> Plan:
+    why = (f"the {count} probe rows ({seconds * 1e3:.1f} ms to read) are served to the first request for their "
+           f"index instead of being read again; build_dataset(..., reuse_probe_rows=False) reads them again")
+    return replace(p, reused_rows=count, reused_seconds=seconds,
+                   decisions=p.decisions + (Decision("reuse_probe_rows", count, 0, why),))
 
 
 _ROW_FIX = "lower num_parallel_workers, or pass python_multiprocessing=False to build_dataset"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import resource
+import statistics
 import textwrap
 import threading
 import time
@@ -463,6 +464,7 @@ def map(dataset: Any, operations: Any, input_columns: Sequence[str] | str | None
     count = min(len(v) for v in available.values()) if available else 0
     in_bytes = out_bytes = 0
     wall = cpu = 0.0
+    walls: list = []
     produced: dict = {c: [] for c in outs}
     for i in range(count):
         # Copies: an operation that works in place must not alter rows the pipeline will still serve.
@@ -475,7 +477,8 @@ def map(dataset: Any, operations: Any, input_columns: Sequence[str] | str | None
             raise RuntimeError(f"ms_shm.map: the operations raised {type(exc).__name__}: {exc} on probe row {i} "
                                f"(input columns {ins}), before any worker started. Fix the operation or "
                                f"input_columns.") from exc
-        wall += time.perf_counter() - w0
+        walls.append(time.perf_counter() - w0)
+        wall += walls[-1]
         cpu += time.thread_time() - c0
         in_bytes = max(in_bytes, sum(int(a.nbytes) for a in args if hasattr(a, "nbytes")))
         out_bytes = max(out_bytes, sum(int(r.nbytes) for r in result))
@@ -491,7 +494,9 @@ def map(dataset: Any, operations: Any, input_columns: Sequence[str] | str | None
     memory_left = facts.mem_available
     if facts.cgroup_mem_limit and facts.cgroup_mem_usage is not None:
         memory_left = min(memory_left or facts.cgroup_mem_limit, facts.cgroup_mem_limit - facts.cgroup_mem_usage)
-    p = planner.plan_map(in_bytes, out_bytes, wall / count if count else None, (cpu / wall) if wall else None,
+    # The median, as for source rows: an operation's first call may set itself up (a lazy import, a table).
+    p = planner.plan_map(in_bytes, out_bytes, statistics.median(walls) if walls else None,
+                         (cpu / wall) if wall else None,
                          None, req, _budget(facts), profile, shmmax=facts.shmmax,
                          memory_left=memory_left)
     kwargs = dict(map_kwargs)

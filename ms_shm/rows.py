@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import statistics
 import time
 import types
 from dataclasses import dataclass, field
@@ -55,7 +56,7 @@ class RowStats(Result):
     columns: tuple
     row_bytes_max: int
     row_bytes_min: int
-    seconds_per_row: float | None
+    seconds_per_row: float | None  # median over the probe rows: a cold first call (lazy init) is not an epoch's
     cpu_fraction: float | None  # thread CPU time / wall time while fetching: low means I/O-bound
     probe_seconds: float
     notes: tuple = field(default_factory=tuple)
@@ -202,12 +203,14 @@ class _Probe:
     wall: float = 0.0
     cpu: float = 0.0
     last: float = 0.0
+    walls: list = field(default_factory=list)
 
     def fetch(self, fetch) -> Any:
         """Call ``fetch()`` and add its wall and CPU time to the probe's account."""
         w0, c0 = time.perf_counter(), time.thread_time()
         row = fetch()
         self.last = time.perf_counter() - w0
+        self.walls.append(self.last)
         self.wall += self.last
         self.cpu += time.thread_time() - c0
         return row
@@ -237,7 +240,7 @@ class _Probe:
         n = len(self.indices)
         return RowStats(random_access, length, n, tuple(self.indices), tuple(columns),
                         max(self.sizes, default=0), min(self.sizes, default=0),
-                        self.wall / n if n else None,
+                        statistics.median(self.walls) if self.walls else None,
                         (self.cpu / self.wall) if self.wall > 0 else None,
                         time.perf_counter() - started, tuple(notes))
 

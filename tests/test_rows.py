@@ -291,3 +291,23 @@ def test_replay_without_probe_rows_restarts_the_source():
 def test_is_random_access_needs_both_getitem_and_len():
     assert rows.is_random_access(Indexed(3)) and rows.is_random_access([1])
     assert not rows.is_random_access(Iterable()) and not rows.is_random_access(generator_function)
+
+
+def test_a_slow_first_call_does_not_set_the_time_per_row():
+    """Lazy set-up in the first ``__getitem__`` (an index file, a lookup table) happens once, not once per row."""
+    import time as _time
+
+    class LazyInit:
+        ready = False
+
+        def __len__(self):
+            return 100
+
+        def __getitem__(self, i):
+            if not self.ready:
+                _time.sleep(0.05)
+                self.ready = True
+            return np.zeros(8), np.array(i)
+
+    stats, _ = rows.measure_random_access(LazyInit(), ["a", "b"], time_fraction=1e9)
+    assert stats.probed == 8 and stats.seconds_per_row < 0.01

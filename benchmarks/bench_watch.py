@@ -3,7 +3,9 @@
 A real pipeline (``GeneratorDataset``, 2 worker processes, 200 rows of 1 MiB with ~5 ms of pure-Python work
 each) runs rounds of epochs in one process: some epochs bare, then as many inside one watcher at the default
 interval (1 s), so drift on a shared machine hits both sides alike. The sampler times itself with
-``time.thread_time()`` (``WatchSummary.sampler_cpu_fraction``); the epoch ratio is the end-to-end check.
+``time.thread_time()`` (``WatchSummary.sampler_cpu_fraction``): that is the measure. The epoch ratio is an
+end-to-end sanity check only: this pipeline's epochs are themselves 0.84 s or 0.94 s on the reference machine,
+with or without a watcher, so the ratio of medians lands on 1.00 or 1.11 from run to run.
 
 Run:
     .venv/bin/python benchmarks/bench_watch.py            # ~30 s

@@ -282,18 +282,14 @@ class Cell:
         names = [c["name"] for c in self.configs if c["kind"] == "grid"]
         return sum(self.crashed(n) is not None for n in names), len(names)
 
-    def probe_fraction(self) -> float | None:
+    def probe_fraction(self, net: bool = True) -> float | None:
+        """Probing's share of ms_shm's epoch; ``net`` subtracts the probe rows the pipeline was served."""
         runs = self.runs["ms_shm"]
         if not runs or self.crashed("ms_shm"):
             return None
-        return statistics.median((r["build_s"] - r["construct_s"] - r.get("reused_s", 0.0)) / r["epoch_s"]
-                                 for r in runs)
-
-    def gross_probe_fraction(self) -> float | None:
-        runs = self.runs["ms_shm"]
-        if not runs or self.crashed("ms_shm"):
-            return None
-        return statistics.median((r["build_s"] - r["construct_s"]) / r["epoch_s"] for r in runs)
+        return statistics.median(
+            (r["build_s"] - r["construct_s"] - (r.get("reused_s", 0.0) if net else 0.0)) / r["epoch_s"]
+            for r in runs)
 
     def ms_plan(self) -> dict | None:
         return next((r.get("plan") for r in self.runs["ms_shm"] if r.get("plan")), None)
@@ -363,7 +359,7 @@ def table(cells: list) -> list:
         decision = f"{best / same:.2f}" if best and same else "-"
         overhead = f"{(ms - same) * 1e3:+.0f} ms" if ms and same else "-"
         vs_raw = f"{ms / raw:.2f}" if raw and ms else "-"
-        probe, gross = cell.probe_fraction(), cell.gross_probe_fraction()
+        probe, gross = cell.probe_fraction(), cell.probe_fraction(net=False)
         probe_text = "-" if probe is None else f"{probe:.1%} ({gross:.1%})"
         crashed, total = cell.grid_crashes()
         lines.append(

@@ -306,7 +306,7 @@ def build_dataset(source: Any, column_names: Sequence[str] | str | None = None, 
         feed = GuardedSource(source, names, spec, cache)
         later = _LateProbeRows(source, names, stats.indices[:4], cache)
         if cache is not None and stats.seconds_per_row is not None:
-            p = _with_reuse(p, len(cache), stats.seconds_per_row * len(cache))
+            p = _with_reuse(p, len(cache), stats.seconds_per_row * len(cache))  # median x count: an estimate
     kwargs = dict(generator_kwargs)
     changes = _apply_globals(p, ms)
     if random_access:
@@ -327,7 +327,7 @@ def build_dataset(source: Any, column_names: Sequence[str] | str | None = None, 
 
 
 def _with_reuse(p: Plan, count: int, seconds: float) -> Plan:
-    why = (f"the {count} probe rows ({seconds * 1e3:.1f} ms to read) are served to the first request for their "
+    why = (f"the {count} probe rows (about {seconds * 1e3:.1f} ms to read) are served to the first request for their "
            f"index instead of being read again; build_dataset(..., reuse_probe_rows=False) reads them again")
     return replace(p, reused_rows=count, reused_seconds=seconds,
                    decisions=p.decisions + (Decision("reuse_probe_rows", count, 0, why),))
@@ -463,7 +463,7 @@ def map(dataset: Any, operations: Any, input_columns: Sequence[str] | str | None
                          f"{all_names}. Fix: pass input_columns from that list.")
     count = min(len(v) for v in available.values()) if available else 0
     in_bytes = out_bytes = 0
-    wall = cpu = 0.0
+    cpu = 0.0
     walls: list = []
     produced: dict = {c: [] for c in outs}
     for i in range(count):
@@ -478,7 +478,6 @@ def map(dataset: Any, operations: Any, input_columns: Sequence[str] | str | None
                                f"(input columns {ins}), before any worker started. Fix the operation or "
                                f"input_columns.") from exc
         walls.append(time.perf_counter() - w0)
-        wall += walls[-1]
         cpu += time.thread_time() - c0
         in_bytes = max(in_bytes, sum(int(a.nbytes) for a in args if hasattr(a, "nbytes")))
         out_bytes = max(out_bytes, sum(int(r.nbytes) for r in result))
@@ -496,7 +495,7 @@ def map(dataset: Any, operations: Any, input_columns: Sequence[str] | str | None
         memory_left = min(memory_left or facts.cgroup_mem_limit, facts.cgroup_mem_limit - facts.cgroup_mem_usage)
     # The median, as for source rows: an operation's first call may set itself up (a lazy import, a table).
     p = planner.plan_map(in_bytes, out_bytes, statistics.median(walls) if walls else None,
-                         (cpu / wall) if wall else None,
+                         (cpu / sum(walls)) if sum(walls) else None,
                          None, req, _budget(facts), profile, shmmax=facts.shmmax,
                          memory_left=memory_left)
     kwargs = dict(map_kwargs)

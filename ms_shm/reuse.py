@@ -2,8 +2,8 @@
 
 ``build_dataset`` must read a few rows before it can plan. Reading them again in the first epoch doubles
 that work: for rows that take milliseconds to produce (a decoded image, a row of Python work) three probe
-rows are 3% of a 100-row epoch read twice, more with fewer rows. Instead the first request for a probed index gets the row the probe already
-holds, exactly as if ``source[i]`` had been called once, at build time.
+rows are 3% of a 100-row epoch read twice, more with fewer rows. Instead the first request for a probed
+index gets the row the probe already holds, exactly as if ``source[i]`` had been called once, at build time.
 
 Each probed index is served once in total, across threads and forked workers: a one-byte flag per row in an
 anonymous shared mapping (created before the workers fork) marks it taken. A random augmentation therefore

@@ -200,18 +200,18 @@ class _Probe:
     kept: dict = field(default_factory=dict)
     skeletons: list = field(default_factory=list)
     sizes: list = field(default_factory=list)
-    wall: float = 0.0
+    walls: list = field(default_factory=list)  # seconds each fetch took, in probing order
     cpu: float = 0.0
-    last: float = 0.0
-    walls: list = field(default_factory=list)
+
+    @property
+    def wall(self) -> float:
+        return sum(self.walls)
 
     def fetch(self, fetch) -> Any:
         """Call ``fetch()`` and add its wall and CPU time to the probe's account."""
         w0, c0 = time.perf_counter(), time.thread_time()
         row = fetch()
-        self.last = time.perf_counter() - w0
-        self.walls.append(self.last)
-        self.wall += self.last
+        self.walls.append(time.perf_counter() - w0)
         self.cpu += time.thread_time() - c0
         return row
 
@@ -220,7 +220,7 @@ class _Probe:
         self.indices.append(index)
         self.sizes.append(row_bytes(converted))
         self.skeletons.append(tuple(_skeleton(c) for c in converted))
-        if self.keep_row is None or self.keep_row(self.last, self.sizes[-1]):
+        if self.keep_row is None or self.keep_row(self.walls[-1], self.sizes[-1]):
             self.kept[index] = converted
 
     def stats(self, random_access: bool, length: int | None, started: float, notes: list) -> RowStats:
@@ -241,7 +241,7 @@ class _Probe:
         return RowStats(random_access, length, n, tuple(self.indices), tuple(columns),
                         max(self.sizes, default=0), min(self.sizes, default=0),
                         statistics.median(self.walls) if self.walls else None,
-                        (self.cpu / self.wall) if self.wall > 0 else None,
+                        (self.cpu / wall) if (wall := self.wall) > 0 else None,
                         time.perf_counter() - started, tuple(notes))
 
 

@@ -16,7 +16,7 @@ from ms_shm.api import TuneReport, build_dataset, map, plan_of, probe, reset, tu
 from ms_shm.budget import Budget
 from ms_shm.cleanup import CleanReport, Leftover, clean
 from ms_shm.cow import CowFinding
-from ms_shm.guard import RowTooLargeError, ShmFullError, SourceError
+from ms_shm.guard import RowTooLargeError, ShmFullError
 from ms_shm.host import HostFacts
 from ms_shm.plan import Decision, Plan, ShmBudgetError
 from ms_shm.rows import RowError, RowStats
@@ -30,7 +30,7 @@ __version__ = "0.1.0"
 __all__ = [
     "tune", "build_dataset", "map", "plan_of", "probe", "reset",
     "TuneReport", "Plan", "Decision", "Budget", "HostFacts", "RowStats",
-    "ShmBudgetError", "RowError", "RowTooLargeError", "ShmFullError", "SourceError",
+    "ShmBudgetError", "RowError", "RowTooLargeError", "ShmFullError",
     "clean", "CleanReport", "Leftover", "watch", "Watcher", "WatchSummary",
     "SharedList", "SharedDict", "CowFinding",
 ]

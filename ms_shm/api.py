@@ -9,25 +9,21 @@ from __future__ import annotations
 
 import logging
 import resource
-import statistics
 import textwrap
 import threading
-import time
 import weakref
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from ms_shm import budget as budget_mod
-from ms_shm import engine, host, model, reuse, rows
+from ms_shm import engine, host, measure, model, rows
 from ms_shm import plan as planner
 from ms_shm._results import Result, mib
-from ms_shm.guard import GuardedSource, GuardSpec, guard_iterable
+from ms_shm.guard import GuardedSource, GuardSpec
 from ms_shm.plan import Decision, Plan, ShmBudgetError
 
 log = logging.getLogger("ms_shm")
 
-PLAN_ATTR = "ms_shm_plan"
-ROWS_ATTR = "_ms_shm_rows"
 NOFILE_TARGET = 65536  # what tune() raises a low soft limit to, within the hard limit
 
 
@@ -209,16 +205,11 @@ def _current_nofile(facts: host.HostFacts) -> host.HostFacts:
     return replace(facts, nofile_soft=None if soft == inf else soft, nofile_hard=None if hard == inf else hard)
 
 
-def _request(kwargs: dict, ms: Any, facts: host.HostFacts, stats: rows.RowStats) -> planner.Request:
-    rows_per_epoch = stats.length
-    if kwargs.get("num_samples"):
-        rows_per_epoch = min(rows_per_epoch or kwargs["num_samples"], kwargs["num_samples"])
-    if kwargs.get("num_shards") and rows_per_epoch:
-        rows_per_epoch = -(-rows_per_epoch // kwargs["num_shards"])
+def _request(kwargs: dict, ms: Any, facts: host.HostFacts, rows_per_epoch: int | None) -> planner.Request:
     return planner.Request(
         workers=kwargs.get("num_parallel_workers"),
         multiprocessing=kwargs.get("python_multiprocessing"),
-        max_rowsize=kwargs.get("max_rowsize") if (kwargs.get("max_rowsize") or -1) > 0 else None,
+        max_rowsize=model.max_rowsize_mb(kwargs.get("max_rowsize")),
         prefetch=ms.prefetch_size if ms and ms.prefetch_size else model.DEFAULT_PREFETCH,
         shared_mem=bool(ms.shared_mem) if ms and ms.shared_mem is not None else True,
         can_switch_shared_mem=bool(ms and ms.has_shared_mem_switch),
@@ -245,28 +236,57 @@ def _inspect_copy_on_read(source: Any, workers: int, facts: host.HostFacts, star
         cow.log_findings(findings)
 
 
+def _column_names(column_names: Any, kwargs: dict) -> tuple | None:
+    if isinstance(column_names, str):
+        return (column_names,)
+    if column_names is not None:
+        return tuple(column_names)
+    schema = kwargs.get("schema")
+    names = getattr(schema, "columns", None)
+    if isinstance(names, list):
+        return tuple(c.get("name") if isinstance(c, dict) else str(c) for c in names)
+    return None
+
+
+def _probe_blocker(kwargs: dict) -> str | None:
+    """Why a random-access source is not read ahead at all (MindSpore makes its rows some other way)."""
+    if kwargs.get("batch_sampler") is not None:
+        return "a batch_sampler (and collate_fn) make the rows, so single rows say little: not read ahead"
+    return None
+
+
+def _lock_mode(req: planner.Request, why: str, default_multiprocessing: bool) -> tuple:
+    """Rows that depend on which worker reads them keep MindSpore's own mode and workers."""
+    workers = req.workers if req.workers is not None else 1
+    multiprocessing = req.multiprocessing if req.multiprocessing is not None else default_multiprocessing
+    reason = (f"{why}: rows depend on which process or thread reads them, so MindSpore's own mode is kept "
+              f"(num_parallel_workers={workers}, python_multiprocessing={multiprocessing}); only prefetch and "
+              f"the shared-memory switch may change")
+    return replace(req, workers=workers, multiprocessing=multiprocessing), Decision("mode_locked", True, False,
+                                                                                  reason)
+
+
 def build_dataset(source: Any, column_names: Sequence[str] | str | None = None, share_lists: bool = False,
-                  reuse_probe_rows: bool = True, **generator_kwargs: Any):
+                  **generator_kwargs: Any):
     """A ``mindspore.dataset.GeneratorDataset`` whose transport, workers and prefetch fit this host.
 
-    Takes every ``GeneratorDataset`` argument. A few rows are measured first (spread over a random-access
-    source; the first rows of an iterable, re-emitted so nothing is lost or duplicated) and validated, the
-    pipeline's peak shared memory is predicted, and the fastest configuration that fits is built. Arguments
-    passed explicitly are kept.
+    Takes every ``GeneratorDataset`` argument and yields exactly what ``GeneratorDataset`` yields with them.
+    A random-access source is measured first, in a forked probe child (a few rows spread over it), so the
+    probe has no effect on the source, the random state or the rows; the pipeline's peak shared memory is
+    predicted, and the fastest configuration that fits is built. An iterable or generator source is read by
+    MindSpore in the main process and uses no shared memory: it is passed on untouched. Arguments passed
+    explicitly are kept; where rows depend on which worker reads them (the source draws random numbers or
+    keeps state), MindSpore's own mode and workers are kept too.
 
     Args:
         source: random-access source (``__getitem__`` and ``__len__``), iterable, or generator function.
         column_names: as for ``GeneratorDataset``.
         share_lists: replace large Python lists held by the source with ``ms_shm.SharedList``
             (copy-on-read fix), logging each swap.
-        reuse_probe_rows: serve each row the probe read (random-access source) to the first request for its
-            index instead of calling ``source[i]`` again, so probing costs nothing when rows are expensive.
-            Pass ``False`` when the source must see every call (e.g. it counts calls, or you change its
-            transform after ``build_dataset``).
         **generator_kwargs: passed to ``GeneratorDataset``.
 
     Returns:
-        mindspore.dataset.GeneratorDataset: with the plan attached (``ms_shm.plan_of(dataset)``).
+        mindspore.dataset.GeneratorDataset: its plan is ``ms_shm.plan_of(dataset)``.
 
     Raises:
         ms_shm.RowError: a probe row MindSpore cannot carry (names the column, the row and the fix).
@@ -275,62 +295,83 @@ def build_dataset(source: Any, column_names: Sequence[str] | str | None = None, 
     """
     facts = _current_nofile(_SESSION.host_facts())
     ms = engine.read_config()
-    names = [column_names] if isinstance(column_names, str) else column_names
-    source = rows.as_mindspore_source(source)
+    names = _column_names(column_names, generator_kwargs)
     random_access = rows.is_random_access(source)
-    if random_access:
-        stats, kept = rows.measure_random_access(
-            source, names, keep_row=reuse.worth_keeping if reuse_probe_rows else (lambda seconds, nbytes: False))
-        feed = source
-    else:
-        stats, probe_rows, feed = rows.measure_iterable(source, names)
-        feed = guard_iterable(feed, names)
-        later = _by_column(probe_rows, names)
-    req = _request(generator_kwargs, ms, facts, stats)
-    blocked = engine.processes_blocker() if random_access and ms is not None else None
-    if blocked:
-        req = _without_processes(req, blocked)
+    req = _request(generator_kwargs, ms, facts, None)
     profile = model.profile_for(ms.version if ms else facts.mindspore_version)
     b = _budget(facts)
-    p = planner.plan_generator(stats, req, b, profile)
-    if blocked:
-        p = replace(p, decisions=p.decisions + (Decision("python_multiprocessing", False, True, blocked),))
-    if random_access and p.python_multiprocessing and p.workers > 1:
+    if not random_access:
+        p = planner.plan_iterable(req, b, profile)
+        lineage = measure.IterableLineage(source, names) if names else measure.Unavailable("no column names")
+        return _build(source, column_names, generator_kwargs, p, ms, lineage, "iterable")
+    blocked = _probe_blocker(generator_kwargs)
+    probe = measure.StageProbe(None, unmeasured=blocked) if blocked else \
+        measure.probe_random_access(source, names, engine.row_check())
+    decisions = []
+    if probe.stats is not None:
+        req = replace(req, rows_per_epoch=_rows_per_epoch(generator_kwargs, probe.stats.length))
+    if probe.effects.order_dependent:
+        req, locked = _lock_mode(req, probe.effects.order_dependent, True)
+        decisions.append(locked)
+    blocker = engine.processes_blocker() if ms is not None else None
+    if blocker:
+        req = _without_processes(req, blocker)
+    if probe.stats is None:
+        p = planner.plan_unmeasured(req, b, profile, probe.unmeasured)
+    else:
+        p = planner.plan_generator(probe.stats, req, b, profile)
+    if blocker:
+        decisions.append(Decision("python_multiprocessing", False, True, blocker))
+    p = replace(p, decisions=tuple(decisions) + p.decisions)
+    if p.python_multiprocessing and p.workers > 1:
         _inspect_copy_on_read(source, p.workers, facts, req.start_method, share_lists)
-    if random_access:
-        spec = None
-        if p.guard_slots and p.guard_worker_bytes:
-            spec = GuardSpec(p.guard_slots, p.guard_worker_bytes, p.row_bytes, _ROW_FIX, p.workers,
-                             facts.shm_path, max(1, facts.ranks.local_size) / max(p.budget.fraction, 0.01))
-        cache = reuse.cache_for(list(kept), list(kept.values()))
-        feed = GuardedSource(source, names, spec, cache)
-        later = _LateProbeRows(source, names, stats.indices[:4], cache)
-        if cache is not None and stats.seconds_per_row is not None:
-            p = _with_reuse(p, len(cache), stats.seconds_per_row * len(cache))  # median x count: an estimate
-    kwargs = dict(generator_kwargs)
+    feed = source
+    if p.guard_slots and p.guard_worker_bytes:
+        feed = GuardedSource(source, GuardSpec(
+            p.guard_slots, p.guard_worker_bytes, p.row_bytes, _ROW_FIX, p.workers, facts.shm_path,
+            max(1, facts.ranks.local_size) / max(p.budget.fraction, 0.01)))
+    lineage = measure.SourceLineage(source, names, probe.stats.indices[:4]) if probe.stats and names else \
+        measure.Unavailable(probe.unmeasured or "no column names")
+    return _build(feed, column_names, generator_kwargs, p, ms, lineage, type(source).__name__)
+
+
+def _build(feed: Any, column_names: Any, asked: dict, p: Plan, ms: Any, lineage: measure.Lineage, what: str):
+    """Apply the plan: MindSpore's globals first, then ``GeneratorDataset`` with only the settings it changed."""
     changes = _apply_globals(p, ms)
-    if random_access:
-        kwargs["num_parallel_workers"] = p.workers
-        kwargs["python_multiprocessing"] = p.python_multiprocessing
-        if p.max_rowsize is not None and "max_rowsize" not in generator_kwargs:
-            kwargs["max_rowsize"] = p.max_rowsize
+    kwargs = dict(asked)
+    _set_if_changed(kwargs, "num_parallel_workers", p.workers, 1)
+    _set_if_changed(kwargs, "python_multiprocessing", p.python_multiprocessing, True)
+    if p.max_rowsize is not None and kwargs.get("max_rowsize") is None:
+        kwargs["max_rowsize"] = p.max_rowsize
     dataset = engine.generator_dataset(feed, column_names, kwargs)
-    reservation = _SESSION.ledger.reserve(f"GeneratorDataset({type(source).__name__})", p.predicted_shm,
-                                          p.predicted_fds)
-    weakref.finalize(dataset, _SESSION.ledger.release, reservation.key)
     if changes:
         p = replace(p, decisions=p.decisions + tuple(Decision(c.setting, c.new, c.old, c.reason)
                                                      for c in changes))
-    _attach(dataset, p, later)
-    _log_plan(p, generator_kwargs)
+    _register(dataset, p, lineage, f"GeneratorDataset({what})")
+    _log_plan(p, asked)
     return dataset
 
 
-def _with_reuse(p: Plan, count: int, seconds: float) -> Plan:
-    why = (f"the {count} probe rows (about {seconds * 1e3:.1f} ms to read) are served to the first request for their "
-           f"index instead of being read again; build_dataset(..., reuse_probe_rows=False) reads them again")
-    return replace(p, reused_rows=count, reused_seconds=seconds,
-                   decisions=p.decisions + (Decision("reuse_probe_rows", count, 0, why),))
+def _set_if_changed(kwargs: dict, key: str, value: Any, default: Any) -> None:
+    """Pass a setting only when it differs from what MindSpore would use, so the call stays the user's."""
+    if kwargs.get(key, default) != value:
+        kwargs[key] = value
+
+
+def _register(dataset: Any, p: Plan, lineage: measure.Lineage, label: str) -> None:
+    reservation = _SESSION.ledger.reserve(label, p.predicted_shm, p.predicted_fds)
+    weakref.finalize(dataset, _SESSION.ledger.release, reservation.key)
+    measure.remember(dataset, p, lineage)
+
+
+def _rows_per_epoch(kwargs: dict, length: int | None) -> int | None:
+    """This rank's rows per epoch, as MindSpore's sampler will draw them (``num_samples``, ``num_shards``)."""
+    n = length
+    if kwargs.get("num_samples"):
+        n = min(n or kwargs["num_samples"], kwargs["num_samples"])
+    if kwargs.get("num_shards") and n:
+        n = -(-n // kwargs["num_shards"])
+    return n
 
 
 _ROW_FIX = "lower num_parallel_workers, or pass python_multiprocessing=False to build_dataset"
@@ -364,154 +405,101 @@ def _apply_globals(p: Plan, ms: Any) -> list:
     return [c for c in out if c]
 
 
-def _by_column(probe_rows: list, names: Sequence[str] | None, count: int = 4) -> dict:
-    """The probe rows by column name, for a later ``ms_shm.map`` to run its operations on."""
-    if not names:
-        return {}
-    out: dict = {n: [] for n in names}
-    for row in probe_rows[:count]:
-        for n, value in zip(names, row):
-            out[n].append(value)
-    return out
-
-
-class _LateProbeRows:
-    """The probe rows of a random-access source, for a later ``ms_shm.map``, without holding them.
-
-    Rows the pipeline has not been served yet come from the probe cache; the others are read again from the
-    source (one extra call per row, at ``map`` time). Holding them all for the dataset's life would cost
-    memory, and fresh pages for every row the pipeline produces meanwhile.
-    """
-
-    def __init__(self, source: Any, names: Sequence[str] | None, indices: Sequence[int], cache: Any):
-        self.source, self.names, self.indices, self.cache = source, names, tuple(indices), cache
-
-    def __call__(self) -> dict:
-        out = []
-        for index in self.indices:
-            row = self.cache.peek(index) if self.cache is not None else None
-            if row is None:
-                try:
-                    row = rows.convert_row(self.source[index], index, self.names)
-                except Exception as exc:  # it worked at probe time; map falls back to a short pipeline run
-                    log.debug("ms_shm.map: re-reading probe row %s failed: %s: %s", index, type(exc).__name__, exc)
-                    continue
-            out.append(row)
-        return _by_column(out, self.names)
-
-
-def _attach(dataset: Any, p: Plan, columns: Any) -> None:
-    try:
-        setattr(dataset, PLAN_ATTR, p)
-        setattr(dataset, ROWS_ATTR, columns)
-    except AttributeError as exc:
-        log.debug("could not attach the plan to %r: %s", type(dataset).__name__, exc)
-
-
 def _log_plan(p: Plan, asked: dict) -> None:
     log.info("ms_shm %s", p.summary())
     for d in p.decisions:
         explicit = d.setting in asked and asked[d.setting] != d.value
-        log.log(logging.WARNING if explicit else logging.DEBUG, "ms_shm decision %s", d)
+        level = logging.WARNING if explicit else logging.INFO if d.setting == "mode_locked" else logging.DEBUG
+        log.log(level, "ms_shm decision %s", d)
 
 
 def plan_of(dataset: Any) -> Plan | None:
     """The plan ms_shm built ``dataset`` with, or ``None`` for a dataset it did not build."""
-    return getattr(dataset, PLAN_ATTR, None)
+    return measure.plan_of(dataset)
 
 
-def _input_rows(dataset: Any, count: int = 3) -> dict:
-    cached = getattr(dataset, ROWS_ATTR, None)
-    if callable(cached):
-        cached = cached()
-    if cached:
-        return cached
+def _input_lineage(dataset: Any) -> measure.Lineage:
+    """How the probe child can make the input rows of a ``map``: the stage's own lineage, or (for a tree that
+    runs no Python code, whose reading has no side effects) a few rows read now."""
+    lineage = measure.lineage_of(dataset)
+    if lineage is not None:
+        return lineage
+    python = engine.python_code_in(dataset)
+    if python:
+        return measure.Unavailable(f"the input pipeline was not built by ms_shm and runs Python code ({python}): "
+                                   f"reading rows ahead could change what it yields")
     log.info("ms_shm.map: the input dataset was not built by ms_shm; reading %d rows of it to measure the "
-             "operations (one short pipeline run)", count)
-    taken = engine.take_rows(dataset, count)
+             "operations (one short pipeline run)", measure.PROBE_ROWS_FOR_MAP)
     out: dict = {}
-    for row in taken:
+    for row in engine.take_rows(dataset, measure.PROBE_ROWS_FOR_MAP):
         for k, v in row.items():
             out.setdefault(k, []).append(v)
-    return out
+    return measure.TakenRows(out)
 
 
-def map(dataset: Any, operations: Any, input_columns: Sequence[str] | str | None = None,
+def _names_list(columns: Any) -> list | None:
+    if columns is None:
+        return None
+    return [columns] if isinstance(columns, str) else list(columns)
+
+
+def map(dataset: Any, operations: Any = None, input_columns: Sequence[str] | str | None = None,
         output_columns: Sequence[str] | str | None = None, num_parallel_workers: int | None = None,
         **map_kwargs: Any):
     """``dataset.map(...)`` with workers and transport that fit this host, measured on real rows.
 
-    The operations run once on a few input rows first: that measures the output rows (which may be much
-    larger than the input, e.g. a decode), their cost, and catches an error before any worker starts.
+    The operations run on a few input rows first, in a forked probe child (so an operation that draws random
+    numbers or keeps state is not advanced): that measures the output rows (which may be much larger than
+    the input, e.g. a decode) and their cost. Yields exactly what ``dataset.map`` yields with the same
+    arguments; an operation that fails on a probe row is left for MindSpore to report where it would.
 
     Returns:
-        mindspore.dataset.Dataset: the mapped dataset, with its plan attached.
+        mindspore.dataset.Dataset: the mapped dataset; its plan is ``ms_shm.plan_of(result)``.
 
     Raises:
         ms_shm.ShmBudgetError: explicit arguments that cannot fit.
-        RuntimeError: an operation failed on a probe row (names the row and the columns).
     """
     facts = _current_nofile(_SESSION.host_facts())
     ms = engine.read_config()
-    available = _input_rows(dataset)
-    all_names = list(available) or engine.column_names(dataset)
-    ins = [input_columns] if isinstance(input_columns, str) else list(input_columns or all_names[:1])
-    outs = [output_columns] if isinstance(output_columns, str) else list(output_columns or ins)
-    missing = [c for c in ins if c not in available]
-    if missing:
-        raise ValueError(f"ms_shm.map: input column(s) {missing} are not in the dataset's columns "
-                         f"{all_names}. Fix: pass input_columns from that list.")
-    count = min(len(v) for v in available.values()) if available else 0
-    in_bytes = out_bytes = 0
-    cpu = 0.0
-    walls: list = []
-    produced: dict = {c: [] for c in outs}
-    for i in range(count):
-        # Copies: an operation that works in place must not alter rows the pipeline will still serve.
-        args = [a.copy() if hasattr(a, "copy") and hasattr(a, "nbytes") else a
-                for a in (available[c][i] for c in ins)]
-        w0, c0 = time.perf_counter(), time.thread_time()
-        try:
-            result = engine.run_operations(operations, args)
-        except Exception as exc:
-            raise RuntimeError(f"ms_shm.map: the operations raised {type(exc).__name__}: {exc} on probe row {i} "
-                               f"(input columns {ins}), before any worker started. Fix the operation or "
-                               f"input_columns.") from exc
-        walls.append(time.perf_counter() - w0)
-        cpu += time.thread_time() - c0
-        in_bytes = max(in_bytes, sum(int(a.nbytes) for a in args if hasattr(a, "nbytes")))
-        out_bytes = max(out_bytes, sum(int(r.nbytes) for r in result))
-        if len(result) == len(outs):
-            for name, value in zip(outs, result):
-                produced[name].append(value)
+    lineage = _input_lineage(dataset)
+    ins = _names_list(input_columns) or engine.column_names(dataset)[:1]
+    outs = _names_list(output_columns) or ins
+    probe = measure.probe_operations(lineage, operations, ins, outs)
     req = planner.Request(
         workers=num_parallel_workers, multiprocessing=map_kwargs.get("python_multiprocessing"),
-        max_rowsize=map_kwargs.get("max_rowsize") if (map_kwargs.get("max_rowsize") or -1) > 0 else None,
+        max_rowsize=model.max_rowsize_mb(map_kwargs.get("max_rowsize")),
         prefetch=ms.prefetch_size if ms and ms.prefetch_size else model.DEFAULT_PREFETCH,
         cpu_count=facts.cpu_count or facts.usable_cpus, usable_cpus=facts.usable_cpus)
     profile = model.profile_for(ms.version if ms else facts.mindspore_version)
-    memory_left = facts.mem_available
-    if facts.cgroup_mem_limit and facts.cgroup_mem_usage is not None:
-        memory_left = min(memory_left or facts.cgroup_mem_limit, facts.cgroup_mem_limit - facts.cgroup_mem_usage)
-    # The median, as for source rows: an operation's first call may set itself up (a lazy import, a table).
-    p = planner.plan_map(in_bytes, out_bytes, statistics.median(walls) if walls else None,
-                         (cpu / sum(walls)) if sum(walls) else None,
-                         None, req, _budget(facts), profile, shmmax=facts.shmmax,
-                         memory_left=memory_left)
+    decisions = []
+    if probe.stats is None or probe.effects.order_dependent:
+        why = probe.unmeasured or probe.effects.order_dependent
+        req = replace(req, workers=num_parallel_workers if num_parallel_workers is not None else
+                      (ms.num_parallel_workers if ms and ms.num_parallel_workers else 1),
+                      multiprocessing=bool(map_kwargs.get("python_multiprocessing", False)))
+        decisions.append(Decision("mode_locked", True, False, f"{why}: MindSpore's own map settings are kept"))
+    p = _plan_map(probe.stats, req, facts, profile) if probe.stats is not None else \
+        planner.plan_unmeasured(req, _budget(facts), profile, probe.unmeasured, kind="map")
+    p = replace(p, decisions=tuple(decisions) + p.decisions)
     kwargs = dict(map_kwargs)
-    kwargs["python_multiprocessing"] = p.python_multiprocessing
-    result_ds = engine.map_dataset(dataset, operations, input_columns, output_columns,
-                                dict(kwargs, num_parallel_workers=p.workers))
-    reservation = _SESSION.ledger.reserve("map", p.predicted_shm, p.predicted_fds)
-    weakref.finalize(result_ds, _SESSION.ledger.release, reservation.key)
-    columns = {k: v for k, v in available.items() if k not in ins}
-    columns.update({k: v for k, v in produced.items() if v})
-    _attach(result_ds, p, columns)
+    _set_if_changed(kwargs, "python_multiprocessing", p.python_multiprocessing, False)
+    if num_parallel_workers is not None or p.workers != req.workers:
+        kwargs["num_parallel_workers"] = p.workers
+    result = engine.map_dataset(dataset, operations, input_columns, output_columns, kwargs)
+    _register(result, p, measure.MapLineage(lineage, operations, tuple(ins), tuple(outs)), "map")
     asked = dict(map_kwargs)
     if num_parallel_workers is not None:
         asked["num_parallel_workers"] = num_parallel_workers
     _log_plan(p, asked)
-    return result_ds
+    return result
+
+
+def _plan_map(stats: measure.OperationStats, req: planner.Request, facts: host.HostFacts, profile: Any) -> Plan:
+    memory_left = facts.mem_available
+    if facts.cgroup_mem_limit and facts.cgroup_mem_usage is not None:
+        memory_left = min(memory_left or facts.cgroup_mem_limit, facts.cgroup_mem_limit - facts.cgroup_mem_usage)
+    return planner.plan_map(stats.in_bytes, stats.out_bytes, stats.seconds_per_row, stats.cpu_fraction, None,
+                            req, _budget(facts), profile, shmmax=facts.shmmax, memory_left=memory_left)
 
 
 def probe(ranks: int | None = None) -> host.HostFacts:

@@ -161,16 +161,38 @@ def map_dataset(dataset: Any, operations: Any, input_columns: Any, output_column
     return dataset.map(operations, input_columns=input_columns, output_columns=output_columns, **kwargs)
 
 
-def run_operations(operations: Any, columns: Sequence[Any]) -> tuple:
-    """Run map operations eagerly on one row's input columns, as MindSpore chains them."""
-    import numpy as np
+def row_check():
+    """MindSpore's own conversion of a source row (``_convert_row``), or ``None`` where it cannot be found: the
+    probe refuses exactly what the installed release (and NumPy) refuses."""
+    try:
+        from mindspore.dataset.engine.datasets_user_defined import _convert_row
+    except ImportError:
+        return None
+    return _convert_row
 
-    ops = operations if isinstance(operations, (list, tuple)) else [operations]
-    values = tuple(columns)
-    for op in ops:
-        out = op(*values)
-        values = tuple(out) if isinstance(out, (tuple, list)) else (out,)
-    return tuple(np.asarray(v.asnumpy() if hasattr(v, "asnumpy") else v) for v in values)
+
+def python_code_in(dataset: Any) -> str | None:
+    """The first node of ``dataset``'s tree that runs Python code (a generator source, a Python operation, a
+    ``per_batch_map``), or ``None`` when reading the tree runs only MindSpore's C++ and cannot have side effects
+    on a later epoch's rows."""
+    ds = _dataset_module()
+    from mindspore.dataset.transforms.transforms import TensorOperation
+
+    pure_sources = tuple(c for c in (getattr(ds, "NumpySlicesDataset", None), getattr(ds, "PaddedDataset", None))
+                         if c is not None)
+    stack = [dataset]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ds.GeneratorDataset) and not isinstance(node, pure_sources):
+            return f"{type(node).__name__} (a Python source)"
+        ops = getattr(node, "operations", None) or []
+        python_ops = [op for op in ops if not isinstance(op, TensorOperation)]
+        if python_ops:
+            return f"{type(node).__name__} with the Python operation {getattr(python_ops[0], '__name__', python_ops[0])}"
+        if getattr(node, "per_batch_map", None) is not None:
+            return f"{type(node).__name__} with a per_batch_map"
+        stack.extend(getattr(node, "children", []) or [])
+    return None
 
 
 def column_names(dataset: Any) -> list:

@@ -1,43 +1,34 @@
 """The source wrapper that runs inside every worker: checks each row against the plan before it reaches
-shared memory.
+shared memory, and otherwise changes nothing.
 
-Four jobs, each cheap per row (a few attribute reads and one ``nbytes`` sum; a ``statvfs`` only when a slot
-grows):
+Used only where rows go through MindSpore's dynamic shared-memory slots (worker processes, shared memory on,
+no static ``max_rowsize``): elsewhere the user's source is handed to MindSpore as it is. The wrapper returns
+exactly what the source returns, receives exactly the index MindSpore passes, lets the source's exceptions
+through unchanged, and forwards attribute reads to the source, so ``dataset[i]`` and ``dataset.source.x``
+behave as without ms_shm. Per row it costs a few attribute reads and one ``nbytes`` sum (a ``statvfs`` only
+when a slot grows):
 
 * **Budget.** A worker's dynamic slots are created round-robin and only grow, so the worker can track its own
   slots exactly. A row that would push them past this worker's share of the budget becomes a clear
   ``RowTooLargeError`` naming the row, its size, the planned size and the fix, instead of a SIGBUS.
 * **Free space.** When a row would create or enlarge a slot, the real free space of /dev/shm is read: another
   process may have filled it since the plan was made. Too little becomes a ``ShmFullError``, not a SIGBUS.
-* **Errors with the row index.** An exception in the user's ``__getitem__`` is re-raised naming the index
-  and where the original was raised. MindSpore re-raises a worker's exception in the main process inside
-  ``RuntimeError("Exception thrown from user defined Python function in dataset ...")`` keeping only the last
-  traceback, so everything the user needs must be in our message.
-* **Columns MindSpore would mangle.** Python scalars and lists (rejected by MindSpore 2.10 under NumPy 2:
-  ``np.array(x, copy=False)``) and big-endian arrays (rejected: "data type is unknown") are turned into the
-  native array with the same values; each kind is logged once. Non-contiguous arrays are carried correctly
-  by MindSpore 2.10 (measured) and are left alone, so no row is copied twice.
-* **Python int indices.** MindSpore passes each index as a numpy ``int64`` taken from its sampler array.
-  Under NumPy 2 that silently widens the source's own arithmetic (``float32_array + index`` is float64), and
-  the probe, which passes Python ints, would see other dtypes than the workers. The source gets ``int``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import traceback
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
-from ms_shm import model, rows
+from ms_shm import model
 from ms_shm._results import Result, mib
 
 log = logging.getLogger(__name__)
 
-_KINDS = frozenset(rows.CARRIED_KINDS)
 
 
 class RowTooLargeError(RuntimeError):
@@ -46,10 +37,6 @@ class RowTooLargeError(RuntimeError):
 
 class ShmFullError(RuntimeError):
     """/dev/shm has less free space than a new slot needs (something else filled it after planning)."""
-
-
-class SourceError(RuntimeError):
-    """The user's source raised while producing a row; the message names the row index."""
 
 
 @dataclass(frozen=True)
@@ -83,103 +70,40 @@ def _free_bytes(path: str) -> int:
     return st.f_bavail * st.f_frsize
 
 
-def _origin(exc: BaseException) -> str:
-    """Where the user's code raised: MindSpore drops that traceback when it re-raises in the main process."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    if len(frames) < 2:  # only our own frame: the source object itself raised (e.g. not subscriptable)
-        return ""
-    last = frames[-1]
-    return f" at {last.filename}:{last.lineno} in {last.name}()"
-
-
 class GuardedSource:
-    """Random-access source wrapper handed to ``GeneratorDataset`` in place of the user's source.
+    """Random-access source wrapper handed to ``GeneratorDataset`` in place of the user's source, only when
+    rows go through dynamic shared-memory slots.
 
     Args:
         source: The user's random-access source.
-        column_names: As passed to ``GeneratorDataset``; used to check the column count and name columns.
-        spec: The budget to enforce, or ``None`` when rows do not go through dynamic shared-memory slots
-            (threads, one worker, pipes, a static ``max_rowsize``): then only errors and columns are handled.
-        cache: Rows the probe already read, served once instead of calling the source again
-            (``reuse.ProbeRowCache``).
+        spec: The budget each worker enforces.
     """
 
-    def __init__(self, source: Any, column_names: Sequence[str] | None, spec: GuardSpec | None = None,
-                 cache: Any = None):
+    def __init__(self, source: Any, spec: GuardSpec):
         self.source = source
-        self.cache = cache
-        self.column_names = list(column_names) if column_names is not None else None
         self.spec = spec
-        self._width = len(self.column_names) if self.column_names is not None else None
         self._slots: list = []
         self._total = 0
         self._next_slot = 0
         self._pid = os.getpid()
-        self._logged: set = set()
         self._free_unknown = False
         self.rows_checked = 0
 
     def __len__(self) -> int:
         return len(self.source)
 
-    def __getitem__(self, index: Any) -> tuple:
-        if type(index) is not int and isinstance(index, np.integer):
-            index = int(index)
-        row = self.cache.take(index) if self.cache is not None else None
-        if row is None:
-            try:
-                row = self.source[index]
-            except Exception as exc:
-                raise SourceError(f"source[{index}] raised {type(exc).__name__}: {exc}{_origin(exc)}"
-                                  f"{self._length_hint(exc)}") from exc
-        row = self._normalise(row, index)
-        if self.spec is not None:
-            self._check(row, index)
+    def __getitem__(self, index: Any) -> Any:
+        row = self.source[index]
+        self._check(row_nbytes(row), index)
         return row
 
-    def _length_hint(self, exc: Exception) -> str:
-        if not isinstance(exc, IndexError):
-            return ""
-        try:
-            length = len(self.source)
-        except Exception as len_exc:  # a broken __len__ is worth naming too
-            return f". len(source) raises {type(len_exc).__name__} as well"
-        return (f". MindSpore asks for indices 0..{length - 1} because __len__ returns {length}: if the data "
-                f"has fewer rows, fix __len__")
+    def __getattr__(self, name: str) -> Any:
+        # Only called for names this wrapper lacks: the user's own attributes, as on the source itself.
+        if name == "source":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.source, name)
 
-    def _normalise(self, row: Any, index: Any) -> tuple:
-        if type(row) is tuple and (self._width is None or len(row) == self._width):
-            for c in row:
-                if not (type(c) is np.ndarray and c.dtype.kind in _KINDS and c.dtype.isnative):
-                    break
-            else:
-                return row  # the common case: one pass of cheap checks, no copy
-        out = []
-        converted = rows.convert_row(row, index, self.column_names)
-        for i, column in enumerate(converted):
-            if isinstance(column, dict):  # a whole-row dict: MindSpore's dict column, pickled
-                out.append({k: v if v.dtype.isnative else v.astype(v.dtype.newbyteorder("="))
-                            for k, v in column.items()})
-                continue
-            original = row[i] if isinstance(row, (tuple, list)) else row
-            if not column.dtype.isnative:
-                self._once("byteorder", i, f"big-endian {column.dtype}", "native byte order")
-                column = column.astype(column.dtype.newbyteorder("="))
-            if not isinstance(original, np.ndarray):
-                self._once("scalar", i, type(original).__name__, f"np.asarray (dtype {column.dtype})")
-            out.append(column)
-        return tuple(out)
-
-    def _once(self, kind: str, column: int, what: str, into: str) -> None:
-        key = (kind, column)
-        if key in self._logged:
-            return
-        self._logged.add(key)
-        name = self.column_names[column] if self.column_names and column < len(self.column_names) else column
-        log.info("column '%s' is %s; ms_shm passes it as %s with the same values (MindSpore 2.10 would "
-                 "reject it)", name, what, into)
-
-    def _check(self, row: tuple, index: Any) -> None:
+    def _check(self, size: int, index: Any) -> None:
         """Mirror MindSpore's ``_SharedQueue.put``: a row with bytes takes slot ``seg_pos`` then advances it.
 
         Slots keep MindSpore's raw byte sizes (a slot is re-created when a row is larger by even one byte);
@@ -192,10 +116,6 @@ class GuardedSource:
         if os.getpid() != self._pid:  # a fresh worker (fork copies our state): its slots start empty
             self._pid, self._slots, self._total, self._next_slot = os.getpid(), [], 0, 0
         self.rows_checked += 1
-        size = 0
-        for column in row:
-            if type(column) is np.ndarray:
-                size += column.nbytes
         if size == 0:
             return  # MindSpore does not advance seg_pos for a row without bytes
         spec = self.spec
@@ -266,48 +186,26 @@ class GuardedSource:
                 f"medium: Memory and that sizeLimit), or {spec.fix}")
 
 
-class GuardedIterable:
-    """An iterable or generator-function source, read by MindSpore in the main process.
-
-    No shared memory is involved, so there is no budget; rows get the same normalisation as in
-    ``GuardedSource``, and an exception names the row's position in the epoch. Each ``iter()`` starts a new
-    epoch of the wrapped source, which keeps MindSpore's per-epoch semantics (see ``rows.ReplaySource``).
-    """
-
-    def __init__(self, source: Any, column_names: Sequence[str] | None):
-        self.source = source
-        self._rows = GuardedSource(None, column_names)
-
-    def __iter__(self):
-        return self._iterate()
-
-    def _iterate(self):
-        # Lazy like rows.ReplaySource: MindSpore calls iter() once at construction and never reads it.
-        iterator = iter(self.source)
-        index = 0
-        while True:
-            try:
-                row = next(iterator)
-            except StopIteration:
-                return
-            except Exception as exc:
-                raise SourceError(f"the source raised {type(exc).__name__}: {exc}{_origin(exc)} while producing "
-                                  f"row {index} of this epoch") from exc
-            yield self._rows._normalise(row, index)
-            index += 1
+def row_nbytes(row: Any) -> int:
+    """Bytes a row takes in a dynamic slot, as MindSpore's ``_SharedQueue.put`` counts them after
+    ``_convert_row``: every array column (a Python scalar becomes an 8-byte array, a dict is pickled)."""
+    if type(row) is np.ndarray:
+        return row.nbytes
+    if type(row) not in (tuple, list):
+        return _column_nbytes(row)
+    total = 0
+    for column in row:
+        total += column.nbytes if type(column) is np.ndarray else _column_nbytes(column)
+    return total
 
 
-class SizedGuardedIterable(GuardedIterable):
-    """A ``GuardedIterable`` whose source has ``__len__``, so MindSpore still knows the dataset size."""
-
-    def __len__(self) -> int:
-        return len(self.source)
-
-
-def guard_iterable(source: Any, column_names: Sequence[str] | None) -> GuardedIterable:
-    """Wrap an iterable source, keeping ``__len__`` only when the source has one (MindSpore checks ``hasattr``)."""
-    cls = SizedGuardedIterable if hasattr(source, "__len__") else GuardedIterable
-    return cls(source, column_names)
+def _column_nbytes(column: Any) -> int:
+    if isinstance(column, dict):
+        return 0
+    nbytes = getattr(column, "nbytes", None)  # numpy scalars, MindSpore Tensors
+    if isinstance(nbytes, int):
+        return nbytes
+    return 8 if isinstance(column, (int, float, bool)) else 0
 
 
-__all__ = ["GuardedSource", "GuardedIterable", "guard_iterable", "GuardSpec", "RowTooLargeError", "ShmFullError", "SourceError"]
+__all__ = ["GuardedSource", "GuardSpec", "RowTooLargeError", "ShmFullError", "row_nbytes"]

@@ -118,6 +118,18 @@ def static_row_fits(row_bytes: int, max_rowsize_mb: int) -> bool:
     return row_bytes < max_rowsize_mb * MiB
 
 
+def max_rowsize_mb(value) -> int | None:
+    """The static slot size (MiB) a ``max_rowsize`` argument asks for, or ``None`` for dynamic slots.
+
+    MindSpore takes an int, ``None`` or -1 (dynamic), and for ``map`` also ``[in, out]``: the larger of the two
+    is what a slot must hold.
+    """
+    if isinstance(value, (list, tuple)):
+        sizes = [v for v in value if isinstance(v, int) and v > 0]
+        return max(sizes) if sizes else None
+    return value if isinstance(value, int) and value > 0 else None
+
+
 def static_rowsize_for(row_bytes: int) -> int:
     """The smallest static max_rowsize (MiB) that still carries the row: strictly larger than it."""
     return int(row_bytes // MiB) + 1

@@ -116,8 +116,6 @@ class Plan(Result):
     decisions: tuple = ()
     advice: tuple = ()
     alternatives: tuple = ()
-    reused_rows: int = 0  # probe rows served to the pipeline instead of being read again
-    reused_seconds: float = 0.0  # the time the probe spent reading them, which the epoch does not repeat
 
     def summary(self) -> str:
         """The one INFO line: mode, workers, prefetch, predicted peak vs budget, why."""
@@ -234,7 +232,7 @@ def plan_generator(stats: RowStats, request: Request, budget: Budget, profile: m
     req = request
     decisions, notes = [], []
     if not stats.random_access:
-        return _iterable_plan(stats, req, budget, profile, decisions)
+        return plan_iterable(req, budget, profile)
     row = stats.row_bytes_max
     if stats.ragged:
         row = int(row * RAGGED_MARGIN)
@@ -351,14 +349,27 @@ def _round_up(nbytes: int) -> str:
     return f"{-(-mb // 64) * 64}m"
 
 
-def _iterable_plan(stats: RowStats, req: Request, budget: Budget, profile: model.EngineProfile,
-                   decisions: list) -> Plan:
-    decisions.append(Decision("mode", INLINE, _default_mode(req),
-                              "the source has no __getitem__/__len__: MindSpore reads it in the main process "
-                              "and ignores num_parallel_workers, so it uses no shared memory"))
-    return Plan("generator", INLINE, req.workers or 1, req.prefetch, bool(req.multiprocessing), req.shared_mem,
-                req.max_rowsize, stats.row_bytes_max, 0, 0, 0, budget, True, 0, 0, None, profile,
-                tuple(decisions))
+def plan_iterable(req: Request, budget: Budget, profile: model.EngineProfile) -> Plan:
+    """An iterable or generator source: MindSpore reads it in the main process, whatever the arguments."""
+    decision = Decision("mode", INLINE, _default_mode(req),
+                        "the source has no __getitem__/__len__: MindSpore reads it in the main process and ignores "
+                        "num_parallel_workers, so it uses no shared memory; it is passed on untouched")
+    return Plan("generator", INLINE, req.workers or 1, req.prefetch,
+                req.multiprocessing if req.multiprocessing is not None else True, req.shared_mem,
+                req.max_rowsize, 0, 0, 0, 0, budget, True, 0, 0, None, profile, (decision,))
+
+
+def plan_unmeasured(req: Request, budget: Budget, profile: model.EngineProfile, why: str | None,
+                    kind: str = "generator") -> Plan:
+    """No measurement: MindSpore's own settings, unchanged; the reason says why and what is unknown."""
+    default_mp = kind == "generator"
+    mp = req.multiprocessing if req.multiprocessing is not None else default_mp
+    workers = req.workers if req.workers is not None else 1
+    mode = _default_mode(replace(req, workers=workers, multiprocessing=mp))
+    decision = Decision("mode", mode, mode, f"not measured ({why}): MindSpore's own settings are kept, and "
+                                            f"ms_shm cannot predict their shared memory")
+    return Plan(kind, mode, workers, req.prefetch, mp and workers > 1, req.shared_mem, req.max_rowsize, 0, 0, 0,
+                0, budget, True, 0, 0, None, profile, (decision,))
 
 
 def plan_map(in_bytes: int, out_bytes: int, seconds_per_row: float | None, cpu_fraction: float | None,
@@ -455,4 +466,4 @@ def what_if(row_bytes: int, workers: int, prefetch: int = model.DEFAULT_PREFETCH
 
 
 __all__ = ["Plan", "Decision", "Request", "Costs", "Candidate", "ShmBudgetError", "plan_generator", "plan_map",
-           "what_if", "MODES", "INLINE", "THREADS", "PROCESSES", "PIPES"]
+           "what_if", "plan_iterable", "plan_unmeasured", "MODES", "INLINE", "THREADS", "PROCESSES", "PIPES"]

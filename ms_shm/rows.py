@@ -1,19 +1,20 @@
 """Take a few rows from the user's source, check them, and measure their size and cost.
 
 Rows are measured as MindSpore will carry them: each column converted the way ``_convert_row`` does, and the
-row's shared-memory size is the sum of ``nbytes`` of its ndarray columns. Bad rows are rejected here, in the
-main process, with the column, the row and the fix, before any worker exists.
+row's shared-memory size is the sum of ``nbytes`` of its ndarray columns. Bad rows are rejected here, with the
+column, the row and the fix, before any worker exists. The reading itself happens in a probe child
+(``sandbox``), so nothing here may assume its side effects survive.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import operator
 import statistics
 import time
-import types
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -144,6 +145,10 @@ def _convert_column(value: Any, index: Any, name: str) -> np.ndarray:
         raise RowError(f"{where} has dtype {array.dtype}: MindSpore's dataset engine cannot carry complex "
                        f"numbers. Fix: return np.stack([x.real, x.imag], axis=-1) and rebuild the complex "
                        f"value after the pipeline.", name, index)
+    if array.dtype.kind in "iufc" and not array.dtype.isnative:
+        raise RowError(f"{where} has byte order {array.dtype.str}: MindSpore's dataset engine cannot carry "
+                       f"non-native byte order ('data type is unknown'). Fix: return "
+                       f"x.astype(x.dtype.newbyteorder('=')).", name, index)
     if array.dtype.kind not in CARRIED_KINDS:
         raise RowError(f"{where} has dtype {array.dtype} which MindSpore cannot carry. Fix: convert it "
                        f"(e.g. x.astype(np.int64) for datetimes, or split structured fields into columns).",
@@ -190,14 +195,12 @@ def _skeleton(column: Any) -> tuple | None:
 
 @dataclass
 class _Probe:
-    """The probe's account. Rows are kept only when ``keep_row(seconds, nbytes)`` says so: holding several
-    large rows at once makes the process touch fresh memory for each, which for cheap rows costs more than
-    reading them again (measured: 8 MiB ``np.full`` rows, 1.7 ms each on fresh pages vs 0.2 ms reused)."""
+    """The probe's account: each row is checked and reduced to its skeleton at once, so no two large rows are
+    alive together (fresh pages for each would cost more than the row)."""
 
     names: Sequence[str] | None
-    keep_row: Callable[[float, int], bool] | None = None
+    check: Callable[[Any], Any] | None = None  # the framework's own row conversion, to refuse what it refuses
     indices: list = field(default_factory=list)
-    kept: dict = field(default_factory=dict)
     skeletons: list = field(default_factory=list)
     sizes: list = field(default_factory=list)
     walls: list = field(default_factory=list)  # seconds each fetch took, in probing order
@@ -207,21 +210,21 @@ class _Probe:
     def wall(self) -> float:
         return sum(self.walls)
 
-    def fetch(self, fetch) -> Any:
-        """Call ``fetch()`` and add its wall and CPU time to the probe's account."""
+    def fetch(self, fetch: Callable, *args: Any) -> Any:
+        """Call ``fetch(*args)`` and add its wall and CPU time to the probe's account."""
         w0, c0 = time.perf_counter(), time.thread_time()
-        row = fetch()
+        row = fetch(*args)
         self.walls.append(time.perf_counter() - w0)
         self.cpu += time.thread_time() - c0
         return row
 
     def keep(self, index: Any, row: Any) -> None:
+        if self.check is not None:
+            framework_check(self.check, row, index)
         converted = convert_row(row, index, self.names)
-        self.indices.append(index)
+        self.indices.append(int(index))
         self.sizes.append(row_bytes(converted))
         self.skeletons.append(tuple(_skeleton(c) for c in converted))
-        if self.keep_row is None or self.keep_row(self.walls[-1], self.sizes[-1]):
-            self.kept[index] = converted
 
     def stats(self, random_access: bool, length: int | None, started: float, notes: list) -> RowStats:
         columns = []
@@ -251,128 +254,54 @@ def is_random_access(source: Any) -> bool:
 
 
 def measure_random_access(source: Any, names: Sequence[str] | None, max_rows: int = 8, min_rows: int = 3,
-                          time_fraction: float = 0.02, keep_row: Callable[[float, int], bool] | None = None
-                          ) -> tuple[RowStats, dict]:
+                          time_fraction: float = 0.02, check: Callable[[Any], Any] | None = None) -> RowStats:
     """Fetch a few rows spread over the source; stop early once probing would cost a visible part of an epoch.
 
-    Fetching by index has no side effect on what the pipeline later reads, so nothing needs replaying.
+    Meant for a probe child (``sandbox.run_in_fork``): a source's ``__getitem__`` may have side effects. Each
+    index is passed as ``numpy.int64``, as MindSpore's sampler passes it, so the rows' dtypes are the ones the
+    pipeline will see.
 
     Args:
-        keep_row: ``(seconds to fetch, bytes) -> bool``: which rows to return; all when ``None``.
+        check: the framework's own conversion of a row (MindSpore's ``_convert_row``): what it refuses is
+            refused here, with the column and the fix.
 
-    Returns:
-        The stats, and the kept probe rows by index, converted to tuples of arrays.
+    Raises:
+        RowError: a row the framework cannot carry.
+        Exception: whatever ``source[i]`` raised, unchanged.
     """
     started = time.perf_counter()
     notes: list = []
     length = len(source)
-    probe = _Probe(names, keep_row)
+    probe = _Probe(names, check)
     if length == 0:
         notes.append("source is empty")
-        return probe.stats(True, 0, started, notes), probe.kept
+        return probe.stats(True, 0, started, notes)
     for n, index in enumerate(_spread(length, max_rows)):
-        try:
-            row = probe.fetch(lambda i=index: source[i])
-        except Exception as exc:
-            hint = ""
-            if isinstance(exc, IndexError):
-                hint = (f" __len__ returns {length}, so MindSpore will ask for indices 0..{length - 1}: if the "
-                        f"data has fewer rows, __len__ is wrong.")
-            raise RowError(f"source[{index}] raised {type(exc).__name__}: {exc}.{hint} Fix the source; ms_shm "
-                           f"called it before any worker started.", None, index) from exc
+        row = probe.fetch(operator.getitem, source, np.int64(index))
         probe.keep(index, row)
-        del row  # a row not kept is freed before the next fetch, which can then reuse its pages
+        del row  # freed before the next fetch, which can then reuse its pages
         if n + 1 >= min_rows and probe.wall > time_fraction * (probe.wall / (n + 1)) * length:
             notes.append(f"stopped after {n + 1} rows: probing is capped at {time_fraction:.0%} of an epoch")
             break
-    return probe.stats(True, length, started, notes), probe.kept
+    return probe.stats(True, length, started, notes)
 
 
-class _Replayable:
-    """A generator object that can be read again every epoch, as MindSpore's own ``_GeneratorWrapper`` does it.
-
-    ``GeneratorDataset`` wraps a generator object in ``itertools.tee`` so each epoch starts from its first row
-    (every row produced stays in memory). Each ``iter()`` here is an independent iterator from the start.
-    """
-
-    def __init__(self, generator: Iterator):
-        self._origin = generator
-
-    def __iter__(self) -> Iterator:
-        fresh, self._origin = itertools.tee(self._origin)
-        return fresh
-
-
-def as_mindspore_source(source: Any) -> Any:
-    """The source as ``GeneratorDataset`` itself would turn it, so ms_shm plans and replays the same thing.
-
-    MindSpore 2.10 turns a ``zip`` into a list (random access, every epoch) and wraps a generator object so it
-    replays every epoch. ms_shm hands MindSpore its own wrappers, which MindSpore does not recognise, so it
-    must do the same first.
-    """
-    if isinstance(source, zip):
-        return list(source)
-    if isinstance(source, types.GeneratorType):
-        return _Replayable(source)
-    return source
+def framework_check(check: Callable[[Any], Any], row: Any, index: Any) -> None:
+    """Refuse a row the framework's own conversion refuses, keeping its message."""
+    try:
+        check(row)
+    except Exception as exc:
+        hint = ""
+        if "copy" in str(exc):
+            hint = (" (NumPy 2 refuses np.array(x, copy=False) for Python scalars and lists, which MindSpore's "
+                    "conversion calls)")
+        raise RowError(f"row {index}: MindSpore's row conversion raises {type(exc).__name__}: {exc}{hint}. Fix: "
+                       f"return every column as a numpy array (np.asarray(x) for scalars and lists), or install "
+                       f"numpy<2.", None, index) from exc
 
 
-class ReplaySource:
-    """An iterable that first re-emits the probe rows, then continues the same iteration.
-
-    Later epochs start the source afresh exactly as MindSpore would (calling a generator function, or
-    ``iter()`` on an iterable), so each epoch sees every row once: none lost, none duplicated.
-    """
-
-    def __init__(self, source: Any, head: list, rest: Iterator | None):
-        self._source = source
-        self._head = head
-        self._rest = rest
-
-    def __iter__(self) -> Iterator:
-        return self._epoch()
-
-    def _epoch(self) -> Iterator:
-        # A generator: nothing here runs until the first row is read. MindSpore's own validator calls
-        # iter(source) once at construction and drops it unread; had that call claimed the probe rows, a
-        # one-shot iterator would lose them (measured: rows 0-3 of 10 missing in epoch 1).
-        if self._rest is not None:
-            head, rest = self._head, self._rest
-            self._head, self._rest = [], None
-            yield from head
-            yield from rest
-        else:
-            yield from _fresh_iterator(self._source)
-
-
-class SizedReplaySource(ReplaySource):
-    """A ``ReplaySource`` for a source with ``__len__``, so MindSpore still knows the dataset size."""
-
-    def __len__(self) -> int:
-        return len(self._source)
-
-
-def _fresh_iterator(source: Any) -> Iterator:
-    if hasattr(source, "__iter__"):
-        return iter(source)
-    return iter(source())
-
-
-def measure_iterable(source: Any, names: Sequence[str] | None, max_rows: int = 4
-                     ) -> tuple[RowStats, list, ReplaySource]:
-    """Take the first rows of a generator function or iterable and return a source that re-emits them."""
-    started = time.perf_counter()
-    probe = _Probe(names)
-    iterator = _fresh_iterator(source)
-    head = []
-    done = object()
-    for index in range(max_rows):
-        row = probe.fetch(lambda: next(iterator, done))
-        if row is done:
-            break
-        head.append(row)
-        probe.keep(index, row)
-    length = len(source) if hasattr(source, "__len__") else None
-    cls = SizedReplaySource if length is not None else ReplaySource
-    return probe.stats(False, length, started, []), list(probe.kept.values()), cls(source, head, iterator)
-
+def read_head(source: Any, count: int) -> list:
+    """The first ``count`` rows of an iterable or generator-function source, as MindSpore's ``_iter_fn`` /
+    ``_generator_fn`` would start an epoch. Only for a probe child: reading consumes the iterator."""
+    iterator = iter(source) if hasattr(source, "__iter__") else iter(source())
+    return list(itertools.islice(iterator, count))

@@ -1,0 +1,310 @@
+"""Measure a pipeline stage without touching what the pipeline will yield.
+
+``build_dataset`` and ``map`` must know how big and how costly rows are before they choose a transport, but
+reading rows has side effects (a source that counts calls, draws random numbers, advances an iterator). So
+every read happens in a probe child (``sandbox.run_in_fork``): the parent's source, operations, RNG states
+and iterators stay exactly as raw MindSpore will find them.
+
+A stage remembers how to make its rows again (its *lineage*): a ``map`` after ``build_dataset`` measures its
+operations on rows the child re-reads from the source and passes through the earlier stages, so no stage
+holds rows in the parent for a later one. Where rows cannot be made without side effects (an iterator that
+is not a fresh one, an open file, a foreign Python pipeline), the stage is planned without a measurement,
+and the log says why.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import statistics
+import time
+import types
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ms_shm import rows, sandbox
+from ms_shm._results import Result
+
+log = logging.getLogger(__name__)
+
+PROBE_ROWS_FOR_MAP = 3
+
+
+@dataclass(frozen=True)
+class OperationStats(Result):
+    """A map stage's operations on a few rows: the largest input and output row, median seconds per row."""
+
+    rows: int
+    in_bytes: int
+    out_bytes: int
+    seconds_per_row: float | None
+    cpu_fraction: float | None
+
+
+@dataclass(frozen=True)
+class StageProbe(Result):
+    """What the probe child saw of one stage, or why it saw nothing.
+
+    Attributes:
+        stats: ``RowStats`` of a source or ``OperationStats`` of a map (``None`` when not measured).
+        effects: what reading changed (global RNG, the source's or the operations' own state).
+        unmeasured: why there is no measurement (``None`` when there is one).
+    """
+
+    stats: Any
+    effects: sandbox.Effects = sandbox.Effects()
+    unmeasured: str | None = None
+
+
+# --- lineage: how a stage's rows can be made again, inside a probe child -----------------------------------
+
+class Lineage:
+    """Makes a few of a stage's rows as ``{column: [values]}``; only ever called in a probe child."""
+
+    def rows(self, count: int) -> dict:
+        raise NotImplementedError
+
+    def why_not(self) -> str | None:
+        """Why this stage's rows cannot be made without side effects, or ``None``."""
+        return None
+
+
+@dataclass(frozen=True)
+class SourceLineage(Lineage):
+    source: Any
+    names: tuple
+    indices: tuple
+
+    def rows(self, count: int) -> dict:
+        return _by_column([rows.convert_row(self.source[np.int64(i)], i, self.names)
+                           for i in self.indices[:count]], self.names)
+
+
+@dataclass(frozen=True)
+class IterableLineage(Lineage):
+    source: Any
+    names: tuple
+
+    def rows(self, count: int) -> dict:
+        head = rows.read_head(self.source, count)
+        return _by_column([rows.convert_row(r, i, self.names) for i, r in enumerate(head)], self.names)
+
+    def why_not(self) -> str | None:
+        return fresh_iteration_blocker(self.source)
+
+
+@dataclass(frozen=True)
+class TakenRows(Lineage):
+    """Rows already read in the parent (from a pipeline with no Python code, which has no side effects)."""
+
+    columns: Any  # dict
+
+    def rows(self, count: int) -> dict:
+        return {k: v[:count] for k, v in self.columns.items()}
+
+
+@dataclass(frozen=True)
+class MapLineage(Lineage):
+    parent: Lineage
+    operations: Any
+    input_columns: tuple
+    output_columns: tuple
+
+    def rows(self, count: int) -> dict:
+        available = self.parent.rows(count)
+        out = {k: v for k, v in available.items() if k not in self.input_columns}
+        results = [run_operations(self.operations, [available[c][i] for c in self.input_columns])
+                   for i in range(_count(available))]
+        for n, name in enumerate(self.output_columns):
+            out[name] = [r[n] for r in results if n < len(r)]
+        return out
+
+    def why_not(self) -> str | None:
+        return self.parent.why_not()
+
+
+@dataclass(frozen=True)
+class Unavailable(Lineage):
+    reason: str
+
+    def why_not(self) -> str | None:
+        return self.reason
+
+
+def fresh_iteration_blocker(source: Any) -> str | None:
+    """Why reading the head of an iterable source in a child could change what the parent later reads."""
+    if isinstance(source, types.GeneratorType):
+        if inspect.getgeneratorstate(source) != inspect.GEN_CREATED:
+            return "the source is a generator that has already started"
+        return None
+    if not hasattr(source, "__iter__"):
+        return sandbox.holds_open_file(source)  # a generator function: each call starts afresh
+    try:
+        fresh = iter(source)
+    except Exception as exc:  # MindSpore itself will raise this when it iterates
+        return f"iter(source) raises {type(exc).__name__}"
+    if fresh is source:
+        return "the source is its own iterator (iter(source) is source): reading ahead would consume it"
+    return sandbox.holds_open_file(source)
+
+
+def _by_column(converted: list, names: Sequence[str]) -> dict:
+    out: dict = {n: [] for n in names}
+    for row in converted:
+        for n, value in zip(names, row):
+            out[n].append(value)
+    return out
+
+
+def _count(columns: dict) -> int:
+    return min((len(v) for v in columns.values()), default=0)
+
+
+# --- the registry: plans and lineages by dataset, without attributes MindSpore would deep-copy -------------
+
+_PLANS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_LINEAGES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def remember(dataset: Any, plan: Any, lineage: Lineage) -> None:
+    """Keep the plan and lineage beside the dataset, not on it: MindSpore deep-copies every attribute of a
+    dataset (but its source) for each iterator, and a lineage holds the source."""
+    try:
+        _PLANS[dataset] = plan
+        _LINEAGES[dataset] = lineage
+    except TypeError as exc:  # not weak-referenceable: the plan is only logged
+        log.debug("ms_shm cannot remember the plan of %r: %s", type(dataset).__name__, exc)
+
+
+def plan_of(dataset: Any) -> Any:
+    try:
+        return _PLANS.get(dataset)
+    except TypeError:
+        return None
+
+
+def lineage_of(dataset: Any) -> Lineage | None:
+    try:
+        return _LINEAGES.get(dataset)
+    except TypeError:
+        return None
+
+
+# --- probing ---------------------------------------------------------------------------------------------
+
+def probe_random_access(source: Any, names: Sequence[str] | None, check: Callable | None) -> StageProbe:
+    """Measure a random-access source in a probe child.
+
+    Raises:
+        rows.RowError: a probe row the framework cannot carry (an earlier, clearer error than a worker's).
+    """
+    blocked = sandbox.holds_open_file(source)
+    if blocked:
+        return StageProbe(None, unmeasured=f"{blocked}: reading rows in a probe would move its position")
+
+    def in_child():
+        return sandbox.watch_effects(lambda: rows.measure_random_access(source, names, check=check), [source])
+
+    return _outcome(sandbox.run_in_fork(in_child), "source")
+
+
+def probe_operations(lineage: Lineage, operations: Any, input_columns: Sequence[str],
+                     output_columns: Sequence[str]) -> StageProbe:
+    """Run ``operations`` on a few of the input stage's rows, in a probe child, and measure them."""
+    blocked = lineage.why_not()
+    if blocked:
+        return StageProbe(None, unmeasured=f"the input rows cannot be read ahead: {blocked}")
+    watched = _operation_objects(operations)
+
+    def in_child():
+        available = lineage.rows(PROBE_ROWS_FOR_MAP)
+        missing = [c for c in input_columns if c not in available]
+        if missing:
+            return f"input column(s) {missing} are not among the input's columns {sorted(available)}", None
+        return sandbox.watch_effects(
+            lambda: time_operations(operations, [[available[c][i] for c in input_columns]
+                                                 for i in range(_count(available))]), watched)
+
+    probe = _outcome(sandbox.run_in_fork(in_child), "operations")
+    if isinstance(probe.stats, str):  # MindSpore raises on these columns when the pipeline starts
+        return StageProbe(None, unmeasured=probe.stats)
+    return StageProbe(probe.stats, _random_ops(operations, probe.effects), probe.unmeasured)
+
+
+def _outcome(outcome: sandbox.Outcome, what: str) -> StageProbe:
+    if outcome.unavailable:
+        return StageProbe(None, unmeasured=outcome.unavailable)
+    if isinstance(outcome.error, rows.RowError):
+        raise outcome.error
+    if outcome.error is not None:
+        why = _error_text(outcome.error, outcome.remote_traceback, what)
+        log.warning("ms_shm: %s", why)
+        return StageProbe(None, unmeasured=why)
+    stats, effects = outcome.value
+    return StageProbe(stats, effects or sandbox.Effects())
+
+
+def _error_text(exc: BaseException, remote_traceback: str, what: str) -> str:
+    """The user's exception, where it was raised, and what it means: MindSpore will raise it mid-epoch."""
+    lines = [line.strip() for line in remote_traceback.strip().splitlines() if line.strip().startswith("File ")]
+    where = f" ({lines[-1]})" if lines else ""
+    hint = ""
+    if isinstance(exc, IndexError) and what == "source":
+        hint = (" (the probe reads the last index len(source)-1: if the data has fewer rows, __len__ is "
+                "wrong)")
+    return (f"the {what} raised {type(exc).__name__}: {exc} on a probe row{where}{hint}; MindSpore will raise it "
+            f"when the pipeline reaches that row, so the pipeline is built as asked, without a measurement")
+
+
+def _operation_objects(operations: Any) -> list:
+    """The objects whose state an operation may keep: callable instances and bound methods' owners."""
+    ops = operations if isinstance(operations, (list, tuple)) else [operations]
+    out = []
+    for op in ops:
+        owner = getattr(op, "__self__", None)
+        target = owner if owner is not None and not isinstance(owner, types.ModuleType) else op
+        if not isinstance(target, (types.FunctionType, types.BuiltinFunctionType)):
+            out.append(target)
+    return out
+
+
+def _random_ops(operations: Any, effects: sandbox.Effects) -> sandbox.Effects:
+    """MindSpore's random transforms draw from the pipeline's seed per worker, whatever the global RNG shows."""
+    ops = operations if isinstance(operations, (list, tuple)) else [operations]
+    named = next((type(op).__name__ for op in ops if type(op).__name__.startswith("Random")), None)
+    if named and effects.draws_random is None:
+        return sandbox.Effects(f"{named} draws random numbers", effects.mutates_state)
+    return effects
+
+
+def run_operations(operations: Any, columns: Sequence[Any]) -> tuple:
+    """Run map operations eagerly on one row's input columns, as MindSpore chains them. Inputs are copied:
+    an operation that works in place must not alter rows a later operation of the probe reads."""
+    ops = operations if isinstance(operations, (list, tuple)) else [operations]
+    values = tuple(c.copy() if isinstance(c, np.ndarray) else c for c in columns)
+    for op in ops:
+        out = op(*values)
+        values = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    return tuple(np.asarray(v.asnumpy() if hasattr(v, "asnumpy") else v) for v in values)
+
+
+def time_operations(operations: Any, inputs: list) -> OperationStats:
+    """Sizes (largest input and output row) and median time per row of ``operations`` over ``inputs``."""
+    walls, cpu, in_bytes, out_bytes = [], 0.0, 0, 0
+    for args in inputs:
+        w0, c0 = time.perf_counter(), time.thread_time()
+        result = run_operations(operations, args)
+        walls.append(time.perf_counter() - w0)
+        cpu += time.thread_time() - c0
+        in_bytes = max(in_bytes, sum(int(a.nbytes) for a in args if hasattr(a, "nbytes")))
+        out_bytes = max(out_bytes, sum(int(r.nbytes) for r in result))
+    wall = sum(walls)
+    return OperationStats(len(walls), in_bytes, out_bytes, statistics.median(walls) if walls else None,
+                          (cpu / wall) if wall > 0 else None)
+
+
+__all__ = ["StageProbe", "OperationStats", "Lineage", "SourceLineage", "IterableLineage", "MapLineage", "TakenRows", "Unavailable",
+           "remember", "plan_of", "lineage_of", "probe_random_access", "probe_operations"]

@@ -1,0 +1,244 @@
+"""Run a probe in a forked child, so nothing it does can reach the pipeline it plans.
+
+Reading rows to measure them has side effects a drop-in must not have: a source that counts calls, draws
+from ``random`` / ``numpy.random``, caches, or advances an iterator would give the pipeline other rows than
+raw MindSpore gives it. A forked child gets a copy-on-write image of this process; whatever the probe
+changes there (Python objects, RNG states, iterators) is thrown away with it. Only the measurement, a small
+picklable result, comes back through a pipe. The child is also what a forked MindSpore worker is, so its
+timings are a worker's.
+
+What a fork cannot isolate: the outside world (files written, sockets, an open file's shared offset). The
+callers check for open files before they fork (``holds_open_file``).
+
+The child also reports whether the probe changed state the pipeline depends on (``Effects``): the global
+``random`` / ``numpy.random`` states, and the shallow state of the objects it was given (a counter, a cache,
+a generator held as an attribute). Those decide whether ms_shm may change the transport: rows that depend
+on which process or thread reads them must keep MindSpore's own mode.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import os
+import pickle
+import random
+import select
+import signal
+import time
+import traceback
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ms_shm._results import Result
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT = 120.0  # seconds; a probe that hangs (a lock held at fork) must not hang the user's script
+TIMEOUT_ENV = "MS_SHM_PROBE_TIMEOUT"
+
+
+@dataclass(frozen=True)
+class Effects(Result):
+    """What the probe changed in the child: each a reason, or ``None`` for "nothing seen"."""
+
+    draws_random: str | None = None
+    mutates_state: str | None = None
+
+    @property
+    def order_dependent(self) -> str | None:
+        """Why rows may depend on which worker (process or thread) reads them, or ``None``."""
+        return self.draws_random or self.mutates_state
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The child's result, or why there is none.
+
+    Attributes:
+        value: what the probe function returned.
+        error: the exception the probe raised (the child's object, with ``remote_traceback`` as its text).
+        unavailable: why the probe did not run or did not finish (no fork, timeout, child killed).
+    """
+
+    value: Any = None
+    error: BaseException | None = None
+    remote_traceback: str = ""
+    unavailable: str | None = None
+
+
+def timeout_seconds() -> float:
+    try:
+        return float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT))
+    except ValueError:
+        return DEFAULT_TIMEOUT
+
+
+def run_in_fork(probe: Callable[[], Any], timeout: float | None = None) -> Outcome:
+    """``probe()`` in a forked child; its return value (pickled) or its exception comes back.
+
+    Never raises for the child's sake: a fork that fails, a child that dies or hangs past ``timeout`` gives an
+    ``Outcome`` with ``unavailable`` set, and the caller plans without a measurement.
+    """
+    if not hasattr(os, "fork"):
+        return Outcome(unavailable="os.fork is not available on this platform")
+    timeout = timeout_seconds() if timeout is None else timeout
+    read_end, write_end = os.pipe()
+    try:
+        with warnings.catch_warnings():  # 3.12+ warns on fork in a threaded process; MindSpore forks the same way
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+    except OSError as exc:
+        os.close(read_end)
+        os.close(write_end)
+        return Outcome(unavailable=f"fork failed ({type(exc).__name__}: {exc})")
+    if pid == 0:  # pragma: no cover - runs in the child, reported through the pipe
+        os.close(read_end)
+        _child(probe, write_end)
+    os.close(write_end)
+    return _collect(pid, read_end, timeout)
+
+
+def _child(probe: Callable[[], Any], fd: int) -> None:  # pragma: no cover - child side
+    """Run the probe silently (a source's prints must not appear twice) and leave without cleanup handlers."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+        try:
+            payload = ("ok", probe())
+        except BaseException as exc:  # the parent decides what an exception means
+            payload = ("error", exc, "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+        try:
+            data = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # an unpicklable result or exception: send its text
+            text = payload[2] if payload[0] == "error" else ""
+            data = pickle.dumps(("unpicklable", f"{type(exc).__name__}: {exc}", text))
+        with io.FileIO(fd, "wb", closefd=True) as out:
+            out.write(data)
+    finally:
+        os._exit(0)
+
+
+def _collect(pid: int, fd: int, timeout: float) -> Outcome:
+    chunks, deadline = [], time.monotonic() + timeout
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                _kill(pid)
+                return Outcome(unavailable=f"the probe did not finish within {timeout:.0f} s (set {TIMEOUT_ENV} "
+                                           f"to wait longer); it was stopped")
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    _, status = os.waitpid(pid, 0)
+    if not chunks:
+        how = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit status {os.WEXITSTATUS(status)}"
+        return Outcome(unavailable=f"the probe process died ({how}) before reporting")
+    return _decode(b"".join(chunks))
+
+
+def _decode(data: bytes) -> Outcome:
+    try:
+        payload = pickle.loads(data)
+    except Exception as exc:  # e.g. an exception class that cannot be rebuilt here
+        return Outcome(unavailable=f"the probe's result could not be read ({type(exc).__name__}: {exc})")
+    if payload[0] == "ok":
+        return Outcome(value=payload[1])
+    if payload[0] == "error":
+        return Outcome(error=payload[1], remote_traceback=payload[2])
+    return Outcome(unavailable=f"the probe's result could not be sent ({payload[1]})", remote_traceback=payload[2])
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass
+
+
+# --- what the probe changed -------------------------------------------------------------------------------
+
+def rng_state() -> bytes:
+    """A digest of the global ``random`` and ``numpy.random`` states (what ``ds.config.set_seed`` seeds)."""
+    h = hashlib.sha1()
+    h.update(repr(random.getstate()).encode())
+    kind, keys, pos, gauss, cached = np.random.get_state()
+    h.update(keys.tobytes())
+    h.update(repr((kind, pos, gauss, cached)).encode())
+    return h.digest()
+
+
+_SCALARS = (int, float, complex, str, bytes, bool, type(None))
+
+
+def _cell(value: Any) -> tuple:
+    """A cheap fingerprint of one attribute: identity, plus value or length, plus a RNG's state."""
+    if isinstance(value, _SCALARS):
+        return ("v", value if not isinstance(value, (str, bytes)) or len(value) < 256 else hash(value))
+    if isinstance(value, np.random.Generator):
+        return ("rng", id(value), repr(value.bit_generator.state))
+    if isinstance(value, np.random.RandomState):
+        return ("rs", id(value), value.get_state()[1].tobytes(), value.get_state()[2])
+    if isinstance(value, random.Random):
+        return ("r", id(value), hash(value.getstate()))
+    if isinstance(value, np.ndarray):
+        return ("a", id(value), value.shape, value.__array_interface__["data"][0])
+    try:
+        size = len(value)
+    except Exception:  # not sized (or a broken __len__): identity alone
+        size = None
+    return ("o", id(value), size)
+
+
+def state_of(objects: Sequence[Any]) -> tuple:
+    """The shallow state of ``objects``: each one's attributes (``__dict__`` and slots), fingerprinted."""
+    out = []
+    for obj in objects:
+        attrs = getattr(obj, "__dict__", None)
+        items = dict(attrs) if isinstance(attrs, dict) else {}
+        for name in getattr(type(obj), "__slots__", ()):
+            if hasattr(obj, name):
+                items[name] = getattr(obj, name)
+        out.append(tuple(sorted((k, _cell(v)) for k, v in items.items())))
+    return tuple(out)
+
+
+def changed_attributes(before: tuple, after: tuple, objects: Sequence[Any]) -> str | None:
+    """Which attribute the probe changed, named for the log, or ``None``."""
+    for obj, b, a in zip(objects, before, after):
+        if a != b:
+            names = sorted({k for k, _ in a} ^ {k for k, _ in b} | {k for (k, v) in a if (k, v) not in b})
+            return f"{type(obj).__name__}.{names[0] if names else '?'} changed while rows were read"
+    return None
+
+
+def watch_effects(run: Callable[[], Any], objects: Sequence[Any]) -> tuple[Any, Effects]:
+    """``run()`` and what it changed: meant for the child, where the changes are thrown away."""
+    rng0, state0 = rng_state(), state_of(objects)
+    value = run()
+    draws = "rows draw from the global random / numpy.random state" if rng_state() != rng0 else None
+    return value, Effects(draws, changed_attributes(state0, state_of(objects), objects))
+
+
+def holds_open_file(obj: Any) -> str | None:
+    """An open file among ``obj``'s attributes: its offset is shared with a forked child, so reading it there
+    would move the parent's position."""
+    attrs = getattr(obj, "__dict__", None)
+    for name, value in (attrs.items() if isinstance(attrs, dict) else ()):
+        if isinstance(value, io.IOBase) and not value.closed:
+            return f"{type(obj).__name__}.{name} is an open file"
+    return None
+
+
+__all__ = ["Effects", "Outcome", "run_in_fork", "watch_effects", "holds_open_file", "rng_state", "state_of"]

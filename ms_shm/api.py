@@ -421,7 +421,7 @@ def plan_of(dataset: Any) -> Plan | None:
 def _input_lineage(dataset: Any) -> measure.Lineage:
     """How the probe child can make the input rows of a ``map``: the stage's own lineage, or (for a tree that
     runs no Python code, whose reading has no side effects) a few rows read now."""
-    lineage = measure.lineage_of(dataset)
+    lineage = measure.lineage_of(engine.rows_come_from(dataset))
     if lineage is not None:
         return lineage
     python = engine.python_code_in(dataset)

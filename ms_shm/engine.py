@@ -171,6 +171,17 @@ def row_check():
     return _convert_row
 
 
+def rows_come_from(dataset: Any) -> Any:
+    """The stage whose rows ``dataset`` yields unchanged (reordered, repeated or cut), or ``dataset`` itself:
+    a ``map`` after ``.shuffle()`` can be measured on the rows of the stage before the shuffle."""
+    ds = _dataset_module()
+    passing = tuple(getattr(ds, name) for name in ("ShuffleDataset", "RepeatDataset", "TakeDataset", "SkipDataset")
+                    if hasattr(ds, name))
+    while isinstance(dataset, passing) and len(getattr(dataset, "children", [])) == 1:
+        dataset = dataset.children[0]
+    return dataset
+
+
 def python_code_in(dataset: Any) -> str | None:
     """The first node of ``dataset``'s tree that runs Python code (a generator source, a Python operation, a
     ``per_batch_map``), or ``None`` when reading the tree runs only MindSpore's C++ and cannot have side effects

@@ -16,10 +16,18 @@ from ms_shm.api import TuneReport, build_dataset, map, plan_of, probe, reset, tu
 from ms_shm.budget import Budget
 from ms_shm.cleanup import CleanReport, Leftover, clean
 from ms_shm.cow import CowFinding
-from ms_shm.guard import RowTooLargeError, ShmFullError
+from ms_shm.errors import (
+    Error,
+    ProcessesUnavailableError,
+    RowError,
+    RowTooLargeError,
+    ShmBudgetError,
+    ShmFullError,
+    UsageError,
+)
 from ms_shm.host import HostFacts
-from ms_shm.plan import Decision, Plan, ShmBudgetError
-from ms_shm.rows import RowError, RowStats
+from ms_shm.plan import Decision, Plan
+from ms_shm.rows import RowStats
 from ms_shm.shared_list import SharedDict, SharedList
 from ms_shm.watch import Watcher, WatchSummary, watch
 
@@ -30,7 +38,7 @@ __version__ = "0.1.0"
 __all__ = [
     "tune", "build_dataset", "map", "plan_of", "probe", "reset",
     "TuneReport", "Plan", "Decision", "Budget", "HostFacts", "RowStats",
-    "ShmBudgetError", "RowError", "RowTooLargeError", "ShmFullError",
+    "Error", "ShmBudgetError", "RowError", "ProcessesUnavailableError", "UsageError", "RowTooLargeError", "ShmFullError",
     "clean", "CleanReport", "Leftover", "watch", "Watcher", "WatchSummary",
     "SharedList", "SharedDict", "CowFinding",
 ]

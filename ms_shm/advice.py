@@ -14,6 +14,7 @@ from typing import Any
 
 from ms_shm import model
 from ms_shm._results import Result, mib
+from ms_shm.errors import UsageError
 
 # Same headroom as the planner's budget: MindSpore's own static check refuses at 80% of free /dev/shm, and
 # other processes (the semaphores of map pools, a second pipeline) need the rest.
@@ -89,9 +90,9 @@ def parse_size(text: str) -> int:
     try:
         value = float(raw)
     except ValueError:
-        raise ValueError(f"not a size: {text!r} (try 64m, 512m, 2g)") from None
+        raise UsageError(f"not a size: {text!r} (try 64m, 512m, 2g)") from None
     if value < 0 or math.isnan(value) or math.isinf(value):
-        raise ValueError(f"not a size: {text!r}")
+        raise UsageError(f"not a size: {text!r}")
     return int(value * scale)
 
 

@@ -19,6 +19,7 @@ from ms_shm import budget as budget_mod
 from ms_shm import engine, host, measure, model, rows
 from ms_shm import plan as planner
 from ms_shm._results import Result, mib
+from ms_shm.errors import ProcessesUnavailableError
 from ms_shm.guard import GuardedSource, GuardSpec
 from ms_shm.plan import Decision, Plan, ShmBudgetError
 
@@ -380,7 +381,7 @@ _ROW_FIX = "lower num_parallel_workers, or pass python_multiprocessing=False to 
 def _without_processes(req: planner.Request, why: str) -> planner.Request:
     """MindSpore's worker processes cannot start here: plan threads, or stop now if the caller insisted."""
     if req.multiprocessing is True and (req.workers or 1) > 1:
-        raise RuntimeError(f"python_multiprocessing=True cannot work here: {why}, and MindSpore's GeneratorDataset "
+        raise ProcessesUnavailableError(f"python_multiprocessing=True cannot work here: {why}, and MindSpore's GeneratorDataset "
                            f"reads its own process through psutil before starting workers. Fix: mount /proc (or "
                            f"make it readable), or pass python_multiprocessing=False.")
     log.warning("ms_shm: %s; worker processes are not planned, threads are", why)

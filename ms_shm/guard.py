@@ -26,17 +26,10 @@ import numpy as np
 
 from ms_shm import model
 from ms_shm._results import Result, mib
+from ms_shm.errors import RowTooLargeError, ShmFullError
 
 log = logging.getLogger(__name__)
 
-
-
-class RowTooLargeError(RuntimeError):
-    """A row larger than the shared memory planned for it; raised in the worker, before the row is written."""
-
-
-class ShmFullError(RuntimeError):
-    """/dev/shm has less free space than a new slot needs (something else filled it after planning)."""
 
 
 @dataclass(frozen=True)

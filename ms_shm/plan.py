@@ -14,22 +14,12 @@ from typing import Any
 from ms_shm import model
 from ms_shm._results import Result, mib
 from ms_shm.budget import Budget
+from ms_shm.errors import ShmBudgetError
 from ms_shm.rows import RowStats
 
 INLINE, THREADS, PROCESSES, PIPES = "inline", "threads", "processes", "pipes"
 MODES = (INLINE, THREADS, PROCESSES, PIPES)
 RAGGED_MARGIN = 1.5  # plan ragged rows at 1.5x the largest probe row; the runtime guard covers the rest
-
-
-class ShmBudgetError(RuntimeError):
-    """The settings the caller insisted on cannot fit this rank's shared-memory or fd budget.
-
-    Raised before any worker starts, instead of a bus error later. The message has the numbers and the fix.
-    """
-
-    def __init__(self, message: str, plan: "Plan | None" = None):
-        super().__init__(message)
-        self.plan = plan
 
 
 @dataclass(frozen=True)

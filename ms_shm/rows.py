@@ -19,6 +19,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ms_shm._results import Result
+from ms_shm.errors import RowError
 
 log = logging.getLogger(__name__)
 
@@ -26,15 +27,6 @@ log = logging.getLogger(__name__)
 # datetime, structured and object arrays fail in C++ with "Failed to create tensor from numpy array, data type
 # is unknown" (measured), so they are refused here with a fix instead.
 CARRIED_KINDS = {"b": "bool", "i": "int", "u": "uint", "f": "float", "U": "str", "S": "bytes"}
-
-
-class RowError(ValueError):
-    """A row MindSpore cannot carry. The message names the column, the row and the fix."""
-
-    def __init__(self, message: str, column: str | None = None, row: Any = None):
-        super().__init__(message)
-        self.column = column
-        self.row = row
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from typing import Callable, Iterable, Union
 import psutil
 
 from ms_shm._results import Result, mib
+from ms_shm.errors import UsageError
 
 log = logging.getLogger(__name__)
 
@@ -258,7 +259,7 @@ class Watcher:
                  growth_fraction: float = 0.01, uss_budget: float = 0.005, max_samples: int = 100_000,
                  sysv_path: str | os.PathLike = "/proc/sysvipc/shm"):
         if interval <= 0:
-            raise ValueError(f"interval must be positive, got {interval}")
+            raise UsageError(f"interval must be positive, got {interval}")
         self.interval = float(interval)
         self.csv_path = Path(csv_path) if csv_path is not None else None
         self.shm_path = str(shm_path)
@@ -295,7 +296,7 @@ class Watcher:
     def start(self) -> Watcher:
         """Start sampling in a daemon thread (the first sample is taken at once)."""
         if self._thread is not None:
-            raise RuntimeError("this Watcher was already started; make a new one with ms_shm.watch()")
+            raise UsageError("this Watcher was already started; make a new one with ms_shm.watch()")
         if self.csv_path is not None:
             self._csv_handle = open(self.csv_path, "w", newline="")
             self._csv_writer = csv.writer(self._csv_handle)
@@ -310,7 +311,7 @@ class Watcher:
         if self._summary is not None:
             return self._summary
         if self._thread is None:
-            raise RuntimeError("this Watcher was never started")
+            raise UsageError("this Watcher was never started")
         self._stop.set()
         self._thread.join(timeout=self.interval + 30)
         if self._thread.is_alive():

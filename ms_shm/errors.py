@@ -1,0 +1,69 @@
+"""Every error ms_shm raises, under one root: ``except ms_shm.Error`` catches them all.
+
+Each also derives from the built-in class a caller would have caught before (``ValueError`` for bad input,
+``RuntimeError`` for a pipeline that cannot run), so existing ``except`` clauses keep working. The message
+always carries the numbers and the fix; the attributes carry them as data.
+
+MindSpore re-raises a worker's exception in the main process as ``type(exc)(traceback_text)``: every class
+here must therefore be constructible from a message alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class Error(Exception):
+    """The root of every ms_shm error.
+
+    Attributes:
+        fix: the change that makes the error go away, as text (``None`` when only the message says it).
+    """
+
+    def __init__(self, message: str = "", *, fix: str | None = None):
+        super().__init__(message)
+        self.fix = fix
+
+
+class RowError(Error, ValueError):
+    """A row MindSpore cannot carry, found before any worker starts. The message names the column, the row and
+    the fix."""
+
+    def __init__(self, message: str = "", column: str | None = None, row: Any = None, *, fix: str | None = None):
+        super().__init__(message, fix=fix)
+        self.column = column
+        self.row = row
+
+
+class ShmBudgetError(Error, RuntimeError):
+    """The settings the caller insisted on cannot fit this rank's shared-memory or fd budget.
+
+    Raised before any worker starts, instead of a bus error later. The message has the numbers and the fix.
+
+    Attributes:
+        plan: the closest plan that was considered, when there is one.
+    """
+
+    def __init__(self, message: str = "", plan: Any = None, *, fix: str | None = None):
+        super().__init__(message, fix=fix)
+        self.plan = plan
+
+
+class RowTooLargeError(Error, RuntimeError):
+    """A row larger than the shared memory planned for it; raised in the worker, before the row is written."""
+
+
+class ShmFullError(Error, RuntimeError):
+    """/dev/shm has less free space than a new slot needs (something else filled it after planning)."""
+
+
+class UsageError(Error, ValueError):
+    """An ms_shm call was used wrongly (a bad argument, a watcher started twice)."""
+
+
+class ProcessesUnavailableError(Error, RuntimeError):
+    """``python_multiprocessing=True`` was asked for where MindSpore cannot start worker processes."""
+
+
+__all__ = ["Error", "RowError", "ShmBudgetError", "RowTooLargeError", "ShmFullError", "ProcessesUnavailableError",
+           "UsageError"]

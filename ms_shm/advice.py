@@ -12,13 +12,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ms_shm import model
+from ms_shm import model, sizes
 from ms_shm._results import Result, mib
-from ms_shm.errors import UsageError
+from ms_shm.sizes import HEADROOM, k8s_size, nofile_target, parse_size, with_headroom
+from ms_shm.sizes import shm_size_flag as human_size
 
 # Same headroom as the planner's budget: MindSpore's own static check refuses at 80% of free /dev/shm, and
 # other processes (the semaphores of map pools, a second pipeline) need the rest.
-HEADROOM = 0.8
 REFERENCE_ROW_BYTES = 8 * model.MiB  # a decoded 1080p RGB frame is 6 MiB; MindSpore's "5 GB" assumes ~8 MiB
 TYPICAL_MAX_WORKERS = 8  # MindSpore's default num_parallel_workers, capped by the CPU count
 SEVERITIES = ("crash", "slow", "info")
@@ -54,53 +54,6 @@ class Advice(Result):
 # ----------------------------------------------------------------------------------------------- sizes
 
 
-def human_size(nbytes: int) -> str:
-    """Round up to a size people write in a Dockerfile: a power of two below 1 GiB, whole GiB above.
-
-    Docker reads ``m``/``g`` as MiB/GiB, so ``human_size(800 MiB) == "1g"``.
-
-    Examples:
-        >>> human_size(300 * 2**20), human_size(800 * 2**20), human_size(int(6.25 * 2**30))
-        ('512m', '1g', '7g')
-    """
-    nbytes = max(int(nbytes), 64 * model.MiB)  # never advise less than Docker's default
-    if nbytes <= _GiB:
-        size = 64
-        while size * model.MiB < nbytes:
-            size *= 2
-        return "1g" if size >= 1024 else f"{size}m"
-    return f"{math.ceil(nbytes / _GiB)}g"
-
-
-def parse_size(text: str) -> int:
-    """Bytes of a Docker-style size (``64m``, ``2g``, ``512Mi``, ``1.5G``, ``4096``); binary units, like Docker.
-
-    Raises:
-        ValueError: the text is not a size.
-    """
-    raw = text.strip().lower().replace(" ", "")
-    for suffix in ("ib", "b", "i"):
-        if raw.endswith(suffix) and len(raw) > len(suffix) and raw[-len(suffix) - 1] in "kmgt":
-            raw = raw[: -len(suffix)]
-            break
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-    scale = 1
-    if raw and raw[-1] in units:
-        scale, raw = units[raw[-1]], raw[:-1]
-    try:
-        value = float(raw)
-    except ValueError:
-        raise UsageError(f"not a size: {text!r} (try 64m, 512m, 2g)") from None
-    if value < 0 or math.isnan(value) or math.isinf(value):
-        raise UsageError(f"not a size: {text!r}")
-    return int(value * scale)
-
-
-def _k8s_size(human: str) -> str:
-    """Kubernetes spells Docker's ``512m``/``2g`` as ``512Mi``/``2Gi`` (``512m`` would mean 0.512 bytes)."""
-    return human[:-1] + ("Mi" if human.endswith("m") else "Gi")
-
-
 # ----------------------------------------------------------------------------------------------- snippets
 
 
@@ -120,10 +73,10 @@ def shm_fixes(size_bytes: int, container: str | None, memory_limit: int | None =
         ``(label, text)`` pairs.
     """
     size = human_size(size_bytes)
-    k8s = _k8s_size(size)
+    k8s = k8s_size(size)
     if memory_limit:
         raised = human_size(memory_limit + parse_size(size))
-        limit_line = f"        memory: {_k8s_size(raised)}   # was {mib(memory_limit)}; /dev/shm pages count against it"
+        limit_line = f"        memory: {k8s_size(raised)}   # was {mib(memory_limit)}; /dev/shm pages count against it"
     else:
         limit_line = f"        memory: <your limit + {k8s}>   # /dev/shm pages count against it"
     docker = ("docker run", f"docker run --shm-size={size} ...   # or --ipc=host to share the host's /dev/shm")
@@ -159,14 +112,6 @@ def shm_fixes(size_bytes: int, container: str | None, memory_limit: int | None =
     else:
         order = (host, docker, compose, kube)
     return order
-
-
-def nofile_target(n: int) -> int:
-    """Round an fd count up to a limit people set: 1024, 4096, 16384, 65536..."""
-    target = 1024
-    while target < n:
-        target *= 4
-    return target
 
 
 def nofile_fixes(n: int, container: str | None = None) -> tuple:
@@ -255,7 +200,7 @@ def recommended_shm(facts: Any, row_bytes: int | None = None, workers: int | Non
     p = model.DEFAULT_PREFETCH if prefetch is None else max(1, int(prefetch))
     per_rank = model.generator_peak(row, w, p)
     total = per_rank * r
-    need = math.ceil(total / HEADROOM)
+    need = with_headroom(total)
     row_text = f"{mib(row)} rows" + (" (reference row: real size unknown)" if reference else "")
     how = "" if workers is not None else f" (MindSpore's default {TYPICAL_MAX_WORKERS}, capped at the usable CPUs)"
     if w <= 1:
@@ -267,9 +212,11 @@ def recommended_shm(facts: Any, row_bytes: int | None = None, workers: int | Non
     return need, text
 
 
-def fitting_prefetch(row_bytes: int, workers: int, budget: int) -> int | None:
-    """The largest prefetch (<= 16) whose slots fit ``budget`` bytes, or ``None`` when even prefetch 1 does not."""
-    for p in range(model.DEFAULT_PREFETCH, 0, -1):
+def fitting_prefetch(row_bytes: int, workers: int, budget: int, current: int = model.DEFAULT_PREFETCH
+                     ) -> int | None:
+    """The largest prefetch (<= ``current``) whose slots fit ``budget`` bytes, or ``None`` when even prefetch 1
+    does not."""
+    for p in range(current, 0, -1):
         if model.generator_peak(row_bytes, workers, p) <= budget:
             return p
     return None
@@ -367,9 +314,10 @@ def _shm_findings(facts: Any, t: Typical) -> list:
     return out
 
 
-def fds_needed(facts: Any, workers: int, prefetch: int) -> int:
-    """Fds the main process needs for one pipeline: its slots and pipes, a margin, and what is open already."""
-    return model.generator_fds(workers, prefetch) + model.FD_MARGIN + (getattr(facts, "open_fds", None) or 0)
+def fds_needed(facts: Any, workers: int, prefetch: int, pipelines: int = 1) -> int:
+    """Fds the main process needs for ``pipelines`` typical pipelines (slots and pipes), a margin, and what is
+    open already."""
+    return sizes.fds_needed(model.generator_fds(workers, prefetch), getattr(facts, "open_fds", None), pipelines)
 
 
 def _nofile_findings(facts: Any, t: Typical) -> list:
@@ -389,7 +337,7 @@ def _nofile_findings(facts: Any, t: Typical) -> list:
             "crash", f"raise the soft limit to {nofile_target(need)}"
                      + (" (the hard limit allows it)" if can_raise else f"; the hard limit {hard} must go up first"),
             nofile_fixes(need, facts.container), "nofile-soft"))
-    two = 2 * need  # a train and an eval pipeline alive together
+    two = fds_needed(facts, t.workers, t.prefetch, pipelines=2)  # a train and an eval pipeline alive together
     if hard is not None and hard < two:
         out.append(Advice(
             f"open-files hard limit is {hard}: a process that is not root cannot raise its soft limit above it, "

@@ -15,8 +15,8 @@ import weakref
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
+from ms_shm import advice, engine, host, measure, model, rows, sizes
 from ms_shm import budget as budget_mod
-from ms_shm import engine, host, measure, model, rows
 from ms_shm import plan as planner
 from ms_shm._results import Result, mib
 from ms_shm.errors import ProcessesUnavailableError
@@ -25,7 +25,6 @@ from ms_shm.plan import Decision, Plan, ShmBudgetError
 
 log = logging.getLogger("ms_shm")
 
-NOFILE_TARGET = 65536  # what tune() raises a low soft limit to, within the hard limit
 
 
 @dataclass
@@ -74,10 +73,6 @@ class TuneReport(Result):
 
 
 def _advise(facts: host.HostFacts, ms_config: Any) -> tuple:
-    try:
-        from ms_shm import advice
-    except ImportError:
-        return ()
     return tuple(advice.diagnose(facts, ms_config))
 
 
@@ -126,14 +121,14 @@ def tune(dry_run: bool = False, ranks: int | None = None, shm_fraction: float = 
         notes.append("mindspore is not importable: only host facts and the open-files limit were handled")
     b = _budget(facts, reserved=(0, 0))
     decisions, changes = [], []
-    w = workers or max(1, min(facts.usable_cpus, 8))
+    w = workers or advice.typical_workers(facts)
     current_p = ms.prefetch_size if ms and ms.prefetch_size else model.DEFAULT_PREFETCH
 
     # Open files: one fd per shm slot in the main process, per worker.
-    need_fds = (facts.open_fds or 0) + model.FD_MARGIN + 2 * model.generator_fds(w, current_p)
+    need_fds = advice.fds_needed(facts, w, current_p, pipelines=2)
     if facts.nofile_soft is not None and facts.nofile_soft < need_fds:
         hard = facts.nofile_hard
-        target = NOFILE_TARGET if hard is None else min(hard, NOFILE_TARGET)
+        target = sizes.nofile_target(need_fds) if hard is None else min(hard, sizes.nofile_target(need_fds))
         reason = (f"soft open-files limit {facts.nofile_soft} < {need_fds} needed by two {w}-worker pipelines "
                   f"at prefetch {current_p} (one fd per shared-memory slot)")
         decisions.append(Decision("RLIMIT_NOFILE(soft)", target, facts.nofile_soft, reason))
@@ -145,7 +140,7 @@ def tune(dry_run: bool = False, ranks: int | None = None, shm_fraction: float = 
     if ms is not None:
         p = prefetch
         if p is None and row_mb is not None and b.shm_bytes is not None:
-            p = _largest_prefetch(int(row_mb * model.MiB), w, current_p, b.shm_bytes)
+            p = advice.fitting_prefetch(int(row_mb * model.MiB), w, b.shm_bytes, current_p)
             if p is None:
                 decisions.append(Decision("prefetch_size", current_p, current_p,
                                           f"{w} workers x {row_mb} MiB rows do not fit {mib(b.shm_bytes)} even at "
@@ -168,13 +163,13 @@ def tune(dry_run: bool = False, ranks: int | None = None, shm_fraction: float = 
                 if change:
                     changes.append(change)
 
-    advice = _advise(facts, ms)
-    report = TuneReport(facts, ms, b, tuple(decisions), tuple(c for c in changes if c), advice, dry_run,
+    found = _advise(facts, ms)
+    report = TuneReport(facts, ms, b, tuple(decisions), tuple(c for c in changes if c), found, dry_run,
                         tuple(notes))
     log.info("ms_shm.tune: /dev/shm budget %s per pipeline: %s", mib(b.shm_bytes), b.reason)
     for d in decisions:
         log.info("ms_shm.tune%s: %s", " (dry run)" if dry_run else "", d)
-    _log_advice_once(facts, advice)
+    _log_advice_once(facts, found)
     if clean and facts.ranks.local_rank == 0 and not dry_run:
         try:
             from ms_shm import cleanup
@@ -184,13 +179,6 @@ def tune(dry_run: bool = False, ranks: int | None = None, shm_fraction: float = 
             result = cleanup.clean(dry_run=False)
             log.info("ms_shm.tune: cleaned leftovers of crashed runs: %s freed", mib(result.bytes_freed))
     return report
-
-
-def _largest_prefetch(row_bytes: int, workers: int, current: int, budget: int) -> int | None:
-    for p in range(current, 0, -1):
-        if model.generator_peak(row_bytes, workers, p) <= budget:
-            return p
-    return None
 
 
 def _budget(facts: host.HostFacts, reserved: tuple | None = None) -> budget_mod.Budget:

@@ -11,10 +11,10 @@ import itertools
 import threading
 from dataclasses import dataclass
 
-from ms_shm import model
+from ms_shm import model, sizes
 from ms_shm._results import Result, mib
 
-DEFAULT_FRACTION = 0.8
+DEFAULT_FRACTION = sizes.HEADROOM
 
 
 @dataclass(frozen=True)

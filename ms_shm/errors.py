@@ -57,8 +57,9 @@ class ShmFullError(Error, RuntimeError):
     """/dev/shm has less free space than a new slot needs (something else filled it after planning)."""
 
 
-class UsageError(Error, ValueError):
-    """An ms_shm call was used wrongly (a bad argument, a watcher started twice)."""
+class UsageError(Error, ValueError, RuntimeError):
+    """An ms_shm call was used wrongly (a bad argument, a watcher started twice); caught as ``ValueError`` or
+    ``RuntimeError`` as before."""
 
 
 class ProcessesUnavailableError(Error, RuntimeError):

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ms_shm import model
+from ms_shm import model, sizes
 from ms_shm._results import Result, mib
 from ms_shm.errors import RowTooLargeError, ShmFullError
 
@@ -175,7 +175,7 @@ class GuardedSource:
         spec = self.spec
         host_need = int(self._need(size) * spec.shm_scale)
         return (f"give /dev/shm at least {mib(host_need)} for rows of {mib(size)} "
-                f"(docker run --shm-size={-(-host_need // model.MiB)}m, or a Kubernetes emptyDir with "
+                f"(docker run --shm-size={sizes.shm_size_flag(host_need)}, or a Kubernetes emptyDir with "
                 f"medium: Memory and that sizeLimit), or {spec.fix}")
 
 

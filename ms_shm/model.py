@@ -12,14 +12,12 @@ import re
 from dataclasses import dataclass
 
 from ms_shm._results import Result
+from ms_shm.sizes import FD_MARGIN, PAGE, MiB  # noqa: F401  (re-exported: model's arithmetic is in pages)
 
-PAGE = 4096
-MiB = 1 << 20
 DEFAULT_PREFETCH = 16
 SEM_PAGES_PER_POOL = 17  # a map/batch process pool's semaphores, measured (68 KiB)
 FD_BASE = 5  # main-process fds of one GeneratorDataset process pool ...
 FD_PER_WORKER = 6  # ... plus these per worker (queues, pipes, sentinels), measured for W = 2, 4, 8
-FD_MARGIN = 8  # what the user's own code may open while the pipeline runs
 STATIC_MIN_ELEMENTS = 10000  # a static slot carries a column only with more elements than this
 
 

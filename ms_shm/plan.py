@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ms_shm import model
+from ms_shm import model, sizes
 from ms_shm._results import Result, mib
 from ms_shm.budget import Budget
 from ms_shm.errors import ShmBudgetError
@@ -329,14 +329,7 @@ def _no_fit_message(cands: list, req: Request, budget: Budget, stats: RowStats, 
             f"budget is {mib(budget.shm_bytes)} and {budget.fds if budget.fds is not None else 'unlimited'} "
             f"fds ({budget.reason}). Why: {' | '.join(reasons)[:600]}. Fix: drop the explicit "
             f"{' / '.join(asked) or 'settings'} so ms_shm can choose threads or pipes, or give /dev/shm at "
-            f"least {mib(host_need)} (docker run --shm-size={_round_up(host_need)}), or raise `ulimit -n`.")
-
-
-def _round_up(nbytes: int) -> str:
-    mb = -(-nbytes // model.MiB)
-    if mb >= 1024:
-        return f"{-(-mb // 1024)}g"
-    return f"{-(-mb // 64) * 64}m"
+            f"least {mib(host_need)} (docker run --shm-size={sizes.shm_size_flag(host_need)}), or raise `ulimit -n`.")
 
 
 def plan_iterable(req: Request, budget: Budget, profile: model.EngineProfile) -> Plan:

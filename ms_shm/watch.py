@@ -30,6 +30,7 @@ from typing import Callable, Iterable, Union
 
 import psutil
 
+from ms_shm import sizes
 from ms_shm._results import Result, mib
 from ms_shm.errors import UsageError
 
@@ -152,7 +153,7 @@ def shm_warning(used: int | None, total: int | None, shm_path: str = "/dev/shm",
     """The warning for a nearly full shm mount, or None. Pure, so the wording is tested without a mount."""
     if used is None or not total or used / total <= threshold:
         return None
-    suggest = _shm_size_hint(max(2 * total, 1 << 30))
+    suggest = sizes.shm_size_flag(max(2 * total, 1 << 30))
     return (f"{shm_path} is {used / total:.0%} full ({mib(used)} of {mib(total)}); MindSpore workers die with "
             f"SIGBUS (dynamic rows) or refuse to start (static max_rowsize) when it fills. Give it more room: "
             f"`docker run --shm-size={suggest} ...` (Kubernetes: an emptyDir with medium: Memory and "
@@ -166,7 +167,7 @@ def fd_warning(fds: int | None, soft: int | None, hard: int | None = None, who: 
     if fds is None or not soft or soft == resource.RLIM_INFINITY or fds / soft <= threshold:
         return None
     ceiling = None if hard in (None, resource.RLIM_INFINITY) else hard
-    wanted = max(65536, 4 * soft)
+    wanted = sizes.nofile_target(2 * fds)
     target = wanted if ceiling is None else min(wanted, ceiling)
     if target > soft:
         hint = f"`ulimit -n {target}` before starting"
@@ -190,13 +191,6 @@ def growth(series: list, epochs: int = 3, min_bytes: int = 8 << 20, min_fraction
         return diffs, False
     tail = list(zip(series[-epochs - 1:-1], diffs[-epochs:]))
     return diffs, all(d > max(min_bytes, min_fraction * before) for before, d in tail)
-
-
-def _shm_size_hint(nbytes: int) -> str:
-    gib = nbytes / (1 << 30)
-    if gib >= 1:
-        return f"{2 ** math.ceil(math.log2(gib))}g"
-    return f"{2 ** math.ceil(math.log2(max(nbytes, 1 << 20) / (1 << 20)))}m"
 
 
 # ------------------------------------------------------------------------------------- reading

@@ -127,11 +127,12 @@ def test_shm_fixes_put_where_we_run_first(container, first):
 
 def test_nofile_fixes():
     fixes = dict(advice.nofile_fixes(2000))
-    assert "ulimit -n 4096" in fixes["shell"]
-    assert "*  soft  nofile  4096" in fixes["limits.conf"]
+    assert "ulimit -n 65536" in fixes["shell"]
+    assert "*  soft  nofile  65536" in fixes["limits.conf"]
     assert "setrlimit" in fixes["python"]
-    assert "--ulimit nofile=4096:4096" in dict(advice.nofile_fixes(2000, "docker"))["docker run"]
-    assert advice.nofile_target(10) == 1024 and advice.nofile_target(70000) == 262144
+    assert "--ulimit nofile=65536:65536" in dict(advice.nofile_fixes(2000, "docker"))["docker run"]
+    # the one rule (sizes.nofile_target): 1024 x 4^k, at least 65536
+    assert advice.nofile_target(10) == 65536 and advice.nofile_target(70000) == 262144
 
 
 def test_ds_config_fixes():
@@ -192,7 +193,7 @@ def test_low_soft_nofile():
     need = model.generator_fds(8, 16) + model.FD_MARGIN + 6
     assert finding.code == "nofile-soft" and str(need) in finding.problem
     assert "hard limit allows it" in finding.fix
-    assert "ulimit -n 1024" in dict(finding.snippets)["shell"]
+    assert "ulimit -n 65536" in dict(finding.snippets)["shell"]
 
 
 def test_low_hard_nofile():

@@ -92,7 +92,7 @@ def test_too_many_open_files_logs(name):
     e = only(log(name), nofile_soft=40, nofile_hard=4096)
     assert e.kind == "too-many-open-files"
     assert "soft limit is 40" in e.cause
-    assert "ulimit -n 1024" in dict(e.snippets)["shell"] or "--ulimit nofile=1024" in dict(e.snippets)["docker run"]
+    assert "--ulimit nofile=65536" in dict(e.snippets)["docker run"]
 
 
 def test_pytorch_bus_error_written_by_hand():

@@ -12,8 +12,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ms_shm import model, sizes
+from ms_shm import sizes
 from ms_shm._results import Result, mib
+from ms_shm.engines.mindspore import arithmetic as model
+from ms_shm.engines.mindspore import profiles
 from ms_shm.sizes import HEADROOM, k8s_size, nofile_target, parse_size, with_headroom
 from ms_shm.sizes import shm_size_flag as human_size
 
@@ -371,7 +373,7 @@ def _cgroup_findings(facts: Any, t: Typical) -> list:
 
 
 def _sysv_findings(facts: Any, t: Typical) -> list:
-    profile = model.profile_for(facts.mindspore_version)
+    profile = profiles.profile_for(facts.mindspore_version)
     out = []
     if profile.map_transport == "sysv":
         cost = model.map_pool_cost(profile, t.workers, t.row_bytes, t.row_bytes)

@@ -15,13 +15,16 @@ import weakref
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
-from ms_shm import advice, engine, host, measure, model, rows, sizes
+from ms_shm import advice, host, measure, rows, sizes
 from ms_shm import budget as budget_mod
-from ms_shm import plan as planner
 from ms_shm._results import Result, mib
+from ms_shm.engines.mindspore import arithmetic as model
+from ms_shm.engines.mindspore import compat as engine
+from ms_shm.engines.mindspore import planning as planner
+from ms_shm.engines.mindspore.guard import GuardedSource, GuardSpec
+from ms_shm.engines.mindspore.profiles import profile_for
 from ms_shm.errors import ProcessesUnavailableError
-from ms_shm.guard import GuardedSource, GuardSpec
-from ms_shm.plan import Decision, Plan, ShmBudgetError
+from ms_shm.plan import PIPES, Decision, Plan, Request, ShmBudgetError
 
 log = logging.getLogger("ms_shm")
 
@@ -194,8 +197,8 @@ def _current_nofile(facts: host.HostFacts) -> host.HostFacts:
     return replace(facts, nofile_soft=None if soft == inf else soft, nofile_hard=None if hard == inf else hard)
 
 
-def _request(kwargs: dict, ms: Any, facts: host.HostFacts, rows_per_epoch: int | None) -> planner.Request:
-    return planner.Request(
+def _request(kwargs: dict, ms: Any, facts: host.HostFacts, rows_per_epoch: int | None) -> Request:
+    return Request(
         workers=kwargs.get("num_parallel_workers"),
         multiprocessing=kwargs.get("python_multiprocessing"),
         max_rowsize=model.max_rowsize_mb(kwargs.get("max_rowsize")),
@@ -244,7 +247,7 @@ def _probe_blocker(kwargs: dict) -> str | None:
     return None
 
 
-def _lock_mode(req: planner.Request, why: str, default_multiprocessing: bool) -> tuple:
+def _lock_mode(req: Request, why: str, default_multiprocessing: bool) -> tuple:
     """Rows that depend on which worker reads them keep MindSpore's own mode and workers."""
     workers = req.workers if req.workers is not None else 1
     multiprocessing = req.multiprocessing if req.multiprocessing is not None else default_multiprocessing
@@ -287,7 +290,7 @@ def build_dataset(source: Any, column_names: Sequence[str] | str | None = None, 
     names = _column_names(column_names, generator_kwargs)
     random_access = rows.is_random_access(source)
     req = _request(generator_kwargs, ms, facts, None)
-    profile = model.profile_for(ms.version if ms else facts.mindspore_version)
+    profile = profile_for(ms.version if ms else facts.mindspore_version)
     b = _budget(facts)
     if not random_access:
         p = planner.plan_iterable(req, b, profile)
@@ -366,7 +369,7 @@ def _rows_per_epoch(kwargs: dict, length: int | None) -> int | None:
 _ROW_FIX = "lower num_parallel_workers, or pass python_multiprocessing=False to build_dataset"
 
 
-def _without_processes(req: planner.Request, why: str) -> planner.Request:
+def _without_processes(req: Request, why: str) -> Request:
     """MindSpore's worker processes cannot start here: plan threads, or stop now if the caller insisted."""
     if req.multiprocessing is True and (req.workers or 1) > 1:
         raise ProcessesUnavailableError(f"python_multiprocessing=True cannot work here: {why}, and MindSpore's GeneratorDataset "
@@ -384,7 +387,7 @@ def _apply_globals(p: Plan, ms: Any) -> list:
     if ms.prefetch_size and p.prefetch < ms.prefetch_size:
         out.append(engine.set_prefetch_size(p.prefetch, next((d.reason for d in p.decisions
                                                           if d.setting == "prefetch_size"), "plan")))
-    if p.mode == planner.PIPES and ms.shared_mem:
+    if p.mode == PIPES and ms.shared_mem:
         out.append(engine.set_shared_mem(False, "rows go through pipes: shared-memory slots would not fit; this "
                                              "also applies to pipelines launched later in this process"))
     for change in out:
@@ -454,12 +457,12 @@ def map(dataset: Any, operations: Any = None, input_columns: Sequence[str] | str
     ins = _names_list(input_columns) or engine.column_names(dataset)[:1]
     outs = _names_list(output_columns) or ins
     probe = measure.probe_operations(lineage, operations, ins, outs)
-    req = planner.Request(
+    req = Request(
         workers=num_parallel_workers, multiprocessing=map_kwargs.get("python_multiprocessing"),
         max_rowsize=model.max_rowsize_mb(map_kwargs.get("max_rowsize")),
         prefetch=ms.prefetch_size if ms and ms.prefetch_size else model.DEFAULT_PREFETCH,
         cpu_count=facts.cpu_count or facts.usable_cpus, usable_cpus=facts.usable_cpus)
-    profile = model.profile_for(ms.version if ms else facts.mindspore_version)
+    profile = profile_for(ms.version if ms else facts.mindspore_version)
     decisions = []
     if probe.stats is None or probe.effects.order_dependent:
         why = probe.unmeasured or probe.effects.order_dependent
@@ -483,7 +486,7 @@ def map(dataset: Any, operations: Any = None, input_columns: Sequence[str] | str
     return result
 
 
-def _plan_map(stats: measure.OperationStats, req: planner.Request, facts: host.HostFacts, profile: Any) -> Plan:
+def _plan_map(stats: measure.OperationStats, req: Request, facts: host.HostFacts, profile: Any) -> Plan:
     memory_left = facts.mem_available
     if facts.cgroup_mem_limit and facts.cgroup_mem_usage is not None:
         memory_left = min(memory_left or facts.cgroup_mem_limit, facts.cgroup_mem_limit - facts.cgroup_mem_usage)

@@ -11,7 +11,7 @@ import itertools
 import threading
 from dataclasses import dataclass
 
-from ms_shm import model, sizes
+from ms_shm import sizes
 from ms_shm._results import Result, mib
 
 DEFAULT_FRACTION = sizes.HEADROOM
@@ -46,7 +46,7 @@ def compute(shm_free: int | None, ranks: int, nofile_soft: int | None, open_fds:
             why += f", minus {mib(reserved_shm)} reserved by live pipelines"
     fds = None
     if nofile_soft is not None:
-        fds = max(0, nofile_soft - (open_fds or 0) - model.FD_MARGIN - reserved_fds)
+        fds = max(0, nofile_soft - (open_fds or 0) - sizes.FD_MARGIN - reserved_fds)
     return Budget(shm, fds, ranks, fraction, reserved_shm, reserved_fds, why)
 
 

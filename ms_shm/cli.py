@@ -17,8 +17,10 @@ import textwrap
 from typing import Any
 
 from ms_shm import advice as advice_mod
-from ms_shm import host, model
+from ms_shm import host
 from ms_shm._results import mib, plain
+from ms_shm.engines.mindspore import arithmetic as model
+from ms_shm.engines.mindspore import profiles
 
 SCHEMA = 1  # bumped when a key of the --json output changes meaning or goes away
 EXIT_OK, EXIT_NOTHING, EXIT_CRASH = 0, 1, 2
@@ -89,7 +91,7 @@ def _snippets(snippets: tuple, indent: str) -> list:
 def _read_config() -> tuple:
     """MindSpore's dataset config through the engine, and why it is missing when it is."""
     try:
-        from ms_shm import engine
+        from ms_shm.engines.mindspore import compat as engine
 
         config = engine.read_config()
     except (ImportError, AttributeError) as exc:
@@ -224,7 +226,7 @@ def version_rows(row_bytes: int, workers: int, prefetch: int, ranks: int, shm_fr
     out = []
     device_num = min(ranks, 8)
     for version in versions:
-        profile = model.profile_for(version)
+        profile = profiles.profile_for(version)
         static = profile.generator_default_max_rowsize_mb
         peak = model.generator_peak(row_bytes, workers, prefetch, rows, static)
         total = peak * ranks
@@ -262,7 +264,7 @@ def version_rows(row_bytes: int, workers: int, prefetch: int, ranks: int, shm_fr
 def _call_planner(facts: host.HostFacts, **kwargs: Any) -> tuple:
     """``plan.what_if`` with the arguments it takes; ``(None, why)`` when the planner is not there."""
     try:
-        from ms_shm import plan as planner
+        from ms_shm.engines.mindspore import planning as planner
 
         what_if = planner.what_if
     except (ImportError, AttributeError) as exc:
@@ -287,12 +289,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
         shm_total, shm_free = facts.shm_total, facts.shm_free
         shm_source = f"this host's {facts.shm_path}"
     versions = ["2.3", "2.10"]
-    if model.parse_version(version) not in [model.parse_version(v) for v in versions]:
+    if profiles.parse_version(version) not in [profiles.parse_version(v) for v in versions]:
         versions.append(version)
     table = version_rows(row, args.workers, args.prefetch, ranks, shm_free, versions, args.rows)
     chosen, why_not = _call_planner(facts, row_bytes=row, workers=args.workers, prefetch=args.prefetch,
                                     ranks=ranks, version=version, shm_total=shm_total, shm_free=shm_free)
-    asked = next(r for r in table if model.parse_version(r["version"]) == model.parse_version(version))
+    asked = next(r for r in table if profiles.parse_version(r["version"]) == profiles.parse_version(version))
     fits = chosen.fits if chosen is not None else asked["fits"]
     if args.json:
         print(json.dumps({

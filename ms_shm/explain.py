@@ -11,8 +11,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ms_shm import advice, model
+from ms_shm import advice
 from ms_shm._results import Result, mib
+from ms_shm.engines.mindspore import arithmetic as model
 
 
 @dataclass(frozen=True)

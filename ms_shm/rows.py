@@ -19,14 +19,11 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ms_shm._results import Result
+from ms_shm.engines.mindspore.profiles import CARRIED_KINDS
 from ms_shm.errors import RowError
 
 log = logging.getLogger(__name__)
 
-# numpy kinds a MindSpore 2.10 dataset column can hold: bool, ints, floats, unicode and bytes strings. Complex,
-# datetime, structured and object arrays fail in C++ with "Failed to create tensor from numpy array, data type
-# is unknown" (measured), so they are refused here with a fix instead.
-CARRIED_KINDS = {"b": "bool", "i": "int", "u": "uint", "f": "float", "U": "str", "S": "bytes"}
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,15 @@ import random
 import numpy as np
 import pytest
 
-from ms_shm import guard, model
-from ms_shm.guard import GuardedSource, GuardSpec, RowTooLargeError, ShmFullError, row_nbytes
+from ms_shm.engines.mindspore import arithmetic as model
+from ms_shm.engines.mindspore import guard
+from ms_shm.engines.mindspore.guard import (
+    GuardedSource,
+    GuardSpec,
+    RowTooLargeError,
+    ShmFullError,
+    row_nbytes,
+)
 from ms_shm.rows import RowError
 
 PAGE = model.PAGE
@@ -174,7 +181,7 @@ def test_a_row_over_the_workers_share_is_refused_naming_row_size_plan_and_fix(fr
     assert str(err.value) == (
         "row 2 is 12.0 MiB, ms_shm planned rows of 1.0 MiB: this worker's 18 shared-memory slots would grow "
         "to 36.0 MiB, over its 25.6 MiB share of /dev/shm, which would end in a bus error. Fix: give /dev/shm "
-        f"at least {need / MiB:.1f} MiB for rows of 12.0 MiB (docker run --shm-size={-(-need // MiB)}m, or a "
+        f"at least {need / MiB:.1f} MiB for rows of 12.0 MiB (docker run --shm-size=1g, or a "
         "Kubernetes emptyDir with medium: Memory and that sizeLimit), or lower num_parallel_workers")
     assert g._slots == [12 * MiB, 12 * MiB]  # the refused row took nothing: MindSpore never saw it
     assert g._next_slot == 2

@@ -1,0 +1,57 @@
+"""MindSpore's dataset engine: ``GeneratorDataset``, ``map`` and ``batch``. Every MindSpore fact lives in this
+package: release profiles (``profiles``), shared-memory and fd arithmetic (``arithmetic``), candidate
+transports and their prices (``planning``), the runtime guard (``guard``), and ``compat``, the only module that
+imports MindSpore.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ms_shm.engines.mindspore import arithmetic, profiles
+
+
+class MindSporeEngine:
+    """``ms_shm.engines.base.Engine`` for MindSpore."""
+
+    name = "mindspore"
+
+    def available(self) -> bool:
+        from ms_shm.engines.mindspore import compat
+
+        return compat.available()
+
+    def installed_version(self) -> str | None:
+        try:
+            from importlib.metadata import PackageNotFoundError, version
+        except ImportError:  # Python < 3.8
+            return None
+        try:
+            return version("mindspore")
+        except PackageNotFoundError:
+            return None
+
+    def profile(self, version: str | None = None) -> profiles.EngineProfile:
+        return profiles.profile_for(version if version is not None else self.installed_version())
+
+    def read_config(self) -> Any:
+        from ms_shm.engines.mindspore import compat
+
+        return compat.read_config()
+
+    def undo(self, changes: Sequence[Any]) -> None:
+        from ms_shm.engines.mindspore import compat
+
+        compat.undo(changes)
+
+    def typical_peak(self, row_bytes: int, workers: int, prefetch: int, version: str | None = None) -> int:
+        static = self.profile(version).generator_default_max_rowsize_mb
+        return arithmetic.generator_peak(row_bytes, workers, prefetch, None, static)
+
+    def pipeline_fds(self, workers: int, prefetch: int) -> int:
+        return arithmetic.generator_fds(workers, prefetch)
+
+
+ENGINE = MindSporeEngine()
+
+__all__ = ["ENGINE", "MindSporeEngine", "arithmetic", "profiles"]

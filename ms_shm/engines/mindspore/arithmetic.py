@@ -1,0 +1,140 @@
+"""Shared-memory and file-descriptor arithmetic of MindSpore's dataset engine. Pure.
+
+Every number here was measured (see ``shared/MINDSPORE_SHM_FACTS.md``): the GeneratorDataset formula is exact
+to the byte on 2.10 in 200 of 200 runs. How releases differ is in ``profiles``; what the installed release
+supports is detected in ``compat``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ms_shm._results import Result
+from ms_shm.engines.mindspore.profiles import EngineProfile
+from ms_shm.sizes import FD_MARGIN, PAGE, MiB  # noqa: F401  (re-exported: model's arithmetic is in pages)
+
+DEFAULT_PREFETCH = 16
+SEM_PAGES_PER_POOL = 17  # a map/batch process pool's semaphores, measured (68 KiB)
+FD_BASE = 5  # main-process fds of one GeneratorDataset process pool ...
+FD_PER_WORKER = 6  # ... plus these per worker (queues, pipes, sentinels), measured for W = 2, 4, 8
+STATIC_MIN_ELEMENTS = 10000  # a static slot carries a column only with more elements than this
+
+
+def queue_size(prefetch: int, workers: int) -> int:
+    """Per-worker result queue length: ``max(2, min(P, 4P // W))``."""
+    return max(2, min(prefetch, 4 * prefetch // max(1, workers)))
+
+
+def slots(prefetch: int, workers: int) -> int:
+    """Shared-memory slots per worker: the queue plus one being filled and one being read."""
+    return queue_size(prefetch, workers) + 2
+
+
+def pages(nbytes: int) -> int:
+    return -(-int(nbytes) // PAGE) * PAGE
+
+
+def semaphore_bytes(workers: int) -> int:
+    """/dev/shm pages a GeneratorDataset process pool takes before any row: ``(6W + 7)`` pages."""
+    return (6 * workers + 7) * PAGE
+
+
+def generator_peak(row_bytes: int, workers: int, prefetch: int, rows: int | None = None,
+                   max_rowsize_mb: int | None = None, shared_mem: bool = True) -> int:
+    """Peak /dev/shm bytes of one GeneratorDataset process pool (random-access source, W > 1).
+
+    Args:
+        row_bytes: largest row, as the sum of ``nbytes`` of its ndarray columns (slots only grow).
+        workers: worker processes (W > 1; W == 1 runs in-process and uses none).
+        prefetch: ``ds.config.get_prefetch_size()`` when the iterator is created.
+        rows: rows per epoch; a worker that delivers fewer rows than it has slots creates fewer slots.
+        max_rowsize_mb: a static ``max_rowsize``: all slots are committed up front.
+        shared_mem: ``False`` when rows go through pipes; only the semaphore pages remain.
+    """
+    if workers <= 1:
+        return 0
+    sem = semaphore_bytes(workers)
+    if not shared_mem:
+        return sem
+    s = slots(prefetch, workers)
+    if max_rowsize_mb is not None and max_rowsize_mb > 0:
+        return workers * s * (max_rowsize_mb * MiB + PAGE) + sem
+    if row_bytes <= 0:
+        return sem
+    used = s if rows is None else max(1, min(s, math.ceil(rows / workers)))
+    return workers * used * pages(row_bytes) + sem
+
+
+def static_precheck_fails(workers: int, prefetch: int, max_rowsize_mb: int, shm_free: int,
+                          device_num: int = 1) -> bool:
+    """MindSpore's own launch check for a static max_rowsize: it raises at >= 80% of free /dev/shm."""
+    need = device_num * workers * slots(prefetch, workers) * max_rowsize_mb * MiB
+    return need >= 0.8 * shm_free
+
+
+def static_row_fits(row_bytes: int, max_rowsize_mb: int) -> bool:
+    """A static slot carries a row only when it is strictly smaller; otherwise MindSpore pickles, slowly."""
+    return row_bytes < max_rowsize_mb * MiB
+
+
+def max_rowsize_mb(value) -> int | None:
+    """The static slot size (MiB) a ``max_rowsize`` argument asks for, or ``None`` for dynamic slots.
+
+    MindSpore takes an int, ``None`` or -1 (dynamic), and for ``map`` also ``[in, out]``: the larger of the two
+    is what a slot must hold.
+    """
+    if isinstance(value, (list, tuple)):
+        sizes = [v for v in value if isinstance(v, int) and v > 0]
+        return max(sizes) if sizes else None
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def static_rowsize_for(row_bytes: int) -> int:
+    """The smallest static max_rowsize (MiB) that still carries the row: strictly larger than it."""
+    return int(row_bytes // MiB) + 1
+
+
+@dataclass(frozen=True)
+class MapCost(Result):
+    """What a map/batch process pool needs, by where it lives."""
+
+    dev_shm: int  # bytes of /dev/shm
+    sysv: int  # bytes of SysV shared memory (counts against cgroup memory, shmmax, shmall)
+    sysv_segment: int  # the largest single segment, to compare with shmmax
+
+
+def map_pool_cost(profile: EngineProfile, workers: int, in_bytes: int, out_bytes: int,
+                  max_rowsize_mb: int | None = None) -> MapCost:
+    """Shared memory of ``.map(python_multiprocessing=True)`` (or ``batch(per_batch_map=...)``)."""
+    if workers <= 0:
+        return MapCost(0, 0, 0)
+    sem = SEM_PAGES_PER_POOL * PAGE
+    row = max(in_bytes, out_bytes)
+    if profile.map_transport == "sysv":
+        segment = pages(row + 512)
+        return MapCost(sem, workers * segment, segment)
+    rowsize = max_rowsize_mb if max_rowsize_mb and max_rowsize_mb > 0 else profile.map_default_max_rowsize_mb
+    per_slot = rowsize * MiB if rowsize else pages(row)
+    return MapCost(workers * 6 * per_slot + sem, 0, 0)
+
+
+def generator_fds(workers: int, prefetch: int, rows: int | None = None, shared_mem: bool = True) -> int:
+    """File descriptors the main process adds for a GeneratorDataset pool: one per live shm slot, plus pipes."""
+    if workers <= 1:
+        return 0
+    per_worker = slots(prefetch, workers) if shared_mem else 0
+    if rows is not None and shared_mem:
+        per_worker = max(1, min(per_worker, math.ceil(rows / workers)))
+    return FD_BASE + workers * (FD_PER_WORKER + per_worker)
+
+
+def map_fds(workers: int) -> int:
+    """Main-process fds of a map pool (pipes and sentinels; SysV ids are not fds)."""
+    return FD_BASE + FD_PER_WORKER * workers if workers > 0 else 0
+
+
+__all__ = ["DEFAULT_PREFETCH", "SEM_PAGES_PER_POOL", "FD_BASE", "FD_PER_WORKER", "STATIC_MIN_ELEMENTS", "FD_MARGIN",
+           "PAGE", "MiB", "queue_size", "slots", "pages", "semaphore_bytes", "generator_peak",
+           "static_precheck_fails", "static_row_fits", "max_rowsize_mb", "static_rowsize_for", "MapCost",
+           "map_pool_cost", "generator_fds", "map_fds"]

@@ -1,0 +1,252 @@
+"""The only module that imports MindSpore or changes the process: reads and sets the dataset config,
+builds ``GeneratorDataset`` / ``.map``, and raises the open-files limit.
+
+What the installed MindSpore supports is detected here (``getattr``, signatures); how versions *behave* lives
+in ``profiles.profile_for``. Every change is returned as a ``Change`` with its old value so it can be undone.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import resource
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from ms_shm._results import Result
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MindSporeConfig(Result):
+    """MindSpore's global dataset settings as they are now."""
+
+    version: str | None
+    prefetch_size: int | None
+    shared_mem: bool | None
+    start_method: str | None
+    num_parallel_workers: int | None
+    has_shared_mem_switch: bool
+    generator_takes_max_rowsize: bool
+
+
+@dataclass(frozen=True)
+class Change(Result):
+    """One setting ms_shm changed: enough to undo it."""
+
+    setting: str
+    old: Any
+    new: Any
+    reason: str
+
+
+def _dataset_module():
+    import mindspore.dataset as ds  # deferred: importing MindSpore takes seconds
+
+    return ds
+
+
+def available() -> bool:
+    try:
+        _dataset_module()
+    except ImportError:
+        return False
+    return True
+
+
+def _get_shared_mem(config) -> bool | None:
+    # The private getter does not log 2.8+'s deprecation warning on every read.
+    getter = getattr(config, "_get_enable_shared_mem", None) or getattr(config, "get_enable_shared_mem", None)
+    if getter is None:
+        return None
+    return bool(getter())
+
+
+def read_config() -> MindSporeConfig | None:
+    """MindSpore's current dataset config, or ``None`` when MindSpore is not importable."""
+    try:
+        ds = _dataset_module()
+        import mindspore
+        from mindspore.dataset.core import config as core_config
+    except ImportError as exc:
+        log.debug("mindspore not importable: %s", exc)
+        return None
+    cfg = ds.config
+    start = getattr(cfg, "get_multiprocessing_start_method", None)
+    try:
+        takes = "max_rowsize" in inspect.signature(ds.GeneratorDataset.__init__).parameters
+    except (TypeError, ValueError):
+        takes = False
+    return MindSporeConfig(
+        version=getattr(mindspore, "__version__", None),
+        prefetch_size=cfg.get_prefetch_size(),
+        shared_mem=_get_shared_mem(core_config),
+        start_method=start() if start else "fork",
+        num_parallel_workers=cfg.get_num_parallel_workers(),
+        has_shared_mem_switch=hasattr(cfg, "set_enable_shared_mem"),
+        generator_takes_max_rowsize=takes,
+    )
+
+
+def set_prefetch_size(value: int, reason: str) -> Change | None:
+    cfg = _dataset_module().config
+    old = cfg.get_prefetch_size()
+    if old == value:
+        return None
+    cfg.set_prefetch_size(int(value))
+    return Change("prefetch_size", old, int(value), reason)
+
+
+def set_shared_mem(value: bool, reason: str) -> Change | None:
+    ds = _dataset_module()
+    from mindspore.dataset.core import config as core_config
+
+    old = _get_shared_mem(core_config)
+    if old is None or old == value:
+        return None
+    _quietly(ds.config.set_enable_shared_mem, bool(value))
+    return Change("shared_mem", old, bool(value), reason)
+
+
+def _quietly(func, *args):
+    """Call a deprecated MindSpore setter without its deprecation warning: ms_shm logs its own reason."""
+    from mindspore import log as ms_log
+
+    logger = getattr(ms_log, "_get_logger", None)
+    target = logger() if logger else None
+    level = target.level if target is not None else None
+    try:
+        if target is not None:
+            target.setLevel(logging.ERROR)
+        return func(*args)
+    finally:
+        if target is not None:
+            target.setLevel(level)
+
+
+def get_nofile() -> tuple:
+    return resource.getrlimit(resource.RLIMIT_NOFILE)
+
+
+def set_nofile_soft(value: int, reason: str) -> Change | None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY:
+        value = min(value, hard)
+    if value <= soft:
+        return None
+    resource.setrlimit(resource.RLIMIT_NOFILE, (value, hard))
+    return Change("RLIMIT_NOFILE(soft)", soft, value, reason)
+
+
+def undo(changes: Sequence[Change]) -> None:
+    """Put every setting back, newest change first."""
+    for change in reversed(list(changes)):
+        if change.setting == "prefetch_size":
+            _dataset_module().config.set_prefetch_size(change.old)
+        elif change.setting == "shared_mem":
+            _quietly(_dataset_module().config.set_enable_shared_mem, change.old)
+        elif change.setting == "RLIMIT_NOFILE(soft)":
+            _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (change.old, hard))
+        log.info("ms_shm restored %s to %s", change.setting, change.old)
+
+
+def generator_dataset(source: Any, column_names: Any, kwargs: dict):
+    """``GeneratorDataset`` with MindSpore's deprecation log for an explicit ``max_rowsize`` left as it is."""
+    return _dataset_module().GeneratorDataset(source, column_names, **kwargs)
+
+
+def map_dataset(dataset: Any, operations: Any, input_columns: Any, output_columns: Any, kwargs: dict):
+    return dataset.map(operations, input_columns=input_columns, output_columns=output_columns, **kwargs)
+
+
+def row_check():
+    """MindSpore's own conversion of a source row (``_convert_row``), or ``None`` where it cannot be found: the
+    probe refuses exactly what the installed release (and NumPy) refuses."""
+    try:
+        from mindspore.dataset.engine.datasets_user_defined import _convert_row
+    except ImportError:
+        return None
+    return _convert_row
+
+
+def rows_come_from(dataset: Any) -> Any:
+    """The stage whose rows ``dataset`` yields unchanged (reordered, repeated or cut), or ``dataset`` itself:
+    a ``map`` after ``.shuffle()`` can be measured on the rows of the stage before the shuffle."""
+    ds = _dataset_module()
+    passing = tuple(getattr(ds, name) for name in ("ShuffleDataset", "RepeatDataset", "TakeDataset", "SkipDataset")
+                    if hasattr(ds, name))
+    while isinstance(dataset, passing) and len(getattr(dataset, "children", [])) == 1:
+        dataset = dataset.children[0]
+    return dataset
+
+
+def python_code_in(dataset: Any) -> str | None:
+    """The first node of ``dataset``'s tree that runs Python code (a generator source, a Python operation, a
+    ``per_batch_map``), or ``None`` when reading the tree runs only MindSpore's C++ and cannot have side effects
+    on a later epoch's rows."""
+    ds = _dataset_module()
+    from mindspore.dataset.transforms.transforms import TensorOperation
+
+    pure_sources = tuple(c for c in (getattr(ds, "NumpySlicesDataset", None), getattr(ds, "PaddedDataset", None))
+                         if c is not None)
+    stack = [dataset]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ds.GeneratorDataset) and not isinstance(node, pure_sources):
+            return f"{type(node).__name__} (a Python source)"
+        ops = getattr(node, "operations", None) or []
+        python_ops = [op for op in ops if not isinstance(op, TensorOperation)]
+        if python_ops:
+            return f"{type(node).__name__} with the Python operation {getattr(python_ops[0], '__name__', python_ops[0])}"
+        if getattr(node, "per_batch_map", None) is not None:
+            return f"{type(node).__name__} with a per_batch_map"
+        stack.extend(getattr(node, "children", []) or [])
+    return None
+
+
+def column_names(dataset: Any) -> list:
+    return list(dataset.get_col_names())
+
+
+def processes_blocker() -> str | None:
+    """Why MindSpore's Python worker processes cannot run in this process, or ``None`` when they can.
+
+    ``GeneratorDataset(python_multiprocessing=True)`` with more than one worker first calls
+    ``psutil.Process(os.getpid()).memory_info()`` (2.10 ``__validate_memory_usage``). Where /proc is not mounted
+    or not readable that raises ``psutil.NoSuchProcess`` when the iterator is created (measured), and later
+    ``psutil.pid_exists`` would take live workers for dead ones.
+    """
+    import os
+
+    import psutil
+
+    try:
+        psutil.Process(os.getpid()).memory_info()
+    except (psutil.Error, OSError) as exc:
+        return f"psutil cannot read this process ({type(exc).__name__}: {exc}): /proc is missing or unreadable"
+    return None
+
+
+def take_rows(dataset: Any, count: int) -> list:
+    """The first rows of any dataset as numpy dicts; costs one short pipeline run.
+
+    ``take`` adds a second consumer to ``dataset``; MindSpore refuses to build a tree from a node with two
+    parents, so the parent list is put back afterwards.
+    """
+    parents = list(getattr(dataset, "parent", []))
+    it = dataset.take(count).create_dict_iterator(output_numpy=True, num_epochs=1)
+    try:
+        return [dict(row) for row in it]
+    finally:
+        stop = getattr(it, "stop", None)
+        if stop:
+            stop()
+        if hasattr(dataset, "parent"):
+            dataset.parent = parents
+
+
+__all__ = ["MindSporeConfig", "Change", "available", "read_config", "set_prefetch_size", "set_shared_mem", "get_nofile",
+           "set_nofile_soft", "undo", "generator_dataset", "map_dataset", "row_check", "rows_come_from",
+           "python_code_in", "column_names", "processes_blocker", "take_rows"]

@@ -1,0 +1,205 @@
+"""The source wrapper that runs inside every worker: checks each row against the plan before it reaches
+shared memory, and otherwise changes nothing.
+
+Used only where rows go through MindSpore's dynamic shared-memory slots (worker processes, shared memory on,
+no static ``max_rowsize``): elsewhere the user's source is handed to MindSpore as it is. The wrapper returns
+exactly what the source returns, receives exactly the index MindSpore passes, lets the source's exceptions
+through unchanged, and forwards attribute reads to the source, so ``dataset[i]`` and ``dataset.source.x``
+behave as without ms_shm. Per row it costs a few attribute reads and one ``nbytes`` sum (a ``statvfs`` only
+when a slot grows):
+
+* **Budget.** A worker's dynamic slots are created round-robin and only grow, so the worker can track its own
+  slots exactly. A row that would push them past this worker's share of the budget becomes a clear
+  ``RowTooLargeError`` naming the row, its size, the planned size and the fix, instead of a SIGBUS.
+* **Free space.** When a row would create or enlarge a slot, the real free space of /dev/shm is read: another
+  process may have filled it since the plan was made. Too little becomes a ``ShmFullError``, not a SIGBUS.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ms_shm import sizes
+from ms_shm._results import Result, mib
+from ms_shm.engines.mindspore import arithmetic as model
+from ms_shm.errors import RowTooLargeError, ShmFullError
+
+log = logging.getLogger(__name__)
+
+
+
+@dataclass(frozen=True)
+class GuardSpec(Result):
+    """What one worker may use: ``slots`` dynamic slots within ``worker_bytes`` of /dev/shm.
+
+    Attributes:
+        slots: Slots per worker (MindSpore's queue size + 2); the worker fills them round-robin.
+        worker_bytes: This worker's share of the pipeline's /dev/shm budget.
+        planned_row_bytes: The row size the plan was made for.
+        fix: The alternatives to more /dev/shm (fewer workers, threads), as text.
+        workers: Workers of the pipeline: they may all create slots at the same moment, so a free-space check
+            keeps room for the other workers' next slot.
+        shm_path: The mount whose free space is checked.
+        shm_scale: /dev/shm bytes the host needs per byte this pipeline uses (local ranks / budget fraction),
+            to print a size that would fit.
+    """
+
+    slots: int
+    worker_bytes: int
+    planned_row_bytes: int
+    fix: str
+    workers: int = 1
+    shm_path: str = "/dev/shm"
+    shm_scale: float = 1.0
+
+
+def _free_bytes(path: str) -> int:
+    """Free bytes of the filesystem at ``path``, as ``host.read_shm`` counts them (raises ``OSError``)."""
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+class GuardedSource:
+    """Random-access source wrapper handed to ``GeneratorDataset`` in place of the user's source, only when
+    rows go through dynamic shared-memory slots.
+
+    Args:
+        source: The user's random-access source.
+        spec: The budget each worker enforces.
+    """
+
+    def __init__(self, source: Any, spec: GuardSpec):
+        self.source = source
+        self.spec = spec
+        self._slots: list = []
+        self._total = 0
+        self._next_slot = 0
+        self._pid = os.getpid()
+        self._free_unknown = False
+        self.rows_checked = 0
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, index: Any) -> Any:
+        row = self.source[index]
+        self._check(row_nbytes(row), index)
+        return row
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called for names this wrapper lacks: the user's own attributes, as on the source itself.
+        if name == "source":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.source, name)
+
+    def _check(self, size: int, index: Any) -> None:
+        """Mirror MindSpore's ``_SharedQueue.put``: a row with bytes takes slot ``seg_pos`` then advances it.
+
+        Slots keep MindSpore's raw byte sizes (a slot is re-created when a row is larger by even one byte);
+        the budget counts the pages each slot commits.
+
+        Raises:
+            RowTooLargeError: the grown slots would exceed this worker's share of the budget.
+            ShmFullError: /dev/shm has less free space than the grown slot needs.
+        """
+        if os.getpid() != self._pid:  # a fresh worker (fork copies our state): its slots start empty
+            self._pid, self._slots, self._total, self._next_slot = os.getpid(), [], 0, 0
+        self.rows_checked += 1
+        if size == 0:
+            return  # MindSpore does not advance seg_pos for a row without bytes
+        spec = self.spec
+        slot = self._next_slot % spec.slots
+        if slot < len(self._slots):
+            old = self._slots[slot]
+            if size <= old:
+                self._next_slot += 1
+                return  # fits the slot it lands in: no new shared memory, nothing to check
+        else:
+            old = 0
+        committed = model.pages(size)
+        total = self._total - model.pages(old) + committed
+        if total > spec.worker_bytes:
+            raise RowTooLargeError(
+                f"row {index} is {mib(size)}, ms_shm planned rows of {mib(spec.planned_row_bytes)}: this "
+                f"worker's {spec.slots} shared-memory slots would grow to {mib(total)}, over its "
+                f"{mib(spec.worker_bytes)} share of /dev/shm, which would end in a bus error. "
+                f"Fix: {self._fix(size)}")
+        self._check_free(committed, index)
+        if slot < len(self._slots):
+            self._slots[slot] = size
+        else:
+            self._slots.append(size)
+        self._total = total
+        self._next_slot += 1
+
+    def _check_free(self, size: int, index: Any) -> None:
+        """The new slot is a new file in /dev/shm: it needs ``size`` free bytes now, not at planning time.
+
+        The other workers may be creating a slot at the same instant (every worker does at the start of an
+        epoch), so room for one planned row per other worker is kept as well. With the default 80% budget
+        that margin always fits when nobody else took space: ``(W-1)*row < W*S*row/S <= 0.8*free/4``.
+        """
+        if self._free_unknown:
+            return
+        spec = self.spec
+        try:
+            free = _free_bytes(spec.shm_path)
+        except OSError as exc:
+            self._free_unknown = True
+            log.warning("ms_shm guard: statvfs(%s) failed (%s: %s); rows are checked against the planned "
+                        "budget only", spec.shm_path, type(exc).__name__, exc)
+            return
+        margin = (spec.workers - 1) * min(size, model.pages(spec.planned_row_bytes))
+        if free >= size + margin:
+            return
+        room = f" plus {mib(margin)} for the other {spec.workers - 1} worker(s)' next slot" if margin else ""
+        raise ShmFullError(
+            f"row {index} needs a new {mib(size)} shared-memory slot{room}, but {spec.shm_path} has only "
+            f"{mib(free)} free: something else filled it after ms_shm planned this pipeline, and writing the "
+            f"row would end in a bus error. Fix: make room, this pipeline needs {mib(self._need(size))} of "
+            f"{spec.shm_path} for its slots (find what else uses it: `df -h {spec.shm_path}`; `ms-shm clean` "
+            f"removes what crashed runs left), or {spec.fix}")
+
+    def _need(self, size: int) -> int:
+        """/dev/shm this pipeline needs when every slot of every worker holds rows of ``size``."""
+        spec = self.spec
+        row = max(model.pages(size), model.pages(spec.planned_row_bytes))
+        return spec.workers * spec.slots * row + model.semaphore_bytes(spec.workers)
+
+    def _fix(self, size: int) -> str:
+        """The fix for rows of ``size``: the /dev/shm that would hold them in every slot, or the alternatives."""
+        spec = self.spec
+        host_need = int(self._need(size) * spec.shm_scale)
+        return (f"give /dev/shm at least {mib(host_need)} for rows of {mib(size)} "
+                f"(docker run --shm-size={sizes.shm_size_flag(host_need)}, or a Kubernetes emptyDir with "
+                f"medium: Memory and that sizeLimit), or {spec.fix}")
+
+
+def row_nbytes(row: Any) -> int:
+    """Bytes a row takes in a dynamic slot, as MindSpore's ``_SharedQueue.put`` counts them after
+    ``_convert_row``: every array column (a Python scalar becomes an 8-byte array, a dict is pickled)."""
+    if type(row) is np.ndarray:
+        return row.nbytes
+    if type(row) not in (tuple, list):
+        return _column_nbytes(row)
+    total = 0
+    for column in row:
+        total += column.nbytes if type(column) is np.ndarray else _column_nbytes(column)
+    return total
+
+
+def _column_nbytes(column: Any) -> int:
+    if isinstance(column, dict):
+        return 0
+    nbytes = getattr(column, "nbytes", None)  # numpy scalars, MindSpore Tensors
+    if isinstance(nbytes, int):
+        return nbytes
+    return 8 if isinstance(column, (int, float, bool)) else 0
+
+
+__all__ = ["GuardedSource", "GuardSpec", "RowTooLargeError", "ShmFullError", "row_nbytes"]

@@ -1,0 +1,331 @@
+"""How MindSpore's GeneratorDataset and map can move rows, priced: facts in, a ``Plan`` out. Pure.
+
+Each candidate (transport x workers x prefetch) is priced twice: what it needs (``arithmetic``, exact for
+MindSpore 2.10) against what this rank may use (``budget``), and how long an epoch would take (from the probe
+rows' timing and per-row costs measured on MindSpore 2.10). ``plan.rank`` picks the fastest that fits;
+arguments the user passed explicitly are never changed, except where MindSpore itself would refuse them.
+MindSpore's own rules live here: one worker runs in MindSpore's thread whatever ``python_multiprocessing``
+says, a static ``max_rowsize`` cannot be pickled for spawn, spawn pools cost seconds to start.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ms_shm import plan
+from ms_shm._results import Result, mib
+from ms_shm.budget import Budget
+from ms_shm.engines.mindspore import arithmetic as model
+from ms_shm.engines.mindspore.profiles import EngineProfile, profile_for
+from ms_shm.errors import ShmBudgetError
+from ms_shm.plan import INLINE, MODES, PIPES, PROCESSES, THREADS, Candidate, Decision, Plan, Request
+from ms_shm.rows import RowStats
+
+RAGGED_MARGIN = 1.5  # plan ragged rows at 1.5x the largest probe row; the runtime guard covers the rest
+
+
+@dataclass(frozen=True)
+class Costs(Result):
+    """Per-row cost in the main process (seconds = a + b * MiB) and pool start-up, per transport.
+
+    Measured on this project's 2-core reference machine with MindSpore 2.10 (``benchmarks/bench_core.py``).
+    """
+
+    per_row: tuple = ((INLINE, 4e-5, 1.3e-4), (THREADS, 5e-5, 3.5e-4), (PROCESSES, 3e-4, 4.2e-4),
+                      (PIPES, 3e-4, 2.3e-3))
+    startup: tuple = ((INLINE, 0.0), (THREADS, 0.10), (PROCESSES, 0.20), (PIPES, 0.20))
+    spawn_startup: float = 3.8  # spawn re-imports MindSpore in each worker: 2.1 s to start, 1.7 s to stop
+
+    def row(self, mode: str, row_bytes: int) -> float:
+        a, b = next((a, b) for m, a, b in self.per_row if m == mode)
+        return a + b * row_bytes / model.MiB
+
+    def start(self, mode: str) -> float:
+        return next(s for m, s in self.startup if m == mode)
+
+
+
+def _epoch_seconds(mode: str, workers: int, stats: RowStats, rows: int, costs: Costs,
+                   start_method: str = "fork") -> float | None:
+    """Estimated seconds for one epoch; ``None`` when the rows were not timed."""
+    t = stats.seconds_per_row
+    if t is None:
+        return None
+    cpu = 1.0 if stats.cpu_fraction is None else min(1.0, max(0.0, stats.cpu_fraction))
+    overhead = costs.row(mode, stats.row_bytes_max)
+    if mode == INLINE:
+        per_row = t + overhead
+    elif mode == THREADS:
+        # The GIL serialises the CPU part; waiting (I/O, sleep) overlaps across threads.
+        per_row = t * cpu + t * (1 - cpu) / workers + overhead
+    else:
+        per_row = max(t / workers, overhead) + 0.25 * overhead
+    start = costs.start(mode)
+    if mode in (PROCESSES, PIPES) and start_method == "spawn":
+        start += costs.spawn_startup
+    return start + rows * per_row
+
+
+def _prefetch_options(current: int) -> list:
+    return list(range(max(1, current), 0, -1))
+
+
+def _candidates(stats: RowStats, req: Request, budget: Budget, profile: EngineProfile,
+                row_bytes: int, costs: Costs, notes: list) -> list:
+    rows = req.rows_per_epoch if req.rows_per_epoch is not None else stats.length
+    est_rows = rows if rows else 100
+    cap = max(1, min(req.cpu_count, req.usable_cpus))
+    if req.workers is not None:
+        worker_options = [max(1, min(req.workers, req.cpu_count))]
+    else:
+        worker_options = list(range(1, cap + 1))
+    # One worker runs in MindSpore's own thread whatever python_multiprocessing says (it checks W > 1).
+    if req.multiprocessing is True:
+        modes = [PROCESSES, PIPES] + ([INLINE] if req.workers == 1 else [])
+    elif req.multiprocessing is False:
+        modes = [THREADS, INLINE]
+    else:
+        modes = list(MODES)
+    if not req.can_switch_shared_mem and PIPES in modes:
+        modes.remove(PIPES)
+        notes.append("this MindSpore has no set_enable_shared_mem: pipes are not available")
+    out = []
+    for mode in modes:
+        for w in worker_options:
+            if (w == 1) != (mode == INLINE):
+                continue
+            shared = mode == PROCESSES
+            static = req.max_rowsize if (shared and req.max_rowsize) else None
+            if shared and static is None and profile.generator_default_max_rowsize_mb:
+                static = max(model.static_rowsize_for(row_bytes), profile.generator_default_max_rowsize_mb)
+            for p in _prefetch_options(req.prefetch) if mode in (PROCESSES, PIPES) else [req.prefetch]:
+                if mode in (INLINE, THREADS):
+                    shm = fds = 0
+                else:
+                    shm = model.generator_peak(row_bytes, w, p, rows, static, shared_mem=shared)
+                    fds = model.generator_fds(w, p, rows, shared_mem=shared)
+                why = []
+                if budget.shm_bytes is None and mode in (PROCESSES, PIPES):
+                    why.append("/dev/shm unknown")
+                elif budget.shm_bytes is not None and shm > budget.shm_bytes:
+                    why.append(f"needs {mib(shm)} > budget {mib(budget.shm_bytes)}")
+                if budget.fds is not None and fds > budget.fds:
+                    why.append(f"needs {fds} fds > {budget.fds} left under the open-files limit")
+                if static and shared and req.start_method == "spawn":
+                    why.append("a static max_rowsize cannot be used with spawn: MindSpore fails to pickle its "
+                               "ctypes slots ('Failed to launch multiprocessing')")
+                if static and shared and static * model.MiB <= stats.row_bytes_max:
+                    why.append(f"max_rowsize={static} MiB is not larger than the {mib(stats.row_bytes_max)} row")
+                secs = _epoch_seconds(mode, w, stats, est_rows, costs, req.start_method)
+                out.append(Candidate(mode, w, p, shm, fds, secs, not why, "; ".join(why)))
+                if not why and mode in (PROCESSES, PIPES):
+                    break  # lower prefetch only costs queue depth once this one fits
+    return out
+
+
+
+def plan_generator(stats: RowStats, request: Request, budget: Budget, profile: EngineProfile,
+                   costs: Costs = Costs()) -> Plan:
+    """Pick transport, workers and prefetch for a GeneratorDataset.
+
+    Raises:
+        ShmBudgetError: when nothing that honours the caller's explicit arguments fits the budget.
+    """
+    req = request
+    decisions, notes = [], []
+    if not stats.random_access:
+        return plan_iterable(req, budget, profile)
+    row = stats.row_bytes_max
+    if stats.ragged:
+        row = int(row * RAGGED_MARGIN)
+        decisions.append(Decision("row_bytes", row, stats.row_bytes_max,
+                                  f"row sizes vary across probe rows ({mib(stats.row_bytes_min)} to "
+                                  f"{mib(stats.row_bytes_max)}): planned at {RAGGED_MARGIN}x the largest"))
+    if req.workers is not None and req.workers > req.cpu_count:
+        decisions.append(Decision("num_parallel_workers", req.cpu_count, req.workers,
+                                  f"MindSpore refuses more workers than os.cpu_count()={req.cpu_count}"))
+    cands = _candidates(stats, req, budget, profile, row, costs, notes)
+    fitting = [c for c in cands if c.fits]
+    if not fitting:
+        raise ShmBudgetError(plan.no_fit_message(cands, req, budget, stats, row))
+    best = min(fitting, key=lambda c: plan.rank(c, req))
+    decisions.append(Decision("mode", best.mode, default_mode(req),
+                              _mode_reason(best, fitting, req, stats) + plan.unknown_shm(budget)))
+    asked = min(req.workers, req.cpu_count) if req.workers is not None else 1  # the cap is logged above
+    if best.workers != asked:
+        decisions.append(Decision("num_parallel_workers", best.workers, req.workers or 1,
+                                  "fastest that fits" if req.workers is None else "capped"))
+    if best.prefetch != req.prefetch:
+        decisions.append(Decision("prefetch_size", best.prefetch, req.prefetch,
+                                  f"prefetch {req.prefetch} would need "
+                                  f"{mib(_shm_at(cands, best, req.prefetch))} of /dev/shm > budget "
+                                  f"{mib(budget.shm_bytes)}; this lowers MindSpore's global prefetch size"))
+    shared = best.mode == PROCESSES
+    if best.mode == PIPES:
+        slots_why = [c.why_not for c in cands if c.mode == PROCESSES and c.workers == best.workers]
+        decisions.append(Decision("shared_mem", False, True,
+                                  "rows go through pipes: shared-memory slots "
+                                  + (f"do not fit ({slots_why[-1]})" if slots_why and slots_why[-1]
+                                     else "are not faster")))
+    static = req.max_rowsize if shared else None
+    if shared and static is None and profile.generator_default_max_rowsize_mb:
+        static = max(model.static_rowsize_for(row), profile.generator_default_max_rowsize_mb)
+        decisions.append(Decision("max_rowsize", static, profile.generator_default_max_rowsize_mb,
+                                  f"MindSpore {profile.version} uses static slots; must exceed the row"))
+    slots = model.slots(best.prefetch, best.workers) if shared else 0
+    worker_share = 0
+    if shared and budget.shm_bytes is not None and static is None:
+        worker_share = (budget.shm_bytes - model.semaphore_bytes(best.workers)) // best.workers
+    return Plan("generator", best.mode, best.workers, best.prefetch, best.mode in (PROCESSES, PIPES),
+                shared, static, row, best.shm, best.fds, 0, budget, True, slots, worker_share,
+                best.seconds, profile, tuple(decisions), (), tuple(plan.top(cands, best)))
+
+
+
+def _shm_at(cands: list, best: Candidate, prefetch: int) -> int:
+    return next((c.shm for c in cands if c.mode == best.mode and c.workers == best.workers
+                 and c.prefetch == prefetch), best.shm)
+
+
+
+def default_mode(req: Request) -> str:
+    w = req.workers or 1
+    if w <= 1:
+        return INLINE
+    return THREADS if req.multiprocessing is False else PROCESSES
+
+
+def _mode_reason(best: Candidate, fitting: list, req: Request, stats: RowStats) -> str:
+    if best.seconds is None:
+        return "rows were not timed: MindSpore's default transport that fits"
+    rivals = sorted((c for c in fitting if c.mode != best.mode), key=lambda c: c.seconds or 0)
+    timing = (f"probe rows took {stats.seconds_per_row * 1e3:.2f} ms each "
+              f"({(stats.cpu_fraction or 0) * 100:.0f}% CPU), {mib(stats.row_bytes_max)}")
+    if rivals:
+        r = rivals[0]
+        return (f"fastest that fits: ~{best.seconds:.2f} s/epoch vs {r.mode} x{r.workers} ~{r.seconds:.2f} s; "
+                f"{timing}")
+    return f"the only transport that fits; {timing}"
+
+
+
+def plan_iterable(req: Request, budget: Budget, profile: EngineProfile) -> Plan:
+    """An iterable or generator source: MindSpore reads it in the main process, whatever the arguments."""
+    decision = Decision("mode", INLINE, default_mode(req),
+                        "the source has no __getitem__/__len__: MindSpore reads it in the main process and ignores "
+                        "num_parallel_workers, so it uses no shared memory; it is passed on untouched")
+    return Plan("generator", INLINE, req.workers or 1, req.prefetch,
+                req.multiprocessing if req.multiprocessing is not None else True, req.shared_mem,
+                req.max_rowsize, 0, 0, 0, 0, budget, True, 0, 0, None, profile, (decision,))
+
+
+def plan_unmeasured(req: Request, budget: Budget, profile: EngineProfile, why: str | None,
+                    kind: str = "generator") -> Plan:
+    """No measurement: MindSpore's own settings, unchanged; the reason says why and what is unknown."""
+    default_mp = kind == "generator"
+    mp = req.multiprocessing if req.multiprocessing is not None else default_mp
+    workers = req.workers if req.workers is not None else 1
+    mode = default_mode(replace(req, workers=workers, multiprocessing=mp))
+    decision = Decision("mode", mode, mode, f"not measured ({why}): MindSpore's own settings are kept, and "
+                                            f"ms_shm cannot predict their shared memory")
+    return Plan(kind, mode, workers, req.prefetch, mp and workers > 1, req.shared_mem, req.max_rowsize, 0, 0, 0,
+                0, budget, True, 0, 0, None, profile, (decision,))
+
+
+def plan_map(in_bytes: int, out_bytes: int, seconds_per_row: float | None, cpu_fraction: float | None,
+             rows: int | None, request: Request, budget: Budget, profile: EngineProfile,
+             sysv_limit: int | None = None, shmmax: int | None = None, memory_left: int | None = None,
+             costs: Costs = Costs()) -> Plan:
+    """Pick processes or threads, and workers, for ``.map``.
+
+    In 2.7+ map workers exchange rows through one SysV segment each (not /dev/shm), so the limits are
+    ``shmmax`` per segment and memory; before 2.7 they used six /dev/shm slots per worker.
+    """
+    req = request
+    decisions = []
+    row = max(in_bytes, out_bytes)
+    stats = RowStats(True, rows, 0, (), (), row, row, seconds_per_row, cpu_fraction, 0.0)
+    cap = max(1, min(req.cpu_count, req.usable_cpus))
+    worker_options = [max(1, min(req.workers, req.cpu_count))] if req.workers is not None else \
+        list(range(1, cap + 1))
+    modes = [PROCESSES] if req.multiprocessing is True else [THREADS] if req.multiprocessing is False \
+        else [THREADS, PROCESSES]
+    cands = []
+    est_rows = rows or 100
+    for mode in modes:
+        for w in worker_options:
+            cost = model.map_pool_cost(profile, w, in_bytes, out_bytes, req.max_rowsize) if mode == PROCESSES \
+                else model.MapCost(0, 0, 0)
+            why = []
+            if budget.shm_bytes is not None and cost.dev_shm > budget.shm_bytes:
+                why.append(f"needs {mib(cost.dev_shm)} of /dev/shm > budget {mib(budget.shm_bytes)}")
+            if budget.shm_bytes is None and mode == PROCESSES:
+                why.append("/dev/shm unknown (semaphores live there)")
+            if shmmax is not None and cost.sysv_segment > shmmax:
+                why.append(f"a {mib(cost.sysv_segment)} SysV segment exceeds kernel.shmmax={mib(shmmax)}")
+            if memory_left is not None and cost.sysv > memory_left:
+                why.append(f"SysV segments {mib(cost.sysv)} exceed the memory left ({mib(memory_left)})")
+            secs = None
+            if seconds_per_row is not None:
+                secs = _epoch_seconds(PROCESSES if mode == PROCESSES else THREADS, w, stats, est_rows, costs)
+                if mode == PROCESSES:
+                    secs += 0.5 * w  # MindSpore's close_worker sleeps 0.5 s per worker at teardown
+            cands.append(Candidate(mode, w, req.prefetch, cost.dev_shm, model.map_fds(w) if mode == PROCESSES
+                                   else 0, secs, not why, "; ".join(why)))
+    fitting = [c for c in cands if c.fits]
+    if not fitting:
+        raise ShmBudgetError(plan.no_fit_message(cands, req, budget, stats, row))
+    best = min(fitting, key=lambda c: plan.rank(c, req))
+    if req.workers is not None and req.workers > req.cpu_count:
+        decisions.append(Decision("num_parallel_workers", req.cpu_count, req.workers,
+                                  f"MindSpore refuses more workers than os.cpu_count()={req.cpu_count}"))
+    reason = _mode_reason(best, fitting, req, stats) if seconds_per_row is not None else \
+        "operations were not timed: MindSpore's default transport that fits"
+    decisions.append(Decision("mode", best.mode, default_mode(req), reason + plan.unknown_shm(budget)))
+    sysv = model.map_pool_cost(profile, best.workers, in_bytes, out_bytes, req.max_rowsize).sysv \
+        if best.mode == PROCESSES else 0
+    return Plan("map", best.mode, best.workers, req.prefetch, best.mode == PROCESSES, req.shared_mem,
+                req.max_rowsize, row, best.shm, best.fds, sysv, budget, True, 0, 0, best.seconds, profile,
+                tuple(decisions), (), tuple(plan.top(cands, best)))
+
+
+def what_if(row_bytes: int, workers: int, prefetch: int = model.DEFAULT_PREFETCH, ranks: int = 1,
+            version: str | None = None, shm_free: int | None = None, cpu_count: int | None = None,
+            nofile_soft: int | None = None, open_fds: int | None = None,
+            fraction: float = 0.8) -> Plan:
+    """The plan for a hypothetical pipeline (``ms-shm plan``): the user's workers and prefetch, row size given.
+
+    Never raises for a misfit: the returned plan has ``fits=False`` and the reason, since the question is
+    "what would happen".
+    """
+    from ms_shm import budget as budget_mod
+
+    profile = profile_for(version)
+    b = budget_mod.compute(shm_free, ranks, nofile_soft, open_fds, fraction=fraction,
+                           ranks_source="given")
+    cpus = max(workers, cpu_count or workers)
+    stats = RowStats.synthetic(row_bytes)
+    req = Request(workers=workers, prefetch=prefetch, cpu_count=cpus, usable_cpus=cpus)
+    static = profile.generator_default_max_rowsize_mb
+    as_asked = model.generator_peak(row_bytes, workers, prefetch, None, static)
+    try:
+        chosen = plan_generator(stats, req, b, profile)
+    except ShmBudgetError as exc:
+        return Plan("generator", "none", workers, prefetch, True, True, static, row_bytes, as_asked,
+                    model.generator_fds(workers, prefetch), 0, b, False, 0, 0, None, profile,
+                    (Decision("mode", "none", PROCESSES, str(exc)),))
+    fits = b.shm_bytes is None or as_asked <= b.shm_bytes
+    asked = f"processes x{workers}, prefetch {prefetch}"
+    decisions = (Decision("as_asked", asked, asked,
+                          f"needs {mib(as_asked)} of /dev/shm vs budget {mib(b.shm_bytes)}: "
+                          f"{'fits' if fits else 'does NOT fit'}"),) + chosen.decisions
+    return replace(chosen, fits=fits, decisions=decisions,
+                   alternatives=chosen.alternatives + (Candidate(PROCESSES, workers, prefetch, as_asked,
+                                                                 model.generator_fds(workers, prefetch), None,
+                                                                 fits, "as asked"),))
+
+
+
+
+__all__ = ["Costs", "RAGGED_MARGIN", "plan_generator", "plan_map", "plan_iterable", "plan_unmeasured", "what_if",
+           "default_mode"]

@@ -1,0 +1,68 @@
+"""How each MindSpore release moves rows between processes: one profile per release, the one place that knows
+how releases differ (facts sheet sections 6 and 10). Pure: importable without MindSpore.
+
+A contributor adding a release's behaviour adds or changes a branch of ``profile_for`` and the test that pins it
+(``tests/test_profiles.py``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ms_shm._results import Result
+
+# Releases whose behaviour ms_shm models, oldest first (``ms-shm plan`` prints one row per release).
+KNOWN_VERSIONS = ("2.3", "2.10")
+
+# numpy kinds a MindSpore dataset column can hold: bool, ints, floats, unicode and bytes strings. Complex,
+# datetime, structured and object arrays fail in C++ with "Failed to create tensor from numpy array, data type
+# is unknown" (measured on 2.10).
+CARRIED_KINDS = {"b": "bool", "i": "int", "u": "uint", "f": "float", "U": "str", "S": "bytes"}
+
+
+@dataclass(frozen=True)
+class EngineProfile(Result):
+    """How one MindSpore version moves rows between processes. Unknown versions get the newest profile."""
+
+    version: str | None
+    generator_default_max_rowsize_mb: int | None  # None = dynamic slots sized to each row
+    map_transport: str  # "sysv" (2.7+: one SysV segment per worker) or "shm-pool" (<=2.6: /dev/shm slots)
+    map_default_max_rowsize_mb: int | None
+    map_checks_dev_shm: bool  # 2.7.0 pre-checks /dev/shm for map/batch with a static max_rowsize
+    max_rowsize_deprecated: bool
+    shared_mem_switch_deprecated: bool
+    note: str
+    precheck_error: str = "RuntimeError"  # the class MindSpore raises from its static /dev/shm pre-check
+    dynamic_failure: str = "Bus error when /dev/shm fills"  # what a dynamic slot past the end does
+
+
+def parse_version(version: str | None) -> tuple[int, int] | None:
+    match = re.match(r"(\d+)\.(\d+)", version or "")
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def profile_for(version: str | None) -> EngineProfile:
+    """The transport rules of a MindSpore version (facts sheet section 6)."""
+    v = parse_version(version)
+    if v is None:
+        return EngineProfile(version, None, "sysv", None, False, True, True,
+                             "MindSpore version unknown: assuming the newest measured behaviour (2.10)")
+    if v <= (2, 0):
+        return EngineProfile(version, 6, "shm-pool", 16, True, False, False,
+                             "2.0: static 6 MiB Generator slots and 16 MiB map slots, all in /dev/shm",
+                             precheck_error="Exception")
+    if v <= (2, 3):
+        return EngineProfile(version, 6, "shm-pool", 16, True, False, False,
+                             "<=2.3: static 6 MiB Generator slots and 16 MiB map slots, all in /dev/shm")
+    if v <= (2, 6):
+        return EngineProfile(version, None, "shm-pool", None, True, v >= (2, 6), False,
+                             "2.4-2.6: dynamic slots; map/batch still use /dev/shm slots")
+    if v < (2, 8):
+        return EngineProfile(version, None, "sysv", None, True, True, False,
+                             "2.7: map/batch through SysV, but a static max_rowsize is still checked on /dev/shm")
+    return EngineProfile(version, None, "sysv", None, False, True, True,
+                         "2.8+: dynamic Generator slots; map/batch through SysV")
+
+
+__all__ = ["EngineProfile", "profile_for", "parse_version", "KNOWN_VERSIONS", "CARRIED_KINDS"]

@@ -1,52 +1,35 @@
-"""The public calls: ``tune``, ``build_dataset``, ``map``, ``plan_of``. Each composes probe -> plan -> apply.
+"""The public calls: ``tune``, ``build_dataset``, ``map``, ``plan_of``. Composition only: facts from ``host``
+and ``measure``, decisions from the engine's planner, changes through the engine, state in the ``Session``.
 
-State that must outlive one call lives in ``_SESSION``: the host facts taken before the first pipeline
-started (later readings would count our own pipelines' slots as "used by someone else"), the ledger of live
-pipelines, and whether recommendations were already logged.
+The framework is reached only through its engine (``ms_shm.engines.get()``), so ``tests/test_composition.py``
+runs these calls in-process on a fake engine.
 """
 
 from __future__ import annotations
 
 import logging
-import resource
-import textwrap
-import threading
 import weakref
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
-from ms_shm import advice, host, measure, rows, sizes
+from ms_shm import advice, engines, host, measure, rows, sizes
 from ms_shm import budget as budget_mod
+from ms_shm import changes as changes_mod
 from ms_shm._results import Result, mib
-from ms_shm.engines.mindspore import arithmetic as model
-from ms_shm.engines.mindspore import compat as engine
-from ms_shm.engines.mindspore import planning as planner
-from ms_shm.engines.mindspore.guard import GuardedSource, GuardSpec
-from ms_shm.engines.mindspore.profiles import profile_for
 from ms_shm.errors import ProcessesUnavailableError
 from ms_shm.plan import PIPES, Decision, Plan, Request, ShmBudgetError
+from ms_shm.session import SESSION, Session
 
 log = logging.getLogger("ms_shm")
 
 
-
-@dataclass
-class _Session:
-    facts: host.HostFacts | None = None
-    fraction: float = budget_mod.DEFAULT_FRACTION
-    ranks: int | None = None
-    ledger: budget_mod.Ledger = field(default_factory=budget_mod.Ledger)
-    advised: set = field(default_factory=set)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def host_facts(self) -> host.HostFacts:
-        with self.lock:
-            if self.facts is None:
-                self.facts = host.probe(ranks=self.ranks)
-            return self.facts
+def _engine():
+    return engines.get("mindspore")
 
 
-_SESSION = _Session()
+def session() -> Session:
+    """This process's ms_shm state: cached facts, live reservations, every change made (``restore()``)."""
+    return SESSION
 
 
 @dataclass(frozen=True)
@@ -64,7 +47,7 @@ class TuneReport(Result):
 
     def restore(self) -> None:
         """Undo this report's changes (prefetch size, shared-memory switch, open-files limit)."""
-        engine.undo(self.changes)
+        SESSION.restore(self.changes)
 
     def __str__(self) -> str:
         lines = [f"ms_shm.tune: budget {mib(self.budget.shm_bytes)} of /dev/shm per pipeline "
@@ -73,25 +56,6 @@ class TuneReport(Result):
         lines += [f"  changed {c.setting}: {c.old} -> {c.new}" for c in self.changes]
         lines += [f"  advice: {a.problem} -> {a.fix}" for a in self.advice]
         return "\n".join(lines)
-
-
-def _advise(facts: host.HostFacts, ms_config: Any) -> tuple:
-    return tuple(advice.diagnose(facts, ms_config))
-
-
-def _log_advice_once(facts: host.HostFacts, items: Sequence[Any]) -> None:
-    """Recommendations go to the log once per process, and only from local rank 0 of a multi-rank job."""
-    if facts.ranks.local_rank != 0:
-        return
-    for item in items:
-        key = getattr(item, "problem", str(item))
-        if key in _SESSION.advised:
-            continue
-        _SESSION.advised.add(key)
-        level = logging.WARNING if getattr(item, "severity", "") in ("crash", "slow") else logging.INFO
-        snippets = "".join(f"\n  {label}:\n" + textwrap.indent(text, "    ")
-                           for label, text in getattr(item, "snippets", ()))
-        log.log(level, "%s Fix: %s%s", item.problem, item.fix, snippets)
 
 
 def tune(dry_run: bool = False, ranks: int | None = None, shm_fraction: float = budget_mod.DEFAULT_FRACTION,
@@ -116,108 +80,88 @@ def tune(dry_run: bool = False, ranks: int | None = None, shm_fraction: float = 
         TuneReport: facts, budget, decisions, changes and advice.
     """
     facts = host.probe(ranks=ranks)
-    with _SESSION.lock:
-        _SESSION.facts, _SESSION.fraction, _SESSION.ranks = facts, shm_fraction, ranks
-    ms = engine.read_config()
-    notes = list(facts.notes)
-    if ms is None:
-        notes.append("mindspore is not importable: only host facts and the open-files limit were handled")
-    b = _budget(facts, reserved=(0, 0))
-    decisions, changes = [], []
+    SESSION.start(facts, shm_fraction, ranks)
+    eng = _engine()
+    config = eng.read_config()
+    b = SESSION.budget(facts, reserved=(0, 0))
     w = workers or advice.typical_workers(facts)
-    current_p = ms.prefetch_size if ms and ms.prefetch_size else model.DEFAULT_PREFETCH
-
-    # Open files: one fd per shm slot in the main process, per worker.
-    need_fds = advice.fds_needed(facts, w, current_p, pipelines=2)
-    if facts.nofile_soft is not None and facts.nofile_soft < need_fds:
-        hard = facts.nofile_hard
-        target = sizes.nofile_target(need_fds) if hard is None else min(hard, sizes.nofile_target(need_fds))
-        reason = (f"soft open-files limit {facts.nofile_soft} < {need_fds} needed by two {w}-worker pipelines "
-                  f"at prefetch {current_p} (one fd per shared-memory slot)")
-        decisions.append(Decision("RLIMIT_NOFILE(soft)", target, facts.nofile_soft, reason))
-        if raise_nofile and not dry_run and target > facts.nofile_soft:
-            change = engine.set_nofile_soft(target, reason)
-            if change:
-                changes.append(change)
-
-    if ms is not None:
-        p = prefetch
-        if p is None and row_mb is not None and b.shm_bytes is not None:
-            p = advice.fitting_prefetch(int(row_mb * model.MiB), w, b.shm_bytes, current_p)
-            if p is None:
-                decisions.append(Decision("prefetch_size", current_p, current_p,
-                                          f"{w} workers x {row_mb} MiB rows do not fit {mib(b.shm_bytes)} even at "
-                                          f"prefetch 1: build_dataset will choose threads or pipes for them"))
-            elif p != current_p:
-                decisions.append(Decision("prefetch_size", p, current_p,
-                                          f"{w} workers x {row_mb} MiB rows fit {mib(b.shm_bytes)} only up to "
-                                          f"prefetch {p}"))
-        elif p is not None:
-            decisions.append(Decision("prefetch_size", p, current_p, "asked for by the caller"))
-        if p is not None and p != current_p and not dry_run:
-            changes.append(engine.set_prefetch_size(p, "tune()"))
-        minimal = model.generator_peak(model.PAGE, 2, 1)
-        if ms.shared_mem and ms.has_shared_mem_switch and (b.shm_bytes is None or b.shm_bytes < minimal):
-            reason = (f"/dev/shm budget {mib(b.shm_bytes)} cannot hold even 2 workers' smallest slots "
-                      f"({mib(minimal)}): rows go through pipes")
-            decisions.append(Decision("shared_mem", False, True, reason))
-            if not dry_run:
-                change = engine.set_shared_mem(False, reason)
-                if change:
-                    changes.append(change)
-
-    found = _advise(facts, ms)
-    report = TuneReport(facts, ms, b, tuple(decisions), tuple(c for c in changes if c), found, dry_run,
-                        tuple(notes))
-    log.info("ms_shm.tune: /dev/shm budget %s per pipeline: %s", mib(b.shm_bytes), b.reason)
-    for d in decisions:
-        log.info("ms_shm.tune%s: %s", " (dry run)" if dry_run else "", d)
-    _log_advice_once(facts, found)
+    p = config.prefetch_size if config and config.prefetch_size else eng.arithmetic.DEFAULT_PREFETCH
+    decisions = [d for d in (_nofile_decision(facts, w, p, eng),) if d]
+    if config is not None:
+        decisions += eng.planning.plan_startup(config, b.shm_bytes, w, row_mb, prefetch)
+    made = () if dry_run else _apply_startup(decisions, eng, raise_nofile)
+    notes = facts.notes + (() if config else ("mindspore is not importable: only host facts and the open-files "
+                                              "limit were handled",))
+    report = TuneReport(facts, config, b, tuple(decisions), tuple(made), tuple(advice.diagnose(facts, config)),
+                        dry_run, tuple(notes))
+    _log_tune(report)
     if clean and facts.ranks.local_rank == 0 and not dry_run:
-        try:
-            from ms_shm import cleanup
-        except ImportError:
-            log.warning("ms_shm.tune(clean=True): cleanup is not available in this build")
-        else:
-            result = cleanup.clean(dry_run=False)
-            log.info("ms_shm.tune: cleaned leftovers of crashed runs: %s freed", mib(result.bytes_freed))
+        _clean_leftovers()
     return report
 
 
-def _budget(facts: host.HostFacts, reserved: tuple | None = None) -> budget_mod.Budget:
-    shm_used, fds_used = reserved if reserved is not None else _SESSION.ledger.totals()
-    return budget_mod.compute(facts.shm_free, facts.ranks.local_size, facts.nofile_soft, facts.open_fds,
-                              shm_used, fds_used, _SESSION.fraction, facts.ranks.source)
+def _nofile_decision(facts: host.HostFacts, workers: int, prefetch: int, eng: Any) -> Decision | None:
+    """A train and an eval pipeline need their fds under the soft limit (one fd per shared-memory slot)."""
+    need = advice.fds_needed(facts, workers, prefetch, pipelines=2)
+    soft, hard = facts.nofile_soft, facts.nofile_hard
+    if soft is None or soft >= need:
+        return None
+    target = sizes.nofile_target(need) if hard is None else min(hard, sizes.nofile_target(need))
+    return Decision(changes_mod.NOFILE, target, soft,
+                    f"soft open-files limit {soft} < {need} needed by two {workers}-worker pipelines at prefetch "
+                    f"{prefetch} (one fd per shared-memory slot)")
 
 
-def _current_nofile(facts: host.HostFacts) -> host.HostFacts:
-    """The fd limit may have been raised by tune() since the facts were cached."""
-    soft, hard = engine.get_nofile()
-    inf = resource.RLIM_INFINITY
-    return replace(facts, nofile_soft=None if soft == inf else soft, nofile_hard=None if hard == inf else hard)
+def _apply_startup(decisions: Sequence[Decision], eng: Any, raise_nofile: bool) -> list:
+    made = []
+    for d in decisions:
+        if d.setting == changes_mod.NOFILE:
+            if raise_nofile and d.value > d.default:
+                made.append(changes_mod.set_nofile_soft(d.value, d.reason))
+        elif d.value != d.default:
+            made.append(eng.apply_setting(d.setting, d.value, d.reason if d.setting != "prefetch_size" else "tune()"))
+    return SESSION.record(made)
 
 
-def _request(kwargs: dict, ms: Any, facts: host.HostFacts, rows_per_epoch: int | None) -> Request:
+def _log_tune(report: TuneReport) -> None:
+    b = report.budget
+    log.info("ms_shm.tune: /dev/shm budget %s per pipeline: %s", mib(b.shm_bytes), b.reason)
+    for d in report.decisions:
+        log.info("ms_shm.tune%s: %s", " (dry run)" if report.dry_run else "", d)
+    SESSION.log_advice_once(report.facts, report.advice)
+
+
+def _clean_leftovers() -> None:
+    from ms_shm import cleanup
+
+    result = cleanup.clean(dry_run=False)
+    log.info("ms_shm.tune: cleaned leftovers of crashed runs: %s freed", mib(result.bytes_freed))
+
+
+def _request(kwargs: dict, config: Any, facts: host.HostFacts, eng: Any, multiprocessing_key: str =
+             "python_multiprocessing") -> Request:
+    """What the caller asked for, with the framework's globals as they are now."""
     return Request(
         workers=kwargs.get("num_parallel_workers"),
-        multiprocessing=kwargs.get("python_multiprocessing"),
-        max_rowsize=model.max_rowsize_mb(kwargs.get("max_rowsize")),
-        prefetch=ms.prefetch_size if ms and ms.prefetch_size else model.DEFAULT_PREFETCH,
-        shared_mem=bool(ms.shared_mem) if ms and ms.shared_mem is not None else True,
-        can_switch_shared_mem=bool(ms and ms.has_shared_mem_switch),
-        start_method=(ms.start_method if ms else None) or "fork",
-        rows_per_epoch=rows_per_epoch,
+        multiprocessing=kwargs.get(multiprocessing_key),
+        max_rowsize=eng.arithmetic.max_rowsize_mb(kwargs.get("max_rowsize")),
+        prefetch=config.prefetch_size if config and config.prefetch_size else eng.arithmetic.DEFAULT_PREFETCH,
+        shared_mem=bool(config.shared_mem) if config and config.shared_mem is not None else True,
+        can_switch_shared_mem=bool(config and config.has_shared_mem_switch),
+        start_method=(config.start_method if config else None) or "fork",
         cpu_count=facts.cpu_count or facts.usable_cpus,
         usable_cpus=facts.usable_cpus,
     )
 
 
+def _profile(config: Any, facts: host.HostFacts, eng: Any) -> Any:
+    return eng.profile(config.version if config else facts.mindspore_version)
+
+
 def _inspect_copy_on_read(source: Any, workers: int, facts: host.HostFacts, start_method: str,
                           share_lists: bool) -> None:
-    try:
-        from ms_shm import cow
-    except ImportError:
-        return
+    from ms_shm import cow
+
     findings = cow.inspect_source(source, workers=workers, ranks=facts.ranks.local_size,
                                   start_method=start_method)
     if not findings:
@@ -233,8 +177,7 @@ def _column_names(column_names: Any, kwargs: dict) -> tuple | None:
         return (column_names,)
     if column_names is not None:
         return tuple(column_names)
-    schema = kwargs.get("schema")
-    names = getattr(schema, "columns", None)
+    names = getattr(kwargs.get("schema"), "columns", None)
     if isinstance(names, list):
         return tuple(c.get("name") if isinstance(c, dict) else str(c) for c in names)
     return None
@@ -247,9 +190,9 @@ def _probe_blocker(kwargs: dict) -> str | None:
     return None
 
 
-def _lock_mode(req: Request, why: str, default_multiprocessing: bool) -> tuple:
+def _lock_mode(req: Request, why: str, default_workers: int, default_multiprocessing: bool) -> tuple:
     """Rows that depend on which worker reads them keep MindSpore's own mode and workers."""
-    workers = req.workers if req.workers is not None else 1
+    workers = req.workers if req.workers is not None else default_workers
     multiprocessing = req.multiprocessing if req.multiprocessing is not None else default_multiprocessing
     reason = (f"{why}: rows depend on which process or thread reads them, so MindSpore's own mode is kept "
               f"(num_parallel_workers={workers}, python_multiprocessing={multiprocessing}); only prefetch and "
@@ -283,62 +226,71 @@ def build_dataset(source: Any, column_names: Sequence[str] | str | None = None, 
     Raises:
         ms_shm.RowError: a probe row MindSpore cannot carry (names the column, the row and the fix).
         ms_shm.ShmBudgetError: explicit arguments that cannot fit, before any worker starts.
-        RuntimeError: ``python_multiprocessing=True`` where MindSpore cannot start worker processes (no /proc).
+        ms_shm.ProcessesUnavailableError: ``python_multiprocessing=True`` where MindSpore cannot start worker
+            processes (no /proc).
     """
-    facts = _current_nofile(_SESSION.host_facts())
-    ms = engine.read_config()
+    eng, facts = _engine(), SESSION.host_facts()
+    config = eng.read_config()
     names = _column_names(column_names, generator_kwargs)
-    random_access = rows.is_random_access(source)
-    req = _request(generator_kwargs, ms, facts, None)
-    profile = profile_for(ms.version if ms else facts.mindspore_version)
-    b = _budget(facts)
-    if not random_access:
-        p = planner.plan_iterable(req, b, profile)
+    req = _request(generator_kwargs, config, facts, eng)
+    if not rows.is_random_access(source):
+        p = eng.planning.plan_iterable(req, SESSION.budget(facts), _profile(config, facts, eng))
         lineage = measure.IterableLineage(source, names) if names else measure.Unavailable("no column names")
-        return _build(source, column_names, generator_kwargs, p, ms, lineage, "iterable")
+        return _build(eng, source, column_names, generator_kwargs, p, config, lineage, "iterable")
     blocked = _probe_blocker(generator_kwargs)
     probe = measure.StageProbe(None, unmeasured=blocked) if blocked else \
-        measure.probe_random_access(source, names, engine.row_check())
-    decisions = []
-    if probe.stats is not None:
-        req = replace(req, rows_per_epoch=_rows_per_epoch(generator_kwargs, probe.stats.length))
-    if probe.effects.order_dependent:
-        req, locked = _lock_mode(req, probe.effects.order_dependent, True)
-        decisions.append(locked)
-    blocker = engine.processes_blocker() if ms is not None else None
-    if blocker:
-        req = _without_processes(req, blocker)
-    if probe.stats is None:
-        p = planner.plan_unmeasured(req, b, profile, probe.unmeasured)
-    else:
-        p = planner.plan_generator(probe.stats, req, b, profile)
-    if blocker:
-        decisions.append(Decision("python_multiprocessing", False, True, blocker))
-    p = replace(p, decisions=tuple(decisions) + p.decisions)
+        measure.probe_random_access(source, names, eng.compat.row_check())
+    p = _plan_source(probe, req, generator_kwargs, config, facts, eng)
     if p.python_multiprocessing and p.workers > 1:
         _inspect_copy_on_read(source, p.workers, facts, req.start_method, share_lists)
-    feed = source
-    if p.guard_slots and p.guard_worker_bytes:
-        feed = GuardedSource(source, GuardSpec(
-            p.guard_slots, p.guard_worker_bytes, p.row_bytes, _ROW_FIX, p.workers, facts.shm_path,
-            max(1, facts.ranks.local_size) / max(p.budget.fraction, 0.01)))
     lineage = measure.SourceLineage(source, names, probe.stats.indices[:4]) if probe.stats and names else \
         measure.Unavailable(probe.unmeasured or "no column names")
-    return _build(feed, column_names, generator_kwargs, p, ms, lineage, type(source).__name__)
+    return _build(eng, _guarded(source, p, facts, eng), column_names, generator_kwargs, p, config, lineage,
+                  type(source).__name__)
 
 
-def _build(feed: Any, column_names: Any, asked: dict, p: Plan, ms: Any, lineage: measure.Lineage, what: str):
+def _plan_source(probe: measure.StageProbe, req: Request, kwargs: dict, config: Any, facts: host.HostFacts,
+                 eng: Any) -> Plan:
+    """The plan for a random-access source: measured, locked to MindSpore's mode, or as asked."""
+    decisions = []
+    if probe.stats is not None:
+        req = replace(req, rows_per_epoch=_rows_per_epoch(kwargs, probe.stats.length))
+    if probe.effects.order_dependent:
+        req, locked = _lock_mode(req, probe.effects.order_dependent, 1, True)
+        decisions.append(locked)
+    blocker = eng.compat.processes_blocker() if config is not None else None
+    if blocker:
+        req = _without_processes(req, blocker)
+        decisions.append(Decision("python_multiprocessing", False, True, blocker))
+    profile, b = _profile(config, facts, eng), SESSION.budget(facts)
+    if probe.stats is None:
+        p = eng.planning.plan_unmeasured(req, b, profile, probe.unmeasured)
+    else:
+        p = eng.planning.plan_generator(probe.stats, req, b, profile)
+    return replace(p, decisions=tuple(decisions) + p.decisions)
+
+
+def _guarded(source: Any, p: Plan, facts: host.HostFacts, eng: Any) -> Any:
+    """The source, wrapped by the runtime guard only where rows go through dynamic shared-memory slots."""
+    if not (p.guard_slots and p.guard_worker_bytes):
+        return source
+    spec = eng.guard.GuardSpec(p.guard_slots, p.guard_worker_bytes, p.row_bytes, _ROW_FIX, p.workers,
+                               facts.shm_path, max(1, facts.ranks.local_size) / max(p.budget.fraction, 0.01))
+    return eng.guard.GuardedSource(source, spec)
+
+
+def _build(eng: Any, feed: Any, column_names: Any, asked: dict, p: Plan, config: Any, lineage: measure.Lineage,
+           what: str):
     """Apply the plan: MindSpore's globals first, then ``GeneratorDataset`` with only the settings it changed."""
-    changes = _apply_globals(p, ms)
+    made = _apply_globals(p, config, eng)
     kwargs = dict(asked)
     _set_if_changed(kwargs, "num_parallel_workers", p.workers, 1)
     _set_if_changed(kwargs, "python_multiprocessing", p.python_multiprocessing, True)
     if p.max_rowsize is not None and kwargs.get("max_rowsize") is None:
         kwargs["max_rowsize"] = p.max_rowsize
-    dataset = engine.generator_dataset(feed, column_names, kwargs)
-    if changes:
-        p = replace(p, decisions=p.decisions + tuple(Decision(c.setting, c.new, c.old, c.reason)
-                                                     for c in changes))
+    dataset = eng.compat.generator_dataset(feed, column_names, kwargs)
+    if made:
+        p = replace(p, decisions=p.decisions + tuple(Decision(c.setting, c.new, c.old, c.reason) for c in made))
     _register(dataset, p, lineage, f"GeneratorDataset({what})")
     _log_plan(p, asked)
     return dataset
@@ -351,8 +303,8 @@ def _set_if_changed(kwargs: dict, key: str, value: Any, default: Any) -> None:
 
 
 def _register(dataset: Any, p: Plan, lineage: measure.Lineage, label: str) -> None:
-    reservation = _SESSION.ledger.reserve(label, p.predicted_shm, p.predicted_fds)
-    weakref.finalize(dataset, _SESSION.ledger.release, reservation.key)
+    reservation = SESSION.ledger.reserve(label, p.predicted_shm, p.predicted_fds)
+    weakref.finalize(dataset, SESSION.ledger.release, reservation.key)
     measure.remember(dataset, p, lineage)
 
 
@@ -372,29 +324,31 @@ _ROW_FIX = "lower num_parallel_workers, or pass python_multiprocessing=False to 
 def _without_processes(req: Request, why: str) -> Request:
     """MindSpore's worker processes cannot start here: plan threads, or stop now if the caller insisted."""
     if req.multiprocessing is True and (req.workers or 1) > 1:
-        raise ProcessesUnavailableError(f"python_multiprocessing=True cannot work here: {why}, and MindSpore's GeneratorDataset "
-                           f"reads its own process through psutil before starting workers. Fix: mount /proc (or "
-                           f"make it readable), or pass python_multiprocessing=False.")
+        raise ProcessesUnavailableError(
+            f"python_multiprocessing=True cannot work here: {why}, and MindSpore's GeneratorDataset reads its own "
+            f"process through psutil before starting workers. Fix: mount /proc (or make it readable), or pass "
+            f"python_multiprocessing=False.")
     log.warning("ms_shm: %s; worker processes are not planned, threads are", why)
     return replace(req, multiprocessing=False)
 
 
-def _apply_globals(p: Plan, ms: Any) -> list:
-    """Global MindSpore settings the plan needs. Both only ever go down, so other pipelines stay safe."""
-    if ms is None:
+def _apply_globals(p: Plan, config: Any, eng: Any) -> list:
+    """Global MindSpore settings the plan needs. Both only ever go down, so other pipelines stay safe; each is
+    recorded in the session (``ms_shm.session().restore()``) and logged as a warning."""
+    if config is None:
         return []
-    out = []
-    if ms.prefetch_size and p.prefetch < ms.prefetch_size:
-        out.append(engine.set_prefetch_size(p.prefetch, next((d.reason for d in p.decisions
+    wanted = []
+    if config.prefetch_size and p.prefetch < config.prefetch_size:
+        wanted.append(("prefetch_size", p.prefetch, next((d.reason for d in p.decisions
                                                           if d.setting == "prefetch_size"), "plan")))
-    if p.mode == PIPES and ms.shared_mem:
-        out.append(engine.set_shared_mem(False, "rows go through pipes: shared-memory slots would not fit; this "
-                                             "also applies to pipelines launched later in this process"))
-    for change in out:
-        if change:
-            log.warning("ms_shm changed MindSpore's global %s from %s to %s: %s", change.setting, change.old,
-                        change.new, change.reason)
-    return [c for c in out if c]
+    if p.mode == PIPES and config.shared_mem:
+        wanted.append(("shared_mem", False, "rows go through pipes: shared-memory slots would not fit; this also "
+                                            "applies to pipelines launched later in this process"))
+    made = SESSION.record([eng.apply_setting(*w) for w in wanted])
+    for change in made:
+        log.warning("ms_shm changed MindSpore's global %s from %s to %s: %s", change.setting, change.old,
+                    change.new, change.reason)
+    return made
 
 
 def _log_plan(p: Plan, asked: dict) -> None:
@@ -410,20 +364,20 @@ def plan_of(dataset: Any) -> Plan | None:
     return measure.plan_of(dataset)
 
 
-def _input_lineage(dataset: Any) -> measure.Lineage:
+def _input_lineage(dataset: Any, eng: Any) -> measure.Lineage:
     """How the probe child can make the input rows of a ``map``: the stage's own lineage, or (for a tree that
     runs no Python code, whose reading has no side effects) a few rows read now."""
-    lineage = measure.lineage_of(engine.rows_come_from(dataset))
+    lineage = measure.lineage_of(eng.compat.rows_come_from(dataset))
     if lineage is not None:
         return lineage
-    python = engine.python_code_in(dataset)
+    python = eng.compat.python_code_in(dataset)
     if python:
         return measure.Unavailable(f"the input pipeline was not built by ms_shm and runs Python code ({python}): "
                                    f"reading rows ahead could change what it yields")
     log.info("ms_shm.map: the input dataset was not built by ms_shm; reading %d rows of it to measure the "
              "operations (one short pipeline run)", measure.PROBE_ROWS_FOR_MAP)
     out: dict = {}
-    for row in engine.take_rows(dataset, measure.PROBE_ROWS_FOR_MAP):
+    for row in eng.compat.take_rows(dataset, measure.PROBE_ROWS_FOR_MAP):
         for k, v in row.items():
             out.setdefault(k, []).append(v)
     return measure.TakenRows(out)
@@ -451,47 +405,53 @@ def map(dataset: Any, operations: Any = None, input_columns: Sequence[str] | str
     Raises:
         ms_shm.ShmBudgetError: explicit arguments that cannot fit.
     """
-    facts = _current_nofile(_SESSION.host_facts())
-    ms = engine.read_config()
-    lineage = _input_lineage(dataset)
-    ins = _names_list(input_columns) or engine.column_names(dataset)[:1]
+    eng, facts = _engine(), SESSION.host_facts()
+    config = eng.read_config()
+    lineage = _input_lineage(dataset, eng)
+    ins = _names_list(input_columns) or eng.compat.column_names(dataset)[:1]
     outs = _names_list(output_columns) or ins
     probe = measure.probe_operations(lineage, operations, ins, outs)
-    req = Request(
-        workers=num_parallel_workers, multiprocessing=map_kwargs.get("python_multiprocessing"),
-        max_rowsize=model.max_rowsize_mb(map_kwargs.get("max_rowsize")),
-        prefetch=ms.prefetch_size if ms and ms.prefetch_size else model.DEFAULT_PREFETCH,
-        cpu_count=facts.cpu_count or facts.usable_cpus, usable_cpus=facts.usable_cpus)
-    profile = profile_for(ms.version if ms else facts.mindspore_version)
-    decisions = []
-    if probe.stats is None or probe.effects.order_dependent:
-        why = probe.unmeasured or probe.effects.order_dependent
-        req = replace(req, workers=num_parallel_workers if num_parallel_workers is not None else
-                      (ms.num_parallel_workers if ms and ms.num_parallel_workers else 1),
-                      multiprocessing=bool(map_kwargs.get("python_multiprocessing", False)))
-        decisions.append(Decision("mode_locked", True, False, f"{why}: MindSpore's own map settings are kept"))
-    p = _plan_map(probe.stats, req, facts, profile) if probe.stats is not None else \
-        planner.plan_unmeasured(req, _budget(facts), profile, probe.unmeasured, kind="map")
-    p = replace(p, decisions=tuple(decisions) + p.decisions)
+    asked = dict(map_kwargs, **({} if num_parallel_workers is None else {"num_parallel_workers": num_parallel_workers}))
+    p = _plan_operations(probe, _request(asked, config, facts, eng), config, facts, eng)
     kwargs = dict(map_kwargs)
     _set_if_changed(kwargs, "python_multiprocessing", p.python_multiprocessing, False)
-    if num_parallel_workers is not None or p.workers != req.workers:
+    if num_parallel_workers is not None or p.workers != _map_default_workers(config):
         kwargs["num_parallel_workers"] = p.workers
-    result = engine.map_dataset(dataset, operations, input_columns, output_columns, kwargs)
+    result = eng.compat.map_dataset(dataset, operations, input_columns, output_columns, kwargs)
     _register(result, p, measure.MapLineage(lineage, operations, tuple(ins), tuple(outs)), "map")
-    asked = dict(map_kwargs)
-    if num_parallel_workers is not None:
-        asked["num_parallel_workers"] = num_parallel_workers
     _log_plan(p, asked)
     return result
 
 
-def _plan_map(stats: measure.OperationStats, req: Request, facts: host.HostFacts, profile: Any) -> Plan:
+def _map_default_workers(config: Any) -> int:
+    return config.num_parallel_workers if config and config.num_parallel_workers else 1
+
+
+def _plan_operations(probe: measure.StageProbe, req: Request, config: Any, facts: host.HostFacts, eng: Any) -> Plan:
+    """The plan for a map stage: measured, or MindSpore's own settings where rows cannot be measured or depend
+    on which worker computes them."""
+    profile, b = _profile(config, facts, eng), SESSION.budget(facts)
+    why = probe.unmeasured or probe.effects.order_dependent
+    if why:
+        req = replace(req, workers=req.workers if req.workers is not None else _map_default_workers(config),
+                      multiprocessing=bool(req.multiprocessing))
+    if probe.stats is None:
+        p = eng.planning.plan_unmeasured(req, b, profile, probe.unmeasured, kind="map")
+    else:
+        st = probe.stats
+        p = eng.planning.plan_map(st.in_bytes, st.out_bytes, st.seconds_per_row, st.cpu_fraction, None, req, b,
+                                  profile, shmmax=facts.shmmax, memory_left=_memory_left(facts))
+    if not why:
+        return p
+    return replace(p, decisions=(Decision("mode_locked", True, False,
+                                          f"{why}: MindSpore's own map settings are kept"),) + p.decisions)
+
+
+def _memory_left(facts: host.HostFacts) -> int | None:
     memory_left = facts.mem_available
     if facts.cgroup_mem_limit and facts.cgroup_mem_usage is not None:
         memory_left = min(memory_left or facts.cgroup_mem_limit, facts.cgroup_mem_limit - facts.cgroup_mem_usage)
-    return planner.plan_map(stats.in_bytes, stats.out_bytes, stats.seconds_per_row, stats.cpu_fraction, None,
-                            req, _budget(facts), profile, shmmax=facts.shmmax, memory_left=memory_left)
+    return memory_left
 
 
 def probe(ranks: int | None = None) -> host.HostFacts:
@@ -500,13 +460,9 @@ def probe(ranks: int | None = None) -> host.HostFacts:
 
 
 def reset() -> None:
-    """Forget cached facts, live reservations and logged advice (tests, or after the host changed)."""
-    with _SESSION.lock:
-        _SESSION.facts = None
-        _SESSION.ranks = None
-        _SESSION.fraction = budget_mod.DEFAULT_FRACTION
-        _SESSION.advised.clear()
-    _SESSION.ledger.clear()
+    """Forget cached facts, live reservations, logged advice and recorded changes (tests, or after the host
+    changed). Changes are forgotten, not undone: ``session().restore()`` undoes them."""
+    SESSION.reset()
 
 
-__all__ = ["tune", "build_dataset", "map", "plan_of", "probe", "reset", "TuneReport", "ShmBudgetError"]
+__all__ = ["tune", "build_dataset", "map", "plan_of", "probe", "reset", "session", "TuneReport", "ShmBudgetError"]

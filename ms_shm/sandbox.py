@@ -44,15 +44,24 @@ TIMEOUT_ENV = "MS_SHM_PROBE_TIMEOUT"
 
 @dataclass(frozen=True)
 class Effects(Result):
-    """What the probe changed in the child: each a reason, or ``None`` for "nothing seen"."""
+    """What the probe saw in the child: each a reason, or ``None`` for "nothing seen".
+
+    Attributes:
+        draws_random: reading advanced the global ``random`` / ``numpy.random`` state, or a generator the
+            source or an operation holds.
+        rereads_differ: the same row, read again, came back different.
+        mutates_state: reading changed the objects' own attributes (a counter, a cache, lazy set-up): noted
+            only, since a row that reads back the same does not depend on who reads it.
+    """
 
     draws_random: str | None = None
+    rereads_differ: str | None = None
     mutates_state: str | None = None
 
     @property
     def order_dependent(self) -> str | None:
         """Why rows may depend on which worker (process or thread) reads them, or ``None``."""
-        return self.draws_random or self.mutates_state
+        return self.draws_random or self.rereads_differ
 
 
 @dataclass(frozen=True)
@@ -223,12 +232,27 @@ def changed_attributes(before: tuple, after: tuple, objects: Sequence[Any]) -> s
     return None
 
 
-def watch_effects(run: Callable[[], Any], objects: Sequence[Any]) -> tuple[Any, Effects]:
-    """``run()`` and what it changed: meant for the child, where the changes are thrown away."""
-    rng0, state0 = rng_state(), state_of(objects)
+def watch_effects(run: Callable[[], Any], objects: Sequence[Any],
+                  reread: Callable[[], str | None] | None = None) -> tuple[Any, Effects]:
+    """``run()`` and what it changed, then ``reread()`` (why a row read again differs, or ``None``): meant for
+    the child, where the changes are thrown away."""
+    rng0, state0, own0 = rng_state(), state_of(objects), _own_generators(objects)
     value = run()
-    draws = "rows draw from the global random / numpy.random state" if rng_state() != rng0 else None
-    return value, Effects(draws, changed_attributes(state0, state_of(objects), objects))
+    draws = None
+    if rng_state() != rng0:
+        draws = "rows draw from the global random / numpy.random state"
+    elif _own_generators(objects) != own0:
+        draws = "rows draw from a random generator the source or operation holds"
+    differs = reread() if reread is not None and draws is None else None
+    return value, Effects(draws, differs, changed_attributes(state0, state_of(objects), objects))
+
+
+def _own_generators(objects: Sequence[Any]) -> tuple:
+    """The states of the random generators held as attributes of ``objects``."""
+    kinds = (np.random.Generator, np.random.RandomState, random.Random)
+    return tuple(_cell(v) for obj in objects
+                 for v in (vars(obj).values() if isinstance(getattr(obj, "__dict__", None), dict) else ())
+                 if isinstance(v, kinds))
 
 
 def holds_open_file(obj: Any) -> str | None:

@@ -373,3 +373,32 @@ def test_iterators_do_not_copy_the_source(ds):
     for it in iterators:
         it.stop()
     assert grown < 64 << 20, f"three iterators added {grown >> 20} MiB of RSS (a source copy is 400 MiB)"
+
+
+class LazyIndex(Plain):
+    """Keeps a cache and a call counter that its rows do not depend on: not a reason to keep MindSpore's mode."""
+
+    def __init__(self):
+        super().__init__(n=12)
+        self.cache, self.calls = {}, 0
+
+    def __getitem__(self, index):
+        self.calls += 1
+        self.cache[int(index)] = True
+        return super().__getitem__(index)
+
+
+def test_state_that_rows_do_not_depend_on_leaves_the_choice_free(ds):
+    import ms_shm
+
+    p = ms_shm.plan_of(ms_shm.build_dataset(LazyIndex(), ["a", "b"], shuffle=False))
+    assert "mode_locked" not in {d.setting for d in p.decisions}
+    assert_same(*both(ds, LazyIndex, ["a", "b"], shuffle=False), 12)
+
+
+def test_rows_that_depend_on_the_call_count_lock_the_mode(ds):
+    import ms_shm
+
+    p = ms_shm.plan_of(ms_shm.build_dataset(Counting(), ["x"], shuffle=False))
+    locked = [d for d in p.decisions if d.setting == "mode_locked"]
+    assert locked and "read twice differs" in locked[0].reason

@@ -15,6 +15,8 @@ class MindSporeEngine:
     """``ms_shm.engines.base.Engine`` for MindSpore."""
 
     name = "mindspore"
+    arithmetic = arithmetic
+    profiles = profiles
 
     def available(self) -> bool:
         from ms_shm.engines.mindspore import compat
@@ -43,6 +45,35 @@ class MindSporeEngine:
         from ms_shm.engines.mindspore import compat
 
         compat.undo(changes)
+
+    @property
+    def compat(self):
+        """The adapter that touches MindSpore (imported on first use; MindSpore itself only when called)."""
+        from ms_shm.engines.mindspore import compat
+
+        return compat
+
+    @property
+    def planning(self):
+        from ms_shm.engines.mindspore import planning
+
+        return planning
+
+    @property
+    def guard(self):
+        from ms_shm.engines.mindspore import guard
+
+        return guard
+
+    def apply_setting(self, setting: str, value: Any, reason: str) -> Any:
+        """Apply one global decision (``prefetch_size``, ``shared_mem``); the ``Change`` made, or ``None``."""
+        from ms_shm.engines.mindspore import compat
+
+        if setting == "prefetch_size":
+            return compat.set_prefetch_size(value, reason)
+        if setting == "shared_mem":
+            return compat.set_shared_mem(value, reason)
+        return None
 
     def typical_peak(self, row_bytes: int, workers: int, prefetch: int, version: str | None = None) -> int:
         static = self.profile(version).generator_default_max_rowsize_mb

@@ -66,6 +66,15 @@ def generator_peak(row_bytes: int, workers: int, prefetch: int, rows: int | None
     return workers * used * pages(row_bytes) + sem
 
 
+def fitting_prefetch(row_bytes: int, workers: int, budget: int, current: int = DEFAULT_PREFETCH) -> int | None:
+    """The largest prefetch (<= ``current``) whose slots fit ``budget`` bytes, or ``None`` when even prefetch 1
+    does not."""
+    for p in range(current, 0, -1):
+        if generator_peak(row_bytes, workers, p) <= budget:
+            return p
+    return None
+
+
 def static_precheck_fails(workers: int, prefetch: int, max_rowsize_mb: int, shm_free: int,
                           device_num: int = 1) -> bool:
     """MindSpore's own launch check for a static max_rowsize: it raises at >= 80% of free /dev/shm."""
@@ -136,5 +145,5 @@ def map_fds(workers: int) -> int:
 
 __all__ = ["DEFAULT_PREFETCH", "SEM_PAGES_PER_POOL", "FD_BASE", "FD_PER_WORKER", "STATIC_MIN_ELEMENTS", "FD_MARGIN",
            "PAGE", "MiB", "queue_size", "slots", "pages", "semaphore_bytes", "generator_peak",
-           "static_precheck_fails", "static_row_fits", "max_rowsize_mb", "static_rowsize_for", "MapCost",
+           "fitting_prefetch", "static_precheck_fails", "static_row_fits", "max_rowsize_mb", "static_rowsize_for", "MapCost",
            "map_pool_cost", "generator_fds", "map_fds"]

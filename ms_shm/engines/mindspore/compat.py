@@ -1,5 +1,5 @@
-"""The only module that imports MindSpore or changes the process: reads and sets the dataset config,
-builds ``GeneratorDataset`` / ``.map``, and raises the open-files limit.
+"""The only module that imports MindSpore: reads and sets the dataset config (recording each ``Change``),
+builds ``GeneratorDataset`` / ``.map``, and answers questions about a pipeline tree.
 
 What the installed MindSpore supports is detected here (``getattr``, signatures); how versions *behave* lives
 in ``profiles.profile_for``. Every change is returned as a ``Change`` with its old value so it can be undone.
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import inspect
 import logging
-import resource
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ms_shm._results import Result
+from ms_shm.changes import Change, get_nofile, set_nofile_soft  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -29,16 +29,6 @@ class MindSporeConfig(Result):
     num_parallel_workers: int | None
     has_shared_mem_switch: bool
     generator_takes_max_rowsize: bool
-
-
-@dataclass(frozen=True)
-class Change(Result):
-    """One setting ms_shm changed: enough to undo it."""
-
-    setting: str
-    old: Any
-    new: Any
-    reason: str
 
 
 def _dataset_module():
@@ -125,20 +115,6 @@ def _quietly(func, *args):
             target.setLevel(level)
 
 
-def get_nofile() -> tuple:
-    return resource.getrlimit(resource.RLIMIT_NOFILE)
-
-
-def set_nofile_soft(value: int, reason: str) -> Change | None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY:
-        value = min(value, hard)
-    if value <= soft:
-        return None
-    resource.setrlimit(resource.RLIMIT_NOFILE, (value, hard))
-    return Change("RLIMIT_NOFILE(soft)", soft, value, reason)
-
-
 def undo(changes: Sequence[Change]) -> None:
     """Put every setting back, newest change first."""
     for change in reversed(list(changes)):
@@ -146,9 +122,8 @@ def undo(changes: Sequence[Change]) -> None:
             _dataset_module().config.set_prefetch_size(change.old)
         elif change.setting == "shared_mem":
             _quietly(_dataset_module().config.set_enable_shared_mem, change.old)
-        elif change.setting == "RLIMIT_NOFILE(soft)":
-            _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-            resource.setrlimit(resource.RLIMIT_NOFILE, (change.old, hard))
+        else:
+            continue  # not MindSpore's: the session undoes it
         log.info("ms_shm restored %s to %s", change.setting, change.old)
 
 

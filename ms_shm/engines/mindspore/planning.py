@@ -328,4 +328,39 @@ def what_if(row_bytes: int, workers: int, prefetch: int = model.DEFAULT_PREFETCH
 
 
 __all__ = ["Costs", "RAGGED_MARGIN", "plan_generator", "plan_map", "plan_iterable", "plan_unmeasured", "what_if",
-           "default_mode"]
+           "default_mode", "plan_startup"]
+
+
+def plan_startup(config, budget_bytes: int | None, workers: int, row_mb: float | None = None,
+                 prefetch: int | None = None) -> tuple:
+    """MindSpore's global settings ``tune()`` sets before any pipeline exists: a prefetch size that fits rows of
+    ``row_mb`` (or the one asked for), and pipes when not even the smallest slots fit. Pure: decisions only.
+
+    Args:
+        config: ``compat.MindSporeConfig`` as it is now.
+        budget_bytes: this rank's /dev/shm budget (``None``: unknown).
+    """
+    current = config.prefetch_size or model.DEFAULT_PREFETCH
+    out = []
+    if prefetch is not None:
+        out.append(Decision("prefetch_size", prefetch, current, "asked for by the caller"))
+    elif row_mb is not None and budget_bytes is not None:
+        out += _prefetch_for_rows(int(row_mb * model.MiB), workers, current, budget_bytes, row_mb)
+    minimal = model.generator_peak(model.PAGE, 2, 1)
+    if config.shared_mem and config.has_shared_mem_switch and (budget_bytes is None or budget_bytes < minimal):
+        out.append(Decision("shared_mem", False, True,
+                            f"/dev/shm budget {mib(budget_bytes)} cannot hold even 2 workers' smallest slots "
+                            f"({mib(minimal)}): rows go through pipes"))
+    return tuple(out)
+
+
+def _prefetch_for_rows(row_bytes: int, workers: int, current: int, budget_bytes: int, row_mb: float) -> list:
+    p = model.fitting_prefetch(row_bytes, workers, budget_bytes, current)
+    if p is None:
+        return [Decision("prefetch_size", current, current,
+                         f"{workers} workers x {row_mb} MiB rows do not fit {mib(budget_bytes)} even at prefetch 1: "
+                         f"build_dataset will choose threads or pipes for them")]
+    if p != current:
+        return [Decision("prefetch_size", p, current,
+                         f"{workers} workers x {row_mb} MiB rows fit {mib(budget_bytes)} only up to prefetch {p}")]
+    return []

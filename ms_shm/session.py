@@ -1,0 +1,96 @@
+"""The state that outlives one call, in one object: the host facts taken before the first pipeline started
+(later readings would count our own pipelines' slots as "used by someone else"), the ledger of live pipelines,
+the recommendations already logged, and every setting ``tune()``, ``build_dataset`` and ``map`` changed, each
+restorable (``ms_shm.session().restore()``).
+"""
+
+from __future__ import annotations
+
+import logging
+import textwrap
+import threading
+from dataclasses import dataclass, field, replace
+from typing import Any, Sequence
+
+from ms_shm import budget as budget_mod
+from ms_shm import changes as changes_mod
+from ms_shm import host
+
+log = logging.getLogger("ms_shm")
+
+
+@dataclass
+class Session:
+    facts: host.HostFacts | None = None
+    fraction: float = budget_mod.DEFAULT_FRACTION
+    ranks: int | None = None
+    ledger: budget_mod.Ledger = field(default_factory=budget_mod.Ledger)
+    advised: set = field(default_factory=set)
+    changes: list = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def host_facts(self) -> host.HostFacts:
+        """The cached facts, with the open-files limit read now (``tune()`` may have raised it since)."""
+        with self.lock:
+            if self.facts is None:
+                self.facts = host.probe(ranks=self.ranks)
+            facts = self.facts
+        soft, hard = changes_mod.get_nofile()
+        return replace(facts, nofile_soft=soft, nofile_hard=hard)
+
+    def start(self, facts: host.HostFacts, fraction: float, ranks: int | None) -> None:
+        with self.lock:
+            self.facts, self.fraction, self.ranks = facts, fraction, ranks
+
+    def budget(self, facts: host.HostFacts, reserved: tuple | None = None) -> budget_mod.Budget:
+        """This rank's budget: free /dev/shm and fds, less what live pipelines of this process reserved."""
+        shm_used, fds_used = reserved if reserved is not None else self.ledger.totals()
+        return budget_mod.compute(facts.shm_free, facts.ranks.local_size, facts.nofile_soft, facts.open_fds,
+                                  shm_used, fds_used, self.fraction, facts.ranks.source)
+
+    def record(self, made: Sequence[Any]) -> list:
+        """Keep the changes that happened (``None`` means nothing changed) and log each once."""
+        made = [c for c in made if c]
+        with self.lock:
+            self.changes.extend(made)
+        return made
+
+    def restore(self, only: Sequence[Any] | None = None) -> None:
+        """Undo ``only`` (default: every recorded change), newest first, and forget them."""
+        from ms_shm import engines
+
+        with self.lock:
+            chosen = list(self.changes) if only is None else [c for c in self.changes if c in list(only)]
+            self.changes = [c for c in self.changes if c not in chosen]
+        for change in reversed(chosen):
+            if change.setting == changes_mod.NOFILE:
+                changes_mod.undo_nofile(change)
+            else:
+                engines.get().undo([change])
+
+    def log_advice_once(self, facts: host.HostFacts, items: Sequence[Any]) -> None:
+        """Recommendations go to the log once per process, and only from local rank 0 of a multi-rank job."""
+        if facts.ranks.local_rank != 0:
+            return
+        for item in items:
+            key = getattr(item, "problem", str(item))
+            if key in self.advised:
+                continue
+            self.advised.add(key)
+            level = logging.WARNING if getattr(item, "severity", "") in ("crash", "slow") else logging.INFO
+            snippets = "".join(f"\n  {label}:\n" + textwrap.indent(text, "    ")
+                               for label, text in getattr(item, "snippets", ()))
+            log.log(level, "%s Fix: %s%s", item.problem, item.fix, snippets)
+
+    def reset(self) -> None:
+        with self.lock:
+            self.facts, self.ranks, self.fraction = None, None, budget_mod.DEFAULT_FRACTION
+            self.advised.clear()
+            self.changes.clear()
+        self.ledger.clear()
+
+
+SESSION = Session()
+
+
+__all__ = ["Session", "SESSION"]

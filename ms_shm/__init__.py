@@ -28,8 +28,8 @@ from ms_shm.errors import (
 from ms_shm.host import HostFacts
 from ms_shm.plan import Decision, Plan
 from ms_shm.rows import RowStats
-from ms_shm.session import Session
 from ms_shm.shared_list import SharedDict, SharedList
+from ms_shm.state import Session
 from ms_shm.watch import Watcher, WatchSummary, watch
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())

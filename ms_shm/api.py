@@ -18,7 +18,7 @@ from ms_shm import changes as changes_mod
 from ms_shm._results import Result, mib
 from ms_shm.errors import ProcessesUnavailableError
 from ms_shm.plan import PIPES, Decision, Plan, Request, ShmBudgetError
-from ms_shm.session import SESSION, Session
+from ms_shm.state import SESSION, Session
 
 log = logging.getLogger("ms_shm")
 
@@ -120,7 +120,7 @@ def _apply_startup(decisions: Sequence[Decision], eng: Any, raise_nofile: bool) 
                 made.append(changes_mod.set_nofile_soft(d.value, d.reason))
         elif d.value != d.default:
             made.append(eng.apply_setting(d.setting, d.value, d.reason if d.setting != "prefetch_size" else "tune()"))
-    return SESSION.record(made)
+    return SESSION.record(made, eng.undo)
 
 
 def _log_tune(report: TuneReport) -> None:
@@ -285,7 +285,8 @@ def _build(eng: Any, feed: Any, column_names: Any, asked: dict, p: Plan, config:
     made = _apply_globals(p, config, eng)
     kwargs = dict(asked)
     _set_if_changed(kwargs, "num_parallel_workers", p.workers, 1)
-    _set_if_changed(kwargs, "python_multiprocessing", p.python_multiprocessing, True)
+    if p.workers > 1:  # one worker runs in MindSpore's own thread whatever the flag says
+        _set_if_changed(kwargs, "python_multiprocessing", p.python_multiprocessing, True)
     if p.max_rowsize is not None and kwargs.get("max_rowsize") is None:
         kwargs["max_rowsize"] = p.max_rowsize
     dataset = eng.compat.generator_dataset(feed, column_names, kwargs)
@@ -344,7 +345,7 @@ def _apply_globals(p: Plan, config: Any, eng: Any) -> list:
     if p.mode == PIPES and config.shared_mem:
         wanted.append(("shared_mem", False, "rows go through pipes: shared-memory slots would not fit; this also "
                                             "applies to pipelines launched later in this process"))
-    made = SESSION.record([eng.apply_setting(*w) for w in wanted])
+    made = SESSION.record([eng.apply_setting(*w) for w in wanted], eng.undo)
     for change in made:
         log.warning("ms_shm changed MindSpore's global %s from %s to %s: %s", change.setting, change.old,
                     change.new, change.reason)

@@ -38,5 +38,9 @@ class Engine(Protocol):
     def pipeline_fds(self, workers: int, prefetch: int) -> int:
         """File descriptors the main process holds for one typical pipeline."""
 
+    def leftover_patterns(self) -> Any:
+        """How ``clean`` recognises what a crashed pipeline of this engine left: ``/dev/shm`` and ``/tmp`` names,
+        SysV key shape (a frozen ``LeftoverPatterns``, as in ``engines/mindspore/leftovers.py``)."""
+
 
 __all__ = ["Engine"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ms_shm.engines.mindspore import arithmetic, profiles
+from ms_shm.engines.mindspore import arithmetic, leftovers, profiles
 
 
 class MindSporeEngine:
@@ -81,6 +81,9 @@ class MindSporeEngine:
 
     def pipeline_fds(self, workers: int, prefetch: int) -> int:
         return arithmetic.generator_fds(workers, prefetch)
+
+    def leftover_patterns(self) -> leftovers.LeftoverPatterns:
+        return leftovers.leftover_patterns()
 
 
 ENGINE = MindSporeEngine()

@@ -10,7 +10,7 @@ import logging
 import textwrap
 import threading
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ms_shm import budget as budget_mod
 from ms_shm import changes as changes_mod
@@ -27,6 +27,7 @@ class Session:
     ledger: budget_mod.Ledger = field(default_factory=budget_mod.Ledger)
     advised: set = field(default_factory=set)
     changes: list = field(default_factory=list)
+    undoers: list = field(default_factory=list)  # beside each change, the function that puts it back
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def host_facts(self) -> host.HostFacts:
@@ -48,25 +49,26 @@ class Session:
         return budget_mod.compute(facts.shm_free, facts.ranks.local_size, facts.nofile_soft, facts.open_fds,
                                   shm_used, fds_used, self.fraction, facts.ranks.source)
 
-    def record(self, made: Sequence[Any]) -> list:
-        """Keep the changes that happened (``None`` means nothing changed) and log each once."""
+    def record(self, made: Sequence[Any], undo: Callable[[Sequence[Any]], None]) -> list:
+        """Keep the changes that happened (``None`` means nothing changed), each with what undoes it: the
+        engine that made it, or the process-limit undo for the open-files limit."""
         made = [c for c in made if c]
         with self.lock:
-            self.changes.extend(made)
+            for change in made:
+                self.changes.append(change)
+                self.undoers.append(changes_mod.undo_nofile if change.setting == changes_mod.NOFILE
+                                    else (lambda c, undo=undo: undo([c])))
         return made
 
     def restore(self, only: Sequence[Any] | None = None) -> None:
         """Undo ``only`` (default: every recorded change), newest first, and forget them."""
-        from ms_shm import engines
-
         with self.lock:
-            chosen = list(self.changes) if only is None else [c for c in self.changes if c in list(only)]
-            self.changes = [c for c in self.changes if c not in chosen]
-        for change in reversed(chosen):
-            if change.setting == changes_mod.NOFILE:
-                changes_mod.undo_nofile(change)
-            else:
-                engines.get().undo([change])
+            pairs = list(zip(self.changes, self.undoers))
+            chosen = pairs if only is None else [p for p in pairs if any(p[0] is c for c in only)]
+            kept = [p for p in pairs if all(p is not c for c in chosen)]
+            self.changes, self.undoers = [c for c, _ in kept], [u for _, u in kept]
+        for change, undo in reversed(chosen):
+            undo(change)
 
     def log_advice_once(self, facts: host.HostFacts, items: Sequence[Any]) -> None:
         """Recommendations go to the log once per process, and only from local rank 0 of a multi-rank job."""
@@ -87,6 +89,7 @@ class Session:
             self.facts, self.ranks, self.fraction = None, None, budget_mod.DEFAULT_FRACTION
             self.advised.clear()
             self.changes.clear()
+            self.undoers.clear()
         self.ledger.clear()
 
 

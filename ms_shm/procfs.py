@@ -1,0 +1,195 @@
+"""Every ``/proc`` and ``statvfs`` fact more than one module needs, read in one place and one way.
+
+Why one module: ``doctor``, ``watch``, ``clean``, the guard and ``SharedList`` each used to parse
+``/proc/sysvipc/shm`` or count ``statvfs`` blocks themselves, and the copies drifted (one counted free blocks
+as root sees them, another as a user does). Here each fact has one reader, and the callers only decide what
+an unreadable fact means to them.
+
+Readers take ``root`` (default ``/``) so tests point them at fake trees under ``tmp_path``, the way psutil's
+``PROCFS_PATH`` works. They raise ``OSError`` when the fact cannot be read; the caller turns it into a note.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterator, NamedTuple
+
+SYSVIPC_KINDS = ("shm", "msg", "sem")
+_DELETED = " (deleted)"
+
+
+class Space(NamedTuple):
+    """Sizes of one mounted filesystem, in bytes.
+
+    Attributes:
+        total: Its size.
+        free: What an unprivileged process may still write (``f_bavail``): a MindSpore worker is one, and
+            tmpfs reserves nothing for root, so this is the room that decides SIGBUS.
+        used: What is written, by anyone (``f_blocks - f_bfree``): what fills the mount.
+    """
+
+    total: int
+    free: int
+    used: int
+
+
+def statvfs(path: str | os.PathLike) -> Space:
+    """Total, free and used bytes of the filesystem holding ``path`` (raises ``OSError``).
+
+    Files in ``/dev/shm`` that MindSpore unlinks at once still count here, which ``du`` would miss.
+    """
+    st = os.statvfs(path)
+    return Space(st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize, (st.f_blocks - st.f_bfree) * st.f_frsize)
+
+
+# ------------------------------------------------------------------------------------------------ SysV IPC
+
+
+def sysvipc_path(root: str | os.PathLike = "/", kind: str = "shm") -> Path:
+    """``<root>/proc/sysvipc/<kind>``: the table of this IPC namespace's segments, queues or semaphores."""
+    if kind not in SYSVIPC_KINDS:
+        raise ValueError(f"kind must be one of {SYSVIPC_KINDS}, got {kind!r}")
+    return Path(root) / "proc" / "sysvipc" / kind
+
+
+def read_sysvipc(source: str | os.PathLike = "/", kind: str | None = None, notes: list | None = None) -> list:
+    """Rows of a ``/proc/sysvipc`` table as dicts keyed by its own header, so column order never matters.
+
+    The kernel added columns over the years (``rss`` and ``swap`` in 4.x), and tools that read cells by
+    position read the wrong one on another kernel; by name, a missing column is simply absent from the dict.
+
+    Args:
+        source: The table's path, or with ``kind`` the filesystem root it lies under.
+        kind: ``"shm"``, ``"msg"`` or ``"sem"``; ``None`` when ``source`` is the table itself.
+        notes: Gets one line per row that is not all numbers (the row is skipped).
+
+    Raises:
+        OSError: The table cannot be read (no ``/proc``, another IPC namespace's view denied).
+    """
+    path = sysvipc_path(source, kind) if kind is not None else Path(source)
+    lines = path.read_text(errors="replace").splitlines()
+    if not lines:
+        return []
+    header = lines[0].split()
+    rows = []
+    for number, line in enumerate(lines[1:], start=2):
+        cells = line.split()
+        if not cells:
+            continue
+        try:
+            rows.append({name: int(cell) for name, cell in zip(header, cells)})
+        except ValueError:
+            if notes is not None:
+                notes.append(f"{path}: line {number} is not numeric, skipped")
+    return rows
+
+
+def segment_totals(rows: list) -> tuple:
+    """(segments, bytes) of ``/proc/sysvipc/shm`` rows: their count and the sum of their nominal sizes."""
+    return len(rows), sum(row.get("size", 0) for row in rows)
+
+
+# ------------------------------------------------------------------------------------------------ processes
+
+
+def _proc(root: str | os.PathLike, *parts: object) -> Path:
+    return Path(root, "proc", *(str(part) for part in parts))
+
+
+def pids(root: str | os.PathLike = "/") -> list:
+    """Pids listed in ``<root>/proc`` (raises ``OSError`` when it cannot be listed)."""
+    return [int(name) for name in os.listdir(_proc(root)) if name.isdigit()]
+
+
+def is_zombie(pid: int | str, root: str | os.PathLike = "/") -> bool:
+    """Whether ``pid`` is a zombie (``Z``) or dead (``X``) process that its parent has not reaped yet.
+
+    Such a process holds no fds or mappings any more. Unreadable means "no": the safe answer for a caller
+    that would otherwise treat the process as gone.
+    """
+    try:
+        text = _proc(root, pid, "stat").read_text(errors="replace")
+    except OSError:
+        return False
+    _, _, rest = text.rpartition(")")  # the command name may itself hold ") "
+    fields = rest.split()
+    return bool(fields) and fields[0] in ("Z", "X")
+
+
+def open_fd_count(pid: int | str = "self", root: str | os.PathLike = "/") -> int:
+    """How many fds ``pid`` holds (raises ``OSError``).
+
+    Listing one's own ``/proc/self/fd`` opens one more fd for the listing, which shows up in it; that one
+    is not counted, so the answer is what the process held before it asked.
+    """
+    fd_dir = _proc(root, pid, "fd")
+    count = len(os.listdir(fd_dir))
+    own = str(pid) in ("self", "thread-self", str(os.getpid()))
+    return count - 1 if own and count and Path(root).resolve() == Path("/") else count
+
+
+def fd_targets(pid: int | str, root: str | os.PathLike = "/") -> list:
+    """Where each of ``pid``'s fds points, as the process sees it (raises ``OSError`` if the fd directory
+    cannot be listed; ``FileNotFoundError`` once the process exited). Fds closed meanwhile are skipped."""
+    fd_dir = _proc(root, pid, "fd")
+    targets = []
+    for fd in os.listdir(fd_dir):
+        try:
+            targets.append(_undeleted(os.readlink(fd_dir / fd)))
+        except OSError:
+            continue  # closed since the listing
+    return targets
+
+
+def mapped_paths(pid: int | str, root: str | os.PathLike = "/") -> Iterator[str]:
+    """Paths of the files ``pid`` has mapped, one per mapping, read lazily from ``/proc/<pid>/maps``.
+
+    Raises ``OSError`` (``FileNotFoundError`` once the process exited) while iterating; paths yielded before
+    the error stay valid.
+    """
+    with open(_proc(root, pid, "maps"), encoding="utf-8", errors="replace") as handle:
+        for line in handle:
+            parts = line.split(None, 5)
+            if len(parts) == 6:
+                yield _undeleted(parts[5].rstrip("\n"))
+
+
+def _undeleted(target: str) -> str:
+    """The path without the kernel's `` (deleted)`` suffix: an unlinked file still holds its memory."""
+    return target[: -len(_DELETED)] if target.endswith(_DELETED) else target
+
+
+def children_files_exist(root: str | os.PathLike = "/") -> bool:
+    """Whether ``/proc/<pid>/task/<tid>/children`` exists (kernels built with CONFIG_PROC_CHILDREN)."""
+    pid = os.getpid()
+    return _proc(root, pid, "task", pid, "children").exists()
+
+
+def descendants(pid: int, root: str | os.PathLike = "/") -> list:
+    """All descendants of ``pid``, read from the per-thread children lists.
+
+    Cheaper than ``psutil.Process.children(recursive=True)``, which reads every process's ``stat`` on the
+    host (measured 1 ms against 0.14 ms with ~75 processes; hosts with thousands cost far more).
+    Children can hang off any thread, so each task's list is read. Processes that exit meanwhile are skipped.
+    """
+    found = []
+    stack = [pid]
+    while stack:
+        parent = stack.pop()
+        try:
+            tasks = os.listdir(_proc(root, parent, "task"))
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                kids = [int(text) for text in _proc(root, parent, "task", tid, "children").read_text().split()]
+            except OSError:
+                continue
+            found.extend(kids)
+            stack.extend(kids)
+    return found
+
+
+__all__ = ["Space", "statvfs", "sysvipc_path", "read_sysvipc", "segment_totals", "pids", "is_zombie",
+           "open_fd_count", "fd_targets", "mapped_paths", "children_files_exist", "descendants"]

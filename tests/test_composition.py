@@ -1,0 +1,118 @@
+"""``tune``, ``build_dataset`` and ``map`` composed in-process on a fake engine: no MindSpore, no root.
+
+What is checked is the composition: which arguments reach the framework (only those ms_shm changed), which
+global settings are changed and recorded in the session, that ``restore()`` undoes them, and that a request
+that cannot fit stops before anything is built.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ms_shm
+from ms_shm import api
+from ms_shm import state as session_mod
+from ms_shm.changes import NOFILE
+from tests.fakes import FakeConfig, FakeEngine, MiB, host_facts
+
+
+class Rows:
+    def __init__(self, n=64, nbytes=MiB):
+        self.n, self.nbytes = n, nbytes
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, index):
+        return (np.zeros(self.nbytes, np.uint8), np.array(index, np.int64))
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    """A fake engine behind ``ms_shm.api``, and a host the test sets with ``fake.host(**facts)``."""
+    engine = FakeEngine()
+    monkeypatch.setattr(api, "_engine", lambda: engine)
+    state = {"facts": host_facts()}
+    monkeypatch.setattr(session_mod.host, "probe", lambda ranks=None: state["facts"])
+    engine.host = lambda **kw: state.update(facts=host_facts(**kw))
+    ms_shm.reset()
+    yield engine
+    ms_shm.reset()
+
+
+def test_an_iterable_reaches_the_framework_untouched(fake):
+    source = [(np.array([i]),) for i in range(3)].__iter__()
+    dataset = ms_shm.build_dataset(source, ["x"], num_parallel_workers=2)
+    assert dataset.source is source and dataset.kwargs == {"num_parallel_workers": 2}
+    assert ms_shm.plan_of(dataset).mode == "inline"
+
+
+def test_a_roomy_host_changes_nothing_global_and_passes_only_what_it_chose(fake):
+    dataset = ms_shm.build_dataset(Rows(), ["data", "label"], shuffle=False)
+    p = ms_shm.plan_of(dataset)
+    assert fake.applied == [] and ms_shm.session().changes == []
+    expected = {"shuffle": False}
+    if p.workers != 1:
+        expected["num_parallel_workers"] = p.workers
+    if p.mode != "processes" and p.workers != 1:
+        expected["python_multiprocessing"] = False
+    assert dataset.kwargs == expected
+
+
+def test_a_small_dev_shm_with_explicit_processes_lowers_prefetch_records_it_and_restores(fake):
+    fake.host(shm_total=64 * MiB, shm_free=64 * MiB)
+    dataset = ms_shm.build_dataset(Rows(nbytes=8 * MiB), ["data", "label"], shuffle=False, num_parallel_workers=2,
+                                   python_multiprocessing=True)
+    p = ms_shm.plan_of(dataset)
+    # 2 workers x 4 slots (prefetch 2) x 8 MiB = 64 MiB > 51.2 MiB budget: only pipes fit
+    assert (p.mode, p.workers) == ("pipes", 2)
+    assert dataset.kwargs == {"shuffle": False, "num_parallel_workers": 2, "python_multiprocessing": True}
+    assert ("shared_mem", False) in fake.applied
+    assert [c.setting for c in ms_shm.session().changes] == [s for s, _ in fake.applied]
+    ms_shm.session().restore()
+    assert fake.config.shared_mem is True and fake.config.prefetch_size == 16
+    assert ms_shm.session().changes == []
+
+
+def test_explicit_settings_that_cannot_fit_stop_before_anything_is_built(fake):
+    fake.config = FakeConfig(has_shared_mem_switch=False)  # no pipes on this release
+    fake.host(shm_total=64 * MiB, shm_free=64 * MiB)
+    with pytest.raises(ms_shm.ShmBudgetError) as err:
+        ms_shm.build_dataset(Rows(nbytes=8 * MiB), ["data", "label"], num_parallel_workers=2,
+                             python_multiprocessing=True)
+    assert isinstance(err.value, ms_shm.Error) and "Fix:" in str(err.value)
+    assert fake.built == []
+
+
+def test_map_measures_in_the_child_and_keeps_unmeasurable_inputs_as_asked(fake):
+    base = ms_shm.build_dataset(Rows(n=8, nbytes=1024), ["data", "label"], shuffle=False)
+    mapped = ms_shm.map(base, lambda d: np.concatenate([d, d]), input_columns=["data"], num_parallel_workers=1)
+    p = ms_shm.plan_of(mapped)
+    assert p.row_bytes == 2048  # the output row, measured on rows the child re-read from the source
+    assert mapped.kwargs == {"num_parallel_workers": 1}
+    foreign = ms_shm.map(fake.compat.generator_dataset([1], ["data"], {}), lambda d: d, input_columns=["data"])
+    assert "mode_locked" in {d.setting for d in ms_shm.plan_of(foreign).decisions}
+    assert foreign.kwargs == {}
+
+
+def test_tune_raises_a_low_fd_limit_only_when_not_a_dry_run(fake, monkeypatch):
+    fake.host(nofile_soft=40, nofile_hard=4096)
+    calls = []
+    monkeypatch.setattr(api.changes_mod, "set_nofile_soft", lambda value, reason: calls.append(value))
+    dry = ms_shm.tune(dry_run=True)
+    assert [d.setting for d in dry.decisions] == [NOFILE] and calls == [] and dry.changes == ()
+    ms_shm.tune()
+    assert calls == [4096]  # the target (65536) capped at the hard limit
+
+
+def test_tune_with_a_row_size_sets_a_fitting_prefetch_and_restores_it(fake):
+    fake.host(shm_total=256 * MiB, shm_free=256 * MiB)
+    report = ms_shm.tune(row_mb=8, workers=2)
+    # Budget 0.8 x 256 MiB = 204.8 MiB. With 2 workers a worker has S = P + 2 slots, so the peak is
+    # 2 x (P + 2) x 8 MiB + 19 semaphore pages: P = 10 needs 192 MiB + 76 KiB, P = 11 needs 208 MiB.
+    chosen = next(d.value for d in report.decisions if d.setting == "prefetch_size")
+    assert chosen == 10
+    assert fake.config.prefetch_size == chosen
+    report.restore()
+    assert fake.config.prefetch_size == 16

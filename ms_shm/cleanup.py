@@ -1,29 +1,26 @@
-"""Find and remove what crashed MindSpore (and PyTorch) data pipelines left behind.
+"""Find and remove what crashed data pipelines (MindSpore, PyTorch, Python multiprocessing) left behind.
 
-Why this exists: MindSpore's ``map``/``batch`` with ``python_multiprocessing=True`` talk to their workers
-through one SysV shared-memory segment and one SysV message queue per worker. When the whole process
-group dies at once (OOM killer, ``kill -9 -PGID``, a cgroup kill) nobody calls ``IPC_RMID`` and the
-row-sized segments stay in RAM until ``ipcrm``, a reboot, or the end of the IPC namespace. In a Kubernetes
-pod the IPC namespace outlives container restarts, so the leak grows with every crash.
+Why this exists: when a pipeline's whole process group dies at once (OOM killer, ``kill -9 -PGID``, a cgroup
+kill) nobody calls ``IPC_RMID`` or unlinks its ``/dev/shm`` files, and row-sized objects stay in RAM until
+``ipcrm``, a reboot, or the end of the IPC namespace. In a Kubernetes pod the IPC namespace outlives container
+restarts, so the leak grows with every crash.
 
-How a leftover is recognised (MindSpore 2.10, measured):
+What each engine leaves behind, and how it is recognised, the engine says (``Engine.leftover_patterns()``;
+MindSpore's, measured, in ``ms_shm/engines/mindspore/leftovers.py``). The rules here hold for every engine:
 
-* SysV keys are ``ftok("/tmp/dataset_ipc_<mainpid>_<threadptr>_<worker>", 0)``. Running a ``map`` pipeline
-  with two workers showed ``/tmp/dataset_ipc_4770_..._0`` with ``st_dev=0x29, st_ino=0x3`` and both the
-  segment and the queue under key ``0x00290003``: glibc's ftok with ``proj_id`` 0. The main process never
-  deletes these files, so they outlive even clean runs.
-* A segment is removed only when its key matches such a file, nobody is attached (``nattch == 0``), and the
-  creator, the last attacher and the pipeline's main process are all dead. A queue needs its key to match
-  and its last sender, last receiver and main process dead. Message queues have no attach count, so the
-  pids are all we have.
-* Without the ``/tmp`` file (``/tmp`` was wiped, or a restarted container got a fresh one while the pod's
-  IPC namespace lived on) the key alone is weak evidence: any program may call ``ftok(path, 0)``. Such
-  objects are removed only with ``orphan_keys=True``, and only when they look exactly like MindSpore's
-  pair: a segment and a queue under the same key, ``proj_id`` 0, every pid dead, nothing attached.
-* ``/dev/shm`` files: regular files named ``mindspore_<pid>_*``, ``pym-<pid>-*`` or ``torch_<pid>_*`` whose
-  pid is dead, and Python's ``sem.mp-*`` semaphores (they carry no pid, so they go only when every live
-  process's memory maps could be read and none maps them). Other ``sem.*`` names belong to programs that
-  may keep a named semaphore between runs on purpose; they are left alone.
+* A SysV object is removed only when its key is ``ftok`` of one of the engine's key files, nobody is
+  attached (``nattch == 0``), and the creator, the last attacher and the pipeline's main process are all
+  dead. A queue needs its key to match and its last sender, last receiver and main process dead. Message
+  queues have no attach count, so the pids are all we have.
+* Without the key file (``/tmp`` was wiped, or a restarted container got a fresh one while the pod's IPC
+  namespace lived on) the key alone is weak evidence: any program may call ``ftok(path, proj_id)``. Such
+  objects are removed only with ``orphan_keys=True``, and only when they look exactly like the engine's
+  pair: a segment and a queue under the same key of its shape, every pid dead, nothing attached.
+* ``/dev/shm`` files: regular files whose name carries a dead pid (the engines' names, CPython's
+  ``pym-<pid>-*`` heap arenas, PyTorch's ``torch_<pid>_*``), and Python's ``sem.mp-*`` semaphores (they carry
+  no pid, so they go only when every live process's memory maps could be read and none maps them). Other
+  ``sem.*`` names belong to programs that may keep a named semaphore between runs on purpose; they are left
+  alone.
 * Every file is skipped when a live process has it open or mapped (one scan of ``/proc/*/fd`` and
   ``/proc/*/maps``), when it is not a regular file (symlinks are never followed), or when it belongs to
   another user (root may clean anyone's).
@@ -48,12 +45,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
+from ms_shm import procfs
 from ms_shm._results import Result, mib
 
 log = logging.getLogger(__name__)
-
-#: ``proj_id`` MindSpore passes to ``ftok`` (found by experiment, see the module docstring).
-MINDSPORE_FTOK_PROJ = 0
 
 KIND_SHM = "sysv-shm"
 KIND_MSG = "sysv-msg"
@@ -63,15 +58,14 @@ KIND_DEV_SHM = "dev-shm"
 _KIND_TEXT = {
     KIND_SHM: "SysV shared memory segment",
     KIND_MSG: "SysV message queue",
-    KIND_IPC_FILE: "/tmp/dataset_ipc file",
+    KIND_IPC_FILE: "SysV key file",
     KIND_DEV_SHM: "/dev/shm file",
 }
 
-_IPC_FILE = re.compile(r"^dataset_ipc_(\d+)_(\d+)_(\d+)$")
-#: /dev/shm names that carry the creating pid. MindSpore's dynamic Generator slots, CPython's heap arenas
-#: (``multiprocessing.heap``), and PyTorch's ``NewProcessWideShmHandle`` (``/torch_<pid>_<rand>[_<n>]``).
-_PID_FILES = (
-    ("mindspore", re.compile(r"^mindspore_(\d+)_")),
+#: /dev/shm names that carry the creating pid and belong to no engine (yet): CPython's heap arenas
+#: (``multiprocessing.heap``) and PyTorch's ``NewProcessWideShmHandle`` (``/torch_<pid>_<rand>[_<n>]``), which
+#: moves to the PyTorch engine's ``leftover_patterns()`` when that engine exists.
+_UNOWNED_PID_FILES = (
     ("python multiprocessing heap", re.compile(r"^pym-(\d+)-")),
     ("pytorch", re.compile(r"^torch_(\d+)_\d")),
 )
@@ -160,32 +154,28 @@ class CleanReport(Result):
 # --------------------------------------------------------------------------------------------- reading
 
 
-def ftok(st: os.stat_result, proj_id: int = MINDSPORE_FTOK_PROJ) -> int:
+def ftok(st: os.stat_result, proj_id: int = 0) -> int:
     """glibc's ``ftok`` from a ``stat`` result, so keys can be matched without calling into libc."""
     return ((proj_id & 0xFF) << 24) | ((st.st_dev & 0xFF) << 16) | (st.st_ino & 0xFFFF)
 
 
 def read_sysvipc(path: Path, notes: list) -> list:
-    """Rows of a ``/proc/sysvipc`` table as dicts keyed by its own header, so column order never matters."""
+    """Rows of a ``/proc/sysvipc`` table (``procfs.read_sysvipc``); an unreadable table is a note and no rows."""
     try:
-        text = path.read_text()
+        return procfs.read_sysvipc(path, notes=notes)
     except OSError as exc:
         notes.append(f"cannot read {path}: {type(exc).__name__}: {exc}")
         return []
-    lines = text.splitlines()
-    if not lines:
-        return []
-    header = lines[0].split()
-    rows = []
-    for number, line in enumerate(lines[1:], start=2):
-        cells = line.split()
-        if not cells:
-            continue
-        try:
-            rows.append({name: int(cell) for name, cell in zip(header, cells)})
-        except ValueError:
-            notes.append(f"{path}: line {number} is not numeric, skipped")
-    return rows
+
+
+def engine_patterns() -> tuple:
+    """Every engine's ``leftover_patterns()``: the generic cleaner asks them rather than knowing any framework.
+
+    Importing an engine's patterns never imports its framework, so ``clean`` works where it is not installed.
+    """
+    from ms_shm import engines
+
+    return tuple(engine.leftover_patterns() for engine in engines.all_engines())
 
 
 class _Processes:
@@ -197,67 +187,48 @@ class _Processes:
 
     def __init__(self, root: Path):
         self.root = root
-        self.proc = root / "proc"
         self.live: set = set()
         self.held: dict = {}  # path as the process sees it -> one pid that holds it
         self.unreadable_maps = 0
         self.unreadable_fds = 0
         try:
-            names = os.listdir(self.proc)
+            listed = procfs.pids(root)
         except OSError as exc:
-            self.error: str | None = f"cannot list {self.proc}: {type(exc).__name__}: {exc}"
+            self.error: str | None = f"cannot list {root / 'proc'}: {type(exc).__name__}: {exc}"
             return
         self.error = None
-        self.live = {int(name) for name in names if name.isdigit() and not self._zombie(name)}
+        # A zombie (killed, not reaped by a launcher that never waits) holds no fds or mappings: it is dead.
+        self.live = {pid for pid in listed if not procfs.is_zombie(pid, root)}
         for pid in self.live:
             self._scan_fds(pid)
             self._scan_maps(pid)
 
-    def _zombie(self, pid: str) -> bool:
-        """A killed process its parent has not reaped yet: it holds no fds or mappings, so it counts as dead.
-
-        Seen after ``kill -9`` of a pipeline whose launcher (a shell, a supervisor) does not wait for it.
-        Unreadable means alive: the safe answer.
-        """
-        try:
-            text = (self.proc / pid / "stat").read_text(errors="replace")
-        except OSError:
-            return False
-        _, _, rest = text.rpartition(")")
-        fields = rest.split()
-        return bool(fields) and fields[0] in ("Z", "X")
+    @property
+    def unreadable(self) -> int:
+        """Processes whose fds or maps could not be read: what they hold is unknown."""
+        return max(self.unreadable_maps, self.unreadable_fds)
 
     def _scan_fds(self, pid: int) -> None:
-        fd_dir = self.proc / str(pid) / "fd"
         try:
-            fds = os.listdir(fd_dir)
+            targets = procfs.fd_targets(pid, self.root)
         except FileNotFoundError:
             return  # exited since the listing
         except OSError:
             self.unreadable_fds += 1
             return
-        for fd in fds:
-            try:
-                target = os.readlink(fd_dir / fd)
-            except OSError:
-                continue  # closed since the listing
+        for target in targets:
             self._hold(target, pid)
 
     def _scan_maps(self, pid: int) -> None:
         try:
-            with open(self.proc / str(pid) / "maps", encoding="utf-8", errors="replace") as handle:
-                for line in handle:
-                    parts = line.split(None, 5)
-                    if len(parts) == 6:
-                        self._hold(parts[5].rstrip("\n"), pid)
+            for path in procfs.mapped_paths(pid, self.root):
+                self._hold(path, pid)
         except FileNotFoundError:
             return
         except OSError:
             self.unreadable_maps += 1
 
     def _hold(self, target: str, pid: int) -> None:
-        if target.endswith(" (deleted)"):
-            target = target[: -len(" (deleted)")]
         if target.startswith("/"):
             self.held.setdefault(target, pid)
 
@@ -270,34 +241,63 @@ class _Processes:
         return self.held.get(host_path)
 
 
-def _host_path(root: Path, path: Path) -> str:
-    """The path a process under ``root`` would see, for matching against ``/proc/*/fd`` links."""
-    return "/" + str(path.relative_to(root)).lstrip("/")
+@dataclass
+class _Scan:
+    """One ``clean()`` pass: where it reads, whose objects it may touch, the engines asked, what it noted."""
+
+    root: Path
+    uid: int
+    procs: _Processes
+    engines: tuple
+    notes: list = field(default_factory=list)
+
+    def mine(self, owner_uid: int | None) -> bool:
+        """Whether objects of ``owner_uid`` may be touched: our own, or anyone's when we are root."""
+        return self.uid == 0 or owner_uid == self.uid
+
+    def host_path(self, path: Path) -> str:
+        """The path a process under ``root`` would see, for matching against ``/proc/*/fd`` links."""
+        return "/" + str(path.relative_to(self.root)).lstrip("/")
+
+    def table(self, kind: str) -> list:
+        return read_sysvipc(procfs.sysvipc_path(self.root, kind), self.notes)
+
+    def key_shape(self, key: int):
+        """The engine whose SysV key shape ``key`` has (for objects whose key file is gone), or None."""
+        return next((engine for engine in self.engines if engine.sysv_pair and engine.has_key_shape(key)), None)
 
 
 @dataclass
 class _IpcFile:
+    """An engine's ftok key file in ``/tmp``: its key names the pipeline's SysV objects."""
+
     path: Path
     main_pid: int
     st: os.stat_result
+    engine: object  # the LeftoverPatterns it matched
+
+    @property
+    def key(self) -> int:
+        return ftok(self.st, self.engine.ftok_proj)
 
 
-def _ipc_files(root: Path, notes: list) -> list:
-    tmp = root / "tmp"
+def _ipc_files(scan: _Scan) -> list:
+    tmp = scan.root / "tmp"
     found = []
     try:
         entries = sorted(os.scandir(tmp), key=lambda entry: entry.name)
     except OSError as exc:
-        notes.append(f"cannot list {tmp}: {type(exc).__name__}: {exc}")
+        scan.notes.append(f"cannot list {tmp}: {type(exc).__name__}: {exc}")
         return found
     for entry in entries:
-        match = _IPC_FILE.match(entry.name)
-        if not match:
-            continue
-        st = _regular_file(entry.path, notes)
-        if st is None:
-            continue
-        found.append(_IpcFile(Path(entry.path), int(match.group(1)), st))
+        for engine in scan.engines:
+            main_pid = engine.ipc_file_pid(entry.name) if engine.ftok_proj is not None else None
+            if main_pid is None:
+                continue
+            st = _regular_file(entry.path, scan.notes)
+            if st is not None:
+                found.append(_IpcFile(Path(entry.path), main_pid, st, engine))
+            break
     return found
 
 
@@ -372,160 +372,212 @@ class _Candidate:
     key: int | None = None  # the SysV key, so a failed removal can keep its /tmp file
 
 
+@dataclass(frozen=True)
+class _Table:
+    """One ``/proc/sysvipc`` table, and the columns that name the processes that used its objects."""
+
+    kind: str
+    name: str
+    id_col: str
+    pid_cols: tuple
+
+
+_TABLES = (_Table(KIND_SHM, "shm", "shmid", ("cpid", "lpid")),
+           _Table(KIND_MSG, "msg", "msqid", ("lspid", "lrpid")))
+
+
+@dataclass
+class _SysvVerdicts:
+    """What the SysV pass decided: leftovers, keys whose files must stay, objects whose key file is gone."""
+
+    chosen: list = field(default_factory=list)
+    kept_keys: set = field(default_factory=set)
+    maybe: dict = field(default_factory=dict)  # key -> (engine, [(table, row)])
+    in_use: int = 0
+
+
 def _fmt_key(key: int) -> str:
     return f"0x{key & 0xFFFFFFFF:08x}"
 
 
-def _sysv_candidates(root: Path, procs: _Processes, files: list, uid: int, orphan_keys: bool,
-                     notes: list) -> tuple:
+def _sysv_candidates(scan: _Scan, files: list, orphan_keys: bool) -> tuple:
     """Decide which segments and queues are leftovers. Returns (candidates, keys kept alive)."""
     by_key: dict = {}
     for item in files:
-        by_key.setdefault(ftok(item.st), []).append(item)
-    shm_rows = read_sysvipc(root / "proc" / "sysvipc" / "shm", notes)
-    msg_rows = read_sysvipc(root / "proc" / "sysvipc" / "msg", notes)
-    is_root = uid == 0
-    kept_keys: set = set()
-    maybe: dict = {}  # key -> list of (kind, row, pids) for objects without a /tmp file
-    chosen = []
-    in_use = 0
-
-    for kind, rows, id_col, pid_cols in ((KIND_SHM, shm_rows, "shmid", ("cpid", "lpid")),
-                                         (KIND_MSG, msg_rows, "msqid", ("lspid", "lrpid"))):
-        for row in rows:
-            key = row.get("key", 0) & 0xFFFFFFFF
-            if key == 0 or id_col not in row:  # IPC_PRIVATE is never MindSpore's
-                continue
-            owners = by_key.get(key)
-            if owners is None and ((key >> 24) & 0xFF) != MINDSPORE_FTOK_PROJ:
-                continue
-            if not is_root and row.get("uid") != uid:
-                if owners:
-                    kept_keys.add(key)
-                continue
-            pids = [row.get(col, 0) for col in pid_cols] + [item.main_pid for item in owners or ()]
-            live = [pid for pid in pids if procs.alive(pid)]
-            attached = kind == KIND_SHM and row.get("nattch", 1) != 0
-            if live or attached:
-                if owners:
-                    kept_keys.add(key)
-                    in_use += 1
-                continue
-            if owners is None:
-                maybe.setdefault(key, []).append((kind, row))
-                continue
-            main_pid = owners[0].main_pid
-            reason = (f"key {_fmt_key(key)} = ftok({owners[0].path.name}); "
-                      + ("nothing attached, " if kind == KIND_SHM else "")
-                      + "pids " + ", ".join(str(p) for p in sorted(set(pids)) if p) + " dead")
-            chosen.append(_sysv_leftover(kind, row, id_col, key, main_pid, reason, root))
-
-    orphans = [(key, objs) for key, objs in maybe.items()
-               if {kind for kind, _ in objs} == {KIND_SHM, KIND_MSG}]
-    if orphans and not orphan_keys:
-        notes.append(f"kept {sum(len(objs) for _, objs in orphans)} SysV object(s) that look like MindSpore's "
-                     f"(segment and queue under one ftok key, proj_id 0, all pids dead, nothing attached) "
-                     f"but whose /tmp/dataset_ipc file is gone: keys "
-                     + ", ".join(_fmt_key(key) for key, _ in orphans)
-                     + "; pass orphan_keys=True (ms-shm clean --orphan-keys) to remove them")
-    elif orphans:
-        for key, objs in orphans:
-            for kind, row in objs:
-                id_col = "shmid" if kind == KIND_SHM else "msqid"
-                pid = row.get("cpid") or row.get("lspid") or None
-                reason = (f"key {_fmt_key(key)} has MindSpore's shape (segment + queue, proj_id 0), "
-                          "all pids dead, nothing attached; its /tmp/dataset_ipc file is gone")
-                chosen.append(_sysv_leftover(kind, row, id_col, key, pid, reason, root))
-    if in_use:
-        log.debug("kept %d MindSpore SysV object(s) used by live processes", in_use)
-    return chosen, kept_keys
+        by_key.setdefault(item.key, []).append(item)
+    verdicts = _SysvVerdicts()
+    for table in _TABLES:
+        for row in scan.table(table.name):
+            _judge_sysv(scan, table, row, by_key.get(row.get("key", 0) & 0xFFFFFFFF), verdicts)
+    _judge_orphans(scan, verdicts, orphan_keys)
+    if verdicts.in_use:
+        log.debug("kept %d SysV object(s) of pipelines used by live processes", verdicts.in_use)
+    return verdicts.chosen, verdicts.kept_keys
 
 
-def _sysv_leftover(kind: str, row: dict, id_col: str, key: int, pid: int | None, reason: str,
-                   root: Path) -> _Candidate:
-    ipc_id = row[id_col]
-    if kind == KIND_SHM:
-        if "rss" in row:  # kernels since 4.x: what the segment really holds, not its nominal size
-            size = row["rss"] + row.get("swap", 0)
-        else:
-            size = row.get("size", 0)
-        name = f"shmid {ipc_id} key {_fmt_key(key)}"
-    else:
+def _judge_sysv(scan: _Scan, table: _Table, row: dict, owners: list | None, verdicts: _SysvVerdicts) -> None:
+    """One segment or queue: a leftover, in use (its key file must stay), a possible orphan, or no engine's.
+
+    ``owners`` are the key files whose ftok is the object's key; without one only an engine's key shape
+    can claim it, and then only as an orphan.
+    """
+    key = row.get("key", 0) & 0xFFFFFFFF
+    if key == 0 or table.id_col not in row:  # IPC_PRIVATE is never an engine's
+        return
+    engine = owners[0].engine if owners else scan.key_shape(key)
+    if engine is None:
+        return
+    if not scan.mine(row.get("uid")):
+        if owners:
+            verdicts.kept_keys.add(key)
+        return
+    pids = [row.get(col, 0) for col in table.pid_cols] + [item.main_pid for item in owners or ()]
+    attached = table.kind == KIND_SHM and row.get("nattch", 1) != 0
+    if attached or any(scan.procs.alive(pid) for pid in pids):
+        if owners:
+            verdicts.kept_keys.add(key)
+            verdicts.in_use += 1
+        return
+    if not owners:
+        verdicts.maybe.setdefault(key, (engine, []))[1].append((table, row))
+        return
+    reason = (f"key {_fmt_key(key)} = ftok({owners[0].path.name}); "
+              + ("nothing attached, " if table.kind == KIND_SHM else "")
+              + "pids " + ", ".join(str(p) for p in sorted(set(pids)) if p) + " dead")
+    verdicts.chosen.append(_sysv_leftover(scan, table, row, key, owners[0].main_pid, reason))
+
+
+def _judge_orphans(scan: _Scan, verdicts: _SysvVerdicts, orphan_keys: bool) -> None:
+    """Objects of an engine's key shape whose key file is gone: weak evidence, so they go only as the engine's
+    whole segment + queue pair, and only when the caller asked (otherwise a note names their keys)."""
+    orphans = [(key, engine, objs) for key, (engine, objs) in verdicts.maybe.items()
+               if {table.kind for table, _ in objs} == {KIND_SHM, KIND_MSG}]
+    if not orphan_keys:
+        scan.notes.extend(_orphan_notes(orphans))
+        return
+    for key, engine, objs in orphans:
+        reason = (f"key {_fmt_key(key)} has {engine.label}'s shape (segment + queue, proj_id {engine.ftok_proj}), "
+                  f"all pids dead, nothing attached; its {engine.ipc_file_text} is gone")
+        for table, row in objs:
+            pid = row.get("cpid") or row.get("lspid") or None
+            verdicts.chosen.append(_sysv_leftover(scan, table, row, key, pid, reason))
+
+
+def _orphan_notes(orphans: list) -> list:
+    """One note per engine whose orphaned pairs were kept, naming their keys and how to remove them."""
+    by_engine: dict = {}
+    for key, engine, objs in orphans:
+        by_engine.setdefault(engine, []).append((key, objs))
+    return [f"kept {sum(len(objs) for _, objs in pairs)} SysV object(s) that look like {engine.label}'s "
+            f"(segment and queue under one ftok key, proj_id {engine.ftok_proj}, all pids dead, nothing "
+            f"attached) but whose {engine.ipc_file_text} is gone: keys "
+            + ", ".join(_fmt_key(key) for key, _ in pairs)
+            + "; pass orphan_keys=True (ms-shm clean --orphan-keys) to remove them"
+            for engine, pairs in by_engine.items()]
+
+
+def _sysv_leftover(scan: _Scan, table: _Table, row: dict, key: int, pid: int | None, reason: str) -> _Candidate:
+    ipc_id = row[table.id_col]
+    if table.kind != KIND_SHM:
         size = row.get("cbytes", 0)
-        name = f"msqid {ipc_id} key {_fmt_key(key)}"
-    table = root / "proc" / "sysvipc" / ("shm" if kind == KIND_SHM else "msg")
+    elif "rss" in row:  # kernels since 4.x: what the segment really holds, not its nominal size
+        size = row["rss"] + row.get("swap", 0)
+    else:
+        size = row.get("size", 0)
+    path = procfs.sysvipc_path(scan.root, table.name)
+    root = scan.root
 
     def undo() -> None:
         # Ids are recycled: make sure the id still names the object we judged, still unattached.
-        current = {r.get(id_col): r for r in read_sysvipc(table, [])}.get(ipc_id)
+        current = {r.get(table.id_col): r for r in read_sysvipc(path, [])}.get(ipc_id)
         if current is None:
             raise FileNotFoundError(errno.ENOENT, "already gone")
         if current.get("key") != row.get("key") or current.get("cpid") != row.get("cpid") \
                 or current.get("nattch", 0) != 0:
             raise OSError(errno.ESTALE, "changed since it was examined; left alone")
-        _rmid(kind, ipc_id, root)
+        _rmid(table.kind, ipc_id, root)
 
-    return _Candidate(Leftover(kind, name, int(size), pid, reason), undo, key)
+    name = f"{table.id_col} {ipc_id} key {_fmt_key(key)}"
+    return _Candidate(Leftover(table.kind, name, int(size), pid, reason), undo, key)
 
 
-def _file_candidates(root: Path, procs: _Processes, files: list, uid: int, kept_keys: set,
-                     notes: list) -> list:
+def _file_candidates(scan: _Scan, files: list, kept_keys: set) -> list:
+    """Key files of dead pipelines, then ``/dev/shm`` files of dead processes."""
+    return _ipc_file_candidates(scan, files, kept_keys) + _dev_shm_candidates(scan)
+
+
+def _ipc_file_candidates(scan: _Scan, files: list, kept_keys: set) -> list:
     chosen = []
-    is_root = uid == 0
     for item in files:
-        if procs.alive(item.main_pid) or (not is_root and item.st.st_uid != uid):
+        if scan.procs.alive(item.main_pid) or not scan.mine(item.st.st_uid):
             continue
-        if ftok(item.st) in kept_keys:
+        if item.key in kept_keys:
             continue  # its key still names an object in use or kept: removing the file loses the match
-        holder = procs.holder(_host_path(root, item.path))
-        if holder:
+        if scan.procs.holder(scan.host_path(item.path)):
             continue
-        reason = f"pid {item.main_pid} is dead; MindSpore never deletes this ftok key file"
+        reason = f"pid {item.main_pid} is dead; {item.engine.label} never deletes this ftok key file"
         chosen.append(_Candidate(Leftover(KIND_IPC_FILE, str(item.path), item.st.st_blocks * 512,
                                           item.main_pid, reason),
                                  _file_undo(item.path, item.st)))
-
-    shm_dir = root / "dev" / "shm"
-    try:
-        entries = sorted(os.scandir(shm_dir), key=lambda entry: entry.name)
-    except OSError as exc:
-        notes.append(f"cannot list {shm_dir}: {type(exc).__name__}: {exc}")
-        return chosen
-    sems_unsafe = procs.unreadable_maps or procs.unreadable_fds
-    skipped_sems = 0
-    for entry in entries:
-        origin, pid = _classify(entry.name)
-        if origin is None:
-            continue
-        st = _regular_file(entry.path, notes)
-        if st is None:
-            continue
-        if not is_root and st.st_uid != uid:
-            continue
-        if pid is not None and procs.alive(pid):
-            continue
-        if pid is None and sems_unsafe:
-            skipped_sems += 1
-            continue
-        path = Path(entry.path)
-        holder = procs.holder(_host_path(root, path))
-        if holder:
-            continue
-        if pid is None:
-            reason = "python multiprocessing semaphore that no live process has open or mapped"
-        else:
-            reason = f"{origin} file of dead pid {pid}, not open or mapped by any live process"
-        chosen.append(_Candidate(Leftover(KIND_DEV_SHM, str(path), st.st_blocks * 512, pid, reason),
-                                 _file_undo(path, st)))
-    if skipped_sems:
-        notes.append(f"kept {skipped_sems} sem.mp-* semaphore(s): the memory maps or fds of "
-                     f"{max(procs.unreadable_maps, procs.unreadable_fds)} process(es) could not be read, "
-                     "so whether one is in use is unknown")
     return chosen
 
 
-def _classify(name: str) -> tuple:
-    for origin, pattern in _PID_FILES:
+_SEM_UNKNOWN = object()  # a semaphore kept because some processes' maps could not be read
+
+
+def _dev_shm_candidates(scan: _Scan) -> list:
+    shm_dir = scan.root / "dev" / "shm"
+    try:
+        entries = sorted(os.scandir(shm_dir), key=lambda entry: entry.name)
+    except OSError as exc:
+        scan.notes.append(f"cannot list {shm_dir}: {type(exc).__name__}: {exc}")
+        return []
+    chosen = []
+    skipped_sems = 0
+    for entry in entries:
+        verdict = _dev_shm_candidate(scan, entry)
+        if verdict is _SEM_UNKNOWN:
+            skipped_sems += 1
+        elif verdict is not None:
+            chosen.append(verdict)
+    if skipped_sems:
+        scan.notes.append(f"kept {skipped_sems} sem.mp-* semaphore(s): the memory maps or fds of "
+                          f"{scan.procs.unreadable} process(es) could not be read, "
+                          "so whether one is in use is unknown")
+    return chosen
+
+
+def _dev_shm_candidate(scan: _Scan, entry: os.DirEntry):
+    """A ``_Candidate`` for one ``/dev/shm`` entry, ``None`` to keep it, or ``_SEM_UNKNOWN``.
+
+    A pid-named file rests on its pid; a semaphore carries none, so it rests on every process's maps having
+    been read.
+    """
+    origin, pid = _classify(entry.name, scan.engines)
+    if origin is None:
+        return None
+    st = _regular_file(entry.path, scan.notes)
+    if st is None or not scan.mine(st.st_uid) or (pid is not None and scan.procs.alive(pid)):
+        return None
+    if pid is None and scan.procs.unreadable:
+        return _SEM_UNKNOWN
+    path = Path(entry.path)
+    if scan.procs.holder(scan.host_path(path)):
+        return None
+    if pid is None:
+        reason = "python multiprocessing semaphore that no live process has open or mapped"
+    else:
+        reason = f"{origin} file of dead pid {pid}, not open or mapped by any live process"
+    return _Candidate(Leftover(KIND_DEV_SHM, str(path), st.st_blocks * 512, pid, reason), _file_undo(path, st))
+
+
+def _classify(name: str, engines: tuple) -> tuple:
+    """``(origin, pid)`` of a ``/dev/shm`` name: an engine's, an unowned pid-named one, a semaphore (no pid)."""
+    for engine in engines:
+        owner = engine.dev_shm_owner(name)
+        if owner:
+            return owner
+    for origin, pattern in _UNOWNED_PID_FILES:
         match = pattern.match(name)
         if match:
             return origin, int(match.group(1))
@@ -553,8 +605,8 @@ def clean(dry_run: bool = True, root: Path | str = Path("/"), uid: int | None = 
         root: Filesystem root to read ``proc``, ``tmp`` and ``dev/shm`` under; tests pass a fake tree.
             SysV objects are only removed when this is ``/``.
         uid: Whose objects to consider; defaults to the effective uid. 0 (root) considers everyone's.
-        orphan_keys: Also remove SysV segment+queue pairs with MindSpore's key shape whose
-            ``/tmp/dataset_ipc`` file is gone (see the module docstring for why this is opt-in).
+        orphan_keys: Also remove SysV segment+queue pairs with an engine's key shape (MindSpore's) whose
+            key file (``/tmp/dataset_ipc_*``) is gone (see the module docstring for why this is opt-in).
 
     Returns:
         A ``CleanReport``; ``report.lines()`` is the text ``ms-shm clean`` prints. Nothing here raises
@@ -565,44 +617,33 @@ def clean(dry_run: bool = True, root: Path | str = Path("/"), uid: int | None = 
         >>> report = clean(dry_run=False)         # remove it
     """
     root = Path(root)
-    uid = os.geteuid() if uid is None else uid
-    notes: list = []
     procs = _Processes(root)
     if procs.error:
         return CleanReport((), 0, dry_run, (procs.error + "; cannot tell live processes from dead ones, "
                                             "nothing was considered",))
-    if procs.unreadable_maps or procs.unreadable_fds:
-        notes.append(f"could not read the fds or maps of {max(procs.unreadable_maps, procs.unreadable_fds)} "
-                     "process(es): files they hold open or mapped cannot be seen")
+    scan = _Scan(root, os.geteuid() if uid is None else uid, procs, engine_patterns())
+    if procs.unreadable:
+        scan.notes.append(f"could not read the fds or maps of {procs.unreadable} "
+                          "process(es): files they hold open or mapped cannot be seen")
+    files = _ipc_files(scan)
+    chosen, kept_keys = _sysv_candidates(scan, files, orphan_keys)
+    sysv, sysv_freed, failed_keys = _settle(chosen, dry_run)
+    # A SysV object that could not be removed keeps its key file, or the next run cannot match it any more.
+    others, files_freed, _ = _settle(_file_candidates(scan, files, kept_keys | failed_keys), dry_run)
+    return CleanReport(tuple(sysv + others), sysv_freed + files_freed, dry_run, tuple(scan.notes))
 
-    files = _ipc_files(root, notes)
-    chosen, kept_keys = _sysv_candidates(root, procs, files, uid, orphan_keys, notes)
-    leftovers = []
-    freed = 0
-    for candidate in chosen:
-        item = candidate.leftover
-        if dry_run:
-            leftovers.append(item)
-            freed += item.size_bytes
-            continue
-        outcome = _attempt(candidate)
+
+def _settle(candidates: list, dry_run: bool) -> tuple:
+    """Report (dry run) or remove each candidate. Returns (leftovers, bytes freed, keys of failed removals)."""
+    leftovers, freed, failed_keys = [], 0, set()
+    for candidate in candidates:
+        outcome = candidate.leftover if dry_run else _attempt(candidate)
         leftovers.append(outcome)
-        if outcome.removed:
+        if dry_run or outcome.removed:
             freed += outcome.size_bytes
         elif candidate.key is not None and outcome.error != _GONE:
-            # Its key file must stay, or the next run cannot match the object any more.
-            kept_keys.add(candidate.key)
-
-    for candidate in _file_candidates(root, procs, files, uid, kept_keys, notes):
-        if dry_run:
-            leftovers.append(candidate.leftover)
-            freed += candidate.leftover.size_bytes
-            continue
-        outcome = _attempt(candidate)
-        leftovers.append(outcome)
-        if outcome.removed:
-            freed += outcome.size_bytes
-    return CleanReport(tuple(leftovers), freed, dry_run, tuple(notes))
+            failed_keys.add(candidate.key)
+    return leftovers, freed, failed_keys
 
 
 def _attempt(candidate: _Candidate) -> Leftover:
@@ -611,16 +652,21 @@ def _attempt(candidate: _Candidate) -> Leftover:
         candidate.undo()
     except FileNotFoundError:
         log.info("%s %s was already gone", item.kind, item.name)
-        return _replace(item, removed=False, error=_GONE)
+        return replace(item, removed=False, error=_GONE)
     except OSError as exc:
         log.warning("could not remove %s %s: %s", item.kind, item.name, exc)
-        return _replace(item, removed=False, error=f"{type(exc).__name__}: {exc}")
+        return replace(item, removed=False, error=f"{type(exc).__name__}: {exc}")
     log.info("removed %s %s (%s, %s)", item.kind, item.name, mib(item.size_bytes), item.reason)
-    return _replace(item, removed=True)
+    return replace(item, removed=True)
 
 
-def _replace(item: Leftover, **changes) -> Leftover:
-    return replace(item, **changes)
+def __getattr__(name: str):
+    """``MINDSPORE_FTOK_PROJ``, kept for old imports, now asked of the MindSpore engine."""
+    if name == "MINDSPORE_FTOK_PROJ":
+        from ms_shm import engines
+
+        return engines.get("mindspore").leftover_patterns().ftok_proj
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["clean", "CleanReport", "Leftover", "ftok", "MINDSPORE_FTOK_PROJ"]
+__all__ = ["clean", "CleanReport", "Leftover", "ftok", "engine_patterns"]

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
+from ms_shm import procfs
 from ms_shm._results import Result
 
 log = logging.getLogger(__name__)
@@ -97,11 +98,11 @@ def _read_int(path: Path, notes: _Notes) -> int | None:
 def read_shm(shm_path: Path, notes: _Notes) -> tuple[int | None, int | None]:
     """Total and free bytes of the filesystem behind /dev/shm (statvfs: files there are unlinked at once)."""
     try:
-        st = os.statvfs(shm_path)
+        space = procfs.statvfs(shm_path)
     except OSError as exc:
         notes.add(f"statvfs({shm_path})", exc)
         return None, None
-    return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+    return space.total, space.free
 
 
 def read_meminfo(root: Path, notes: _Notes) -> tuple[int | None, int | None]:
@@ -220,7 +221,7 @@ def read_nofile(root: Path, notes: _Notes, pid: str = "self") -> tuple[int | Non
     soft = None if soft == inf else soft
     hard = None if hard == inf else hard
     try:
-        open_fds = len(os.listdir(root / "proc" / pid / "fd"))
+        open_fds = procfs.open_fd_count(pid, root)
     except OSError as exc:
         notes.add("open fds", exc)
         open_fds = None
@@ -238,11 +239,11 @@ def read_sysv(root: Path, notes: _Notes) -> dict:
         "sysv_segments": None,
         "sysv_bytes": None,
     }
-    text = _read(root / "proc/sysvipc/shm", notes)
-    if text is not None:
-        rows = [line.split() for line in text.splitlines()[1:] if line.strip()]
-        out["sysv_segments"] = len(rows)
-        out["sysv_bytes"] = sum(int(r[3]) for r in rows if len(r) > 3 and r[3].isdigit())
+    table = procfs.sysvipc_path(root, "shm")
+    try:
+        out["sysv_segments"], out["sysv_bytes"] = procfs.segment_totals(procfs.read_sysvipc(table, notes=notes))
+    except OSError as exc:
+        notes.add(str(table), exc)
     return out
 
 

@@ -128,6 +128,14 @@ def map_pool_cost(profile: EngineProfile, workers: int, in_bytes: int, out_bytes
     return MapCost(workers * 6 * per_slot + sem, 0, 0)
 
 
+def map_precheck_bytes(profile: EngineProfile, workers: int, max_rowsize_mb: int | None) -> int:
+    """/dev/shm a map/batch pool's own pre-check asks for: ``W x 3 x (in + out)`` MiB with a static
+    ``max_rowsize`` on releases that check (2.7: "Required: 201326592" for 2 workers at 16 MiB), else 0."""
+    if not profile.map_checks_dev_shm or not max_rowsize_mb:
+        return 0
+    return workers * 3 * 2 * max_rowsize_mb * MiB
+
+
 def generator_fds(workers: int, prefetch: int, rows: int | None = None, shared_mem: bool = True) -> int:
     """File descriptors the main process adds for a GeneratorDataset pool: one per live shm slot, plus pipes."""
     if workers <= 1:
@@ -146,4 +154,4 @@ def map_fds(workers: int) -> int:
 __all__ = ["DEFAULT_PREFETCH", "SEM_PAGES_PER_POOL", "FD_BASE", "FD_PER_WORKER", "STATIC_MIN_ELEMENTS", "FD_MARGIN",
            "PAGE", "MiB", "queue_size", "slots", "pages", "semaphore_bytes", "generator_peak",
            "fitting_prefetch", "static_precheck_fails", "static_row_fits", "max_rowsize_mb", "static_rowsize_for", "MapCost",
-           "map_pool_cost", "generator_fds", "map_fds"]
+           "map_pool_cost", "map_precheck_bytes", "generator_fds", "map_fds"]

@@ -70,16 +70,14 @@ def _prefetch_options(current: int) -> list:
     return list(range(max(1, current), 0, -1))
 
 
-def _candidates(stats: RowStats, req: Request, budget: Budget, profile: EngineProfile,
-                row_bytes: int, costs: Costs, notes: list) -> list:
-    rows = req.rows_per_epoch if req.rows_per_epoch is not None else stats.length
-    est_rows = rows if rows else 100
+def _worker_options(req: Request) -> list:
     cap = max(1, min(req.cpu_count, req.usable_cpus))
-    if req.workers is not None:
-        worker_options = [max(1, min(req.workers, req.cpu_count))]
-    else:
-        worker_options = list(range(1, cap + 1))
-    # One worker runs in MindSpore's own thread whatever python_multiprocessing says (it checks W > 1).
+    return [max(1, min(req.workers, req.cpu_count))] if req.workers is not None else list(range(1, cap + 1))
+
+
+def _modes(req: Request, notes: list) -> list:
+    """The transports the request allows. One worker runs in MindSpore's own thread whatever
+    ``python_multiprocessing`` says (it checks W > 1)."""
     if req.multiprocessing is True:
         modes = [PROCESSES, PIPES] + ([INLINE] if req.workers == 1 else [])
     elif req.multiprocessing is False:
@@ -89,39 +87,58 @@ def _candidates(stats: RowStats, req: Request, budget: Budget, profile: EnginePr
     if not req.can_switch_shared_mem and PIPES in modes:
         modes.remove(PIPES)
         notes.append("this MindSpore has no set_enable_shared_mem: pipes are not available")
+    return modes
+
+
+def _static_rowsize(req: Request, profile: EngineProfile, row_bytes: int, shared: bool) -> int | None:
+    """The static slot size (MiB) a shared-memory candidate uses: the caller's, or the release's default."""
+    if not shared:
+        return None
+    if req.max_rowsize:
+        return req.max_rowsize
+    if profile.generator_default_max_rowsize_mb:
+        return max(model.static_rowsize_for(row_bytes), profile.generator_default_max_rowsize_mb)
+    return None
+
+
+def _why_not(mode: str, shm: int, fds: int, static: int | None, req: Request, budget: Budget,
+             stats: RowStats) -> list:
+    """Why a candidate cannot run here: the budget, the fd limit, and MindSpore's own refusals."""
+    why = []
+    if budget.shm_bytes is None and mode in (PROCESSES, PIPES):
+        why.append("/dev/shm unknown")
+    elif budget.shm_bytes is not None and shm > budget.shm_bytes:
+        why.append(f"needs {mib(shm)} > budget {mib(budget.shm_bytes)}")
+    if budget.fds is not None and fds > budget.fds:
+        why.append(f"needs {fds} fds > {budget.fds} left under the open-files limit")
+    if static and req.start_method == "spawn":
+        why.append("a static max_rowsize cannot be used with spawn: MindSpore fails to pickle its ctypes slots "
+                   "('Failed to launch multiprocessing')")
+    if static and static * model.MiB <= stats.row_bytes_max:
+        why.append(f"max_rowsize={static} MiB is not larger than the {mib(stats.row_bytes_max)} row")
+    return why
+
+
+def _candidates(stats: RowStats, req: Request, budget: Budget, profile: EngineProfile,
+                row_bytes: int, costs: Costs, notes: list) -> list:
+    rows = req.rows_per_epoch if req.rows_per_epoch is not None else stats.length
     out = []
-    for mode in modes:
-        for w in worker_options:
+    for mode in _modes(req, notes):
+        for w in _worker_options(req):
             if (w == 1) != (mode == INLINE):
                 continue
             shared = mode == PROCESSES
-            static = req.max_rowsize if (shared and req.max_rowsize) else None
-            if shared and static is None and profile.generator_default_max_rowsize_mb:
-                static = max(model.static_rowsize_for(row_bytes), profile.generator_default_max_rowsize_mb)
+            static = _static_rowsize(req, profile, row_bytes, shared)
             for p in _prefetch_options(req.prefetch) if mode in (PROCESSES, PIPES) else [req.prefetch]:
-                if mode in (INLINE, THREADS):
-                    shm = fds = 0
-                else:
-                    shm = model.generator_peak(row_bytes, w, p, rows, static, shared_mem=shared)
-                    fds = model.generator_fds(w, p, rows, shared_mem=shared)
-                why = []
-                if budget.shm_bytes is None and mode in (PROCESSES, PIPES):
-                    why.append("/dev/shm unknown")
-                elif budget.shm_bytes is not None and shm > budget.shm_bytes:
-                    why.append(f"needs {mib(shm)} > budget {mib(budget.shm_bytes)}")
-                if budget.fds is not None and fds > budget.fds:
-                    why.append(f"needs {fds} fds > {budget.fds} left under the open-files limit")
-                if static and shared and req.start_method == "spawn":
-                    why.append("a static max_rowsize cannot be used with spawn: MindSpore fails to pickle its "
-                               "ctypes slots ('Failed to launch multiprocessing')")
-                if static and shared and static * model.MiB <= stats.row_bytes_max:
-                    why.append(f"max_rowsize={static} MiB is not larger than the {mib(stats.row_bytes_max)} row")
-                secs = _epoch_seconds(mode, w, stats, est_rows, costs, req.start_method)
+                in_process = mode in (INLINE, THREADS)
+                shm = 0 if in_process else model.generator_peak(row_bytes, w, p, rows, static, shared_mem=shared)
+                fds = 0 if in_process else model.generator_fds(w, p, rows, shared_mem=shared)
+                why = _why_not(mode, shm, fds, static, req, budget, stats)
+                secs = _epoch_seconds(mode, w, stats, rows or 100, costs, req.start_method)
                 out.append(Candidate(mode, w, p, shm, fds, secs, not why, "; ".join(why)))
-                if not why and mode in (PROCESSES, PIPES):
+                if not why and not in_process:
                     break  # lower prefetch only costs queue depth once this one fits
     return out
-
 
 
 def plan_generator(stats: RowStats, request: Request, budget: Budget, profile: EngineProfile,
@@ -132,41 +149,18 @@ def plan_generator(stats: RowStats, request: Request, budget: Budget, profile: E
         ShmBudgetError: when nothing that honours the caller's explicit arguments fits the budget.
     """
     req = request
-    decisions, notes = [], []
     if not stats.random_access:
         return plan_iterable(req, budget, profile)
-    row = stats.row_bytes_max
-    if stats.ragged:
-        row = int(row * RAGGED_MARGIN)
-        decisions.append(Decision("row_bytes", row, stats.row_bytes_max,
-                                  f"row sizes vary across probe rows ({mib(stats.row_bytes_min)} to "
-                                  f"{mib(stats.row_bytes_max)}): planned at {RAGGED_MARGIN}x the largest"))
-    if req.workers is not None and req.workers > req.cpu_count:
-        decisions.append(Decision("num_parallel_workers", req.cpu_count, req.workers,
-                                  f"MindSpore refuses more workers than os.cpu_count()={req.cpu_count}"))
-    cands = _candidates(stats, req, budget, profile, row, costs, notes)
+    row, decisions = _planned_row(stats, req)
+    cands = _candidates(stats, req, budget, profile, row, costs, [])
     fitting = [c for c in cands if c.fits]
     if not fitting:
         raise ShmBudgetError(plan.no_fit_message(cands, req, budget, stats, row))
     best = min(fitting, key=lambda c: plan.rank(c, req))
     decisions.append(Decision("mode", best.mode, default_mode(req),
                               _mode_reason(best, fitting, req, stats) + plan.unknown_shm(budget)))
-    asked = min(req.workers, req.cpu_count) if req.workers is not None else 1  # the cap is logged above
-    if best.workers != asked:
-        decisions.append(Decision("num_parallel_workers", best.workers, req.workers or 1,
-                                  "fastest that fits" if req.workers is None else "capped"))
-    if best.prefetch != req.prefetch:
-        decisions.append(Decision("prefetch_size", best.prefetch, req.prefetch,
-                                  f"prefetch {req.prefetch} would need "
-                                  f"{mib(_shm_at(cands, best, req.prefetch))} of /dev/shm > budget "
-                                  f"{mib(budget.shm_bytes)}; this lowers MindSpore's global prefetch size"))
+    decisions += _setting_decisions(best, cands, req, budget)
     shared = best.mode == PROCESSES
-    if best.mode == PIPES:
-        slots_why = [c.why_not for c in cands if c.mode == PROCESSES and c.workers == best.workers]
-        decisions.append(Decision("shared_mem", False, True,
-                                  "rows go through pipes: shared-memory slots "
-                                  + (f"do not fit ({slots_why[-1]})" if slots_why and slots_why[-1]
-                                     else "are not faster")))
     static = req.max_rowsize if shared else None
     if shared and static is None and profile.generator_default_max_rowsize_mb:
         static = max(model.static_rowsize_for(row), profile.generator_default_max_rowsize_mb)
@@ -180,6 +174,39 @@ def plan_generator(stats: RowStats, request: Request, budget: Budget, profile: E
                 shared, static, row, best.shm, best.fds, 0, budget, True, slots, worker_share,
                 best.seconds, profile, tuple(decisions), (), tuple(plan.top(cands, best)))
 
+
+def _planned_row(stats: RowStats, req: Request) -> tuple:
+    """The row size to plan for (ragged rows with a margin), and the decisions that explain it."""
+    row, decisions = stats.row_bytes_max, []
+    if stats.ragged:
+        row = int(row * RAGGED_MARGIN)
+        decisions.append(Decision("row_bytes", row, stats.row_bytes_max,
+                                  f"row sizes vary across probe rows ({mib(stats.row_bytes_min)} to "
+                                  f"{mib(stats.row_bytes_max)}): planned at {RAGGED_MARGIN}x the largest"))
+    if req.workers is not None and req.workers > req.cpu_count:
+        decisions.append(Decision("num_parallel_workers", req.cpu_count, req.workers,
+                                  f"MindSpore refuses more workers than os.cpu_count()={req.cpu_count}"))
+    return row, decisions
+
+
+def _setting_decisions(best: Candidate, cands: list, req: Request, budget: Budget) -> list:
+    """Workers, prefetch and the shared-memory switch where the chosen candidate differs from the request."""
+    out = []
+    asked = min(req.workers, req.cpu_count) if req.workers is not None else 1  # the cap is logged already
+    if best.workers != asked:
+        out.append(Decision("num_parallel_workers", best.workers, req.workers or 1,
+                            "fastest that fits" if req.workers is None else "capped"))
+    if best.prefetch != req.prefetch:
+        out.append(Decision("prefetch_size", best.prefetch, req.prefetch,
+                            f"prefetch {req.prefetch} would need {mib(_shm_at(cands, best, req.prefetch))} of "
+                            f"/dev/shm > budget {mib(budget.shm_bytes)}; this lowers MindSpore's global prefetch "
+                            f"size"))
+    if best.mode == PIPES:
+        slots_why = [c.why_not for c in cands if c.mode == PROCESSES and c.workers == best.workers]
+        out.append(Decision("shared_mem", False, True,
+                            "rows go through pipes: shared-memory slots "
+                            + (f"do not fit ({slots_why[-1]})" if slots_why and slots_why[-1] else "are not faster")))
+    return out
 
 
 def _shm_at(cands: list, best: Candidate, prefetch: int) -> int:
@@ -239,43 +266,22 @@ def plan_map(in_bytes: int, out_bytes: int, seconds_per_row: float | None, cpu_f
     """Pick processes or threads, and workers, for ``.map``.
 
     In 2.7+ map workers exchange rows through one SysV segment each (not /dev/shm), so the limits are
-    ``shmmax`` per segment and memory; before 2.7 they used six /dev/shm slots per worker.
+    ``shmmax`` per segment and memory; before 2.7 they used six /dev/shm slots per worker; 2.7 also runs its
+    /dev/shm pre-check on a static ``max_rowsize``.
     """
     req = request
-    decisions = []
     row = max(in_bytes, out_bytes)
     stats = RowStats(True, rows, 0, (), (), row, row, seconds_per_row, cpu_fraction, 0.0)
-    cap = max(1, min(req.cpu_count, req.usable_cpus))
-    worker_options = [max(1, min(req.workers, req.cpu_count))] if req.workers is not None else \
-        list(range(1, cap + 1))
     modes = [PROCESSES] if req.multiprocessing is True else [THREADS] if req.multiprocessing is False \
         else [THREADS, PROCESSES]
-    cands = []
-    est_rows = rows or 100
-    for mode in modes:
-        for w in worker_options:
-            cost = model.map_pool_cost(profile, w, in_bytes, out_bytes, req.max_rowsize) if mode == PROCESSES \
-                else model.MapCost(0, 0, 0)
-            why = []
-            if budget.shm_bytes is not None and cost.dev_shm > budget.shm_bytes:
-                why.append(f"needs {mib(cost.dev_shm)} of /dev/shm > budget {mib(budget.shm_bytes)}")
-            if budget.shm_bytes is None and mode == PROCESSES:
-                why.append("/dev/shm unknown (semaphores live there)")
-            if shmmax is not None and cost.sysv_segment > shmmax:
-                why.append(f"a {mib(cost.sysv_segment)} SysV segment exceeds kernel.shmmax={mib(shmmax)}")
-            if memory_left is not None and cost.sysv > memory_left:
-                why.append(f"SysV segments {mib(cost.sysv)} exceed the memory left ({mib(memory_left)})")
-            secs = None
-            if seconds_per_row is not None:
-                secs = _epoch_seconds(PROCESSES if mode == PROCESSES else THREADS, w, stats, est_rows, costs)
-                if mode == PROCESSES:
-                    secs += 0.5 * w  # MindSpore's close_worker sleeps 0.5 s per worker at teardown
-            cands.append(Candidate(mode, w, req.prefetch, cost.dev_shm, model.map_fds(w) if mode == PROCESSES
-                                   else 0, secs, not why, "; ".join(why)))
+    limits = (budget, shmmax, memory_left)
+    cands = [_map_candidate(mode, w, in_bytes, out_bytes, stats, req, profile, limits, costs)
+             for mode in modes for w in _worker_options(req)]
     fitting = [c for c in cands if c.fits]
     if not fitting:
         raise ShmBudgetError(plan.no_fit_message(cands, req, budget, stats, row))
     best = min(fitting, key=lambda c: plan.rank(c, req))
+    decisions = []
     if req.workers is not None and req.workers > req.cpu_count:
         decisions.append(Decision("num_parallel_workers", req.cpu_count, req.workers,
                                   f"MindSpore refuses more workers than os.cpu_count()={req.cpu_count}"))
@@ -287,6 +293,35 @@ def plan_map(in_bytes: int, out_bytes: int, seconds_per_row: float | None, cpu_f
     return Plan("map", best.mode, best.workers, req.prefetch, best.mode == PROCESSES, req.shared_mem,
                 req.max_rowsize, row, best.shm, best.fds, sysv, budget, True, 0, 0, best.seconds, profile,
                 tuple(decisions), (), tuple(plan.top(cands, best)))
+
+
+def _map_candidate(mode: str, w: int, in_bytes: int, out_bytes: int, stats: RowStats, req: Request,
+                   profile: EngineProfile, limits: tuple, costs: Costs) -> Candidate:
+    """One map transport priced: its /dev/shm and SysV needs against the limits, and its epoch time."""
+    budget, shmmax, memory_left = limits
+    processes = mode == PROCESSES
+    cost = model.map_pool_cost(profile, w, in_bytes, out_bytes, req.max_rowsize) if processes \
+        else model.MapCost(0, 0, 0)
+    why = []
+    if budget.shm_bytes is not None and cost.dev_shm > budget.shm_bytes:
+        why.append(f"needs {mib(cost.dev_shm)} of /dev/shm > budget {mib(budget.shm_bytes)}")
+    if budget.shm_bytes is None and processes:
+        why.append("/dev/shm unknown (semaphores live there)")
+    precheck = model.map_precheck_bytes(profile, w, req.max_rowsize) if processes else 0
+    if precheck and budget.shm_bytes is not None and precheck > budget.shm_bytes:
+        why.append(f"MindSpore {profile.version}'s map pre-check asks for {mib(precheck)} of /dev/shm for a static "
+                   f"max_rowsize ({profile.precheck_error}: 'Insufficient shared memory')")
+    if shmmax is not None and cost.sysv_segment > shmmax:
+        why.append(f"a {mib(cost.sysv_segment)} SysV segment exceeds kernel.shmmax={mib(shmmax)}")
+    if memory_left is not None and cost.sysv > memory_left:
+        why.append(f"SysV segments {mib(cost.sysv)} exceed the memory left ({mib(memory_left)})")
+    secs = None
+    if stats.seconds_per_row is not None:
+        secs = _epoch_seconds(PROCESSES if processes else THREADS, w, stats, stats.length or 100, costs)
+        if processes:
+            secs += 0.5 * w  # MindSpore's close_worker sleeps 0.5 s per worker at teardown
+    return Candidate(mode, w, req.prefetch, cost.dev_shm, model.map_fds(w) if processes else 0, secs, not why,
+                     "; ".join(why))
 
 
 def what_if(row_bytes: int, workers: int, prefetch: int = model.DEFAULT_PREFETCH, ranks: int = 1,

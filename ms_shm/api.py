@@ -183,10 +183,14 @@ def _column_names(column_names: Any, kwargs: dict) -> tuple | None:
     return None
 
 
-def _probe_blocker(kwargs: dict) -> str | None:
-    """Why a random-access source is not read ahead at all (MindSpore makes its rows some other way)."""
+def _probe_blocker(source: Any, kwargs: dict, eng: Any) -> str | None:
+    """Why a random-access source is not read ahead at all."""
     if kwargs.get("batch_sampler") is not None:
         return "a batch_sampler (and collate_fn) make the rows, so single rows say little: not read ahead"
+    ops = eng.compat.network_operators_in(source)
+    if ops:
+        return (f"the source computes with {ops}, whose runtime cannot run in a forked probe (MindSpore itself "
+                f"reads such a source with one worker)")
     return None
 
 
@@ -237,7 +241,7 @@ def build_dataset(source: Any, column_names: Sequence[str] | str | None = None, 
         p = eng.planning.plan_iterable(req, SESSION.budget(facts), _profile(config, facts, eng))
         lineage = measure.IterableLineage(source, names) if names else measure.Unavailable("no column names")
         return _build(eng, source, column_names, generator_kwargs, p, config, lineage, "iterable")
-    blocked = _probe_blocker(generator_kwargs)
+    blocked = _probe_blocker(source, generator_kwargs, eng)
     probe = measure.StageProbe(None, unmeasured=blocked) if blocked else \
         measure.probe_random_access(source, names, eng.compat.row_check())
     p = _plan_source(probe, req, generator_kwargs, config, facts, eng)

@@ -19,7 +19,7 @@ import sys
 import types
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -145,36 +145,54 @@ def inspect_source(source: Any, workers: int, ranks: int = 1, start_method: str 
     if workers < 1:
         return ()
     fork = start_method == "fork"
-    findings: list[CowFinding] = []
-    seen: set[int] = {id(source)}
 
-    def consider(path: tuple, value: Any, assignable: bool = True) -> CowFinding | None:
-        finding = _finding(path, value, workers, ranks, start_method, fork, min_objects, assignable)
-        if finding is not None:
-            findings.append(finding)
-        return finding
+    def judge(path: tuple, value: Any, assignable: bool = True) -> CowFinding | None:
+        return _finding(path, value, workers, ranks, start_method, fork, min_objects, assignable)
 
     if _is_container(source):
-        consider((), source)
-        return tuple(findings)
+        return tuple(f for f in (judge((), source),) if f is not None)
+    findings = _walk_attributes(source, judge)
+    findings.sort(key=lambda f: f.total_bytes, reverse=True)
+    return tuple(findings)
+
+
+def _walk_attributes(source: Any, judge: Callable[..., CowFinding | None]) -> list:
+    """Findings among the source's attributes and one level inside them, each container judged once.
+
+    A large container is judged as a whole. A small one (``self.meta = {"captions": [...]}``) or a plain
+    object is looked into first, and judged as a whole only when nothing inside it was flagged, so one
+    big list is never reported twice.
+    """
+    findings: list = []
+    seen: set = {id(source)}
     for step, value in _children(source):
         if id(value) in seen or isinstance(value, _NO_OBJECTS):
             continue
         seen.add(id(value))
         if _is_container(value) and _safe_len(value) > _WRAPPER_MAX:
-            consider((step,), value)
+            findings.extend(_flagged(judge((step,), value)))
             continue
-        flagged_inside = False
-        for inner_step, inner in _children(value):
-            if id(inner) in seen or not _is_container(inner):
-                continue
-            seen.add(id(inner))
-            assignable = not isinstance(value, tuple)  # self.splits = (train, val) cannot be assigned into
-            flagged_inside |= consider((step, inner_step), inner, assignable) is not None
-        if _is_container(value) and not flagged_inside:  # a small container of medium-sized things
-            consider((step,), value)
-    findings.sort(key=lambda f: f.total_bytes, reverse=True)
-    return tuple(findings)
+        inside = _walk_inside(step, value, seen, judge)
+        findings.extend(inside)
+        if _is_container(value) and not inside:  # a small container of medium-sized things
+            findings.extend(_flagged(judge((step,), value)))
+    return findings
+
+
+def _walk_inside(step: Step, value: Any, seen: set, judge: Callable[..., CowFinding | None]) -> list:
+    """Findings among the containers one level inside ``value`` (reached from the source by ``step``)."""
+    assignable = not isinstance(value, tuple)  # self.splits = (train, val) cannot be assigned into
+    found = []
+    for inner_step, inner in _children(value):
+        if id(inner) in seen or not _is_container(inner):
+            continue
+        seen.add(id(inner))
+        found.extend(_flagged(judge((step, inner_step), inner, assignable)))
+    return found
+
+
+def _flagged(finding: CowFinding | None) -> list:
+    return [] if finding is None else [finding]
 
 
 def log_findings(findings: Iterable[CowFinding]) -> None:
@@ -206,45 +224,63 @@ def share_lists(source: Any, findings: Iterable[CowFinding], shared_memory: bool
     """
     swapped = []
     for finding in findings:
-        if not finding.path:
-            log.info("ms_shm: the source itself is a %s; wrap it yourself: %s", finding.kind, finding.fix)
-            continue
-        if not finding.swappable:
-            log.info("ms_shm: left %s (%s) as is: no read-only shared stand-in fits; by hand: %s",
-                     finding.attribute, finding.kind, finding.fix)
-            continue
-        try:
-            parent = _resolve(source, finding.path[:-1])
-            current = _get(parent, finding.path[-1])
-        except Exception as exc:  # the source changed since it was inspected
-            log.info("ms_shm: left %s as is: cannot reach it again (%s)", finding.attribute, exc)
-            continue
-        if id(current) != finding.container_id:
-            log.info("ms_shm: left %s as is: it is no longer the object that was inspected", finding.attribute)
-            continue
-        use_shm = finding.start_method != "fork" if shared_memory is None else shared_memory
-        try:
-            replacement = _shared_version(current, use_shm)
-        except OSError as exc:
-            log.info("ms_shm: %s: no room in shared memory (%s); using an in-process buffer",
-                     finding.attribute, exc)
-            replacement = _shared_version(current, False)
-        except (TypeError, ValueError) as exc:  # unpicklable item, unsupported key
-            log.info("ms_shm: left %s as is: %s", finding.attribute, exc)
-            continue
-        try:
-            _set(parent, finding.path[-1], replacement)
-        except Exception as exc:  # frozen dataclass, read-only property, tuple parent
-            log.info("ms_shm: left %s as is: cannot assign it (%s: %s)", finding.attribute,
-                     type(exc).__name__, exc)
-            continue
-        block = _block_name(replacement)
-        where = f", in shared memory block {block}" if block else ""
-        log.info("ms_shm: replaced source.%s (%s of %s items, ~%s of Python objects) with a %s of %s%s",
-                 finding.attribute, finding.kind, f"{finding.items:,}", mib(finding.bytes_per_worker),
-                 type(replacement).__name__, mib(replacement.nbytes), where)
-        swapped.append(finding.attribute)
+        if _swappable(finding) and _swap(source, finding, shared_memory):
+            swapped.append(finding.attribute)
     return tuple(swapped)
+
+
+def _swappable(finding: CowFinding) -> bool:
+    """Whether ``share_lists`` may try this finding; says why not at INFO (the user sees the fix by hand)."""
+    if not finding.path:
+        log.info("ms_shm: the source itself is a %s; wrap it yourself: %s", finding.kind, finding.fix)
+        return False
+    if not finding.swappable:
+        log.info("ms_shm: left %s (%s) as is: no read-only shared stand-in fits; by hand: %s",
+                 finding.attribute, finding.kind, finding.fix)
+        return False
+    return True
+
+
+def _swap(source: Any, finding: CowFinding, shared_memory: bool | None) -> bool:
+    """Put a shared stand-in where ``finding`` was; every reason to leave it is logged at INFO, never raised:
+    the source may have changed since it was inspected, and a helper must not break the pipeline."""
+    try:
+        parent = _resolve(source, finding.path[:-1])
+        current = _get(parent, finding.path[-1])
+    except Exception as exc:  # the source changed since it was inspected
+        log.info("ms_shm: left %s as is: cannot reach it again (%s)", finding.attribute, exc)
+        return False
+    if id(current) != finding.container_id:
+        log.info("ms_shm: left %s as is: it is no longer the object that was inspected", finding.attribute)
+        return False
+    replacement = _stand_in(current, finding, shared_memory)
+    if replacement is None:
+        return False
+    try:
+        _set(parent, finding.path[-1], replacement)
+    except Exception as exc:  # frozen dataclass, read-only property, tuple parent
+        log.info("ms_shm: left %s as is: cannot assign it (%s: %s)", finding.attribute, type(exc).__name__, exc)
+        return False
+    block = _block_name(replacement)
+    where = f", in shared memory block {block}" if block else ""
+    log.info("ms_shm: replaced source.%s (%s of %s items, ~%s of Python objects) with a %s of %s%s",
+             finding.attribute, finding.kind, f"{finding.items:,}", mib(finding.bytes_per_worker),
+             type(replacement).__name__, mib(replacement.nbytes), where)
+    return True
+
+
+def _stand_in(current: Any, finding: CowFinding, shared_memory: bool | None) -> SharedList | SharedDict | None:
+    """The ``SharedList``/``SharedDict`` copy of ``current``: in shared memory under spawn (unless told), in a
+    process buffer when ``/dev/shm`` is short, ``None`` when an item cannot be stored."""
+    use_shm = finding.start_method != "fork" if shared_memory is None else shared_memory
+    try:
+        return _shared_version(current, use_shm)
+    except OSError as exc:
+        log.info("ms_shm: %s: no room in shared memory (%s); using an in-process buffer", finding.attribute, exc)
+        return _shared_version(current, False)
+    except (TypeError, ValueError) as exc:  # unpicklable item, unsupported key
+        log.info("ms_shm: left %s as is: %s", finding.attribute, exc)
+        return None
 
 
 # ------------------------------------------------------------------------------------------------ walking

@@ -25,9 +25,10 @@ class Error(Exception):
         self.fix = fix
 
 
-class RowError(Error, ValueError):
+class RowError(Error, ValueError, RuntimeError):
     """A row MindSpore cannot carry, found before any worker starts. The message names the column, the row and
-    the fix."""
+    the fix, and keeps MindSpore's own words; like MindSpore's error for the same row it is a ``RuntimeError``
+    (and a ``ValueError``, as it was in ms_shm before)."""
 
     def __init__(self, message: str = "", column: str | None = None, row: Any = None, *, fix: str | None = None):
         super().__init__(message, fix=fix)

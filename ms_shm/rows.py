@@ -93,8 +93,10 @@ def convert_row(row: Any, index: Any, names: Sequence[str] | None) -> tuple:
                        f"arrays. Fix: return a tuple of numpy arrays{_names_hint(names)}.", None, index)
     if names is not None and len(values) != len(names):
         raise RowError(f"{where} has {len(values)} column(s) but column_names has {len(names)} "
-                       f"({list(names)}). Fix: make __getitem__ return exactly {len(names)} values, "
-                       f"or change column_names.", None, index)
+                       f"({list(names)}): the 'source' of 'GeneratorDataset' should return same number of NumPy "
+                       f"arrays as specified in column_names, the size of column_names is:{len(names)} and number "
+                       f"of returned NumPy array is:{len(values)}. Fix: make __getitem__ return exactly "
+                       f"{len(names)} values, or change column_names.", None, index)
     return tuple(_convert_column(v, index, _column_name(names, i)) for i, v in enumerate(values))
 
 

@@ -38,7 +38,7 @@ from ms_shm._results import Result
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TIMEOUT = 120.0  # seconds; a probe that hangs (a lock held at fork) must not hang the user's script
+DEFAULT_TIMEOUT = 60.0  # seconds; a probe that hangs (a lock held at fork) must not hang the user's script
 TIMEOUT_ENV = "MS_SHM_PROBE_TIMEOUT"
 
 

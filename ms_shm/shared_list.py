@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from ms_shm import procfs
 from ms_shm._results import mib
 
 log = logging.getLogger(__name__)
@@ -115,8 +116,7 @@ def _release_block(name: str, owner_pid: int) -> None:
 
 def _reserve(fd: int, size: int) -> None:
     """Commit ``size`` bytes of tmpfs now, or raise ``OSError`` saying how much room there was."""
-    stat = os.statvfs(_SHM_DIR)
-    free = stat.f_bavail * stat.f_frsize
+    free = procfs.statvfs(_SHM_DIR).free
     try:
         os.posix_fallocate(fd, 0, size)
         return

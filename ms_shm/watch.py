@@ -30,7 +30,7 @@ from typing import Callable, Iterable, Union
 
 import psutil
 
-from ms_shm import sizes
+from ms_shm import procfs, sizes
 from ms_shm._results import Result, mib
 from ms_shm.errors import UsageError
 
@@ -196,49 +196,19 @@ def growth(series: list, epochs: int = 3, min_bytes: int = 8 << 20, min_fraction
 # ------------------------------------------------------------------------------------- reading
 
 
-def _children_files_work() -> bool:
-    """``/proc/<pid>/task/<tid>/children`` needs CONFIG_PROC_CHILDREN; psutil is the slower fallback."""
-    pid = os.getpid()
-    return os.path.exists(f"/proc/{pid}/task/{pid}/children")
+#: All descendants of a pid, from the per-thread children lists (kept here for old imports).
+descendants = procfs.descendants
 
 
-def descendants(pid: int) -> list:
-    """All descendants of ``pid``, read from the per-thread children lists.
+@dataclass
+class _WorkerReading:
+    """One sample's worker figures: sums, per-worker bytes for growth, and the fds of each."""
 
-    Cheaper than ``psutil.Process.children(recursive=True)``, which reads every process's ``stat`` on the
-    host (measured 1 ms against 0.14 ms with ~75 processes; hosts with thousands cost far more).
-    Children can hang off any thread, so each task's list is read.
-    """
-    found = []
-    stack = [pid]
-    while stack:
-        parent = stack.pop()
-        try:
-            tasks = os.listdir(f"/proc/{parent}/task")
-        except OSError:
-            continue
-        for tid in tasks:
-            try:
-                with open(f"/proc/{parent}/task/{tid}/children") as handle:
-                    kids = [int(text) for text in handle.read().split()]
-            except OSError:
-                continue
-            found.extend(kids)
-            stack.extend(kids)
-    return found
-
-
-def _sysv_totals(path: Path) -> tuple:
-    with open(path) as handle:
-        header = handle.readline().split()
-        column = header.index("size")
-        total = count = 0
-        for line in handle:
-            cells = line.split()
-            if len(cells) > column:
-                total += int(cells[column])
-                count += 1
-    return total, count
+    uss_ok: bool
+    rss: int = 0
+    uss: int = 0
+    fds: list = field(default_factory=list)
+    per_worker: dict = field(default_factory=dict)  # pid -> USS when read, else RSS
 
 
 class Watcher:
@@ -268,7 +238,7 @@ class Watcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._procs: dict = {}
-        self._fast_children = _children_files_work()
+        self._fast_children = procfs.children_files_exist()
         self._notes: list = []
         self._noted: set = set()
         self._warned: dict = {}
@@ -418,68 +388,82 @@ class Watcher:
             live = set(pids)
             for gone in [pid for pid in self._procs if pid not in live]:
                 del self._procs[gone]
-            cost_due = (now - self._last_uss) * self._uss_budget
-            take_uss = force_uss or (self._uss_budget > 0 and cost_due >= self._uss_cost)
+            take_uss = self._uss_due(now, force_uss)
             uss_cpu0 = time.thread_time()
-            rss_total = uss_total = 0
-            uss_ok = take_uss
-            worker_fds = []
-            per_worker = {}
-            for pid in pids:
-                proc = self._process(pid)
-                if proc is None:
-                    continue
-                try:
-                    rss = proc.memory_info().rss
-                    worker_fds.append(proc.num_fds())
-                except psutil.Error:
-                    continue
-                rss_total += rss
-                self._peak("worker_rss", rss)
-                per_worker[pid] = rss
-                if take_uss:
-                    try:
-                        uss = proc.memory_full_info().uss
-                    except psutil.AccessDenied:
-                        uss_ok = False
-                        self._note("worker USS unreadable (no access to smaps_rollup); growth uses RSS")
-                        continue
-                    except psutil.Error:
-                        continue
-                    uss_total += uss
-                    per_worker[pid] = uss
-                    self._peak("worker_uss", uss)
+            workers = self._read_workers(pids, take_uss)
             if take_uss and not force_uss:
                 self._uss_cost = time.thread_time() - uss_cpu0
                 self._last_uss = now
             fds, soft, hard = self._own_fds()
+            per_worker = workers.per_worker
             sample = Sample(
                 timestamp=time.time(), shm_used=shm_used, shm_total=shm_total, sysv_bytes=sysv_bytes,
                 sysv_segments=sysv_segments, workers=len(per_worker),
-                workers_rss=rss_total if per_worker else 0,
-                workers_uss=(uss_total if uss_ok else None) if per_worker else (0 if take_uss else None),
-                fds=fds, fd_soft_limit=soft, worker_fds_max=max(worker_fds) if worker_fds else None,
+                workers_rss=workers.rss if per_worker else 0,
+                workers_uss=(workers.uss if workers.uss_ok else None) if per_worker else (0 if take_uss else None),
+                fds=fds, fd_soft_limit=soft, worker_fds_max=max(workers.fds) if workers.fds else None,
                 epoch=self._epoch)
             self._record(sample, hard)
             if take_uss:
                 self._uss_count += 1
             return sample, per_worker
 
+    def _uss_due(self, now: float, force: bool) -> bool:
+        """Whether this sample reads USS: always at a mark, otherwise only as often as ``uss_budget`` pays for
+        (one round costs ``_uss_cost`` CPU seconds, since ``smaps_rollup`` walks every page table)."""
+        cost_due = (now - self._last_uss) * self._uss_budget
+        return force or (self._uss_budget > 0 and cost_due >= self._uss_cost)
+
+    def _read_workers(self, pids: list, take_uss: bool) -> _WorkerReading:
+        """RSS and fds of every worker, and USS when ``take_uss``; workers that exit meanwhile are skipped."""
+        reading = _WorkerReading(uss_ok=take_uss)
+        for pid in pids:
+            proc = self._process(pid)
+            if proc is None:
+                continue
+            try:
+                rss = proc.memory_info().rss
+                reading.fds.append(proc.num_fds())
+            except psutil.Error:
+                continue
+            reading.rss += rss
+            self._peak("worker_rss", rss)
+            reading.per_worker[pid] = rss
+            if take_uss:
+                self._read_uss(proc, pid, reading)
+        return reading
+
+    def _read_uss(self, proc: psutil.Process, pid: int, reading: _WorkerReading) -> None:
+        try:
+            uss = proc.memory_full_info().uss
+        except psutil.AccessDenied:
+            reading.uss_ok = False
+            self._note("worker USS unreadable (no access to smaps_rollup); growth uses RSS")
+            return
+        except psutil.Error:
+            return
+        reading.uss += uss
+        reading.per_worker[pid] = uss
+        self._peak("worker_uss", uss)
+
     def _read_shm(self) -> tuple:
         try:
-            st = os.statvfs(self.shm_path)
+            space = procfs.statvfs(self.shm_path)
         except OSError as exc:
             self._note(f"statvfs({self.shm_path}): {type(exc).__name__}: {exc}")
             return None, None
-        total = st.f_blocks * st.f_frsize
-        return (st.f_blocks - st.f_bfree) * st.f_frsize, total
+        return space.used, space.total
 
     def _read_sysv(self) -> tuple:
+        notes: list = []
         try:
-            return _sysv_totals(self._sysv_path)
-        except (OSError, ValueError) as exc:
+            segments, nbytes = procfs.segment_totals(procfs.read_sysvipc(self._sysv_path, notes=notes))
+        except OSError as exc:
             self._note(f"{self._sysv_path}: {type(exc).__name__}: {exc}")
             return None, None
+        for note in notes[:1]:  # one garbled row is worth a note; a table of them is worth no more
+            self._note(note)
+        return nbytes, segments
 
     def _own_fds(self) -> tuple:
         try:
@@ -488,7 +472,7 @@ class Watcher:
             self._note(f"getrlimit(RLIMIT_NOFILE): {exc}")
             soft = hard = None
         try:
-            fds = len(os.listdir("/proc/self/fd")) - 1  # minus the fd listdir itself opened
+            fds = procfs.open_fd_count()
         except OSError as exc:
             self._note(f"/proc/self/fd: {type(exc).__name__}")
             fds = None

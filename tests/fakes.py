@@ -80,6 +80,9 @@ class FakeCompat:
     def rows_come_from(self, dataset):
         return dataset
 
+    def network_operators_in(self, source):
+        return None
+
     def python_code_in(self, dataset):
         return "FakeDataset (a Python source)"
 

@@ -157,6 +157,21 @@ def rows_come_from(dataset: Any) -> Any:
     return dataset
 
 
+def network_operators_in(source: Any) -> str | None:
+    """The MindSpore compute module a source's code uses (``mindspore.ops``, ``nn``, ...), or ``None``.
+
+    MindSpore itself reads the source's code for these (``check_source_function``) and then runs it with one
+    worker; its compute runtime is not fork-safe, so such a source is not read in a probe child either.
+    """
+    try:
+        from mindspore.dataset.engine.validators import check_source_function
+        text = str(check_source_function(source))
+    except Exception:  # an old release without the check, or source code that cannot be read
+        return None
+    return next((m for m in ("mindspore.nn", "mindspore.ops", "mindspore.numpy", "mindspore.compression")
+                 if m in text), None)
+
+
 def python_code_in(dataset: Any) -> str | None:
     """The first node of ``dataset``'s tree that runs Python code (a generator source, a Python operation, a
     ``per_batch_map``), or ``None`` when reading the tree runs only MindSpore's C++ and cannot have side effects
@@ -224,4 +239,4 @@ def take_rows(dataset: Any, count: int) -> list:
 
 __all__ = ["MindSporeConfig", "Change", "available", "read_config", "set_prefetch_size", "set_shared_mem", "get_nofile",
            "set_nofile_soft", "undo", "generator_dataset", "map_dataset", "row_check", "rows_come_from",
-           "python_code_in", "column_names", "processes_blocker", "take_rows"]
+           "python_code_in", "network_operators_in", "column_names", "processes_blocker", "take_rows"]

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ms_shm import sizes
+from ms_shm import procfs, sizes
 from ms_shm._results import Result, mib
 from ms_shm.engines.mindspore import arithmetic as model
 from ms_shm.errors import RowTooLargeError, ShmFullError
@@ -60,8 +60,7 @@ class GuardSpec(Result):
 
 def _free_bytes(path: str) -> int:
     """Free bytes of the filesystem at ``path``, as ``host.read_shm`` counts them (raises ``OSError``)."""
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize
+    return procfs.statvfs(path).free
 
 
 class GuardedSource:

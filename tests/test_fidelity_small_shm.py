@@ -1,0 +1,48 @@
+"""Fidelity where ms_shm must change the transport: under Docker's 64 MB /dev/shm, a seeded random source in
+worker processes dies raw; through ms_shm it must give the rows raw MindSpore gives with room to spare.
+
+The expectation is raw MindSpore itself, run under a 1 GB /dev/shm with the same seed: MindSpore reseeds each
+worker process with ``seed + worker_id``, so switching to threads or one worker would change every row.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+
+import pytest
+
+from tests import isolated
+
+pytestmark = pytest.mark.mindspore
+
+
+def run(name: str, mode: str, shm: str):
+    code = f"from tests.fidelity_scenarios import run_scenario; run_scenario({name!r}, {mode!r})"
+    return isolated.run_shell(f"exec {shlex.quote(sys.executable)} -c {shlex.quote(code)}", shm=shm, timeout=600)
+
+
+def result(proc) -> dict:
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, isolated.describe(proc)
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def test_seeded_random_rows_in_processes_survive_64m_unchanged(real_mindspore):
+    raw_small = run("seeded_processes", "raw", "64m")
+    assert raw_small.returncode != 0 and "Bus error" in raw_small.stdout + raw_small.stderr, \
+        isolated.describe(raw_small)
+    expected = result(run("seeded_processes", "raw", "1g"))
+    assert len(expected["rows"]) == 48 and len(set(expected["rows"][:24])) == 24
+    ours = result(run("seeded_processes", "ms_shm", "64m"))
+    assert ours["locked"] and ours["mode"] == "pipes"  # processes kept, rows through pipes instead of slots
+    assert ours["rows"] == expected["rows"]
+
+
+def test_spawn_workers_give_the_same_rows(real_mindspore):
+    """Spawned workers unpickle the source (the runtime guard with it, where one is planned)."""
+    expected = result(run("spawn", "raw", "1g"))
+    ours = result(run("spawn", "ms_shm", "1g"))
+    assert len(expected["rows"]) == 16 and len(set(expected["rows"][:8])) == 8
+    assert ours["rows"] == expected["rows"]

@@ -21,7 +21,8 @@ demo: install
 lint: install
 	$(VENV)/bin/ruff check ms_shm tests benchmarks examples
 
-# MS_SHM_REQUIRE_MINDSPORE=1: a run that skipped real-MindSpore tests fails instead of looking green.
+# MS_SHM_REQUIRE_MINDSPORE=1 (tests/conftest.py): the run fails unless real-MindSpore tests ran, and fails if any
+# real-MindSpore or privileged (private /dev/shm) test was skipped, instead of looking green.
 test: install lint
 	MS_SHM_REQUIRE_MINDSPORE=1 $(PY) -m pytest -q
 

@@ -1,14 +1,16 @@
 """What ``ms_shm.watch()`` costs: its sampler's CPU share of one core, and epochs with and without it.
 
 A real pipeline (``GeneratorDataset``, 2 worker processes, 200 rows of 1 MiB with ~5 ms of pure-Python work
-each) runs rounds of epochs in one process: some epochs bare, then as many inside one watcher at the default
-interval (1 s), so drift on a shared machine hits both sides alike. The sampler times itself with
+each) runs rounds of epochs in one process, each round a block of bare epochs and a block of as many epochs
+inside one watcher at the default interval (1 s). The blocks are interleaved and their order alternates
+(bare then watched, watched then bare, ...), so neither side always runs first, on a warmer or a cooler
+machine, and drift on a shared machine hits both sides alike. The sampler times itself with
 ``time.thread_time()`` (``WatchSummary.sampler_cpu_fraction``): that is the measure. The epoch ratio is an
 end-to-end sanity check only: this pipeline's epochs are themselves 0.84 s or 0.94 s on the reference machine,
 with or without a watcher, so the ratio of medians lands on 1.00 or 1.11 from run to run.
 
 Run:
-    .venv/bin/python benchmarks/bench_watch.py            # ~30 s
+    .venv/bin/python benchmarks/bench_watch.py            # ~40 s
     .venv/bin/python benchmarks/bench_watch.py --rounds 5 --interval 0.5
 """
 
@@ -49,9 +51,10 @@ def epoch(dataset) -> float:
     return time.perf_counter() - t
 
 
-def measure(rounds: int = 3, epochs: int = 5, interval: float = 1.0, work: int = 100_000) -> dict:
-    """Rounds of ``epochs`` epochs without, then ``epochs`` epochs inside one watcher (a steady window of
-    several seconds, as in training); returns median epoch times and the sampler's CPU share."""
+def measure(rounds: int = 4, epochs: int = 5, interval: float = 1.0, work: int = 100_000) -> dict:
+    """Rounds of a block of ``epochs`` bare epochs and a block of ``epochs`` epochs inside one watcher (a steady
+    window of several seconds, as in training), the blocks' order alternating from round to round; returns
+    median epoch times and the sampler's CPU share."""
     import mindspore.dataset as ds
 
     from ms_shm import watch
@@ -60,13 +63,20 @@ def measure(rounds: int = 3, epochs: int = 5, interval: float = 1.0, work: int =
                                   python_multiprocessing=True)
     epoch(dataset)  # warm-up: workers started, slots created
     bare, watched, fractions = [], [], []
-    for _ in range(rounds):
-        bare += [epoch(dataset) for _ in range(epochs)]
+
+    def bare_block() -> None:
+        bare.extend(epoch(dataset) for _ in range(epochs))
+
+    def watched_block() -> None:
         with watch(interval=interval) as w:
             for _ in range(epochs):
                 watched.append(epoch(dataset))
                 w.mark_epoch()
         fractions.append(w.summary.sampler_cpu_fraction or 0.0)
+
+    for r in range(rounds):
+        for block in ((bare_block, watched_block) if r % 2 == 0 else (watched_block, bare_block)):
+            block()
     return {"interval_s": interval, "epoch_bare_s": statistics.median(bare),
             "epoch_watched_s": statistics.median(watched),
             "ratio": statistics.median(watched) / statistics.median(bare),
@@ -75,7 +85,8 @@ def measure(rounds: int = 3, epochs: int = 5, interval: float = 1.0, work: int =
 
 def main(argv: list | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=4, help="rounds of one bare and one watched block, "
+                        "their order alternating (an even number balances it)")
     parser.add_argument("--epochs", type=int, default=5, help="epochs per round and side")
     parser.add_argument("--interval", type=float, default=1.0)
     args = parser.parse_args(argv)

@@ -2,8 +2,10 @@
 
 Pure: facts in, ``Advice`` out. No I/O, no clock, no MindSpore import, so the planner, the CLI and the tests
 all call the same rules. Sizes are computed from the host (usable CPUs, ranks on the host) with the measured
-shared-memory formula in ``model``, never copied from a constant: MindSpore's own "5 GB" advice is what the
-formula gives for 8 ranks of 8 workers with 8 MiB rows, and is only the reference when nothing better is known.
+shared-memory formula of the host's release (the engine's ``outcome``: static slots on <= 2.3, dynamic on 2.4+),
+never copied from a constant: MindSpore's own "5 GB" advice is what the formula gives for 8 ranks of 8 workers
+with 8 MiB rows, and is only the reference when nothing better is known. How a release fails (its pre-check or a
+bus error) is worded by the engine from the release's profile, never here.
 """
 
 from __future__ import annotations
@@ -12,11 +14,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ms_shm import sizes
+from ms_shm import budget as budget_mod
+from ms_shm import engines, sizes
 from ms_shm._results import Result, mib
 from ms_shm.engines.mindspore import arithmetic as model
 from ms_shm.engines.mindspore import profiles
-from ms_shm.sizes import HEADROOM, k8s_size, nofile_target, parse_size, with_headroom
+from ms_shm.sizes import HEADROOM, k8s_size, nofile_target, parse_size
 from ms_shm.sizes import shm_size_flag as human_size
 
 # Same headroom as the planner's budget: MindSpore's own static check refuses at 80% of free /dev/shm, and
@@ -53,10 +56,28 @@ class Advice(Result):
         return SEVERITIES.index(self.severity) if self.severity in SEVERITIES else len(SEVERITIES)
 
 
-# ----------------------------------------------------------------------------------------------- sizes
-
-
 # ----------------------------------------------------------------------------------------------- snippets
+
+
+def _kubernetes_fix(k8s: str, limit_line: str) -> tuple:
+    return ("kubernetes", "\n".join([
+        "spec:",
+        "  containers:",
+        "  - name: train",
+        "    volumeMounts:",
+        "    - name: dshm",
+        "      mountPath: /dev/shm",
+        "    resources:",
+        "      limits:",
+        limit_line,
+        "  volumes:",
+        "  - name: dshm",
+        "    emptyDir:",
+        "      medium: Memory",
+        f"      sizeLimit: {k8s}",
+        "# An emptyDir with medium: Memory is RAM charged to the pod's memory limit: raise",
+        "# resources.limits.memory by the sizeLimit, or the pod is OOM-killed instead of bus-erroring.",
+    ]))
 
 
 def shm_fixes(size_bytes: int, container: str | None, memory_limit: int | None = None) -> tuple:
@@ -83,37 +104,18 @@ def shm_fixes(size_bytes: int, container: str | None, memory_limit: int | None =
         limit_line = f"        memory: <your limit + {k8s}>   # /dev/shm pages count against it"
     docker = ("docker run", f"docker run --shm-size={size} ...   # or --ipc=host to share the host's /dev/shm")
     compose = ("docker-compose", f"services:\n  train:\n    shm_size: \"{size}\"")
-    kube = ("kubernetes", "\n".join([
-        "spec:",
-        "  containers:",
-        "  - name: train",
-        "    volumeMounts:",
-        "    - name: dshm",
-        "      mountPath: /dev/shm",
-        "    resources:",
-        "      limits:",
-        limit_line,
-        "  volumes:",
-        "  - name: dshm",
-        "    emptyDir:",
-        "      medium: Memory",
-        f"      sizeLimit: {k8s}",
-        "# An emptyDir with medium: Memory is RAM charged to the pod's memory limit: raise",
-        "# resources.limits.memory by the sizeLimit, or the pod is OOM-killed instead of bus-erroring.",
-    ]))
+    kube = _kubernetes_fix(k8s, limit_line)
     podman = ("podman run", f"podman run --shm-size={size} ...")
     host = ("bare host", f"sudo mount -o remount,size={size} /dev/shm\n"
                          f"# and in /etc/fstab, to keep it after a reboot:\n"
                          f"tmpfs  /dev/shm  tmpfs  defaults,size={size}  0 0")
     if container == "kubernetes":
-        order = (kube, docker, compose)
-    elif container == "podman":
-        order = (podman, docker, compose, kube)
-    elif container in ("docker", "container"):
-        order = (docker, compose, kube)
-    else:
-        order = (host, docker, compose, kube)
-    return order
+        return (kube, docker, compose)
+    if container == "podman":
+        return (podman, docker, compose, kube)
+    if container in ("docker", "container"):
+        return (docker, compose, kube)
+    return (host, docker, compose, kube)
 
 
 def nofile_fixes(n: int, container: str | None = None) -> tuple:
@@ -159,6 +161,10 @@ def ds_config_fixes(prefetch: int | None = None, shared_mem_off: bool = False, w
 # ----------------------------------------------------------------------------------------------- sizing
 
 
+def _engine():
+    return engines.get("mindspore")
+
+
 def _get(config: Any, name: str) -> Any:
     """A field of MindSpore's dataset config, whether it came as the engine's dataclass or a dict."""
     if config is None:
@@ -173,19 +179,103 @@ def typical_workers(facts: Any) -> int:
     return max(1, min(TYPICAL_MAX_WORKERS, int(getattr(facts, "usable_cpus", None) or 1)))
 
 
-def recommended_shm(facts: Any, row_bytes: int | None = None, workers: int | None = None,
-                    ranks: int | None = None, prefetch: int | None = None) -> tuple:
-    """The /dev/shm size this host needs for a typical GeneratorDataset pipeline on every local rank.
+def _local_ranks(facts: Any) -> int:
+    return max(1, int(getattr(getattr(facts, "ranks", None), "local_size", 1) or 1))
 
-    The peak per rank comes from ``model.generator_peak`` (exact to the byte on 2.10); all ranks on the host
-    share one /dev/shm; and ms_shm keeps 20% headroom, so the total is divided by 0.8.
+
+@dataclass(frozen=True)
+class Typical(Result):
+    """The pipeline the host is judged for: MindSpore's defaults on this host unless the caller says otherwise.
+
+    Attributes:
+        need: recommended /dev/shm bytes for every local rank, headroom included.
+        peak: the same without headroom: what the release's slots take (static slots: all at launch).
+        reason: how ``need`` was computed, step by step.
+        version: the MindSpore release judged for (``HostFacts.mindspore_version``; ``None``: the newest).
+        slot_mb: the release's static slot size, ``None`` for dynamic slots sized to each row.
+        failure: how this release fails when the slots do not fit (the engine's words).
+    """
+
+    workers: int
+    prefetch: int
+    ranks: int
+    row_bytes: int
+    row_known: bool
+    need: int
+    peak: int
+    reason: str
+    version: str | None = None
+    slot_mb: int | None = None
+    failure: str = ""
+
+    def at(self, shm_free: int | None) -> Any:
+        """The engine's ``Outcome`` of this pipeline at ``shm_free`` bytes of /dev/shm (``fits``, ``why``...)."""
+        return _engine().outcome(self.row_bytes, self.workers, self.prefetch, self.ranks, shm_free, self.version)
+
+    @property
+    def shape(self) -> str:
+        """``2 workers x 18 slots x 8.0 MiB rows x 1 rank(s)``: the pipeline in one phrase."""
+        slots = model.slots(self.prefetch, self.workers)
+        kind = f"{slots} static {self.slot_mb} MiB slots" if self.slot_mb else f"{slots} slots"
+        return f"{self.workers} workers x {kind} x {mib(self.row_bytes)} rows x {self.ranks} rank(s)"
+
+    @classmethod
+    def of(cls, facts: Any, ms_config: Any = None, workers: int | None = None,
+           row_bytes: int | None = None) -> "Typical":
+        """The typical pipeline of ``facts``' host and release, with the configured prefetch."""
+        p = _get(ms_config, "prefetch_size")
+        return typical(facts, workers=workers, row_bytes=row_bytes,
+                       prefetch=p if isinstance(p, int) and p > 0 else None)
+
+
+def typical(facts: Any, row_bytes: int | None = None, workers: int | None = None, ranks: int | None = None,
+            prefetch: int | None = None, version: str | None = None) -> Typical:
+    """The one rule for the typical pipeline: what ``doctor``, ``explain`` and ``tune`` size for.
 
     Args:
-        facts: ``HostFacts`` (``usable_cpus`` and ``ranks.local_size`` are read).
+        facts: ``HostFacts`` (``usable_cpus``, ``ranks.local_size`` and ``mindspore_version`` are read).
         row_bytes: largest row; the 8 MiB reference row when unknown.
         workers: worker processes; ``min(8, usable CPUs)`` when unknown.
         ranks: ranks sharing this /dev/shm; the launcher's count when unknown.
         prefetch: ``ds.config.get_prefetch_size()``; MindSpore's default 16 when unknown.
+        version: the MindSpore release; the host's when not given.
+    """
+    reference = row_bytes is None
+    row = REFERENCE_ROW_BYTES if reference else int(row_bytes)
+    w = typical_workers(facts) if workers is None else max(1, int(workers))
+    r = _local_ranks(facts) if ranks is None else max(1, int(ranks or 1))
+    p = model.DEFAULT_PREFETCH if prefetch is None else max(1, int(prefetch))
+    v = getattr(facts, "mindspore_version", None) if version is None else version
+    o = _engine().outcome(row, w, p, r, None, v)
+    reason = _reason(o, w, p, r, row, reference, workers is None)
+    return Typical(w, p, r, row, not reference, o.need if w > 1 else 0, o.all_ranks, reason, v, o.slot_mb,
+                   o.failure)
+
+
+def _reason(o: Any, w: int, p: int, r: int, row: int, reference: bool, defaulted: bool) -> str:
+    """How the typical need was computed, step by step, in the release's slot terms."""
+    how = f" (MindSpore's default {TYPICAL_MAX_WORKERS}, capped at the usable CPUs)" if defaulted else ""
+    if w <= 1:
+        return (f"1 worker{how}: MindSpore reads the source in the main process and uses no /dev/shm "
+                f"for rows")
+    rows = f"{mib(row)} rows" + (" (reference row: real size unknown)" if reference else "")
+    sums = (f" + semaphores = {mib(o.per_rank)} per rank x {r} rank(s) on this host = {mib(o.all_ranks)}; "
+            f"/ {HEADROOM:.0%} headroom = {mib(o.need)}")
+    if not o.slot_mb:
+        return f"{w} workers{how} x {o.slots} slots (prefetch {p}) x {rows}" + sums
+    carried = ("fit them" if model.static_row_fits(row, o.slot_mb) else
+               "do not fit them and go through pipes (slow)")
+    return (f"{w} workers{how} x {o.slots} static {o.slot_mb} MiB slots (prefetch {p}; {o.release_name}'s "
+            f"default max_rowsize, committed at launch){sums}. {rows[0].upper()}{rows[1:]} {carried}")
+
+
+def recommended_shm(facts: Any, row_bytes: int | None = None, workers: int | None = None,
+                    ranks: int | None = None, prefetch: int | None = None, version: str | None = None) -> tuple:
+    """The /dev/shm size this host needs for a typical GeneratorDataset pipeline on every local rank.
+
+    The peak per rank is the engine's (``outcome``: exact to the byte on 2.10, static slots on <= 2.3); all
+    ranks on the host share one /dev/shm; and ms_shm keeps 20% headroom, so the total is divided by 0.8.
+    Arguments as ``typical``.
 
     Returns:
         ``(bytes, explanation)``: bytes is 0 when a typical pipeline uses no shared memory (one worker).
@@ -194,68 +284,33 @@ def recommended_shm(facts: Any, row_bytes: int | None = None, workers: int | Non
         8 ranks of 8 workers with 8 MiB rows need 8 x 10 x 8 MiB = 640 MiB each, 5 GiB together: MindSpore's
         "5 GB" advice. With headroom that is 6.25 GiB.
     """
-    reference = row_bytes is None
-    row = REFERENCE_ROW_BYTES if reference else int(row_bytes)
-    w = typical_workers(facts) if workers is None else max(1, int(workers))
-    r = ranks if ranks is not None else getattr(getattr(facts, "ranks", None), "local_size", 1)
-    r = max(1, int(r or 1))
-    p = model.DEFAULT_PREFETCH if prefetch is None else max(1, int(prefetch))
-    per_rank = model.generator_peak(row, w, p)
-    total = per_rank * r
-    need = with_headroom(total)
-    row_text = f"{mib(row)} rows" + (" (reference row: real size unknown)" if reference else "")
-    how = "" if workers is not None else f" (MindSpore's default {TYPICAL_MAX_WORKERS}, capped at the usable CPUs)"
-    if w <= 1:
-        return 0, (f"1 worker{how}: MindSpore reads the source in the main process and uses no /dev/shm "
-                   f"for rows")
-    s = model.slots(p, w)
-    text = (f"{w} workers{how} x {s} slots (prefetch {p}) x {row_text} + semaphores = {mib(per_rank)} per rank"
-            f" x {r} rank(s) on this host = {mib(total)}; / {HEADROOM:.0%} headroom = {mib(need)}")
-    return need, text
+    t = typical(facts, row_bytes, workers, ranks, prefetch, version)
+    return t.need, t.reason
 
 
-def fitting_prefetch(row_bytes: int, workers: int, budget: int, current: int = model.DEFAULT_PREFETCH
-                     ) -> int | None:
-    """The largest prefetch (<= ``current``) whose slots fit ``budget`` bytes, or ``None`` when even prefetch 1
-    does not."""
-    for p in range(current, 0, -1):
-        if model.generator_peak(row_bytes, workers, p) <= budget:
-            return p
-    return None
+def fitting_prefetch(row_bytes: int, workers: int, budget: int, current: int = model.DEFAULT_PREFETCH,
+                     version: str | None = None) -> int | None:
+    """The largest prefetch (<= ``current``) whose slots fit ``budget`` bytes on ``version`` (``None``: the
+    newest release), or ``None`` when even prefetch 1 does not."""
+    static = profiles.profile_for(version).generator_default_max_rowsize_mb
+    return model.fitting_prefetch(row_bytes, workers, budget, current, static)
+
+
+def prefetch_fixes(t: Typical, shm_total: int) -> tuple:
+    """``(prefetch, snippets)``: the prefetch at which ``t`` fits this rank's share of ``shm_total`` (``None``:
+    none does) and the ``ds.config`` lines that set it, or that turn shared memory off."""
+    share = budget_mod.compute(shm_total, t.ranks, None, None).shm_bytes
+    p_fit = fitting_prefetch(t.row_bytes, t.workers, share, t.prefetch, t.version)
+    return p_fit, ds_config_fixes(prefetch=p_fit) if p_fit else ds_config_fixes(shared_mem_off=True)
+
+
+def fds_needed(facts: Any, workers: int, prefetch: int, pipelines: int = 1) -> int:
+    """Fds the main process needs for ``pipelines`` typical pipelines (slots and pipes), a margin, and what is
+    open already."""
+    return sizes.fds_needed(_engine().pipeline_fds(workers, prefetch), getattr(facts, "open_fds", None), pipelines)
 
 
 # ----------------------------------------------------------------------------------------------- diagnose
-
-
-@dataclass(frozen=True)
-class Typical(Result):
-    """The pipeline the host is judged for: MindSpore's defaults on this host unless the caller says otherwise."""
-
-    workers: int
-    prefetch: int
-    ranks: int
-    row_bytes: int
-    row_known: bool
-    need: int  # recommended /dev/shm bytes, headroom included
-    peak: int  # the same without headroom: beyond this the pipeline bus-errors
-    reason: str  # how ``need`` was computed, step by step
-
-    @property
-    def shape(self) -> str:
-        """``2 workers x 18 slots x 8.0 MiB rows x 1 rank(s)``: the pipeline in one phrase."""
-        return (f"{self.workers} workers x {model.slots(self.prefetch, self.workers)} slots x "
-                f"{mib(self.row_bytes)} rows x {self.ranks} rank(s)")
-
-    @classmethod
-    def of(cls, facts: Any, ms_config: Any = None, workers: int | None = None,
-           row_bytes: int | None = None) -> "Typical":
-        w = typical_workers(facts) if workers is None else max(1, int(workers))
-        p = _get(ms_config, "prefetch_size")
-        p = p if isinstance(p, int) and p > 0 else model.DEFAULT_PREFETCH
-        r = max(1, int(getattr(getattr(facts, "ranks", None), "local_size", 1) or 1))
-        row = REFERENCE_ROW_BYTES if row_bytes is None else int(row_bytes)
-        need, why = recommended_shm(facts, row_bytes=row_bytes, workers=workers, ranks=r, prefetch=p)
-        return cls(w, p, r, row, row_bytes is not None, need, model.generator_peak(row, w, p) * r, why)
 
 
 def _note(facts: Any, *keys: str) -> str | None:
@@ -265,24 +320,48 @@ def _note(facts: Any, *keys: str) -> str | None:
     return None
 
 
+def _shm_missing(facts: Any, t: Typical, fixes: tuple) -> Advice:
+    note = _note(facts, "statvfs") or "statvfs failed"
+    if "FileNotFoundError" in note:
+        return Advice(
+            f"{facts.shm_path} does not exist ({note}): multiprocessing cannot create its semaphores, so "
+            "every multi-worker GeneratorDataset or map fails at launch",
+            "crash", f"mount a tmpfs of at least {human_size(t.need)} at /dev/shm", fixes, "shm-missing")
+    return Advice(f"/dev/shm size: could not determine ({note})", "info", "check it with: df -h /dev/shm", (),
+                  "shm-unknown")
+
+
+_CLEAN_SNIPPET = (("shell", "df -h /dev/shm\nms-shm clean --dry-run"),)
+
+
+def _shm_size_findings(facts: Any, t: Typical, fixes: tuple) -> list:
+    """The /dev/shm size against the typical pipeline, judged as the release judges it (``Outcome.fits``)."""
+    total = facts.shm_total
+    at_total = t.at(total)
+    if t.need and not at_total.fits:
+        p_fit, config = prefetch_fixes(t, total)
+        return [Advice(
+            f"/dev/shm is {mib(total)}, but a typical pipeline here ({t.shape}) peaks at {mib(t.peak)}. "
+            f"{at_total.why}",
+            "crash", f"give the container a /dev/shm of {human_size(t.need)}"
+                     + (f", or lower the prefetch to {p_fit}" if p_fit else ", or turn shared memory off"),
+            fixes + config, "shm-small")]
+    if t.need and total < t.need:
+        return [Advice(
+            f"/dev/shm is {mib(total)}: a typical pipeline here ({t.shape}) fits ({mib(t.peak)}) but not with "
+            f"the 20% headroom ms_shm keeps ({mib(t.need)}), so ms_shm will lower the prefetch",
+            "slow", f"give the container a /dev/shm of {human_size(t.need)}", fixes, "shm-tight")]
+    return []
+
+
 def _shm_findings(facts: Any, t: Typical) -> list:
-    out = []
+    fixes = shm_fixes(max(t.need, 1), facts.container, facts.cgroup_mem_limit)
+    if facts.shm_total is None:
+        return [_shm_missing(facts, t, fixes)]
     total, free = facts.shm_total, facts.shm_free
-    container = facts.container
-    fixes = shm_fixes(max(t.need, 1), container, facts.cgroup_mem_limit)
-    if total is None:
-        note = _note(facts, "statvfs") or "statvfs failed"
-        if "FileNotFoundError" in note:
-            out.append(Advice(
-                f"{facts.shm_path} does not exist ({note}): multiprocessing cannot create its semaphores, so "
-                "every multi-worker GeneratorDataset or map fails at launch",
-                "crash", f"mount a tmpfs of at least {human_size(t.need)} at /dev/shm", fixes, "shm-missing"))
-        else:
-            out.append(Advice(f"/dev/shm size: could not determine ({note})", "info",
-                              "check it with: df -h /dev/shm", (), "shm-unknown"))
-        return out
     sem = model.semaphore_bytes(t.workers) * t.ranks
     used = total - free if free is not None else None
+    out = []
     if free is not None and free < sem:
         out.append(Advice(
             f"/dev/shm is full: {mib(free)} free of {mib(total)} ({mib(used)} used). MindSpore cannot even create "
@@ -290,36 +369,15 @@ def _shm_findings(facts: Any, t: Typical) -> list:
             "size is at least 5 GB', map with '[Errno 28] No space left on device'",
             "crash", "free /dev/shm: stop the process holding it, or remove leftovers with `ms-shm clean`; "
                      "files there may be held open by live processes (`lsof +D /dev/shm`)",
-            (("shell", "df -h /dev/shm\nms-shm clean --dry-run"),), "shm-full"))
-    if t.need and total < t.peak:
-        budget = int(total * HEADROOM / t.ranks)
-        p_fit = fitting_prefetch(t.row_bytes, t.workers, budget)
-        snippets = fixes + (ds_config_fixes(prefetch=p_fit) if p_fit else ds_config_fixes(shared_mem_off=True))
-        out.append(Advice(
-            f"/dev/shm is {mib(total)}, but a typical pipeline here ({t.shape}) peaks at {mib(t.peak)}. MindSpore "
-            "checks nothing for dynamic rows (the default since 2.4), so the first worker that writes past the "
-            "end dies with 'Bus error'",
-            "crash", f"give the container a /dev/shm of {human_size(t.need)}"
-                     + (f", or lower the prefetch to {p_fit}" if p_fit else ", or turn shared memory off"),
-            snippets, "shm-small"))
-    elif t.need and total < t.need:
-        out.append(Advice(
-            f"/dev/shm is {mib(total)}: a typical pipeline here ({t.shape}) fits ({mib(t.peak)}) but not with "
-            f"the 20% headroom ms_shm keeps ({mib(t.need)}), so ms_shm will lower the prefetch",
-            "slow", f"give the container a /dev/shm of {human_size(t.need)}", fixes, "shm-tight"))
-    if free is not None and t.need and total >= t.peak and sem <= free < t.peak:
+            _CLEAN_SNIPPET, "shm-full"))
+    out += _shm_size_findings(facts, t, fixes)
+    if free is not None and t.need and sem <= free and t.at(total).fits and not t.at(free).fits:
         out.append(Advice(
             f"/dev/shm is nearly full: {mib(free)} free of {mib(total)}; {mib(used)} is held by other processes "
             f"or leftovers, and a typical pipeline here ({t.shape}) needs {mib(t.peak)}",
             "crash", "find what holds it (`lsof +D /dev/shm`, `ipcs -m`) or remove leftovers with `ms-shm clean`",
-            (("shell", "df -h /dev/shm\nms-shm clean --dry-run"),), "shm-nearly-full"))
+            _CLEAN_SNIPPET, "shm-nearly-full"))
     return out
-
-
-def fds_needed(facts: Any, workers: int, prefetch: int, pipelines: int = 1) -> int:
-    """Fds the main process needs for ``pipelines`` typical pipelines (slots and pipes), a margin, and what is
-    open already."""
-    return sizes.fds_needed(model.generator_fds(workers, prefetch), getattr(facts, "open_fds", None), pipelines)
 
 
 def _nofile_findings(facts: Any, t: Typical) -> list:
@@ -372,37 +430,43 @@ def _cgroup_findings(facts: Any, t: Typical) -> list:
     return out
 
 
-def _sysv_findings(facts: Any, t: Typical) -> list:
-    profile = profiles.profile_for(facts.mindspore_version)
+def _sysv_limit_findings(facts: Any, t: Typical) -> list:
+    """kernel.shmmax / shmall / shmmni / msgmni against map/batch workers of releases that use SysV (2.7+)."""
+    o = t.at(None)
+    cost = o.map
+    if cost.transport != "sysv":
+        return []
     out = []
-    if profile.map_transport == "sysv":
-        cost = model.map_pool_cost(profile, t.workers, t.row_bytes, t.row_bytes)
-        if facts.shmmax is not None and facts.shmmax < cost.sysv_segment:
+    if facts.shmmax is not None and facts.shmmax < cost.sysv_segment:
+        out.append(Advice(
+            f"kernel.shmmax is {mib(facts.shmmax)}: a map/batch worker ({o.release_name} sends rows through one "
+            f"SysV segment per worker) cannot hold a {mib(t.row_bytes)} row",
+            "crash", f"raise kernel.shmmax to at least {cost.sysv_segment} (sysctl; --sysctl in docker)",
+            (("sysctl", f"sysctl -w kernel.shmmax={cost.sysv_segment * 4}"),
+             ("docker run", f"docker run --sysctl kernel.shmmax={cost.sysv_segment * 4} ...")), "sysv-shmmax"))
+    pool = cost.sysv * t.ranks
+    if facts.shmall_pages is not None and facts.shmall_pages < _HUGE // model.PAGE:
+        room = facts.shmall_pages * model.PAGE - (facts.sysv_bytes or 0)
+        if room < pool:
             out.append(Advice(
-                f"kernel.shmmax is {mib(facts.shmmax)}: a map/batch worker (MindSpore "
-                f"{profile.version or '2.7+'} sends rows through one SysV segment per worker) cannot hold a "
-                f"{mib(t.row_bytes)} row",
-                "crash", f"raise kernel.shmmax to at least {cost.sysv_segment} (sysctl; --sysctl in docker)",
-                (("sysctl", f"sysctl -w kernel.shmmax={cost.sysv_segment * 4}"),
-                 ("docker run", f"docker run --sysctl kernel.shmmax={cost.sysv_segment * 4} ...")), "sysv-shmmax"))
-        pool = cost.sysv * t.ranks
-        if facts.shmall_pages is not None and facts.shmall_pages < _HUGE // model.PAGE:
-            room = facts.shmall_pages * model.PAGE - (facts.sysv_bytes or 0)
-            if room < pool:
-                out.append(Advice(
-                    f"kernel.shmall allows {mib(facts.shmall_pages * model.PAGE)} of SysV memory "
-                    f"({mib(facts.sysv_bytes or 0)} in use); {t.ranks} rank(s) of {t.workers} map workers with "
-                    f"{mib(t.row_bytes)} rows need {mib(pool)}",
-                    "crash", "raise kernel.shmall (in pages)",
-                    (("sysctl", f"sysctl -w kernel.shmall={math.ceil(2 * pool / model.PAGE)}"),), "sysv-shmall"))
-        segments = t.workers * t.ranks
-        for name, value in (("shmmni", facts.shmmni), ("msgmni", facts.msgmni)):
-            if value is not None and value < segments + (facts.sysv_segments or 0):
-                what = "segments" if name == "shmmni" else "message queues"
-                out.append(Advice(
-                    f"kernel.{name} is {value}: {t.ranks} rank(s) x {t.workers} map workers need {segments} SysV "
-                    f"{what}", "crash", f"raise kernel.{name}",
-                    (("sysctl", f"sysctl -w kernel.{name}={max(4096, 2 * segments)}"),), f"sysv-{name}"))
+                f"kernel.shmall allows {mib(facts.shmall_pages * model.PAGE)} of SysV memory "
+                f"({mib(facts.sysv_bytes or 0)} in use); {t.ranks} rank(s) of {t.workers} map workers with "
+                f"{mib(t.row_bytes)} rows need {mib(pool)}",
+                "crash", "raise kernel.shmall (in pages)",
+                (("sysctl", f"sysctl -w kernel.shmall={math.ceil(2 * pool / model.PAGE)}"),), "sysv-shmall"))
+    segments = t.workers * t.ranks
+    for name, value in (("shmmni", facts.shmmni), ("msgmni", facts.msgmni)):
+        if value is not None and value < segments + (facts.sysv_segments or 0):
+            what = "segments" if name == "shmmni" else "message queues"
+            out.append(Advice(
+                f"kernel.{name} is {value}: {t.ranks} rank(s) x {t.workers} map workers need {segments} SysV "
+                f"{what}", "crash", f"raise kernel.{name}",
+                (("sysctl", f"sysctl -w kernel.{name}={max(4096, 2 * segments)}"),), f"sysv-{name}"))
+    return out
+
+
+def _sysv_findings(facts: Any, t: Typical) -> list:
+    out = _sysv_limit_findings(facts, t)
     if facts.sysv_segments:
         out.append(Advice(
             f"{facts.sysv_segments} SysV shared-memory segment(s) in use ({mib(facts.sysv_bytes or 0)}). "
@@ -489,3 +553,44 @@ def diagnose(facts: Any, ms_config: Any = None, *, workers: int | None = None,
             (), "ranks-assumed"))
     findings += _unknown_findings(facts)
     return tuple(sorted(findings, key=lambda a: a.rank))
+
+
+# ----------------------------------------------------------------------------------------------- doctor
+
+
+@dataclass(frozen=True)
+class Recommendation(Result):
+    """The /dev/shm to give the host: ``bytes``, ``size`` as in ``--shm-size=`` (``None``: none needed)."""
+
+    bytes: int
+    size: str | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class Checkup(Result):
+    """``ms-shm doctor``'s answer: the host, MindSpore's config, the typical pipeline, the size and findings.
+
+    ``to_dict()`` is the ``--json`` object of schema 1 (README "--json keys") without ``schema``.
+    """
+
+    host: Any
+    mindspore: Any
+    mindspore_note: str | None
+    typical: Typical
+    recommended_shm: Recommendation
+    findings: tuple
+    ok: bool
+
+    def count(self, severity: str) -> int:
+        return sum(1 for f in self.findings if f.severity == severity)
+
+
+def checkup(facts: Any, ms_config: Any = None, config_note: str | None = None, *, workers: int | None = None,
+            row_bytes: int | None = None) -> Checkup:
+    """Everything ``ms-shm doctor`` reports, from facts already read (arguments as ``diagnose``)."""
+    t = Typical.of(facts, ms_config, workers, row_bytes)
+    findings = diagnose(facts, ms_config, workers=workers, row_bytes=row_bytes)
+    recommended = Recommendation(t.need, human_size(t.need) if t.need else None, t.reason)
+    return Checkup(facts, ms_config, config_note, t, recommended, findings,
+                   not any(f.severity == "crash" for f in findings))

@@ -88,7 +88,7 @@ def tune(dry_run: bool = False, ranks: int | None = None, shm_fraction: float = 
     p = config.prefetch_size if config and config.prefetch_size else eng.arithmetic.DEFAULT_PREFETCH
     decisions = [d for d in (_nofile_decision(facts, w, p, eng),) if d]
     if config is not None:
-        decisions += eng.planning.plan_startup(config, b.shm_bytes, w, row_mb, prefetch)
+        decisions += eng.planning.plan_startup(config, b.shm_bytes, w, row_mb, prefetch, facts.mindspore_version)
     made = () if dry_run else _apply_startup(decisions, eng, raise_nofile)
     notes = facts.notes + (() if config else ("mindspore is not importable: only host facts and the open-files "
                                               "limit were handled",))
@@ -233,8 +233,10 @@ def build_dataset(source: Any, column_names: Sequence[str] | str | None = None, 
         ms_shm.ProcessesUnavailableError: ``python_multiprocessing=True`` where MindSpore cannot start worker
             processes (no /proc).
     """
-    eng, facts = _engine(), SESSION.host_facts()
-    config = eng.read_config()
+    eng = _engine()
+    if not eng.compat.arguments_fit("generator", source, column_names, **generator_kwargs):
+        return eng.compat.generator_dataset(source, column_names, generator_kwargs)  # MindSpore's own TypeError
+    facts, config = SESSION.host_facts(), eng.read_config()
     names = _column_names(column_names, generator_kwargs)
     req = _request(generator_kwargs, config, facts, eng)
     if not rows.is_random_access(source):
@@ -381,8 +383,13 @@ def _input_lineage(dataset: Any, eng: Any) -> measure.Lineage:
                                    f"reading rows ahead could change what it yields")
     log.info("ms_shm.map: the input dataset was not built by ms_shm; reading %d rows of it to measure the "
              "operations (one short pipeline run)", measure.PROBE_ROWS_FOR_MAP)
+    try:
+        taken = eng.compat.take_rows(dataset, measure.PROBE_ROWS_FOR_MAP)
+    except Exception as exc:  # the pipeline will raise it again where MindSpore raises it
+        return measure.Unavailable(f"reading the input rows ahead raised {type(exc).__name__}: "
+                                   f"{str(exc).splitlines()[0][:200]}")
     out: dict = {}
-    for row in eng.compat.take_rows(dataset, measure.PROBE_ROWS_FOR_MAP):
+    for row in taken:
         for k, v in row.items():
             out.setdefault(k, []).append(v)
     return measure.TakenRows(out)
@@ -410,13 +417,15 @@ def map(dataset: Any, operations: Any = None, input_columns: Sequence[str] | str
     Raises:
         ms_shm.ShmBudgetError: explicit arguments that cannot fit.
     """
-    eng, facts = _engine(), SESSION.host_facts()
-    config = eng.read_config()
+    eng = _engine()
+    asked = dict(map_kwargs, **({} if num_parallel_workers is None else {"num_parallel_workers": num_parallel_workers}))
+    if not eng.compat.arguments_fit("map", dataset, operations, input_columns, output_columns, **asked):
+        return eng.compat.map_dataset(dataset, operations, input_columns, output_columns, asked)  # its TypeError
+    facts, config = SESSION.host_facts(), eng.read_config()
     lineage = _input_lineage(dataset, eng)
     ins = _names_list(input_columns) or eng.compat.column_names(dataset)[:1]
     outs = _names_list(output_columns) or ins
     probe = measure.probe_operations(lineage, operations, ins, outs)
-    asked = dict(map_kwargs, **({} if num_parallel_workers is None else {"num_parallel_workers": num_parallel_workers}))
     p = _plan_operations(probe, _request(asked, config, facts, eng), config, facts, eng)
     kwargs = dict(map_kwargs)
     _set_if_changed(kwargs, "python_multiprocessing", p.python_multiprocessing, False)

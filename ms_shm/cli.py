@@ -2,14 +2,15 @@
 
 ``doctor`` shows the host as MindSpore's dataset engine sees it and what to change; ``plan`` answers "what if"
 without running anything; ``explain`` reads a log and names the failure in this host's numbers; ``clean``
-removes what crashed runs left behind. Each command only composes ``host.probe``, ``advice``, ``explain``,
-``plan`` and ``cleanup``: every rule lives there, so the text here and the JSON are the same facts.
+removes what crashed runs left behind. Each command parses its arguments, asks ``host.probe``, ``advice``, the
+engine (``outcome``, ``what_if_report``), ``explain`` or ``cleanup`` for a result, and prints it: as text here,
+or as the result's ``to_dict()`` under ``--json``. Every rule lives in those modules, so the text and the JSON
+are the same facts.
 """
 
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import platform
 import sys
@@ -17,16 +18,23 @@ import textwrap
 from typing import Any
 
 from ms_shm import advice as advice_mod
-from ms_shm import host
-from ms_shm._results import mib, plain
-from ms_shm.engines.mindspore import arithmetic as model
-from ms_shm.engines.mindspore import profiles
+from ms_shm import engines, host, sizes
+from ms_shm._results import mib
 
 SCHEMA = 1  # bumped when a key of the --json output changes meaning or goes away
 EXIT_OK, EXIT_NOTHING, EXIT_CRASH = 0, 1, 2
 _LABEL = 20
 _WIDTH = 100
 _UNLIMITED = 1 << 62
+
+
+def _engine():
+    return engines.get("mindspore")
+
+
+def _print_json(result: Any) -> None:
+    """A result's ``to_dict()`` under the schema number: the one shape of every ``--json`` output."""
+    print(json.dumps({"schema": SCHEMA, **result.to_dict()}, indent=2))
 
 
 # ------------------------------------------------------------------------------------------- formatting
@@ -56,7 +64,7 @@ def _pages(facts: Any) -> str:
     value = facts.shmall_pages
     if value is None or value >= _UNLIMITED:
         return _big(value, facts, "shmall")
-    return f"{value} pages ({mib(value * model.PAGE)})"
+    return f"{value} pages ({mib(value * sizes.PAGE)})"
 
 
 def bar(used: float, width: int = 30) -> str:
@@ -91,9 +99,7 @@ def _snippets(snippets: tuple, indent: str) -> list:
 def _read_config() -> tuple:
     """MindSpore's dataset config through the engine, and why it is missing when it is."""
     try:
-        from ms_shm.engines.mindspore import compat as engine
-
-        config = engine.read_config()
+        config = _engine().read_config()
     except (ImportError, AttributeError) as exc:
         return None, f"{type(exc).__name__}: {exc}"
     except Exception as exc:  # noqa: BLE001 - a broken MindSpore install must not crash the doctor: report it
@@ -103,18 +109,21 @@ def _read_config() -> tuple:
     return config, None
 
 
-def fact_rows(facts: host.HostFacts, config: Any, config_note: str | None, typical: Any) -> list:
-    """The doctor's two-column table: (label, text) pairs, unknowns spelled out."""
-    rows = []
+# ------------------------------------------------------------------------------------------- doctor
+
+
+def _shm_row(facts: host.HostFacts) -> tuple:
     if facts.shm_total is None:
-        rows.append(("/dev/shm", f"{facts.shm_path}: {_unknown(facts, 'statvfs')}"))
-    else:
-        free = facts.shm_free if facts.shm_free is not None else facts.shm_total
-        used = 1 - free / facts.shm_total if facts.shm_total else 1.0
-        rows.append(("/dev/shm", f"{mib(facts.shm_total)} total, {_size(facts.shm_free, facts, 'statvfs')} free "
-                                 f"({facts.shm_path})\n{bar(used)}"))
-    rows.append(("RAM", f"{_size(facts.mem_total, facts, 'meminfo')} total, "
-                        f"{_size(facts.mem_available, facts, 'meminfo')} available"))
+        return ("/dev/shm", f"{facts.shm_path}: {_unknown(facts, 'statvfs')}")
+    free = facts.shm_free if facts.shm_free is not None else facts.shm_total
+    used = 1 - free / facts.shm_total if facts.shm_total else 1.0
+    return ("/dev/shm", f"{mib(facts.shm_total)} total, {_size(facts.shm_free, facts, 'statvfs')} free "
+                        f"({facts.shm_path})\n{bar(used)}")
+
+
+def _memory_rows(facts: host.HostFacts) -> list:
+    rows = [("RAM", f"{_size(facts.mem_total, facts, 'meminfo')} total, "
+                    f"{_size(facts.mem_available, facts, 'meminfo')} available")]
     if facts.cgroup_version is None:
         rows.append(("cgroup", _unknown(facts, "cgroup")))
     else:
@@ -124,6 +133,10 @@ def fact_rows(facts: host.HostFacts, config: Any, config_note: str | None, typic
     quota = "none" if facts.cpu_quota is None else f"{facts.cpu_quota:g} CPUs"
     rows.append(("CPUs", f"{facts.usable_cpus} usable (online {facts.cpu_count if facts.cpu_count else '?'}, "
                          f"affinity {facts.cpu_affinity if facts.cpu_affinity else '?'}, cgroup quota {quota})"))
+    return rows
+
+
+def _files_row(facts: host.HostFacts) -> tuple:
     nofile_note = next((n for n in facts.notes if "RLIMIT_NOFILE" in n), None)
     if nofile_note:
         files = f"could not determine ({nofile_note})"
@@ -132,32 +145,40 @@ def fact_rows(facts: host.HostFacts, config: Any, config_note: str | None, typic
         hard = "unlimited" if facts.nofile_hard is None else facts.nofile_hard
         files = f"soft {soft}, hard {hard}"
     opened = _unknown(facts, "open fds") if facts.open_fds is None else f"{facts.open_fds} open now"
-    rows.append(("open files", f"{files}; {opened}"))
-    rows.append(("SysV limits", f"shmmax {_big(facts.shmmax, facts, 'shmmax', 'bytes')}, "
-                                f"shmall {_pages(facts)}, "
-                                f"shmmni {_big(facts.shmmni, facts, 'shmmni')}, "
-                                f"msgmni {_big(facts.msgmni, facts, 'msgmni')}"))
+    return ("open files", f"{files}; {opened}")
+
+
+def _sysv_rows(facts: host.HostFacts) -> list:
+    rows = [("SysV limits", f"shmmax {_big(facts.shmmax, facts, 'shmmax', 'bytes')}, shmall {_pages(facts)}, "
+                            f"shmmni {_big(facts.shmmni, facts, 'shmmni')}, msgmni {_big(facts.msgmni, facts, 'msgmni')}")]
     if facts.sysv_segments is None:
         rows.append(("SysV in use", _unknown(facts, "sysvipc")))
     else:
         rows.append(("SysV in use", f"{facts.sysv_segments} segment(s), {mib(facts.sysv_bytes or 0)}"))
+    return rows
+
+
+def _config_row(config: Any, config_note: str | None) -> tuple:
+    if config is None:
+        return ("dataset config", f"could not determine ({config_note})")
+    shared = {True: "on", False: "OFF", None: "could not determine"}[config.shared_mem]
+    return ("dataset config", f"prefetch_size {config.prefetch_size}, num_parallel_workers "
+                              f"{config.num_parallel_workers}, shared memory {shared}, start method "
+                              f"{config.start_method}")
+
+
+def fact_rows(facts: host.HostFacts, config: Any, config_note: str | None, typical: Any) -> list:
+    """The doctor's two-column table: (label, text) pairs, unknowns spelled out."""
+    rows = [_shm_row(facts)] + _memory_rows(facts) + [_files_row(facts)] + _sysv_rows(facts)
     rows.append(("container", facts.container or "none detected (bare host)"))
     rows.append(("ranks on this host", f"{facts.ranks.local_size} (local rank {facts.ranks.local_rank}; "
                                        f"{facts.ranks.source})"))
     rows.append(("MindSpore", facts.mindspore_version or "could not determine (not installed)"))
-    if config is None:
-        rows.append(("dataset config", f"could not determine ({config_note})"))
-    else:
-        shared = {True: "on", False: "OFF", None: "could not determine"}[config.shared_mem]
-        rows.append(("dataset config", f"prefetch_size {config.prefetch_size}, num_parallel_workers "
-                                       f"{config.num_parallel_workers}, shared memory {shared}, start method "
-                                       f"{config.start_method}"))
+    rows.append(_config_row(config, config_note))
     rows.append(("Python", f"{platform.python_version()}, start method "
                            f"{facts.start_method or _unknown(facts, 'start method')}"))
-    if typical.need:
-        rows.append(("typical pipeline", f"{typical.reason}\n-> a /dev/shm of {advice_mod.human_size(typical.need)}"))
-    else:
-        rows.append(("typical pipeline", typical.reason))
+    need = f"\n-> a /dev/shm of {advice_mod.human_size(typical.need)}" if typical.need else ""
+    rows.append(("typical pipeline", typical.reason + need))
     return rows
 
 
@@ -172,206 +193,90 @@ def advice_lines(findings: tuple) -> list:
     return out
 
 
-# ------------------------------------------------------------------------------------------- doctor
+def doctor_lines(report: advice_mod.Checkup, strict: bool) -> list:
+    lines = ["ms-shm doctor: this host as MindSpore's dataset engine sees it", ""]
+    for label, text in fact_rows(report.host, report.mindspore, report.mindspore_note, report.typical):
+        lines += _row(label, text)
+    lines.append("")
+    if report.findings:
+        lines += ["Problems, worst first:", ""] + advice_lines(report.findings)
+    if not report.ok:
+        lines.append(f"Result: {report.count('crash')} problem(s) would crash a typical pipeline"
+                     f"{'' if strict else ' (--strict exits 2 on these)'}.")
+    elif report.findings:
+        lines.append(f"Result: nothing would crash a typical pipeline; {report.count('slow')} slow, "
+                     f"{report.count('info')} informational.")
+    else:
+        lines.append("Result: no problems found.")
+    return lines
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     facts = host.probe(ranks=args.ranks)
     config, config_note = _read_config()
-    row = None if args.row_mb is None else int(args.row_mb * model.MiB)
-    typical = advice_mod.Typical.of(facts, config, args.workers, row)
-    findings = advice_mod.diagnose(facts, config, workers=args.workers, row_bytes=row)
-    crash = any(f.severity == "crash" for f in findings)
+    row = None if args.row_mb is None else int(args.row_mb * sizes.MiB)
+    report = advice_mod.checkup(facts, config, config_note, workers=args.workers, row_bytes=row)
     if args.json:
-        out = {
-            "schema": SCHEMA,
-            "host": facts.to_dict(),
-            "mindspore": None if config is None else config.to_dict(),
-            "mindspore_note": config_note,
-            "typical": typical.to_dict(),
-            "recommended_shm": {"bytes": typical.need, "size": advice_mod.human_size(typical.need)
-                                if typical.need else None, "reason": typical.reason},
-            "findings": [f.to_dict() for f in findings],
-            "ok": not crash,
-        }
-        print(json.dumps(out, indent=2))
+        _print_json(report)
     else:
-        lines = ["ms-shm doctor: this host as MindSpore's dataset engine sees it", ""]
-        for label, text in fact_rows(facts, config, config_note, typical):
-            lines += _row(label, text)
-        lines.append("")
-        if findings:
-            lines.append("Problems, worst first:")
-            lines.append("")
-            lines += advice_lines(findings)
-        counts = {s: sum(1 for f in findings if f.severity == s) for s in advice_mod.SEVERITIES}
-        if crash:
-            lines.append(f"Result: {counts['crash']} problem(s) would crash a typical pipeline"
-                         f"{'' if args.strict else ' (--strict exits 2 on these)'}.")
-        elif findings:
-            lines.append(f"Result: nothing would crash a typical pipeline; {counts['slow']} slow, "
-                         f"{counts['info']} informational.")
-        else:
-            lines.append("Result: no problems found.")
-        print("\n".join(lines))
-    return EXIT_CRASH if args.strict and crash else EXIT_OK
+        print("\n".join(doctor_lines(report, args.strict)))
+    return EXIT_CRASH if args.strict and not report.ok else EXIT_OK
 
 
 # ------------------------------------------------------------------------------------------- plan
 
 
-def version_rows(row_bytes: int, workers: int, prefetch: int, ranks: int, shm_free: int | None,
-                 versions: list, rows: int | None = None) -> list:
-    """Predicted GeneratorDataset and map peaks per MindSpore version, and what happens at this /dev/shm."""
-    out = []
-    device_num = min(ranks, 8)
-    for version in versions:
-        profile = profiles.profile_for(version)
-        static = profile.generator_default_max_rowsize_mb
-        peak = model.generator_peak(row_bytes, workers, prefetch, rows, static)
-        total = peak * ranks
-        if workers <= 1:
-            transport, outcome, fits = "in the main process (1 worker)", "fits: no shared memory", True
-        elif static:
-            transport = f"static {static} MiB slots (default max_rowsize)"
-            if shm_free is not None and model.static_precheck_fails(workers, prefetch, static, shm_free,
-                                                                    device_num):
-                outcome, fits = "RuntimeError at launch: 'Insufficient shared memory available'", False
-            elif shm_free is not None and total > shm_free:
-                outcome, fits = "fails: slots do not fit the free /dev/shm", False
-            else:
-                outcome, fits = "fits", True
-            if not model.static_row_fits(row_bytes, static):
-                outcome += f"; rows >= {static} MiB are pickled through pipes (slow)"
-        else:
-            transport = "dynamic slots, sized to the row"
-            if shm_free is None:
-                outcome, fits = "unknown: /dev/shm could not be read", False
-            elif total > shm_free:
-                outcome, fits = "Bus error when /dev/shm fills", False
-            elif total > shm_free * advice_mod.HEADROOM:
-                outcome, fits = "fits, but without the 20% headroom ms_shm keeps", True
-            else:
-                outcome, fits = "fits", True
-        cost = model.map_pool_cost(profile, workers, row_bytes, row_bytes)
-        out.append({"version": version, "profile": profile.note, "transport": transport, "per_rank": peak,
-                    "all_ranks": total, "outcome": outcome, "fits": fits,
-                    "map": {"dev_shm": cost.dev_shm, "sysv": cost.sysv, "sysv_segment": cost.sysv_segment,
-                            "transport": profile.map_transport}})
-    return out
+def _plan_table(report: Any) -> list:
+    inp, asked = report.input, report.asked
+    lines = [f"Predicted peak /dev/shm ({asked.slots} slots per worker; * = MindSpore {inp.mindspore}):",
+             f"  {'MindSpore':<11}{'transport':<44}{'per rank':>11}{'all ranks':>12}  outcome"]
+    for r in report.versions:
+        mark = "*" if r is asked else " "
+        lines.append(f" {mark}{r.version:<11}{r.transport:<44}{mib(r.per_rank):>11}{mib(r.all_ranks):>12}  "
+                     f"{r.outcome}")
+    lines += ["", f"map(python_multiprocessing=True) with {inp.workers} workers and the same rows:"]
+    lines += [f"  {r.version:<11}{r.map.where}" for r in report.versions]
+    return lines
 
 
-def _call_planner(facts: host.HostFacts, **kwargs: Any) -> tuple:
-    """``plan.what_if`` with the arguments it takes; ``(None, why)`` when the planner is not there."""
-    try:
-        from ms_shm.engines.mindspore import planning as planner
+def _plan_pick(report: Any) -> list:
+    chosen = report.plan
+    if chosen is None:
+        return [f"ms_shm would pick: could not determine ({report.plan_note})"]
+    lines = _wrap(f"ms_shm would pick (MindSpore {report.input.mindspore}): {chosen.summary()}", "")
+    for d in getattr(chosen, "decisions", ()):
+        lines += _wrap(str(d), "    ", "- ")
+    if getattr(chosen, "advice", ()):
+        lines += [""] + advice_lines(chosen.advice)
+    return lines
 
-        what_if = planner.what_if
-    except (ImportError, AttributeError) as exc:
-        return None, f"ms_shm.plan is not available: {type(exc).__name__}: {exc}"
-    kwargs.update(facts=facts, cpu_count=facts.cpu_count, nofile_soft=facts.nofile_soft, open_fds=facts.open_fds)
-    try:
-        accepted = inspect.signature(what_if).parameters
-    except (TypeError, ValueError):
-        accepted = kwargs
-    return what_if(**{k: v for k, v in kwargs.items() if k in accepted}), None
+
+def plan_lines(report: Any) -> list:
+    inp, shm = report.input, report.shm
+    free_text = "could not determine" if shm.free is None else f"{mib(shm.free)} free of {mib(shm.total)}"
+    lines = [f"ms-shm plan: GeneratorDataset, {inp.workers} workers, {mib(inp.row_bytes)} rows, prefetch "
+             f"{inp.prefetch}, {inp.ranks} rank(s) on one host",
+             f"/dev/shm: {free_text} ({shm.source})", ""]
+    lines += _plan_table(report) + [""] + _plan_pick(report)
+    lines += ["", "Result: " + ("fits." if report.fits else "does NOT fit as asked.")]
+    return lines
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     facts = host.probe(ranks=args.ranks)
-    row = int(args.row_mb * model.MiB)
-    ranks = args.ranks or facts.ranks.local_size
-    version = args.mindspore or facts.mindspore_version or "2.10"
-    if args.shm is not None:
-        shm_total = shm_free = args.shm
-        shm_source = "given with --shm"
-    else:
-        shm_total, shm_free = facts.shm_total, facts.shm_free
-        shm_source = f"this host's {facts.shm_path}"
-    versions = ["2.3", "2.10"]
-    if profiles.parse_version(version) not in [profiles.parse_version(v) for v in versions]:
-        versions.append(version)
-    table = version_rows(row, args.workers, args.prefetch, ranks, shm_free, versions, args.rows)
-    chosen, why_not = _call_planner(facts, row_bytes=row, workers=args.workers, prefetch=args.prefetch,
-                                    ranks=ranks, version=version, shm_total=shm_total, shm_free=shm_free)
-    asked = next(r for r in table if profiles.parse_version(r["version"]) == profiles.parse_version(version))
-    fits = chosen.fits if chosen is not None else asked["fits"]
+    report = _engine().what_if_report(facts, int(args.row_mb * sizes.MiB), args.workers, args.prefetch,
+                                      args.ranks, args.mindspore, args.shm, args.rows)
     if args.json:
-        print(json.dumps({
-            "schema": SCHEMA,
-            "input": {"row_bytes": row, "workers": args.workers, "prefetch": args.prefetch, "ranks": ranks,
-                      "mindspore": version, "rows": args.rows},
-            "shm": {"total": shm_total, "free": shm_free, "source": shm_source},
-            "versions": table,
-            "plan": None if chosen is None else plain(chosen),
-            "plan_note": why_not,
-            "fits": fits,
-        }, indent=2))
-        return EXIT_OK
-    free_text = "could not determine" if shm_free is None else f"{mib(shm_free)} free of {mib(shm_total)}"
-    lines = [f"ms-shm plan: GeneratorDataset, {args.workers} workers, {mib(row)} rows, prefetch {args.prefetch}, "
-             f"{ranks} rank(s) on one host",
-             f"/dev/shm: {free_text} ({shm_source})", ""]
-    slots = model.slots(args.prefetch, args.workers)
-    lines.append(f"Predicted peak /dev/shm ({slots} slots per worker; * = MindSpore {version}):")
-    head = f"  {'MindSpore':<11}{'transport':<44}{'per rank':>11}{'all ranks':>12}  outcome"
-    lines.append(head)
-    for r in table:
-        mark = "*" if r is asked else " "
-        lines.append(f" {mark}{r['version']:<11}{r['transport']:<44}{mib(r['per_rank']):>11}"
-                     f"{mib(r['all_ranks']):>12}  {r['outcome']}")
-    lines.append("")
-    lines.append(f"map(python_multiprocessing=True) with {args.workers} workers and the same rows:")
-    for r in table:
-        m = r["map"]
-        where = (f"SysV {mib(m['sysv'])} (one {mib(m['sysv_segment'])} segment per worker) + /dev/shm "
-                 f"{mib(m['dev_shm'])}" if m["transport"] == "sysv"
-                 else f"/dev/shm {mib(m['dev_shm'])} (6 slots per worker)")
-        lines.append(f"  {r['version']:<11}{where}")
-    lines.append("")
-    if chosen is None:
-        lines.append(f"ms_shm would pick: could not determine ({why_not})")
+        _print_json(report)
     else:
-        lines += _wrap(f"ms_shm would pick (MindSpore {version}): {chosen.summary()}", "")
-        for d in getattr(chosen, "decisions", ()):
-            lines += _wrap(str(d), "    ", "- ")
-        if getattr(chosen, "advice", ()):
-            lines.append("")
-            lines += advice_lines(chosen.advice)
-    lines.append("")
-    lines.append("Result: " + ("fits." if fits else "does NOT fit as asked."))
-    print("\n".join(lines))
+        print("\n".join(plan_lines(report)))
     return EXIT_OK
 
 
 # ------------------------------------------------------------------------------------------- explain
 
 
-def cmd_explain(args: argparse.Namespace) -> int:
-    from ms_shm.explain import explain
-
-    name = args.file
-    try:
-        if name == "-":
-            text = sys.stdin.read()
-        else:
-            with open(name, encoding="utf-8", errors="replace") as handle:
-                text = handle.read()
-    except OSError as exc:
-        print(f"ms-shm explain: cannot read {name}: {exc}", file=sys.stderr)
-        return EXIT_CRASH
-    facts = host.probe()
-    found = explain(text, facts)
-    if args.json:
-        print(json.dumps({"schema": SCHEMA, "source": name, "recognised": [e.to_dict() for e in found],
-                          "host": facts.to_dict()}, indent=2))
-        return EXIT_OK if found else EXIT_NOTHING
-    where = "standard input" if name == "-" else name
-    if not found:
-        print(f"ms-shm explain: recognised nothing in {where} ({len(text.splitlines())} lines). Known: MindSpore's "
-              "bus error and SIGCHLD lines, 'Insufficient shared memory available', 'recommended shm size is at "
-              "least 5 GB', 'No space left on device', 'Too many open files', PyTorch's DataLoader bus error.")
-        return EXIT_NOTHING
+def explain_lines(found: tuple, where: str) -> list:
     lines = [f"ms-shm explain: recognised {len(found)} failure(s) in {where}", ""]
     for number, e in enumerate(found, 1):
         extra = [f"worker {e.pid}" if e.pid else "", f"signal {e.signal}" if e.signal else "",
@@ -386,7 +291,35 @@ def cmd_explain(args: argparse.Namespace) -> int:
         lines += _wrap(e.fix, pad, "fix:   ")
         lines += _snippets(e.snippets, pad)
         lines.append("")
-    print("\n".join(lines).rstrip())
+    return lines
+
+
+def _read_log(name: str) -> str:
+    if name == "-":
+        return sys.stdin.read()
+    with open(name, encoding="utf-8", errors="replace") as handle:
+        return handle.read()
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from ms_shm import explain as explain_mod
+
+    try:
+        text = _read_log(args.file)
+    except OSError as exc:
+        print(f"ms-shm explain: cannot read {args.file}: {exc}", file=sys.stderr)
+        return EXIT_CRASH
+    facts = host.probe()
+    found = explain_mod.explain(text, facts)
+    if args.json:
+        _print_json(explain_mod.Report(args.file, found, facts))
+        return EXIT_OK if found else EXIT_NOTHING
+    where = "standard input" if args.file == "-" else args.file
+    if not found:
+        print(f"ms-shm explain: recognised nothing in {where} ({len(text.splitlines())} lines). Known: "
+              + ", ".join(explain_mod.known(facts)) + ".")
+        return EXIT_NOTHING
+    print("\n".join(explain_lines(found, where)).rstrip())
     return EXIT_OK
 
 
@@ -404,7 +337,7 @@ def cmd_clean(args: argparse.Namespace) -> int:
         kwargs["orphan_keys"] = True
     report = cleanup.clean(**kwargs)
     if args.json:
-        print(json.dumps({"schema": SCHEMA, **report.to_dict()}, indent=2))
+        _print_json(report)
     else:
         print("\n".join(report.lines()))
     return EXIT_CRASH if getattr(report, "failed", ()) else EXIT_OK
@@ -440,13 +373,7 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="ms-shm",
-        description="Why MindSpore data pipelines die of shared memory or file descriptors, and what to change.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
-
+def _add_doctor(sub: Any) -> None:
     doctor = sub.add_parser("doctor", help="the host as MindSpore's dataset engine sees it, and its problems",
                             description="Report /dev/shm, memory, CPUs, fd and SysV limits, container and ranks, "
                                         "then the problems a typical pipeline would hit, worst first, with fixes.")
@@ -459,13 +386,16 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--row-mb", type=_positive_float, help="judge for rows of this size (default: 8 MiB)")
     doctor.set_defaults(func=cmd_doctor)
 
+
+def _add_plan(sub: Any) -> None:
+    default_prefetch = _engine().arithmetic.DEFAULT_PREFETCH  # MindSpore's default prefetch_size
     plan = sub.add_parser("plan", help="what-if: predicted shared memory, and what ms_shm would pick",
                           description="Predict the peak /dev/shm of a GeneratorDataset per MindSpore version "
                                       "without running anything, and the configuration ms_shm would choose.")
     plan.add_argument("--row-mb", type=_positive_float, required=True, help="largest row in MiB (all columns)")
     plan.add_argument("--workers", type=_positive_int, required=True, help="num_parallel_workers")
-    plan.add_argument("--prefetch", type=_positive_int, default=model.DEFAULT_PREFETCH,
-                      help=f"ds.config prefetch size (default {model.DEFAULT_PREFETCH})")
+    plan.add_argument("--prefetch", type=_positive_int, default=default_prefetch,
+                      help=f"ds.config prefetch size (default {default_prefetch})")
     plan.add_argument("--ranks", type=_positive_int, help="ranks on one host (default: from the launcher, else 1)")
     plan.add_argument("--mindspore", metavar="VERSION", help="MindSpore version, e.g. 2.3 or 2.10 (default: installed)")
     plan.add_argument("--shm", type=_size_arg, metavar="SIZE",
@@ -474,13 +404,14 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true", help="one JSON object")
     plan.set_defaults(func=cmd_plan)
 
+
+def _add_explain_and_clean(sub: Any) -> None:
     explain = sub.add_parser("explain", help="recognise a shared-memory or fd failure in a log",
                              description="Read a log or traceback and explain the known failures in this host's "
                                          "numbers. Exit 1 when nothing is recognised.")
     explain.add_argument("file", nargs="?", default="-", metavar="FILE", help="log file, or - for stdin (default)")
     explain.add_argument("--json", action="store_true", help="one JSON object")
     explain.set_defaults(func=cmd_explain)
-
     clean = sub.add_parser("clean", help="remove what crashed runs left behind (dry run unless --yes)",
                            description="Find SysV segments, message queues and files that dead MindSpore or "
                                        "PyTorch pipelines left behind. Only reports unless --yes.")
@@ -490,6 +421,17 @@ def build_parser() -> argparse.ArgumentParser:
                        help="also remove SysV pairs with MindSpore's key shape whose /tmp/dataset_ipc file is gone")
     clean.add_argument("--json", action="store_true", help="one JSON object")
     clean.set_defaults(func=cmd_clean)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ms-shm",
+        description="Why MindSpore data pipelines die of shared memory or file descriptors, and what to change.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    _add_doctor(sub)
+    _add_plan(sub)
+    _add_explain_and_clean(sub)
     return parser
 
 

@@ -1,8 +1,9 @@
 """Recognise the known shared-memory and fd failures in a log or traceback, and explain them in this host's numbers.
 
-Pure text matching: the caller reads the log and probes the host. The patterns are the messages MindSpore and
-PyTorch really print (``tests/data/logs`` holds logs captured from failing MindSpore runs), matched loosely
-enough to survive the GLOG prefix, a Python traceback around them or a line wrapped by a job scheduler.
+Pure text matching: the caller reads the log and probes the host. What each framework prints is its engine's
+(``Engine.signatures()``: MindSpore's are in ``engines/mindspore/signatures.py``); this module only finds them,
+orders them, and fills in this host's numbers and fixes from ``advice``, so ``explain`` and ``doctor`` quote the
+same sizes. A new engine brings its own signatures; nothing here changes.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ms_shm import advice
+from ms_shm import advice, engines
 from ms_shm._results import Result, mib
-from ms_shm.engines.mindspore import arithmetic as model
+from ms_shm.engines.base import Signature
+from ms_shm.sizes import MiB
 
 
 @dataclass(frozen=True)
@@ -23,7 +25,7 @@ class Explanation(Result):
     Attributes:
         kind: stable identifier: ``bus-error``, ``insufficient-shm``, ``shm-full``, ``no-space``,
             ``too-many-open-files``, ``pytorch-bus-error``, ``pytorch-shm``, ``row-too-big``, ``worker-killed``,
-            ``worker-exited``.
+            ``worker-exited``, ``worker-died``.
         severity: as ``Advice.severity``.
         line: the first line of the log that matched, trimmed.
         cause: why it happened, with this host's numbers.
@@ -47,24 +49,53 @@ class Explanation(Result):
     available: int | None = None
 
 
-# Each pattern: kind, compiled regex. Order does not matter: results are sorted by where they first appear.
-_PATTERNS = (
-    ("bus-error", re.compile(r"Unexpected bus error encountered in process")),
-    ("sigchld", re.compile(r"Dataset worker process (\d+) (?:was killed by signal: ([A-Za-z ]+?)\.|"
-                           r"exited unexpectedly with exit code (-?\d+))")),
-    ("insufficient-shm", re.compile(r"Insufficient shared memory available\.\s*Required:\s*(\d+),\s*"
-                                    r"Available:\s*(\d+)")),
-    ("shm-full", re.compile(r"recommended shm size is at least\s*(\d+)\s*GB")),
-    ("no-space", re.compile(r"\[Errno 28\] No space left on device|errno:? 28\b|ENOSPC")),
-    ("too-many-open-files", re.compile(r"Too many open files|\[Errno 24\]|errno:? 24\b|EMFILE")),
-    ("pytorch-bus-error", re.compile(r"DataLoader worker \(pid (\d+)\) is killed by signal: ([A-Za-z ]+?)\.|"
-                                     r"Unexpected bus error encountered in worker")),
-    ("pytorch-shm", re.compile(r"unable to (?:write to|open shared memory object|mmap)[^\n]*</?torch_")),
-    ("row-too-big", re.compile(r"rowsize is larger than allocated memory max_rowsize:\s*([\d.]+)MB,\s*"
-                               r"current rowsize:\s*([\d.]+)MB")),
+@dataclass(frozen=True)
+class Report(Result):
+    """``ms-shm explain``'s answer; ``to_dict()`` is its ``--json`` object without ``schema``."""
+
+    source: str
+    recognised: tuple
+    host: Any
+
+
+# PyTorch's DataLoader messages (written from its source: torch/csrc/DataLoader.cpp,
+# torch/utils/data/dataloader.py). They stay here until a torch engine exists; then they move to its
+# ``signatures()`` like MindSpore's.
+_PYTORCH_CAUSE = ("A PyTorch DataLoader worker was killed while putting a batch into /dev/shm (PyTorch moves every "
+                  "batch tensor through a shared-memory file: about workers x prefetch_factor x batch bytes at "
+                  "once). {shm_state} (MindSpore's formula; PyTorch's need depends on the batch size)")
+_PYTORCH_FIX = ("give the container a /dev/shm of {size} (or --ipc=host), or lower num_workers / "
+                "prefetch_factor")
+PYTORCH_SIGNATURES = (
+    Signature("pytorch-bus-error", "PyTorch's DataLoader bus error",
+              r"DataLoader worker \(pid (?P<pid>\d+)\) is killed by signal: (?P<signal>Bus error)\.|"
+              r"Unexpected bus error encountered in worker", "crash", _PYTORCH_CAUSE, _PYTORCH_FIX,
+              need="shm", signal="Bus error", engine="torch"),
+    Signature("worker-killed", "PyTorch's worker-killed line",
+              r"DataLoader worker \(pid (?P<pid>\d+)\) is killed by signal: (?!Bus error)(?P<signal>[A-Za-z ]+?)\.",
+              "crash",
+              "A PyTorch DataLoader worker {pid} was killed by signal {signal}. SIGKILL ('Killed') is usually the "
+              "OOM killer: /dev/shm pages count against the memory limit ({memory_limit} here)",
+              "check `dmesg | grep -i oom`, lower num_workers or batch size, raise the memory limit",
+              snippets=(("shell", "dmesg | grep -i -E 'oom|killed process'"),), engine="torch"),
+    Signature("pytorch-shm", "PyTorch's shared-memory file errors",
+              r"unable to (?:write to|open shared memory object|mmap|allocate shared memory)[^\n]*</?torch_",
+              "crash", _PYTORCH_CAUSE, _PYTORCH_FIX, need="shm", yields_to=("pytorch-bus-error",), engine="torch"),
 )
-_SEMAPHORE_HINTS = ("SemLock", "synchronize.py", "sem_open", "multiprocessing.Event", "multiprocessing.Value",
-                    "Lock()", "Semaphore")
+_INTS = ("pid", "required", "available")
+
+
+def signatures(facts: Any = None) -> tuple:
+    """What every engine prints when it fails, worded for the host's release of each framework."""
+    found: list = []
+    for engine in engines.all_engines():
+        found += engine.signatures(getattr(facts, f"{engine.name}_version", None))
+    return tuple(found) + PYTORCH_SIGNATURES
+
+
+def known(facts: Any = None) -> list:
+    """The failures ``explain`` recognises, in a few words each."""
+    return list(dict.fromkeys(s.label for s in signatures(facts)))
 
 
 def _line_at(text: str, pos: int) -> str:
@@ -72,6 +103,24 @@ def _line_at(text: str, pos: int) -> str:
     end = text.find("\n", pos)
     line = text[start:end if end >= 0 else len(text)].strip()
     return line if len(line) <= 300 else line[:297] + "..."
+
+
+def _hit(sig: Signature, text: str) -> tuple | None:
+    """``(position, signature, fields)`` when ``sig`` is in ``text``: the first match's position, and for each
+    named group the first value any match gave."""
+    if sig.near and not any(n in text for n in sig.near):
+        return None
+    if sig.not_near and any(n in text for n in sig.not_near):
+        return None
+    matches = list(re.finditer(sig.regex, text))
+    if not matches:
+        return None
+    fields: dict = {}
+    for m in matches:
+        for name, value in m.groupdict().items():
+            if value is not None and fields.get(name) is None:
+                fields[name] = int(value) if name in _INTS else value
+    return matches[0].start(), sig, fields
 
 
 def _shm_state(facts: Any) -> str:
@@ -82,147 +131,83 @@ def _shm_state(facts: Any) -> str:
         return "This host's /dev/shm could not be read."
     here = (f"This host's /dev/shm is {mib(total)} ({mib(free)} free); a typical pipeline here ({t.shape}) "
             f"peaks at {mib(t.peak)}, {mib(t.need)} with ms_shm's headroom.")
-    if t.peak and total >= t.peak:
+    if t.peak and t.at(total).fits:
         here += (" That fits, so if the job ran elsewhere (another container or node), run `ms-shm doctor` "
                  "there: its /dev/shm was smaller.")
     return here
 
 
-def _shm_fix(facts: Any, at_least: int = 0) -> tuple:
-    """The size to ask for: what a typical pipeline of this host needs, or ``at_least``, whichever is larger."""
-    need = max(advice.Typical.of(facts).need, at_least)
-    return need, advice.shm_fixes(need, getattr(facts, "container", None),
-                                  getattr(facts, "cgroup_mem_limit", None))
+def _shm_need(facts: Any, t: advice.Typical, fields: dict) -> int:
+    """The /dev/shm to ask for: a typical pipeline's need, or what makes a pre-check of ``required`` pass (it
+    compares with 80% of the free space at launch) plus what was already in use, whichever is larger."""
+    required = fields.get("required")
+    if required is None:
+        return t.need
+    total, free = getattr(facts, "shm_total", None), getattr(facts, "shm_free", None)
+    used = total - free if total is not None and free is not None else 0
+    return max(t.need, int(required / advice.HEADROOM) + used + MiB)
 
 
-def _prefetch_fix(facts: Any) -> tuple:
-    """A ``ds.config`` snippet when this host's /dev/shm forces a lower prefetch (or no shared memory)."""
-    t = advice.Typical.of(facts)
-    if getattr(facts, "shm_total", None) is None or not t.peak or facts.shm_total >= t.peak:
-        return ()
-    budget = int(facts.shm_total * advice.HEADROOM / t.ranks)
-    p_fit = advice.fitting_prefetch(t.row_bytes, t.workers, budget)
-    return advice.ds_config_fixes(prefetch=p_fit) if p_fit else advice.ds_config_fixes(shared_mem_off=True)
-
-
-def _bus_error(facts: Any, pid: int | None, line: str) -> Explanation:
-    need, snippets = _shm_fix(facts)
-    who = f"worker {pid}" if pid else "a worker"
-    return Explanation(
-        "bus-error", "crash", line,
-        f"MindSpore's GeneratorDataset {who} wrote a row into a shared-memory slot after /dev/shm was full; "
-        "the kernel answers that with SIGBUS, and the main process then terminates itself. Dynamic slots (the "
-        f"default since 2.4) are not checked in advance. {_shm_state(facts)}",
-        f"give the container a /dev/shm of {advice.human_size(need)}, or lower prefetch/workers "
-        "(`ms-shm plan --row-mb <row> --workers <W>` shows what fits)",
-        snippets + _prefetch_fix(facts), pid=pid, signal="Bus error")
-
-
-def _insufficient(facts: Any, required: int, available: int, line: str) -> Explanation:
-    ratio = required / available if available else float("inf")
-    # The check compares Required with 80% of the free space at launch; ask for what makes it pass, plus
-    # what was already in use.
-    used = (facts.shm_total - facts.shm_free) if facts.shm_total is not None and facts.shm_free is not None else 0
-    at_least = int(required / advice.HEADROOM) + used + model.MiB
-    need, snippets = _shm_fix(facts, at_least=at_least)
-    snippets += advice.ds_config_fixes(prefetch=2)
-    return Explanation(
-        "insufficient-shm", "crash", line,
-        f"MindSpore's launch check for a static max_rowsize refused: the slots need {mib(required)} "
-        f"(workers x (prefetch-based queue + 2) x max_rowsize, x ranks up to 8) but only {mib(available)} of "
-        f"/dev/shm was free ({ratio:.1f}x), and it allows at most 80%. Asking for {mib(required)} / 80% plus "
-        f"what is in use gives {advice.human_size(need)}. {_shm_state(facts)}",
-        f"drop max_rowsize (MindSpore 2.4+ sizes slots to each row), lower prefetch or workers, or give the "
-        f"container a /dev/shm of {advice.human_size(need)}",
-        snippets, required=required, available=available)
-
-
-def _shm_full(facts: Any, line: str, what: str) -> Explanation:
-    need, snippets = _shm_fix(facts)
-    snippets = (("shell", "df -h /dev/shm\nms-shm clean --dry-run"),) + snippets
-    return Explanation(
-        "shm-full" if what == "event" else "no-space", "crash", line,
-        "/dev/shm had no room left even for multiprocessing's semaphores (one page each), so the pipeline "
-        "could not start: something else filled it (another job, or files a crashed run left). MindSpore's "
-        f"'5 GB' is a rule of thumb. {_shm_state(facts)}",
-        "free /dev/shm (stop whatever holds it; `ms-shm clean` removes MindSpore's leftovers), then give the "
-        f"container a /dev/shm of {advice.human_size(need)}",
-        snippets)
-
-
-def _no_space_elsewhere(line: str) -> Explanation:
-    return Explanation(
-        "no-space", "info", line,
-        "A filesystem is full (errno 28). The traceback does not go through multiprocessing's semaphores, so "
-        "it is probably not /dev/shm: check the disk the job writes to",
-        "check with: df -h; df -h /dev/shm", ())
-
-
-def _too_many_files(facts: Any, line: str) -> Explanation:
-    workers = advice.typical_workers(facts)
-    need = advice.fds_needed(facts, workers, model.DEFAULT_PREFETCH)
-    target = advice.nofile_target(need)
+def _limits(facts: Any, need: int) -> str:
     soft, hard = facts.nofile_soft, facts.nofile_hard
-    limits = (f"this shell's soft limit is {'unlimited' if soft is None else soft} and hard limit "
-              f"{'unlimited' if hard is None else hard}")
+    text = (f"this shell's soft limit is {'unlimited' if soft is None else soft} and hard limit "
+            f"{'unlimited' if hard is None else hard}")
     if soft is None or soft >= need:
-        limits += (", which would be enough: the job ran with a lower limit (see `grep 'open files' "
-                   "/proc/<pid>/limits` of a running job)")
-    return Explanation(
-        "too-many-open-files", "crash", line,
-        "A process ran out of file descriptors (errno 24, EMFILE). Every MindSpore shared-memory slot is an fd "
-        f"passed to the main process, so a {workers}-worker pipeline at prefetch {model.DEFAULT_PREFETCH} holds "
-        f"about {need}; {limits}",
-        f"raise the job's open-files limit to at least {target} (`ulimit -n` before training, or the "
-        "container's --ulimit)",
-        advice.nofile_fixes(need, getattr(facts, "container", None)))
+        text += (", which would be enough: the job ran with a lower limit (see `grep 'open files' "
+                 "/proc/<pid>/limits` of a running job)")
+    return text
 
 
-def _pytorch(facts: Any, pid: int | None, sig: str | None, line: str, kind: str) -> Explanation:
-    need, snippets = _shm_fix(facts)
-    return Explanation(
-        kind, "crash", line,
-        "A PyTorch DataLoader worker was killed while putting a batch into /dev/shm (PyTorch moves every "
-        "batch tensor through a shared-memory file: about workers x prefetch_factor x batch bytes at once). "
-        f"{_shm_state(facts)} (MindSpore's formula; PyTorch's need depends on the batch size)",
-        f"give the container a /dev/shm of {advice.human_size(need)} (or --ipc=host), or lower num_workers / "
-        "prefetch_factor",
-        snippets, pid=pid, signal=sig or ("Bus error" if kind == "pytorch-bus-error" else None))
+def _words(facts: Any, sig: Signature, fields: dict) -> dict:
+    """Every template field: the matched ones, the engine's derived ones, and this host's numbers."""
+    t = advice.Typical.of(facts)
+    fds = advice.fds_needed(facts, t.workers, t.prefetch)
+    required, available = fields.get("required"), fields.get("available")
+    words = {"pid": None, "signal": None, "code": None, "required": required, "available": available}
+    words.update(fields)
+    words.update(
+        shm_state=_shm_state(facts), size=advice.human_size(_shm_need(facts, t, fields)),
+        who=f"worker {fields['pid']}" if fields.get("pid") else "a worker",
+        memory_limit=mib(getattr(facts, "memory_limit", None)), workers=t.workers, prefetch=t.prefetch, fds=fds,
+        target=advice.nofile_target(fds), limits=_limits(facts, fds), required_mib=mib(required),
+        available_mib=mib(available),
+        ratio=(required / available if available else float("inf")) if required is not None else 0.0)
+    if sig.words is not None:
+        words.update(sig.words(fields))
+    return words
 
 
-def _row_too_big(facts: Any, slot_mb: float, row_mb: float, line: str) -> Explanation:
-    better = model.static_rowsize_for(int(row_mb * model.MiB))
-    return Explanation(
-        "row-too-big", "slow", line,
-        f"A row of {row_mb:g} MB did not fit the static {slot_mb:g} MB slots (it must be strictly smaller), so "
-        "MindSpore pickled it through a pipe instead: measured about 4x slower",
-        f"use max_rowsize=None (dynamic slots, MindSpore 2.4+) or max_rowsize={better}",
-        (("python", f"ds.GeneratorDataset(source, column_names, num_parallel_workers=W, max_rowsize={better})"),))
+def _host_snippets(facts: Any, need: str, fields: dict) -> tuple:
+    """This host's fixes for the resource a signature is about."""
+    t = advice.Typical.of(facts)
+    container = getattr(facts, "container", None)
+    if need == "nofile":
+        return advice.nofile_fixes(advice.fds_needed(facts, t.workers, t.prefetch), container)
+    if not need.startswith("shm"):
+        return ()
+    fixes = advice.shm_fixes(_shm_need(facts, t, fields), container, getattr(facts, "cgroup_mem_limit", None))
+    total = getattr(facts, "shm_total", None)
+    if need == "shm-slots" and total is not None and t.peak and not t.at(total).fits:
+        fixes += advice.prefetch_fixes(t, total)[1]
+    elif need == "shm-check":
+        fixes += advice.ds_config_fixes(prefetch=2)
+    return fixes
 
 
-def _worker_signal(facts: Any, pid: int, sig: str, line: str) -> Explanation:
-    limit = getattr(facts, "memory_limit", None)
-    return Explanation(
-        "worker-killed", "crash", line,
-        f"MindSpore's dataset worker {pid} was killed by signal {sig}. SIGKILL ('Killed') is usually the OOM "
-        f"killer: /dev/shm pages count against the memory limit ({mib(limit)} here). After a SIGKILL of the "
-        "whole process group, map/batch workers leave SysV segments behind",
-        "check `dmesg | grep -i oom`, lower workers or row size, raise the memory limit; `ms-shm clean` removes "
-        "leftovers",
-        (("shell", "dmesg | grep -i -E 'oom|killed process'\nipcs -m\nms-shm clean --dry-run"),),
-        pid=pid, signal=sig)
-
-
-def _worker_exit(pid: int, code: str, line: str) -> Explanation:
-    return Explanation(
-        "worker-exited", "crash", line,
-        f"MindSpore's dataset worker {pid} exited with code {code}; its own traceback, printed above this line, "
-        "names the cause, and nothing in it matched a known shared-memory or fd failure",
-        "read the worker's traceback; run `ms-shm doctor` for the host's limits", (), pid=pid)
+def _explanation(text: str, facts: Any, pos: int, sig: Signature, fields: dict) -> Explanation:
+    words = _words(facts, sig, fields)
+    snippets = tuple((label, body.format_map(words)) for label, body in sig.snippets)
+    snippets += _host_snippets(facts, sig.need, fields)
+    return Explanation(sig.kind, sig.severity, _line_at(text, pos), sig.cause.format_map(words),
+                       sig.fix.format_map(words), snippets, fields.get("pid"), fields.get("signal") or sig.signal,
+                       fields.get("required"), fields.get("available"))
 
 
 def explain(text: str, facts: Any) -> tuple:
     """Every known failure found in ``text``, in the order it first appears, with cause and fix for this host.
+
+    A failure that is only the consequence of another (``Signature.alone``: a worker's exit) is reported when
+    nothing else is recognised.
 
     Args:
         text: a log, a traceback, or a whole job's output.
@@ -231,59 +216,12 @@ def explain(text: str, facts: Any) -> tuple:
     Returns:
         ``Explanation`` tuple; empty when nothing is recognised.
     """
-    first: dict = {}
-    for kind, pattern in _PATTERNS:
-        for match in pattern.finditer(text):
-            first.setdefault(kind, []).append(match)
-    found = []  # (position, Explanation)
-    sigchld = first.get("sigchld", [])
-    bus_pid = None
-    for m in sigchld:
-        if m.group(2) and "bus" in m.group(2).lower():
-            bus_pid = int(m.group(1))
-            break
-    if "bus-error" in first or bus_pid is not None:
-        bus_matches = first.get("bus-error", []) + [m for m in sigchld if m.group(2) and "bus" in m.group(2).lower()]
-        pos = min(m.start() for m in bus_matches)
-        found.append((pos, _bus_error(facts, bus_pid, _line_at(text, pos))))
-    for m in first.get("insufficient-shm", [])[:1]:
-        found.append((m.start(), _insufficient(facts, int(m.group(1)), int(m.group(2)), _line_at(text, m.start()))))
-    for m in first.get("shm-full", [])[:1]:
-        found.append((m.start(), _shm_full(facts, _line_at(text, m.start()), "event")))
-    for m in first.get("no-space", [])[:1]:
-        if any(h in text for h in _SEMAPHORE_HINTS) or "/dev/shm" in text:
-            found.append((m.start(), _shm_full(facts, _line_at(text, m.start()), "semaphore")))
-        else:
-            found.append((m.start(), _no_space_elsewhere(_line_at(text, m.start()))))
-    for m in first.get("too-many-open-files", [])[:1]:
-        found.append((m.start(), _too_many_files(facts, _line_at(text, m.start()))))
-    pt = first.get("pytorch-bus-error", [])
-    if pt:
-        pid = sig = None
-        for m in pt:
-            if m.group(1):
-                pid, sig = int(m.group(1)), m.group(2)
-                break
-        shm_related = sig is None or "bus" in sig.lower()
-        kind = "pytorch-bus-error" if shm_related else "worker-killed"
-        if shm_related:
-            found.append((pt[0].start(), _pytorch(facts, pid, sig, _line_at(text, pt[0].start()), kind)))
-        else:
-            found.append((pt[0].start(), _worker_signal(facts, pid, sig, _line_at(text, pt[0].start()))))
-    for m in first.get("pytorch-shm", [])[:1]:
-        if not pt:
-            found.append((m.start(), _pytorch(facts, None, None, _line_at(text, m.start()), "pytorch-shm")))
-    for m in first.get("row-too-big", [])[:1]:
-        found.append((m.start(), _row_too_big(facts, float(m.group(1)), float(m.group(2)),
-                                              _line_at(text, m.start()))))
-    # A worker killed by another signal, or exiting with a code: only worth saying when nothing above explains it.
-    for m in sigchld:
-        if m.group(2) and "bus" not in m.group(2).lower():
-            found.append((m.start(), _worker_signal(facts, int(m.group(1)), m.group(2), _line_at(text, m.start()))))
-            break
-    if not found:
-        for m in sigchld[:1]:
-            if m.group(3) is not None:
-                found.append((m.start(), _worker_exit(int(m.group(1)), m.group(3), _line_at(text, m.start()))))
-    found.sort(key=lambda item: item[0])
-    return tuple(e for _, e in found)
+    hits = [h for h in (_hit(sig, text) for sig in signatures(facts)) if h is not None]
+    kinds = {sig.kind for _, sig, _ in hits}
+    hits = [h for h in hits if not set(h[1].yields_to) & kinds]
+    hits = [h for h in hits if not h[1].alone] or hits
+    hits.sort(key=lambda h: h[0])
+    return tuple(_explanation(text, facts, *h) for h in hits)
+
+
+__all__ = ["Explanation", "Report", "PYTORCH_SIGNATURES", "explain", "known", "signatures"]

@@ -50,6 +50,7 @@ class RowStats(Result):
     cpu_fraction: float | None  # thread CPU time / wall time while fetching: low means I/O-bound
     probe_seconds: float
     notes: tuple = field(default_factory=tuple)
+    framework_tensors: bool = False  # a column was a framework tensor (``asnumpy``), not a numpy array
 
     @property
     def ragged(self) -> bool:
@@ -196,6 +197,7 @@ class _Probe:
     sizes: list = field(default_factory=list)
     walls: list = field(default_factory=list)  # seconds each fetch took, in probing order
     cpu: float = 0.0
+    tensors: bool = False
 
     @property
     def wall(self) -> float:
@@ -210,9 +212,9 @@ class _Probe:
         return row
 
     def keep(self, index: Any, row: Any) -> None:
-        if self.check is not None:
-            framework_check(self.check, row, index)
-        converted = convert_row(row, index, self.names)
+        converted = checked_row(row, index, self.names, self.check)
+        columns = row if isinstance(row, (tuple, list)) else (row,)
+        self.tensors = self.tensors or any(hasattr(c, "asnumpy") for c in columns)
         self.indices.append(int(index))
         self.sizes.append(row_bytes(converted))
         self.skeletons.append(tuple(_skeleton(c) for c in converted))
@@ -236,7 +238,7 @@ class _Probe:
                         max(self.sizes, default=0), min(self.sizes, default=0),
                         statistics.median(self.walls) if self.walls else None,
                         (self.cpu / wall) if (wall := self.wall) > 0 else None,
-                        time.perf_counter() - started, tuple(notes))
+                        time.perf_counter() - started, tuple(notes), self.tensors)
 
 
 def is_random_access(source: Any) -> bool:
@@ -277,18 +279,36 @@ def measure_random_access(source: Any, names: Sequence[str] | None, max_rows: in
     return probe.stats(True, length, started, notes)
 
 
-def framework_check(check: Callable[[Any], Any], row: Any, index: Any) -> None:
-    """Refuse a row the framework's own conversion refuses, keeping its message."""
+def checked_row(row: Any, index: Any, names: Sequence[str] | None, check: Callable[[Any], Any] | None) -> tuple:
+    """The converted row, or a ``RowError`` naming the column where possible and keeping the framework's own
+    message where its conversion (``check``) refuses the row too."""
+    refused = None
+    if check is not None:
+        try:
+            check(row)
+        except Exception as exc:  # MindSpore's own refusal: kept, and explained below
+            refused = exc
     try:
-        check(row)
-    except Exception as exc:
-        hint = ""
-        if "copy" in str(exc):
-            hint = (" (NumPy 2 refuses np.array(x, copy=False) for Python scalars and lists, which MindSpore's "
-                    "conversion calls)")
-        raise RowError(f"row {index}: MindSpore's row conversion raises {type(exc).__name__}: {exc}{hint}. Fix: "
-                       f"return every column as a numpy array (np.asarray(x) for scalars and lists), or install "
-                       f"numpy<2.", None, index) from exc
+        converted = convert_row(row, index, names)
+    except RowError as ours:
+        if refused is None:
+            raise
+        raise RowError(f"{ours} (MindSpore's row conversion: {type(refused).__name__}: {refused})", ours.column,
+                       ours.row) from refused
+    if refused is not None:
+        framework_check(refused, index)
+    return converted
+
+
+def framework_check(exc: Exception, index: Any) -> None:
+    """Refuse a row the framework's own conversion refused with ``exc``, keeping its message."""
+    hint = ""
+    if "copy" in str(exc):
+        hint = (" (NumPy 2 refuses np.array(x, copy=False) for Python scalars and lists, which MindSpore's "
+                "conversion calls)")
+    raise RowError(f"row {index}: MindSpore's row conversion raises {type(exc).__name__}: {exc}{hint}. Fix: "
+                   f"return every column as a numpy array (np.asarray(x) for scalars and lists), or install "
+                   f"numpy<2.", None, index) from exc
 
 
 def read_head(source: Any, count: int) -> list:

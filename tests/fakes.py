@@ -62,6 +62,9 @@ class FakeCompat:
     def __init__(self, engine: "FakeEngine"):
         self.engine = engine
 
+    def arguments_fit(self, kind, *args, **kwargs):
+        return True
+
     def row_check(self):
         return None
 

@@ -217,7 +217,9 @@ def sc_worker_kill(ds, ms_shm) -> None:
 
     def on_row(seen):
         if seen == 5:
-            workers = sorted(int(p.name) for p in PIDS.iterdir() if int(p.name) != os.getpid())
+            # readers still alive: ms_shm's probe child read the source too, and is gone by now
+            workers = sorted(int(p.name) for p in PIDS.iterdir()
+                             if int(p.name) != os.getpid() and os.path.exists(f"/proc/{p.name}"))
             emit("READY", {"workers": workers, "main": os.getpid(), "checked": checked,
                            "plan": plan_info(dataset)})
 

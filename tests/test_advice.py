@@ -275,3 +275,55 @@ def test_advice_and_explain_do_not_import_mindspore():
             "print(bad); sys.exit(1 if bad else 0)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# ------------------------------------------------------------------------------------------- releases
+
+
+# 8 workers x 10 static slots x (6 MiB + one page) + 55 semaphore pages: <= 2.3's default max_rowsize, committed
+# when the iterator starts (shared/MINDSPORE_SHM_FACTS.md sections 6 and 10), whatever the row size.
+PEAK_W8_STATIC6 = 8 * 10 * (6 * MiB + 4096) + 55 * 4096
+
+
+@pytest.mark.parametrize("version, error", [("2.0.0", "Exception"), ("2.3.1", "RuntimeError")])
+def test_static_releases_are_judged_by_their_pre_check(version, error):
+    f = facts(shm_total=64 * MiB, shm_free=64 * MiB, container="docker", mindspore_version=version)
+    t = advice.Typical.of(f)
+    assert (t.peak, t.slot_mb, t.version) == (PEAK_W8_STATIC6, 6, version)
+    assert "static 6 MiB slots" in t.reason and "committed at launch" in t.reason and "pipes" in t.reason
+    first = advice.diagnose(f)[0]
+    assert first.code == "shm-small" and first.severity == "crash"
+    assert f"{error} at launch: 'Insufficient shared memory available'" in first.problem
+    assert "Bus error" not in first.problem and "480.5 MiB" in first.problem
+
+
+def test_dynamic_release_is_judged_by_the_bus_error():
+    first = advice.diagnose(facts(shm_total=64 * MiB, shm_free=64 * MiB, mindspore_version="2.10.0"))[0]
+    assert "Bus error" in first.problem and "Insufficient" not in first.problem
+
+
+def test_static_pre_check_refuses_inside_the_headroom_band():
+    """2.3 refuses at 80% of free /dev/shm: a size that holds the static slots, but not 1/0.8 of them, is a crash
+    there, not the 'tight' a dynamic release would make of the same margin."""
+    slots = 8 * 10 * 6 * MiB
+    f = facts(shm_total=int(slots / 0.8) - MiB, shm_free=int(slots / 0.8) - MiB, mindspore_version="2.3.0")
+    assert PEAK_W8_STATIC6 < f.shm_total
+    assert codes(advice.diagnose(f)) == ["shm-small"]
+
+
+def test_fitting_prefetch_follows_the_release():
+    """Static 6 MiB slots do not shrink with the row: 1 MiB rows fit 20 MiB at some prefetch on 2.10 only."""
+    assert advice.fitting_prefetch(MiB, 2, 20 * MiB, version="2.10.0") is not None
+    assert advice.fitting_prefetch(MiB, 2, 20 * MiB, version="2.3.0") is None  # 2 x 4 x 6 MiB > 20 MiB
+    p = advice.fitting_prefetch(MiB, 2, 60 * MiB, version="2.3.0")
+    assert p is not None and model.generator_peak(MiB, 2, p, None, 6) <= 60 * MiB
+
+
+def test_checkup_is_the_doctors_json():
+    f = facts(shm_total=64 * MiB, shm_free=64 * MiB)
+    report = advice.checkup(f, None, "MindSpore is not importable")
+    data = json.loads(json.dumps(report.to_dict()))
+    assert list(data) == ["host", "mindspore", "mindspore_note", "typical", "recommended_shm", "findings", "ok"]
+    assert data["recommended_shm"] == {"bytes": report.typical.need, "size": "1g", "reason": report.typical.reason}
+    assert {"workers", "prefetch", "ranks", "row_bytes", "row_known", "peak", "need", "reason"} <= set(data["typical"])
+    assert data["ok"] is False and data["findings"][0]["code"] == "shm-small"

@@ -293,8 +293,8 @@ def test_objects_that_vanish_meanwhile_are_no_failure(host, monkeypatch):
 def test_a_recycled_id_is_left_alone(host, rmid):
     _, key = host.ipc_file(DEAD, 0)
     host.segment(key, 5)
-    candidates, _ = cleanup._sysv_candidates(host.root, cleanup._Processes(host.root),
-                                             cleanup._ipc_files(host.root, []), 0, False, [])
+    scan = cleanup._Scan(host.root, 0, cleanup._Processes(host.root), cleanup.engine_patterns())
+    candidates, _ = cleanup._sysv_candidates(scan, cleanup._ipc_files(scan), False)
     host.shm_rows = []
     host.segment(key + 1, 5)  # the kernel gave id 5 to someone else in the meantime
     with pytest.raises(OSError) as info:

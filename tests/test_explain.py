@@ -1,5 +1,6 @@
-"""``explain`` on what MindSpore really prints (``tests/data/logs``, captured by ``capture.py``) and on PyTorch's
-messages (written by hand from its source: no torch here), judged against fake host facts."""
+"""``explain`` on what MindSpore really prints (``tests/data/logs``, captured by ``capture.py``), on PyTorch's
+messages and MindSpore 2.0.0's worker-death line (written by hand from their source: neither is installed here),
+judged against fake host facts of several releases."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from ms_shm import advice
-from ms_shm.explain import explain
+from ms_shm._results import mib
+from ms_shm.explain import explain, known
 from ms_shm.host import HostFacts, Ranks
 
 LOGS = Path(__file__).resolve().parent / "data" / "logs"
@@ -150,7 +152,7 @@ def test_several_failures_in_order_of_appearance():
 def test_unknown_host_facts_do_not_break_explanations():
     unknown = facts(shm_total=None, shm_free=None, nofile_soft=None, nofile_hard=None, open_fds=None,
                     notes=("statvfs(/dev/shm): PermissionError: denied",))
-    for name in CAPTURED + ["pytorch_bus_error.log"]:
+    for name in CAPTURED + ["pytorch_bus_error.log", "worker_died_2_0.log"]:
         for e in explain(log(name), unknown):
             assert e.cause and e.fix and "None" not in e.cause
 
@@ -163,3 +165,73 @@ def test_explanations_are_json_ready():
         assert set(data) >= {"kind", "severity", "line", "cause", "fix", "snippets", "pid", "signal",
                              "required", "available"}
         assert re.match(r"^[a-z-]+$", data["kind"])
+
+
+# ------------------------------------------------------------------------------------------- releases and engines
+
+
+def test_mindspore_2_0_worker_death_line_written_by_hand():
+    text = log("worker_died_2_0.log")
+    assert text.startswith("# Written by hand")
+    e = only(text, mindspore_version="2.0.0", cgroup_mem_limit=2 * GiB)
+    assert (e.kind, e.severity, e.pid) == ("worker-died", "crash", None)
+    assert "The subprocess of dataset may exit unexpected or be killed" in e.line
+    assert "OOM" in e.cause and "2.0 GiB" in e.cause and "dmesg" in e.fix
+
+
+def test_worker_death_line_is_a_consequence_when_the_cause_is_there():
+    text = log("insufficient_shm.log") + "\n" + log("worker_died_2_0.log")
+    assert [e.kind for e in explain(text, facts(mindspore_version="2.0.0"))] == ["insufficient-shm"]
+
+
+@pytest.mark.parametrize("version, error, dynamic", [("2.0.0", "Exception", False), ("2.3.1", "RuntimeError", False),
+                                                     ("2.10.0", "RuntimeError", True)])
+def test_pre_check_is_worded_for_the_hosts_release(version, error, dynamic):
+    e = only(log("insufficient_shm.log"), mindspore_version=version)
+    assert f"({error} on MindSpore {version})" in e.cause
+    assert ("drop max_rowsize" in e.fix) is dynamic  # <= 2.3 has no dynamic slots to fall back to
+    assert ("default static 6 MiB slots" in e.cause) is not dynamic
+    # the host sentence is the doctor's, for the same release: static slots peak lower than 8 MiB dynamic ones
+    assert f"peaks at {mib(advice.Typical.of(facts(mindspore_version=version)).peak)}" in e.cause
+
+
+def test_row_too_big_fix_follows_the_release():
+    line = ("rowsize is larger than allocated memory max_rowsize: 6.0MB, current rowsize: 8.0MB.")
+    assert "max_rowsize=None" in only(line).fix
+    old = only(line, mindspore_version="2.3.0")
+    assert "max_rowsize=None" not in old.fix and "max_rowsize=9" in old.fix and "only static slots" in old.fix
+
+
+def test_every_signature_template_formats():
+    """Each engine's templates name only fields its regex, its ``words`` and explain provide."""
+    from ms_shm import explain as explain_mod
+
+    samples = {"pid": "12", "signal": "Killed", "code": "1", "required": "400000000", "available": "60000000",
+               "slot_mb": "4.0", "row_mb": "4.0", "gb": "5"}
+    for version in ("2.0.0", "2.3.0", "2.10.0", None):
+        f = facts(mindspore_version=version)
+        for sig in explain_mod.signatures(f):
+            groups = re.compile(sig.regex).groupindex
+            fields = {g: int(samples[g]) if g in ("pid", "required", "available") else samples[g] for g in groups}
+            e = explain_mod._explanation("line\n", f, 0, sig, fields)
+            assert e.cause and e.fix and "{" not in e.cause + e.fix, sig.kind
+
+
+def test_signatures_come_from_every_engine(monkeypatch):
+    """A new engine's failures are recognised without touching explain: it only lists its signatures."""
+    from ms_shm import engines
+    from ms_shm.engines.base import Signature
+
+    class Other:
+        name = "other"
+
+        def signatures(self, version=None):
+            return (Signature("other-oom", "Other's OOM line", r"OTHER ran out of (?P<what>\w+)", "crash",
+                              "Other ran out of {what}. {shm_state}", "give it a /dev/shm of {size}", need="shm"),)
+
+    real = engines.all_engines()
+    monkeypatch.setattr(engines, "all_engines", lambda: real + [Other()])
+    e = only("boom: OTHER ran out of memory\n")
+    assert e.kind == "other-oom" and "Other ran out of memory. This host's /dev/shm is 64.0 MiB" in e.cause
+    assert "--shm-size=" in dict(e.snippets)["docker run"]
+    assert "Other's OOM line" in known()

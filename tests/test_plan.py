@@ -44,19 +44,24 @@ CPU_HEAVY = dict(row_bytes=256 * KiB, seconds=0.02, cpu=1.0)  # pure-Python work
 TRIVIAL_BIG = dict(row_bytes=8 * MiB, seconds=0.05e-3, cpu=1.0)  # np.full of 8 MiB
 IO_BOUND = dict(row_bytes=256 * KiB, seconds=0.02, cpu=0.1)  # mostly waiting
 
-# name: (row stats, request, budget, expected mode or a set of acceptable modes, expected workers or None)
+# name: (row stats, request, budget, expected mode, expected workers)
 GENERATOR_CASES = {
+    # processes do not fit 51.2 MiB (4 slots x 8 MiB x 2 workers is already 64 MiB); threads (~0.39 s) beat pipes
+    # (~2.54 s: 2.3 ms per MiB through a pipe)
     "64m shm, 8 MiB rows, W=2 explicit": (
-        rows(**TRIVIAL_BIG), ask(workers=2), room(64 * MiB), {THREADS, PIPES}, 2),
+        rows(**TRIVIAL_BIG), ask(workers=2), room(64 * MiB), THREADS, 2),
+    # 20 ms of CPU per row: threads ~2.39 s, pipes ~2.54 s (pickling 8 MiB rows costs more than the GIL does)
     "64m shm, 8 MiB CPU-heavy rows, W=2 explicit": (
-        rows(8 * MiB, 0.02, 1.0), ask(workers=2), room(64 * MiB), {THREADS, PIPES}, 2),
+        rows(8 * MiB, 0.02, 1.0), ask(workers=2), room(64 * MiB), THREADS, 2),
     "ample shm, CPU-heavy slow rows": (rows(**CPU_HEAVY), ask(), room(), PROCESSES, 2),
     "ample shm, trivial fast 8 MiB rows": (rows(**TRIVIAL_BIG), ask(), room(), INLINE, 1),
     "I/O-bound rows, multiprocessing=False": (
         rows(**IO_BOUND), ask(multiprocessing=False, cpu_count=4), room(), THREADS, 4),
-    "unknown /dev/shm, CPU-heavy rows": (rows(**CPU_HEAVY), ask(), room(None), {INLINE, THREADS}, None),
+    # no shared memory considered; CPU-bound rows gain nothing from threads (~2.11 s) over inline (~2.01 s)
+    "unknown /dev/shm, CPU-heavy rows": (rows(**CPU_HEAVY), ask(), room(None), INLINE, 1),
+    # 22 fds left: slots need 25 at least, pipes 17 (5 + 2 workers x 6); pipes ~1.22 s beat inline ~2.01 s
     "fd-starved (40), CPU-heavy rows": (
-        rows(**CPU_HEAVY), ask(), room(nofile=40, open_fds=10), {PIPES, THREADS, INLINE}, None),
+        rows(**CPU_HEAVY), ask(), room(nofile=40, open_fds=10), PIPES, 2),
     "fd-short (50), CPU-heavy rows": (rows(**CPU_HEAVY), ask(), room(nofile=50, open_fds=10), PROCESSES, 2),
     "W=8 explicit on 2 CPUs": (rows(**CPU_HEAVY), ask(workers=8), room(), PROCESSES, 2),
     "W=1, multiprocessing=False explicit": (
@@ -77,11 +82,9 @@ def _plan(name: str) -> plan.Plan:
 
 @pytest.mark.parametrize("name", list(GENERATOR_CASES))
 def test_generator_mode(name):
-    _, _, b, modes, workers = GENERATOR_CASES[name]
+    _, _, b, mode, workers = GENERATOR_CASES[name]
     p = _plan(name)
-    assert p.mode in (modes if isinstance(modes, set) else {modes}), p.summary()
-    if workers is not None:
-        assert p.workers == workers
+    assert (p.mode, p.workers) == (mode, workers), p.summary()
     assert p.fits
     if b.shm_bytes is not None:
         assert p.predicted_shm <= b.shm_bytes
@@ -103,10 +106,13 @@ def test_every_plan_explains_its_mode_and_serialises(name):
 def test_processes_flags_match_mode():
     p = _plan("ample shm, CPU-heavy slow rows")
     assert (p.python_multiprocessing, p.shared_mem, p.max_rowsize, p.prefetch) == (True, True, None, 16)
-    assert p.predicted_shm == model.generator_peak(256 * KiB, 2, 16, 100)
-    # the runtime guard gets this worker's share of the budget and the slots it may create
-    assert p.guard_slots == model.slots(16, 2)
-    assert p.guard_worker_bytes == (p.budget.shm_bytes - model.semaphore_bytes(2)) // 2
+    # facts sheet §3: Q = max(2, min(16, 64 // 2)) = 16, S = 18 slots per worker, 50 rows each > 18, so
+    # 2 workers x 18 slots x 256 KiB (page-aligned) + (6*2 + 7) = 19 semaphore pages
+    assert p.predicted_shm == 2 * 18 * 256 * KiB + 19 * 4096 == 9_515_008
+    # the runtime guard gets this worker's share of the budget and the slots it may create:
+    # int(4 GiB x 0.8) = 3,435,973,836 minus the 19 semaphore pages, halved
+    assert p.guard_slots == 18
+    assert p.guard_worker_bytes == (3_435_973_836 - 19 * 4096) // 2 == 1_717_948_006
     assert not any(d.setting == "prefetch_size" for d in p.decisions)
 
 
@@ -135,9 +141,9 @@ def test_small_shm_big_rows_explicit_workers_keeps_workers_and_raises_nothing():
 
 def test_pipes_plan_says_why_slots_were_refused():
     p = _plan("fd-starved (40), CPU-heavy rows")
-    if p.mode == PIPES:
-        d = next(d for d in p.decisions if d.setting == "shared_mem")
-        assert d.value is False and "fds" in d.reason
+    assert p.mode == PIPES, p.summary()
+    d = next(d for d in p.decisions if d.setting == "shared_mem")
+    assert d.value is False and "fds" in d.reason
 
 
 def test_trivial_rows_stay_in_process():
@@ -158,22 +164,20 @@ def test_unknown_shm_is_the_safe_choice_and_says_so():
     assert p.budget.shm_bytes is None and "could not be read" in p.budget.reason
 
 
-@pytest.mark.parametrize("nofile, open_fds, expect_processes", [
-    (40, 10, False),  # 22 fds left: even 4 slots per worker need 25
-    (50, 10, True),  # 32 fds left: prefetch 5 (7 slots per worker) needs 31
-    (65536, 10, True),
+# Main-process fds of a 2-worker pool (measured, model.FD_BASE/FD_PER_WORKER): 5 + 2 x (6 + slots per worker);
+# pipes carry no slots: 5 + 2 x 6 = 17. Budget: nofile - open fds - 8 of margin.
+@pytest.mark.parametrize("nofile, open_fds, mode, prefetch, fds", [
+    (40, 10, PIPES, 16, 17),  # 22 fds left: even 4 slots per worker (prefetch 2) need 5 + 2 x 10 = 25
+    (50, 10, PROCESSES, 5, 31),  # 32 left: prefetch 5 (7 slots) needs 5 + 2 x 13 = 31, prefetch 6 needs 33
+    (65536, 10, PROCESSES, 16, 53),  # prefetch 16: 18 slots, 5 + 2 x 24 = 53
 ])
-def test_fd_starved_processes_only_where_fds_fit(nofile, open_fds, expect_processes):
+def test_fd_starved_processes_only_where_fds_fit(nofile, open_fds, mode, prefetch, fds):
     b = room(nofile=nofile, open_fds=open_fds)
     p = plan.plan_generator(rows(**CPU_HEAVY), ask(), b, V210)
-    assert (p.mode == PROCESSES) is expect_processes, p.summary()
-    assert p.predicted_fds <= b.fds
-    if p.mode == PROCESSES:
-        assert p.predicted_fds == model.generator_fds(p.workers, p.prefetch, 100)
-        # and one more prefetch step would not have fit
-        if p.prefetch < 16:
-            assert model.generator_fds(p.workers, p.prefetch + 1, 100) > b.fds
-            assert any(d.setting == "prefetch_size" and d.value == p.prefetch for d in p.decisions)
+    assert (p.mode, p.prefetch, p.predicted_fds) == (mode, prefetch, fds), p.summary()
+    assert p.predicted_fds <= b.fds == nofile - open_fds - 8
+    lowered = [d.value for d in p.decisions if d.setting == "prefetch_size"]
+    assert lowered == ([prefetch] if mode == PROCESSES and prefetch < 16 else [])
 
 
 def test_fd_short_lowers_prefetch():
@@ -207,8 +211,9 @@ def test_ragged_rows_are_planned_at_one_and_a_half_times_the_largest():
     assert p.row_bytes == 6 * MiB
     d = next(d for d in p.decisions if d.setting == "row_bytes")
     assert (d.value, d.default) == (6 * MiB, 4 * MiB)
-    if p.mode == PROCESSES:
-        assert p.predicted_shm == model.generator_peak(6 * MiB, p.workers, p.prefetch, 100)
+    assert (p.mode, p.workers, p.prefetch) == (PROCESSES, 2, 16), p.summary()
+    # predicted at 6 MiB: 2 workers x 18 slots x 6 MiB + 19 semaphore pages (facts sheet §3)
+    assert p.predicted_shm == 2 * 18 * 6 * MiB + 19 * 4096 == 226_570_240
 
 
 def test_uniform_rows_are_planned_as_measured():
@@ -291,15 +296,15 @@ def test_what_if_with_a_full_dev_shm_answers_instead_of_raising():
     json.dumps(p.to_dict())
 
 
-# map: (in, out, seconds, cpu, rows, request, budget, shmmax, memory_left, expected modes)
+# map: (in, out, seconds, cpu, rows, request, budget, shmmax, memory_left, expected mode)
 MAP_CASES = {
-    "fast ops": (MiB, MiB, 0.1e-3, 1.0, 1000, ask(), room(), None, None, {THREADS}),
-    "slow CPU-bound ops, many rows": (MiB, MiB, 0.02, 1.0, 1000, ask(), room(), None, None, {PROCESSES}),
-    "slow ops, segment > shmmax": (MiB, 8 * MiB, 0.02, 1.0, 1000, ask(), room(), 4 * MiB, None, {THREADS}),
-    "slow ops, no memory for segments": (MiB, 8 * MiB, 0.02, 1.0, 1000, ask(), room(), None, 8 * MiB,
-                                         {THREADS}),
-    "untimed ops": (MiB, MiB, None, None, None, ask(), room(), None, None, {THREADS, PROCESSES}),
-    "slow ops, unknown /dev/shm": (MiB, MiB, 0.02, 1.0, 1000, ask(), room(None), None, None, {THREADS}),
+    "fast ops": (MiB, MiB, 0.1e-3, 1.0, 1000, ask(), room(), None, None, THREADS),
+    "slow CPU-bound ops, many rows": (MiB, MiB, 0.02, 1.0, 1000, ask(), room(), None, None, PROCESSES),
+    "slow ops, segment > shmmax": (MiB, 8 * MiB, 0.02, 1.0, 1000, ask(), room(), 4 * MiB, None, THREADS),
+    "slow ops, no memory for segments": (MiB, 8 * MiB, 0.02, 1.0, 1000, ask(), room(), None, 8 * MiB, THREADS),
+    # not timed: no estimate to compare, so the plan takes processes (first in the planner's untimed order): they fit
+    "untimed ops": (MiB, MiB, None, None, None, ask(), room(), None, None, PROCESSES),
+    "slow ops, unknown /dev/shm": (MiB, MiB, 0.02, 1.0, 1000, ask(), room(None), None, None, THREADS),
 }
 
 
@@ -312,7 +317,7 @@ def _map_plan(name: str) -> plan.Plan:
 def test_map_mode(name):
     p = _map_plan(name)
     assert p.kind == "map"
-    assert p.mode in MAP_CASES[name][-1], p.summary()
+    assert p.mode == MAP_CASES[name][-1], p.summary()
     d = mode_decision(p)
     assert d.value == p.mode and d.reason.strip()
     json.dumps(p.to_dict())
@@ -321,8 +326,9 @@ def test_map_mode(name):
 def test_map_processes_predict_sysv_not_dev_shm():
     p = _map_plan("slow CPU-bound ops, many rows")
     assert p.workers == 2 and p.python_multiprocessing
-    assert p.predicted_sysv == 2 * model.pages(MiB + 512)
-    assert p.predicted_shm == model.SEM_PAGES_PER_POOL * 4096
+    # facts sheet §2: one SysV segment per worker, the largest row plus up to 270 B, in whole pages
+    assert p.predicted_sysv == 2 * (MiB + 4096) == 2_105_344
+    assert p.predicted_shm == 17 * 4096  # a map pool's semaphores: 68 KiB measured (§3)
 
 
 def test_map_shmmax_is_named():

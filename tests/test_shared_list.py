@@ -12,7 +12,6 @@ import shlex
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
@@ -177,12 +176,13 @@ def test_copy_is_the_same_immutable_object():
     assert holder["x"] is lst
 
 
-def test_build_is_fast_for_a_million_items():
+def test_a_million_items_build_and_read_back():
+    """Functional only: how long the build takes is a benchmark's question, not a test's."""
     items = [{"id": i, "file": f"{i:08d}.jpg"} for i in range(1_000_000)]
-    t0 = time.perf_counter()
     lst = SharedList(items)
-    assert time.perf_counter() - t0 < 10  # measured 0.4 s on a 2-core VM; generous for a busy machine
-    assert lst[999_999] == items[999_999]
+    assert len(lst) == 1_000_000
+    assert [lst[i] for i in (0, 1, 499_999, 999_999, -1)] == [items[i] for i in (0, 1, 499_999, 999_999, -1)]
+    assert lst[::99_991] == items[::99_991]
 
 
 # ----------------------------------------------------------------------------------------- shared memory
@@ -361,6 +361,7 @@ if __name__ == "__main__":
 
 
 @pytest.mark.mindspore
+@pytest.mark.privileged
 @pytest.mark.parametrize("start", ["fork", "spawn"])
 def test_generator_dataset_reads_every_item_exactly(real_mindspore, tmp_path, start):
     (tmp_path / "cow_source.py").write_text(SOURCE_MODULE)  # importable by spawned workers, unlike __main__
@@ -375,6 +376,7 @@ def test_generator_dataset_reads_every_item_exactly(real_mindspore, tmp_path, st
     assert SHM_PREFIX not in left, real_mindspore.describe(result)
 
 
+@pytest.mark.privileged
 def test_killed_owner_leaves_no_block(private_shm):
     """SIGKILL gives no finalizer a chance: multiprocessing's resource tracker must unlink the block."""
     code = textwrap.dedent('''

@@ -4,7 +4,52 @@ advice text, sizes) stay framework-free. A ``Protocol``: engines implement it wi
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence, runtime_checkable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+
+
+@dataclass(frozen=True)
+class Signature:
+    """One failure a framework prints, as ``ms_shm.explain`` recognises and explains it.
+
+    ``cause``, ``fix`` and the snippet texts are ``str.format`` templates. Their fields are the regex's named
+    groups (``pid``, ``signal``, ``code``, ``required``, ``available``...), what ``words`` derives from them, and
+    the host's words that ``explain`` supplies (``shm_state``, ``size``, ``who``, ``memory_limit``, ``workers``,
+    ``prefetch``, ``fds``, ``target``, ``limits``, ``required_mib``, ``available_mib``, ``ratio``).
+
+    Attributes:
+        kind: the ``Explanation.kind`` it produces (several signatures may share one).
+        label: a few words for the list of what ``explain`` knows.
+        regex: the pattern, searched in the whole log.
+        severity: as ``Advice.severity``.
+        cause, fix: templates, as above.
+        need: the host resource ``explain`` prices and offers fixes for: ``"shm"`` (a /dev/shm size),
+            ``"shm-slots"`` (that, or a prefetch that fits), ``"shm-check"`` (a size that passes a pre-check of
+            ``required`` bytes), ``"shm-free"`` (free /dev/shm first), ``"nofile"`` or ``""`` (nothing).
+        snippets: ``(label, template)`` pairs added after ``explain``'s own.
+        near, not_near: the log must contain one of ``near`` (when given) and none of ``not_near``.
+        alone: reported only when no other failure was recognised (a consequence, not a cause).
+        yields_to: kinds that, when also recognised, make this one redundant.
+        signal: the signal this failure is, when the line does not name one.
+        words: more template fields computed from the matched ones (the engine's arithmetic).
+        engine: the engine the signature belongs to.
+    """
+
+    kind: str
+    label: str
+    regex: str
+    severity: str
+    cause: str
+    fix: str
+    need: str = ""
+    snippets: tuple = ()
+    near: tuple = ()
+    not_near: tuple = ()
+    alone: bool = False
+    yields_to: tuple = ()
+    signal: str | None = None
+    words: Callable[[dict], dict] | None = field(default=None, compare=False, repr=False)
+    engine: str = ""
 
 
 @runtime_checkable
@@ -42,5 +87,15 @@ class Engine(Protocol):
         """How ``clean`` recognises what a crashed pipeline of this engine left: ``/dev/shm`` and ``/tmp`` names,
         SysV key shape (a frozen ``LeftoverPatterns``, as in ``engines/mindspore/leftovers.py``)."""
 
+    def signatures(self, version: str | None = None) -> Sequence[Signature]:
+        """The failures this engine's pipelines print, worded for ``version`` (``None``: the newest measured
+        behaviour), for ``explain``."""
 
-__all__ = ["Engine"]
+    def outcome(self, row_bytes: int, workers: int, prefetch: int, ranks: int = 1, shm_free: int | None = None,
+                version: str | None = None, rows: int | None = None) -> Any:
+        """What ``version`` (``None``: the newest measured behaviour) does with a typical pipeline of ``ranks``
+        ranks at ``shm_free`` bytes of /dev/shm: peak, fit, failure wording (a frozen result with
+        ``to_dict()``). ``doctor``, ``plan`` and ``explain`` all size from it."""
+
+
+__all__ = ["Engine", "Signature"]

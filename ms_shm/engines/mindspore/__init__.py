@@ -24,14 +24,9 @@ class MindSporeEngine:
         return compat.available()
 
     def installed_version(self) -> str | None:
-        try:
-            from importlib.metadata import PackageNotFoundError, version
-        except ImportError:  # Python < 3.8
-            return None
-        try:
-            return version("mindspore")
-        except PackageNotFoundError:
-            return None
+        from ms_shm import host  # the package metadata reader doctor uses (mindspore, -ascend, -gpu, -cpu)
+
+        return host.mindspore_version()
 
     def profile(self, version: str | None = None) -> profiles.EngineProfile:
         return profiles.profile_for(version if version is not None else self.installed_version())
@@ -81,6 +76,27 @@ class MindSporeEngine:
 
     def pipeline_fds(self, workers: int, prefetch: int) -> int:
         return arithmetic.generator_fds(workers, prefetch)
+
+    def signatures(self, version: str | None = None) -> tuple:
+        """MindSpore's failure signatures for ``explain``, worded for ``version`` (``None``: the newest)."""
+        from ms_shm.engines.mindspore import signatures
+
+        return signatures.signatures(version)
+
+    def outcome(self, row_bytes: int, workers: int, prefetch: int, ranks: int = 1, shm_free: int | None = None,
+                version: str | None = None, rows: int | None = None) -> Any:
+        """``outcomes.outcome``: what ``version`` does with this pipeline at ``shm_free`` bytes of /dev/shm."""
+        from ms_shm.engines.mindspore import outcomes
+
+        return outcomes.outcome(row_bytes, workers, prefetch, ranks, shm_free, version, rows)
+
+    def what_if_report(self, facts: Any, row_bytes: int, workers: int, prefetch: int = arithmetic.DEFAULT_PREFETCH,
+                       ranks: int | None = None, version: str | None = None, shm: int | None = None,
+                       rows: int | None = None) -> Any:
+        """``ms-shm plan``'s answer (``outcomes.what_if``): each release's outcome and the plan ms_shm would pick."""
+        from ms_shm.engines.mindspore import outcomes
+
+        return outcomes.what_if(facts, row_bytes, workers, prefetch, ranks, version, shm, rows)
 
     def leftover_patterns(self) -> leftovers.LeftoverPatterns:
         return leftovers.leftover_patterns()

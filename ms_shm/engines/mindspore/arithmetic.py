@@ -66,11 +66,12 @@ def generator_peak(row_bytes: int, workers: int, prefetch: int, rows: int | None
     return workers * used * pages(row_bytes) + sem
 
 
-def fitting_prefetch(row_bytes: int, workers: int, budget: int, current: int = DEFAULT_PREFETCH) -> int | None:
-    """The largest prefetch (<= ``current``) whose slots fit ``budget`` bytes, or ``None`` when even prefetch 1
-    does not."""
+def fitting_prefetch(row_bytes: int, workers: int, budget: int, current: int = DEFAULT_PREFETCH,
+                     max_rowsize_mb: int | None = None) -> int | None:
+    """The largest prefetch (<= ``current``) whose slots fit ``budget`` bytes (static slots of
+    ``max_rowsize_mb`` where the release uses them), or ``None`` when even prefetch 1 does not."""
     for p in range(current, 0, -1):
-        if generator_peak(row_bytes, workers, p) <= budget:
+        if generator_peak(row_bytes, workers, p, None, max_rowsize_mb) <= budget:
             return p
     return None
 

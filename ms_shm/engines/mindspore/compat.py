@@ -136,6 +136,22 @@ def map_dataset(dataset: Any, operations: Any, input_columns: Any, output_column
     return dataset.map(operations, input_columns=input_columns, output_columns=output_columns, **kwargs)
 
 
+def arguments_fit(kind: str, *args: Any, **kwargs: Any) -> bool:
+    """Whether ``GeneratorDataset(*args, **kwargs)`` (``kind="generator"``) or ``dataset.map(...)`` (``"map"``,
+    ``args[0]`` the dataset) binds to MindSpore's signature. Where it does not, the caller makes the plain call,
+    so the user gets MindSpore's (Python's) own ``TypeError`` before anything is probed."""
+    try:
+        func = _dataset_module().GeneratorDataset if kind == "generator" else args[0].map
+        signature = inspect.signature(func)
+    except (TypeError, ValueError, AttributeError):
+        return True  # cannot tell: go on
+    try:
+        signature.bind(*(args if kind == "generator" else args[1:]), **kwargs)
+    except TypeError:
+        return False
+    return True
+
+
 def row_check():
     """MindSpore's own conversion of a source row (``_convert_row``), or ``None`` where it cannot be found: the
     probe refuses exactly what the installed release (and NumPy) refuses."""
@@ -237,6 +253,6 @@ def take_rows(dataset: Any, count: int) -> list:
             dataset.parent = parents
 
 
-__all__ = ["MindSporeConfig", "Change", "available", "read_config", "set_prefetch_size", "set_shared_mem", "get_nofile",
+__all__ = ["MindSporeConfig", "Change", "available", "arguments_fit", "read_config", "set_prefetch_size", "set_shared_mem", "get_nofile",
            "set_nofile_soft", "undo", "generator_dataset", "map_dataset", "row_check", "rows_come_from",
            "python_code_in", "network_operators_in", "column_names", "processes_blocker", "take_rows"]

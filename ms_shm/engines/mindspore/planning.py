@@ -75,12 +75,14 @@ def _worker_options(req: Request) -> list:
     return [max(1, min(req.workers, req.cpu_count))] if req.workers is not None else list(range(1, cap + 1))
 
 
-def _modes(req: Request, notes: list) -> list:
+def _modes(req: Request, notes: list, stats: RowStats | None = None) -> list:
     """The transports the request allows. One worker runs in MindSpore's own thread whatever
-    ``python_multiprocessing`` says (it checks W > 1)."""
+    ``python_multiprocessing`` says (it checks W > 1). Rows of MindSpore Tensors are not moved into worker
+    processes unless asked: they travel through MindSpore's own tensor reductions there, which fail under
+    NumPy 2 (``SystemError`` in ``_restore_tensor``, seen in MindSpore's own unit tests)."""
     if req.multiprocessing is True:
         modes = [PROCESSES, PIPES] + ([INLINE] if req.workers == 1 else [])
-    elif req.multiprocessing is False:
+    elif req.multiprocessing is False or (stats is not None and stats.framework_tensors):
         modes = [THREADS, INLINE]
     else:
         modes = list(MODES)
@@ -123,7 +125,7 @@ def _candidates(stats: RowStats, req: Request, budget: Budget, profile: EnginePr
                 row_bytes: int, costs: Costs, notes: list) -> list:
     rows = req.rows_per_epoch if req.rows_per_epoch is not None else stats.length
     out = []
-    for mode in _modes(req, notes):
+    for mode in _modes(req, notes, stats):
         for w in _worker_options(req):
             if (w == 1) != (mode == INLINE):
                 continue
@@ -367,7 +369,7 @@ __all__ = ["Costs", "RAGGED_MARGIN", "plan_generator", "plan_map", "plan_iterabl
 
 
 def plan_startup(config, budget_bytes: int | None, workers: int, row_mb: float | None = None,
-                 prefetch: int | None = None) -> tuple:
+                 prefetch: int | None = None, version: str | None = None) -> tuple:
     """MindSpore's global settings ``tune()`` sets before any pipeline exists: a prefetch size that fits rows of
     ``row_mb`` (or the one asked for), and pipes when not even the smallest slots fit. Pure: decisions only.
 
@@ -380,7 +382,8 @@ def plan_startup(config, budget_bytes: int | None, workers: int, row_mb: float |
     if prefetch is not None:
         out.append(Decision("prefetch_size", prefetch, current, "asked for by the caller"))
     elif row_mb is not None and budget_bytes is not None:
-        out += _prefetch_for_rows(int(row_mb * model.MiB), workers, current, budget_bytes, row_mb)
+        static = profile_for(version or config.version).generator_default_max_rowsize_mb
+        out += _prefetch_for_rows(int(row_mb * model.MiB), workers, current, budget_bytes, row_mb, static)
     minimal = model.generator_peak(model.PAGE, 2, 1)
     if config.shared_mem and config.has_shared_mem_switch and (budget_bytes is None or budget_bytes < minimal):
         out.append(Decision("shared_mem", False, True,
@@ -389,8 +392,9 @@ def plan_startup(config, budget_bytes: int | None, workers: int, row_mb: float |
     return tuple(out)
 
 
-def _prefetch_for_rows(row_bytes: int, workers: int, current: int, budget_bytes: int, row_mb: float) -> list:
-    p = model.fitting_prefetch(row_bytes, workers, budget_bytes, current)
+def _prefetch_for_rows(row_bytes: int, workers: int, current: int, budget_bytes: int, row_mb: float,
+                       static: int | None) -> list:
+    p = model.fitting_prefetch(row_bytes, workers, budget_bytes, current, static)
     if p is None:
         return [Decision("prefetch_size", current, current,
                          f"{workers} workers x {row_mb} MiB rows do not fit {mib(budget_bytes)} even at prefetch 1: "

@@ -1,0 +1,166 @@
+"""The failures MindSpore's dataset engine prints, as ``ms_shm.explain`` recognises them: regexes, kinds and the
+causes and fixes in MindSpore's terms, worded for one release's profile. Pure: no MindSpore import.
+
+The patterns are the messages MindSpore really prints (``tests/data/logs`` holds logs captured from failing
+runs), matched loosely enough to survive the GLOG prefix, a Python traceback around them or a line wrapped by a
+job scheduler. A contributor adding a failure adds one ``Signature`` here and a log (or a line) to
+``tests/test_explain.py``; ``explain`` needs no change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ms_shm.engines.base import Signature
+from ms_shm.engines.mindspore import arithmetic as model
+from ms_shm.engines.mindspore import profiles
+from ms_shm.engines.mindspore.outcomes import PRECHECK_MESSAGE, release_name
+from ms_shm.engines.mindspore.profiles import EngineProfile
+
+# A traceback through these went through multiprocessing's semaphores, which live in /dev/shm.
+SEMAPHORE_HINTS = ("SemLock", "synchronize.py", "sem_open", "multiprocessing.Event", "multiprocessing.Value",
+                   "Lock()", "Semaphore", "/dev/shm")
+_DF = ("shell", "df -h /dev/shm\nms-shm clean --dry-run")
+_DMESG = ("shell", "dmesg | grep -i -E 'oom|killed process'\nipcs -m\nms-shm clean --dry-run")
+_OOM = ("SIGKILL ('Killed') is usually the OOM killer: /dev/shm pages count against the memory limit "
+        "({memory_limit} here).")
+
+
+def _row_words(fields: dict) -> dict:
+    """The static slot and row sizes of a "rowsize is larger" warning, and the smallest max_rowsize above."""
+    slot, row = float(fields["slot_mb"]), float(fields["row_mb"])
+    return {"slot_mb": slot, "row_mb": row, "better": model.static_rowsize_for(int(row * model.MiB))}
+
+
+def _shm_signatures(profile: EngineProfile) -> tuple:
+    static = profile.generator_default_max_rowsize_mb
+    checked = (f"its default static {static} MiB slots" if static else "a static max_rowsize")
+    smaller = (f"lower prefetch or workers ({release_name(profile)} has only static slots, {static} MiB by "
+               "default)" if static else
+               "drop max_rowsize (MindSpore 2.4+ sizes slots to each row), lower prefetch or workers")
+    return (
+        Signature(
+            "bus-error", "MindSpore's bus error and SIGCHLD lines",
+            r"Unexpected bus error encountered in process|"
+            r"Dataset worker process (?P<pid>\d+) was killed by signal: (?P<signal>Bus error)\.",
+            "crash",
+            "MindSpore's GeneratorDataset {who} wrote a row into a shared-memory slot after /dev/shm was full; the "
+            "kernel answers that with SIGBUS, and the main process then terminates itself. Dynamic slots (the "
+            "default since 2.4) are not checked in advance. {shm_state}",
+            "give the container a /dev/shm of {size}, or lower prefetch/workers (`ms-shm plan --row-mb <row> "
+            "--workers <W>` shows what fits)",
+            need="shm-slots", signal="Bus error"),
+        Signature(
+            "insufficient-shm", f"'{PRECHECK_MESSAGE}'",
+            PRECHECK_MESSAGE + r"\.\s*Required:\s*(?P<required>\d+),\s*Available:\s*(?P<available>\d+)",
+            "crash",
+            f"MindSpore's launch check ({profile.precheck_error} on {release_name(profile)}) refused {checked}: "
+            "the slots need {required_mib} (workers x (prefetch-based queue + 2) x max_rowsize, x ranks up to "
+            "8) but only {available_mib} of /dev/shm was free ({ratio:.1f}x), and it allows at most 80%. Asking "
+            "for {required_mib} / 80% plus what is in use gives {size}. {shm_state}",
+            smaller + ", or give the container a /dev/shm of {size}",
+            need="shm-check"),
+        Signature(
+            "shm-full", "'recommended shm size is at least 5 GB'",
+            r"recommended shm size is at least\s*(?P<gb>\d+)\s*GB", "crash",
+            "/dev/shm had no room left even for multiprocessing's semaphores (one page each), so the pipeline "
+            "could not start: something else filled it (another job, or files a crashed run left). MindSpore's "
+            "'5 GB' is a rule of thumb. {shm_state}",
+            "free /dev/shm (stop whatever holds it; `ms-shm clean` removes MindSpore's leftovers), then give the "
+            "container a /dev/shm of {size}",
+            need="shm-free", snippets=(_DF,)),
+    )
+
+
+_ENOSPC = r"\[Errno 28\] No space left on device|errno:? 28\b|ENOSPC"
+
+
+def _os_signatures() -> tuple:
+    return (
+        Signature(
+            "no-space", "'No space left on device' in /dev/shm", _ENOSPC, "crash",
+            "/dev/shm had no room left even for multiprocessing's semaphores (one page each), so the pipeline "
+            "could not start: something else filled it (another job, or files a crashed run left). MindSpore's "
+            "'5 GB' is a rule of thumb. {shm_state}",
+            "free /dev/shm (stop whatever holds it; `ms-shm clean` removes MindSpore's leftovers), then give the "
+            "container a /dev/shm of {size}",
+            need="shm-free", snippets=(_DF,), near=SEMAPHORE_HINTS),
+        Signature(
+            "no-space", "'No space left on device' elsewhere", _ENOSPC, "info",
+            "A filesystem is full (errno 28). The traceback does not go through multiprocessing's semaphores, so "
+            "it is probably not /dev/shm: check the disk the job writes to",
+            "check with: df -h; df -h /dev/shm", not_near=SEMAPHORE_HINTS),
+        Signature(
+            "too-many-open-files", "'Too many open files'", r"Too many open files|\[Errno 24\]|errno:? 24\b|EMFILE",
+            "crash",
+            "A process ran out of file descriptors (errno 24, EMFILE). Every MindSpore shared-memory slot is an "
+            "fd passed to the main process, so a {workers}-worker pipeline at prefetch {prefetch} holds about "
+            "{fds}; {limits}",
+            "raise the job's open-files limit to at least {target} (`ulimit -n` before training, or the "
+            "container's --ulimit)",
+            need="nofile"),
+    )
+
+
+def _worker_signatures(profile: EngineProfile) -> tuple:
+    leftovers = (" After a SIGKILL of the whole process group, map/batch workers leave SysV segments behind"
+                 if profile.map_transport == "sysv" else "")
+    return (
+        Signature(
+            "worker-killed", "MindSpore's worker-killed line",
+            r"Dataset worker process (?P<pid>\d+) was killed by signal: (?!Bus error)(?P<signal>[A-Za-z ]+?)\.",
+            "crash",
+            "MindSpore's dataset worker {pid} was killed by signal {signal}. " + _OOM + leftovers,
+            "check `dmesg | grep -i oom`, lower workers or row size, raise the memory limit; `ms-shm clean` "
+            "removes leftovers",
+            snippets=(_DMESG,)),
+        Signature(
+            "worker-exited", "MindSpore's worker-exit line",
+            r"Dataset worker process (?P<pid>\d+) exited unexpectedly with exit code (?P<code>-?\d+)", "crash",
+            "MindSpore's dataset worker {pid} exited with code {code}; its own traceback, printed above this line, "
+            "names the cause, and nothing in it matched a known shared-memory or fd failure",
+            "read the worker's traceback; run `ms-shm doctor` for the host's limits", alone=True),
+        Signature(
+            "worker-died", "MindSpore 2.0's 'The subprocess of dataset may exit unexpected or be killed'",
+            r"The subprocess of dataset may exit unexpected or be killed", "crash",
+            "A dataset worker process went away (killed or exited) and MindSpore stopped the pipeline; MindSpore "
+            "2.0's line names no pid or signal. Nothing else in the log matched a known shared-memory or fd "
+            "failure. A worker that dies without a traceback of its own was killed by a signal: " + _OOM,
+            "read the worker's traceback if there is one; check `dmesg | grep -i oom`; run `ms-shm doctor` for the "
+            "host's limits",
+            snippets=(_DMESG,), alone=True),
+    )
+
+
+def _rowsize_signatures(profile: EngineProfile) -> tuple:
+    static = profile.generator_default_max_rowsize_mb
+    fix = (f"pass max_rowsize={{better}} ({release_name(profile)} has only static slots, {static} MiB by default)"
+           if static else "use max_rowsize=None (dynamic slots, MindSpore 2.4+) or max_rowsize={better}")
+    return (
+        Signature(
+            "row-too-big", "'rowsize is larger than allocated memory max_rowsize'",
+            r"rowsize is larger than allocated memory max_rowsize:\s*(?P<slot_mb>[\d.]+)MB,\s*"
+            r"current rowsize:\s*(?P<row_mb>[\d.]+)MB",
+            "slow",
+            "A row of {row_mb:g} MB did not fit the static {slot_mb:g} MB slots (it must be strictly smaller), so "
+            "MindSpore pickled it through a pipe instead: measured about 4x slower",
+            fix,
+            snippets=(("python", "ds.GeneratorDataset(source, column_names, num_parallel_workers=W, "
+                                 "max_rowsize={better})"),),
+            words=_row_words),
+    )
+
+
+def for_profile(profile: EngineProfile) -> tuple:
+    """Every MindSpore signature, worded for ``profile``'s release."""
+    found = (_shm_signatures(profile) + _os_signatures() + _worker_signatures(profile)
+             + _rowsize_signatures(profile))
+    return tuple(replace(s, engine="mindspore") for s in found)
+
+
+def signatures(version: str | None = None) -> tuple:
+    """Every MindSpore signature, worded for ``version`` (``None``: the newest measured behaviour)."""
+    return for_profile(profiles.profile_for(version))
+
+
+__all__ = ["SEMAPHORE_HINTS", "for_profile", "signatures"]

@@ -15,6 +15,8 @@ import numpy as np
 import psutil
 import pytest
 
+from tests.conftest import release_skip
+
 pytestmark = pytest.mark.mindspore
 
 
@@ -46,19 +48,36 @@ def rows_of(dataset, epochs: int = 1) -> list:
     return out
 
 
+class Failed(tuple):
+    """What a pipeline raised instead of rows: ``(type name, first line)``. Releases differ in what they accept;
+    where raw MindSpore refuses an argument, ms_shm must refuse it the same way."""
+
+
+def attempt(run) -> list | Failed:
+    try:
+        return run()
+    except Exception as exc:
+        return Failed((type(exc).__name__, str(exc).strip().splitlines()[0] if str(exc).strip() else ""))
+
+
 def both(ds, make_source, columns, seed=None, epochs=1, **kwargs):
-    """The rows of the raw pipeline and of ms_shm's, each built and read from the same starting state."""
+    """The rows of the raw pipeline and of ms_shm's (or what each raised), each built and read from the same
+    starting state."""
     import ms_shm
 
     out = []
     for build in (ds.GeneratorDataset, ms_shm.build_dataset):
         if seed is not None:
             ds.config.set_seed(seed)
-        out.append(rows_of(build(make_source(), columns, **kwargs), epochs))
+        out.append(attempt(lambda b=build: rows_of(b(make_source(), columns, **kwargs), epochs)))
     return out
 
 
-def assert_same(raw: list, ours: list, expected_rows: int) -> None:
+def assert_same(raw, ours, expected_rows: int) -> None:
+    if isinstance(raw, Failed):  # this release refuses the call: ms_shm must refuse it alike
+        assert isinstance(ours, Failed) and ours[0] == raw[0], f"raw raised {raw}, ms_shm gave {ours!r:.300}"
+        return
+    assert not isinstance(ours, Failed), f"raw ran, ms_shm raised {ours}"
     assert len(raw) == expected_rows, f"raw MindSpore gave {len(raw)} rows, the test expects {expected_rows}"
     assert len(ours) == len(raw)
     for i, (a, b) in enumerate(zip(raw, ours)):
@@ -154,6 +173,10 @@ def test_counting_source_sees_no_probe_call(ds):
 def test_seeded_random_source_gives_the_same_stream(ds, source, workers):
     """With a seed, processes reseed each worker (seed + worker id): the mode must stay MindSpore's own."""
     raw, ours = both(ds, source, ["x"], seed=7, shuffle=False, num_parallel_workers=workers, epochs=2)
+    again, _ = both(ds, source, ["x"], seed=7, shuffle=False, num_parallel_workers=workers, epochs=2)
+    if again != raw:  # 2.0 does not reseed Python's random in its worker processes
+        release_skip("raw MindSpore itself gives other rows each run here (2.0 does not reseed Python's random "
+                     "in its workers): nothing to compare")
     assert_same(raw, ours, 2 * len(source()))
 
 
@@ -177,8 +200,11 @@ def test_generator_function_and_generator_object(ds):
         for i in range(7):
             yield (np.array([i, i * i]),)
 
+    from mindspore.dataset.engine import datasets_user_defined as user_defined
+
     assert_same(*both(ds, lambda: gen, ["x"], epochs=2), 14)
-    assert_same(*both(ds, gen, ["x"], epochs=2), 14)  # a generator object: MindSpore tees it each epoch
+    # a generator object: 2.x tees it so every epoch replays it; 2.0 gives it once
+    assert_same(*both(ds, gen, ["x"], epochs=2), 14 if hasattr(user_defined, "_GeneratorWrapper") else 7)
 
 
 def test_zip_and_list_sources(ds):
@@ -214,6 +240,8 @@ def test_dataset_getitem_returns_what_the_source_returns(ds):
 
     raw = ds.GeneratorDataset(ListRows(), ["a", "b"], shuffle=False)
     ours = ms_shm.build_dataset(ListRows(), ["a", "b"], shuffle=False)
+    if not hasattr(type(raw), "__getitem__"):
+        release_skip("GeneratorDataset has no random access (dataset[i]) on this release (2.0)")
     for i in (0, 3, 9):
         a, b = raw[i], ours[i]
         assert type(a) is type(b) is list
@@ -307,8 +335,8 @@ def test_map_arguments_pass_through(ds):
         base = ms_shm.build_dataset(Plain(9), ["a", "b"], shuffle=False)
         return rows_of(build_map(base))
 
-    raw = stage(lambda d: d.map(lambda a: a * 2, input_columns=["a"], max_rowsize=[3, 6]))
-    ours = stage(lambda d: ms_shm.map(d, lambda a: a * 2, input_columns=["a"], max_rowsize=[3, 6]))
+    raw = attempt(lambda: stage(lambda d: d.map(lambda a: a * 2, input_columns=["a"], max_rowsize=[3, 6])))
+    ours = attempt(lambda: stage(lambda d: ms_shm.map(d, lambda a: a * 2, input_columns=["a"], max_rowsize=[3, 6])))
     assert_same(raw, ours, 9)
 
 

@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # The MindSpore release ms_shm's model was measured on (CPU wheel from PyPI); override for another build.
 MINDSPORE ?= mindspore==2.10.0
 
-.PHONY: install demo test lint bench doctor clean
+.PHONY: install demo test test-main test-matrix lint bench doctor clean
 
 $(VENV)/.installed: setup.cfg setup.py pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,8 +23,15 @@ lint: install
 
 # MS_SHM_REQUIRE_MINDSPORE=1 (tests/conftest.py): the run fails unless real-MindSpore tests ran, and fails if any
 # real-MindSpore or privileged (private /dev/shm) test was skipped, instead of looking green.
-test: install lint
+# Then the release matrix (scripts/release_matrix.sh): MindSpore 2.0.0 (Python 3.9), 2.7.2 and 2.8.0, each in its
+# own virtual environment made here, run the fidelity contract and the release-specific tests.
+test: test-main test-matrix
+
+test-main: install lint
 	MS_SHM_REQUIRE_MINDSPORE=1 $(PY) -m pytest -q
+
+test-matrix:
+	scripts/release_matrix.sh
 
 bench: install
 	$(PY) benchmarks/bench_core.py
@@ -36,4 +43,4 @@ doctor: install
 	$(VENV)/bin/ms-shm doctor
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-ms* build *.egg-info .pytest_cache .ruff_cache

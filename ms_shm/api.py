@@ -351,6 +351,7 @@ def _apply_globals(p: Plan, config: Any, eng: Any) -> list:
     if p.mode == PIPES and config.shared_mem:
         wanted.append(("shared_mem", False, "rows go through pipes: shared-memory slots would not fit; this also "
                                             "applies to pipelines launched later in this process"))
+    wanted += [(d.setting, d.value, d.reason) for d in p.decisions if d.setting == "enable_watchdog"]
     made = SESSION.record([eng.apply_setting(*w) for w in wanted], eng.undo)
     for change in made:
         log.warning("ms_shm changed MindSpore's global %s from %s to %s: %s", change.setting, change.old,

@@ -58,6 +58,9 @@ def run_scenario(name: str, mode: str) -> None:
         build = ds.GeneratorDataset if mode == "raw" else ms_shm.build_dataset
         dataset = build(SeededAugment(), ["data", "label"], shuffle=False, num_parallel_workers=2)
     elif name == "spawn":
+        if not hasattr(ds.config, "set_multiprocessing_start_method"):  # 2.0: fork only
+            print("RESULT " + json.dumps({"unsupported": "no set_multiprocessing_start_method"}), flush=True)
+            return
         ds.config.set_multiprocessing_start_method("spawn")
         build = ds.GeneratorDataset if mode == "raw" else ms_shm.build_dataset
         dataset = build(Deterministic(n=8, nbytes=MiB), ["data", "label"], shuffle=False, num_parallel_workers=2,

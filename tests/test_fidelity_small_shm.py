@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from tests import isolated
+from tests.conftest import release_skip
 
 pytestmark = pytest.mark.mindspore
 
@@ -30,9 +31,13 @@ def result(proc) -> dict:
 
 
 def test_seeded_random_rows_in_processes_survive_64m_unchanged(real_mindspore):
+    from ms_shm.engines import get
+
     raw_small = run("seeded_processes", "raw", "64m")
-    assert raw_small.returncode != 0 and "Bus error" in raw_small.stdout + raw_small.stderr, \
-        isolated.describe(raw_small)
+    # dynamic slots (2.4+) die of a bus error; static ones (2.0) stop at MindSpore's own pre-check
+    static = get().profile().generator_default_max_rowsize_mb
+    needle = "Insufficient shared memory available" if static else "Bus error"
+    assert raw_small.returncode != 0 and needle in raw_small.stdout + raw_small.stderr, isolated.describe(raw_small)
     expected = result(run("seeded_processes", "raw", "1g"))
     assert len(expected["rows"]) == 48 and len(set(expected["rows"][:24])) == 24
     ours = result(run("seeded_processes", "ms_shm", "64m"))
@@ -43,6 +48,8 @@ def test_seeded_random_rows_in_processes_survive_64m_unchanged(real_mindspore):
 def test_spawn_workers_give_the_same_rows(real_mindspore):
     """Spawned workers unpickle the source (the runtime guard with it, where one is planned)."""
     expected = result(run("spawn", "raw", "1g"))
+    if "unsupported" in expected:
+        release_skip(f"spawn is not available on this release: {expected['unsupported']}")
     ours = result(run("spawn", "ms_shm", "1g"))
     assert len(expected["rows"]) == 16 and len(set(expected["rows"][:8])) == 8
     assert ours["rows"] == expected["rows"]

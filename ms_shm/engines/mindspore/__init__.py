@@ -68,6 +68,8 @@ class MindSporeEngine:
             return compat.set_prefetch_size(value, reason)
         if setting == "shared_mem":
             return compat.set_shared_mem(value, reason)
+        if setting == "enable_watchdog":
+            return compat.set_watchdog(value, reason)
         return None
 
     def typical_peak(self, row_bytes: int, workers: int, prefetch: int, version: str | None = None) -> int:

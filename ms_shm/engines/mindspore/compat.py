@@ -99,6 +99,16 @@ def set_shared_mem(value: bool, reason: str) -> Change | None:
     return Change("shared_mem", old, bool(value), reason)
 
 
+def set_watchdog(value: bool, reason: str) -> Change | None:
+    cfg = _dataset_module().config
+    getter, setter = getattr(cfg, "get_enable_watchdog", None), getattr(cfg, "set_enable_watchdog", None)
+    if getter is None or setter is None or bool(getter()) == value:
+        return None
+    old = bool(getter())
+    setter(bool(value))
+    return Change("enable_watchdog", old, bool(value), reason)
+
+
 def _quietly(func, *args):
     """Call a deprecated MindSpore setter without its deprecation warning: ms_shm logs its own reason."""
     from mindspore import log as ms_log
@@ -122,6 +132,8 @@ def undo(changes: Sequence[Change]) -> None:
             _dataset_module().config.set_prefetch_size(change.old)
         elif change.setting == "shared_mem":
             _quietly(_dataset_module().config.set_enable_shared_mem, change.old)
+        elif change.setting == "enable_watchdog":
+            _dataset_module().config.set_enable_watchdog(change.old)
         else:
             continue  # not MindSpore's: the session undoes it
         log.info("ms_shm restored %s to %s", change.setting, change.old)
@@ -253,6 +265,6 @@ def take_rows(dataset: Any, count: int) -> list:
             dataset.parent = parents
 
 
-__all__ = ["MindSporeConfig", "Change", "available", "arguments_fit", "read_config", "set_prefetch_size", "set_shared_mem", "get_nofile",
+__all__ = ["MindSporeConfig", "Change", "available", "arguments_fit", "read_config", "set_prefetch_size", "set_shared_mem", "set_watchdog", "get_nofile",
            "set_nofile_soft", "undo", "generator_dataset", "map_dataset", "row_check", "rows_come_from",
            "python_code_in", "network_operators_in", "column_names", "processes_blocker", "take_rows"]

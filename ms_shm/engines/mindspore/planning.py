@@ -136,6 +136,8 @@ def _candidates(stats: RowStats, req: Request, budget: Budget, profile: EnginePr
                 shm = 0 if in_process else model.generator_peak(row_bytes, w, p, rows, static, shared_mem=shared)
                 fds = 0 if in_process else model.generator_fds(w, p, rows, shared_mem=shared)
                 why = _why_not(mode, shm, fds, static, req, budget, stats)
+                if mode == THREADS and budget.shm_bytes is None and profile.threads_need_dev_shm:
+                    why.append(f"MindSpore {profile.version} needs /dev/shm for threads too (a multiprocessing.Value)")
                 secs = _epoch_seconds(mode, w, stats, rows or 100, costs, req.start_method)
                 out.append(Candidate(mode, w, p, shm, fds, secs, not why, "; ".join(why)))
                 if not why and not in_process:
@@ -168,6 +170,11 @@ def plan_generator(stats: RowStats, request: Request, budget: Budget, profile: E
         static = max(model.static_rowsize_for(row), profile.generator_default_max_rowsize_mb)
         decisions.append(Decision("max_rowsize", static, profile.generator_default_max_rowsize_mb,
                                   f"MindSpore {profile.version} uses static slots; must exceed the row"))
+    if shared and profile.watchdog_leaks_slots:
+        decisions.append(Decision("enable_watchdog", False, True,
+                                  f"MindSpore {profile.version}'s watchdog reaps worker processes it does not own, and "
+                                  f"then ~18% of iterators leave their static slots committed until the process "
+                                  f"ends, so a later epoch fails the pre-check (measured; none with it off)"))
     slots = model.slots(best.prefetch, best.workers) if shared else 0
     worker_share = 0
     if shared and budget.shm_bytes is not None and static is None:
@@ -321,7 +328,7 @@ def _map_candidate(mode: str, w: int, in_bytes: int, out_bytes: int, stats: RowS
     if stats.seconds_per_row is not None:
         secs = _epoch_seconds(PROCESSES if processes else THREADS, w, stats, stats.length or 100, costs)
         if processes:
-            secs += 0.5 * w  # MindSpore's close_worker sleeps 0.5 s per worker at teardown
+            secs += profile.map_teardown_seconds  # closing the pool (measured per release)
     return Candidate(mode, w, req.prefetch, cost.dev_shm, model.map_fds(w) if processes else 0, secs, not why,
                      "; ".join(why))
 

@@ -35,6 +35,13 @@ class EngineProfile(Result):
     note: str
     precheck_error: str = "RuntimeError"  # the class MindSpore raises from its static /dev/shm pre-check
     dynamic_failure: str = "Bus error when /dev/shm fills"  # what a dynamic slot past the end does
+    # 2.0.0's watchdog reaps any child (waitpid(-1)), so ~18% of worker teardowns leave a worker's static slots
+    # committed until the process ends: a fresh iterator per epoch then fails the pre-check (measured; 0 of 21
+    # leaked with set_enable_watchdog(False)).
+    watchdog_leaks_slots: bool = False
+    map_teardown_seconds: float = 1.05  # closing a map/batch process pool (2.10: close_worker sleeps per worker)
+    threads_need_dev_shm: bool = False  # 2.0.0 makes a multiprocessing.Value for threads too (measured)
+    generator_objects_replay: bool = True  # 2.0.0 gives a generator object once, not every epoch
 
 
 def parse_version(version: str | None) -> tuple[int, int] | None:
@@ -50,8 +57,10 @@ def profile_for(version: str | None) -> EngineProfile:
                              "MindSpore version unknown: assuming the newest measured behaviour (2.10)")
     if v <= (2, 0):
         return EngineProfile(version, 6, "shm-pool", 16, True, False, False,
-                             "2.0: static 6 MiB Generator slots and 16 MiB map slots, all in /dev/shm",
-                             precheck_error="Exception")
+                             "2.0: static 6 MiB Generator slots and 16 MiB map slots, all in /dev/shm; each "
+                             "iterator leaves static slots behind for the next",
+                             precheck_error="Exception", watchdog_leaks_slots=True, map_teardown_seconds=0.6,
+                             threads_need_dev_shm=True, generator_objects_replay=False)
     if v <= (2, 3):
         return EngineProfile(version, 6, "shm-pool", 16, True, False, False,
                              "<=2.3: static 6 MiB Generator slots and 16 MiB map slots, all in /dev/shm")
@@ -60,7 +69,11 @@ def profile_for(version: str | None) -> EngineProfile:
                              "2.4-2.6: dynamic slots; map/batch still use /dev/shm slots")
     if v < (2, 8):
         return EngineProfile(version, None, "sysv", None, True, True, False,
-                             "2.7: map/batch through SysV, but a static max_rowsize is still checked on /dev/shm")
+                             "2.7: map/batch through SysV, but a static max_rowsize is still checked on /dev/shm",
+                             map_teardown_seconds=6.3)
+    if v < (2, 10):
+        return EngineProfile(version, None, "sysv", None, False, True, True,
+                             "2.8+: dynamic Generator slots; map/batch through SysV", map_teardown_seconds=1.2)
     return EngineProfile(version, None, "sysv", None, False, True, True,
                          "2.8+: dynamic Generator slots; map/batch through SysV")
 

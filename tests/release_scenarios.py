@@ -1,0 +1,107 @@
+"""Pipelines for the release matrix, run in a subprocess under a private /dev/shm; each prints one ``RESULT``
+line. Importable (``tests/test_releases.py`` runs them through ``python -c``).
+
+Row contents are a function of the index alone, so the expected digest of every row is computed here
+independently of MindSpore and ms_shm.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+
+MiB = 1 << 20
+
+
+def content(index: int, nbytes: int) -> np.ndarray:
+    row = np.full(nbytes, index % 251, np.uint8)
+    row[:8] = np.frombuffer(hashlib.sha256(str(index).encode()).digest()[:8], np.uint8)
+    return row
+
+
+def digest(*columns) -> str:
+    return hashlib.sha256(b"".join(np.ascontiguousarray(c).tobytes() for c in columns)).hexdigest()
+
+
+class Fixed:
+    def __init__(self, n: int = 24, nbytes: int = 8 * MiB, python_work: int = 0):
+        self.n, self.nbytes, self.python_work = n, nbytes, python_work
+
+    def __len__(self):
+        return self.n
+
+    def size(self, index: int) -> int:
+        return self.nbytes
+
+    def __getitem__(self, index):
+        index = int(index)
+        spin = 0
+        for k in range(self.python_work):  # pure-Python CPU work, GIL-bound
+            spin += k * k
+        return content(index, self.size(index)), np.array(index, np.int64)
+
+
+class Ragged(Fixed):
+    def size(self, index: int) -> int:
+        return (1 + index % 4) * MiB
+
+
+def grow(data):
+    """A map that turns a small row into an 8 MiB one, deterministically."""
+    index = int(data[8]) if data.size > 8 else 0
+    return np.resize(data, 8 * MiB) ^ np.uint8(index % 7)
+
+
+SOURCES = {
+    "fixed8": lambda: Fixed(),
+    "ragged": lambda: Ragged(n=24),
+    "python_cpu": lambda: Fixed(n=16, nbytes=MiB, python_work=200_000),
+    "map_grows": lambda: Fixed(n=16, nbytes=64 << 10),
+}
+
+
+def expected(name: str) -> list:
+    source = SOURCES[name]()
+    out = []
+    for i in range(len(source)):
+        data, label = content(i, source.size(i)), np.array(i, np.int64)
+        out.append(digest(grow(data), label) if name == "map_grows" else digest(data, label))
+    return out
+
+
+def run_epochs(name: str, mode: str, epochs: int = 3) -> None:
+    """``epochs`` epochs, each with a fresh iterator (what a training loop with an eval in between does)."""
+    import mindspore.dataset as ds
+
+    import ms_shm
+
+    build = ds.GeneratorDataset if mode == "raw" else ms_shm.build_dataset
+    kwargs = dict(shuffle=False, num_parallel_workers=2, python_multiprocessing=True)
+    dataset = build(SOURCES[name](), ["data", "label"], **kwargs)
+    if name == "map_grows":
+        mapped = dict(input_columns=["data"], num_parallel_workers=2)  # ms_shm chooses the transport
+        dataset = dataset.map(grow, **mapped) if mode == "raw" else ms_shm.map(dataset, grow, **mapped)
+    seen = []
+    for _ in range(epochs):
+        it = dataset.create_tuple_iterator(output_numpy=True, num_epochs=1)
+        seen.append([digest(*row) for row in it])
+        it.stop()
+        del it
+    print("RESULT " + json.dumps({"epochs": seen}), flush=True)
+
+
+def run_precheck(workers: int, prefetch: int, row_mb: int) -> None:
+    """Raw MindSpore's default GeneratorDataset at this prefetch: did the first epoch run, or what stopped it."""
+    import mindspore.dataset as ds
+
+    ds.config.set_prefetch_size(prefetch)
+    dataset = ds.GeneratorDataset(Fixed(n=16, nbytes=row_mb * MiB), ["data", "label"], shuffle=False,
+                                  num_parallel_workers=workers)
+    try:
+        rows = sum(1 for _ in dataset.create_tuple_iterator(output_numpy=True, num_epochs=1))
+        result = {"rows": rows, "error": None}
+    except Exception as exc:
+        result = {"rows": 0, "error": type(exc).__name__, "message": str(exc)[:2000]}
+    print("RESULT " + json.dumps(result), flush=True)

@@ -1,0 +1,80 @@
+"""The installed MindSpore release, for real: ms_shm's profile of it, and its life under Docker's 64 MB
+/dev/shm. ``make test`` runs this file on 2.10 and in each virtual environment of the release matrix
+(``scripts/release_matrix.sh``: 2.0.0 on Python 3.9, 2.7.2, 2.8.0)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from tests import isolated, release_scenarios
+
+pytestmark = pytest.mark.mindspore
+
+
+def run(code: str, shm: str = "64m") -> subprocess.CompletedProcess:
+    return isolated.run_shell(f"exec {shlex.quote(sys.executable)} -c {shlex.quote(code)}", shm=shm, timeout=900)
+
+
+def result(proc) -> dict:
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, isolated.describe(proc)
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def installed_profile():
+    from ms_shm.engines import get
+
+    return get().profile()
+
+
+@pytest.mark.parametrize("name", sorted(release_scenarios.SOURCES))
+def test_three_fresh_epochs_under_64m_are_bit_exact(real_mindspore, name):
+    """8 MiB rows, ragged rows, a GIL-bound Python source, a map growing rows to 8 MiB: three epochs, each with a
+    fresh iterator, every row equal to the content computed independently, in order, on every release."""
+    code = f"from tests.release_scenarios import run_epochs; run_epochs({name!r}, 'ms_shm')"
+    got = result(run(code))["epochs"]
+    want = release_scenarios.expected(name)
+    assert [len(e) for e in got] == [len(want)] * 3
+    assert all(epoch == want for epoch in got)
+
+
+def test_the_plan_predicts_what_this_release_does_at_64m(real_mindspore):
+    """``ms-shm plan`` for the installed release against a real raw run of the same default pipeline: 2 workers,
+    prefetch 4, 1 MiB rows. 2.0 commits 2 x 6 x 6 MiB of static slots and refuses at its pre-check (72 MiB >=
+    0.8 x 64 MiB); dynamic releases need 2 x 6 x 1 MiB and run."""
+    plan = subprocess.run([sys.executable, "-m", "ms_shm", "plan", "--row-mb", "1", "--workers", "2", "--prefetch",
+                           "4", "--shm", "64m", "--rows", "16", "--json"], capture_output=True, text=True,
+                          cwd=str(isolated.REPO), env=dict(__import__("os").environ, PYTHONPATH=str(isolated.REPO)))
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    data = json.loads(plan.stdout)
+    version = data["input"]["mindspore"]
+    row = next(v for v in data["versions"] if v["version"].split(".")[:2] == version.split(".")[:2])
+    real = result(run("from tests.release_scenarios import run_precheck; run_precheck(2, 4, 1)"))
+    profile = installed_profile()
+    if row["fits"]:
+        assert real == {"rows": 16, "error": None}, (row, real)
+    else:
+        assert real["rows"] == 0 and "Insufficient shared memory" in real["message"], (row, real)
+        if profile.precheck_error == "Exception":  # 2.0 raises it bare, at iterator creation
+            assert real["error"] == "Exception"
+    assert row["fits"] == (profile.generator_default_max_rowsize_mb is None)
+
+
+def test_the_profile_matches_the_installed_release(real_mindspore):
+    """What the profile says of this release, checked against the release itself."""
+    import inspect
+
+    import mindspore.dataset as ds
+    from mindspore.dataset.engine import datasets_user_defined as user_defined
+
+    profile = installed_profile()
+    default = inspect.signature(ds.GeneratorDataset.__init__).parameters["max_rowsize"].default
+    assert profile.generator_default_max_rowsize_mb == (default if isinstance(default, int) and default > 0
+                                                        else None)
+    assert profile.generator_objects_replay == hasattr(user_defined, "_GeneratorWrapper")
+    assert profile.watchdog_leaks_slots == (profile.version or "").startswith("2.0.")

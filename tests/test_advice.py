@@ -12,6 +12,7 @@ import pytest
 
 from ms_shm import advice, model
 from ms_shm.host import HostFacts, Ranks
+from tests.fakes import host_facts
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -20,15 +21,10 @@ HUGE = 18446744073692774399
 
 def facts(**kw) -> HostFacts:
     """A roomy 8-CPU bare host; each test changes only what it is about."""
-    base = dict(
-        shm_path="/dev/shm", shm_total=32 * GiB, shm_free=32 * GiB, mem_total=64 * GiB, mem_available=60 * GiB,
-        cgroup_version="v2", cgroup_mem_limit=None, cgroup_mem_usage=None, cpu_count=8, cpu_affinity=8,
-        cpu_quota=None, usable_cpus=8, nofile_soft=65536, nofile_hard=65536, open_fds=6, shmmax=HUGE,
-        shmall_pages=HUGE, shmmni=4096, msgmni=32000, sysv_segments=0, sysv_bytes=0, container=None,
-        ranks=Ranks(1, 0, "default"), mindspore_version="2.10.0", start_method="fork", notes=(),
-    )
+    base = dict(mem_total=64 * GiB, mem_available=60 * GiB, cgroup_version="v2", cpu_count=8, cpu_affinity=8,
+                usable_cpus=8)
     base.update(kw)
-    return HostFacts(**base)
+    return host_facts(**base)
 
 
 def codes(findings) -> list:

@@ -400,7 +400,7 @@ def test_iterators_do_not_copy_the_source(ds):
     grown = psutil.Process().memory_info().rss - before
     for it in iterators:
         it.stop()
-    assert grown < 64 << 20, f"three iterators added {grown >> 20} MiB of RSS (a source copy is 400 MiB)"
+    assert grown < 16 << 20, f"three iterators added {grown >> 20} MiB of RSS (a source copy is 400 MiB)"
 
 
 class LazyIndex(Plain):

@@ -78,3 +78,19 @@ def test_the_profile_matches_the_installed_release(real_mindspore):
                                                         else None)
     assert profile.generator_objects_replay == hasattr(user_defined, "_GeneratorWrapper")
     assert profile.watchdog_leaks_slots == (profile.version or "").startswith("2.0.")
+
+
+def test_doctor_on_this_release_predicts_what_it_does_at_64m(real_mindspore):
+    """``ms-shm doctor`` in a 64 MB /dev/shm, for 2 workers of 1 MiB rows at MindSpore's default prefetch 16,
+    against a real raw run of that pipeline: 2.0 needs 2 x 18 x 6 MiB static slots and stops at its pre-check
+    (a crash finding); dynamic releases need 2 x 18 x 1 MiB and run (no crash finding)."""
+    code = "from ms_shm import cli; cli.main(['doctor', '--json', '--workers', '2', '--row-mb', '1'])"
+    doc = json.loads(run(code).stdout)
+    real = result(run("from tests.release_scenarios import run_precheck; run_precheck(2, 16, 1)"))
+    crash = [f for f in doc["findings"] if f["severity"] == "crash" and f["code"].startswith("shm")]
+    if crash:
+        assert real["rows"] == 0 and "Insufficient shared memory" in real["message"], (crash, real)
+        assert "Insufficient shared memory" in crash[0]["problem"] and "Bus error" not in crash[0]["problem"]
+    else:
+        assert real == {"rows": 16, "error": None}, (doc["findings"], real)
+    assert bool(crash) == (installed_profile().generator_default_max_rowsize_mb is not None)

@@ -1,7 +1,7 @@
 """What the runtime guard costs per row: ``GuardedSource.__getitem__`` against the bare source.
 
 The guard runs in every worker for every row, so its cost must stay negligible next to MindSpore's own
-per-row overhead (about 300 us per row through shared memory on the reference machine, ``ms_shm.plan.Costs``).
+per-row overhead (about 300 us per row through shared memory on the reference machine, ``ms_shm.engines.mindspore.planning.Costs``).
 Rows have two columns (a 64x64x3 uint8 image and a 0-d int64 label), prebuilt, so the bare source costs
 almost nothing and the difference is the guard alone. Indices are numpy int64, as MindSpore passes them.
 

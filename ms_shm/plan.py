@@ -46,6 +46,7 @@ class Request(Result):
     rows_per_epoch: int | None = None  # this rank's rows (after num_samples / shards)
     cpu_count: int = 1  # os.cpu_count(): MindSpore refuses more workers than this
     usable_cpus: int = 1  # affinity and cgroup quota
+    explicit: str | None = None  # "preference": explicit settings may be adapted to fit (ms_shm.patch); else kept
 
 
 @dataclass(frozen=True)
@@ -148,18 +149,6 @@ def no_fit_message(cands: list, req: Request, budget: Budget, stats: RowStats, r
             f"fds ({budget.reason}). Why: {' | '.join(reasons)[:600]}. Fix: drop the explicit "
             f"{' / '.join(asked) or 'settings'} so ms_shm can choose threads or pipes, or give /dev/shm at "
             f"least {mib(host_need)} (docker run --shm-size={sizes.shm_size_flag(host_need)}), or raise `ulimit -n`.")
-
-
-_MOVED = ("Costs", "plan_generator", "plan_map", "plan_iterable", "plan_unmeasured", "what_if", "RAGGED_MARGIN")
-
-
-def __getattr__(name: str):
-    """The MindSpore planners used to live here; they are the MindSpore engine's now."""
-    if name in _MOVED:
-        from ms_shm.engines.mindspore import planning
-
-        return getattr(planning, name)
-    raise AttributeError(f"module 'ms_shm.plan' has no attribute {name!r}")
 
 
 __all__ = ["Plan", "Decision", "Request", "Candidate", "ShmBudgetError", "rank", "top", "no_fit_message",

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from ms_shm import budget, model, plan
+from ms_shm.engines.mindspore import planning
 from ms_shm.plan import INLINE, PIPES, PROCESSES, THREADS, Request, ShmBudgetError
 from ms_shm.rows import RowStats
 
@@ -77,7 +78,7 @@ GENERATOR_CASES = {
 
 def _plan(name: str) -> plan.Plan:
     stats, req, b, _, _ = GENERATOR_CASES[name]
-    return plan.plan_generator(stats, req, b, V210)
+    return planning.plan_generator(stats, req, b, V210)
 
 
 @pytest.mark.parametrize("name", list(GENERATOR_CASES))
@@ -126,7 +127,7 @@ def test_pipes_never_win_a_tie_with_shared_memory():
 def test_a_tie_goes_to_fewer_workers():
     # Probe rows slowed by a busy machine (5.66 ms, 25% CPU) put inline (0.67 s) and processes (0.66 s) in the
     # same 0.05 s bucket: the extra processes and 288 MiB of /dev/shm would buy nothing.
-    p = plan.plan_generator(rows(8 * MiB, 5.66e-3, 0.25), ask(), room(), V210)
+    p = planning.plan_generator(rows(8 * MiB, 5.66e-3, 0.25), ask(), room(), V210)
     estimates = {c.mode: c.seconds for c in p.alternatives}
     assert abs(estimates[PROCESSES] - p.estimated_seconds) < 0.05
     assert p.mode == INLINE
@@ -173,7 +174,7 @@ def test_unknown_shm_is_the_safe_choice_and_says_so():
 ])
 def test_fd_starved_processes_only_where_fds_fit(nofile, open_fds, mode, prefetch, fds):
     b = room(nofile=nofile, open_fds=open_fds)
-    p = plan.plan_generator(rows(**CPU_HEAVY), ask(), b, V210)
+    p = planning.plan_generator(rows(**CPU_HEAVY), ask(), b, V210)
     assert (p.mode, p.prefetch, p.predicted_fds) == (mode, prefetch, fds), p.summary()
     assert p.predicted_fds <= b.fds == nofile - open_fds - 8
     lowered = [d.value for d in p.decisions if d.setting == "prefetch_size"]
@@ -207,7 +208,7 @@ def test_untimed_rows_fall_back_to_mindspore_default_transport():
 def test_ragged_rows_are_planned_at_one_and_a_half_times_the_largest():
     stats = rows(4 * MiB, smallest=MiB)
     assert stats.ragged
-    p = plan.plan_generator(stats, ask(), room(), V210)
+    p = planning.plan_generator(stats, ask(), room(), V210)
     assert p.row_bytes == 6 * MiB
     d = next(d for d in p.decisions if d.setting == "row_bytes")
     assert (d.value, d.default) == (6 * MiB, 4 * MiB)
@@ -217,7 +218,7 @@ def test_ragged_rows_are_planned_at_one_and_a_half_times_the_largest():
 
 
 def test_uniform_rows_are_planned_as_measured():
-    p = plan.plan_generator(rows(4 * MiB), ask(), room(), V210)
+    p = planning.plan_generator(rows(4 * MiB), ask(), room(), V210)
     assert p.row_bytes == 4 * MiB
     assert not any(d.setting == "row_bytes" for d in p.decisions)
 
@@ -225,7 +226,7 @@ def test_uniform_rows_are_planned_as_measured():
 def test_no_room_for_semaphores_with_explicit_processes_raises_with_numbers_and_fix():
     b = room(64 * KiB)  # 51.2 KiB budget; 2 workers' semaphores alone are 19 pages = 76 KiB
     with pytest.raises(ShmBudgetError) as err:
-        plan.plan_generator(rows(**CPU_HEAVY), ask(multiprocessing=True), b, V210)
+        planning.plan_generator(rows(**CPU_HEAVY), ask(multiprocessing=True), b, V210)
     msg = str(err.value)
     assert "python_multiprocessing=True" in msg
     assert "76.0 KiB" in msg and "51.2 KiB" in msg
@@ -234,13 +235,13 @@ def test_no_room_for_semaphores_with_explicit_processes_raises_with_numbers_and_
 
 def test_explicit_processes_with_unknown_shm_raise():
     with pytest.raises(ShmBudgetError, match="unknown"):
-        plan.plan_generator(rows(**CPU_HEAVY), ask(multiprocessing=True), room(None), V210)
+        planning.plan_generator(rows(**CPU_HEAVY), ask(multiprocessing=True), room(None), V210)
 
 
 def test_four_ranks_share_the_host():
     b = room(320 * MiB, ranks=4)
     assert b.shm_bytes == 64 * MiB
-    p = plan.plan_generator(rows(2 * MiB, 0.02, 1.0), ask(), b, V210)
+    p = planning.plan_generator(rows(2 * MiB, 0.02, 1.0), ask(), b, V210)
     # 2 MiB rows at prefetch 16 need 72.2 MiB; 13 is the largest prefetch under 64 MiB
     assert (p.mode, p.prefetch) == (PROCESSES, 13)
     assert 4 * p.predicted_shm <= 320 * MiB * 0.8
@@ -252,19 +253,19 @@ def test_ledger_reservations_shrink_the_next_plan():
     shm, fds = ledger.totals()
     b = room(512 * MiB, reserved_shm=shm, reserved_fds=fds)
     assert b.shm_bytes == int(512 * MiB * 0.8) - 300 * MiB
-    p = plan.plan_generator(rows(8 * MiB, 0.02, 1.0), ask(), b, V210)
-    free_p = plan.plan_generator(rows(8 * MiB, 0.02, 1.0), ask(), room(512 * MiB), V210)
+    p = planning.plan_generator(rows(8 * MiB, 0.02, 1.0), ask(), b, V210)
+    free_p = planning.plan_generator(rows(8 * MiB, 0.02, 1.0), ask(), room(512 * MiB), V210)
     assert (free_p.mode, free_p.prefetch) == (PROCESSES, 16)
     assert (p.mode, p.prefetch) == (PROCESSES, 4)  # 96.1 MiB of the 109.6 MiB left
     assert p.predicted_shm <= b.shm_bytes
 
 
 def test_old_mindspore_gets_a_static_rowsize_larger_than_the_row():
-    p = plan.plan_generator(rows(MiB, 0.02, 1.0), ask(), room(), model.profile_for("2.3.1"))
+    p = planning.plan_generator(rows(MiB, 0.02, 1.0), ask(), room(), model.profile_for("2.3.1"))
     assert p.mode == PROCESSES
     assert p.max_rowsize == 6  # 2.3's default, already larger than a 1 MiB row
     assert p.guard_worker_bytes == 0  # static slots are committed up front: nothing for the guard to track
-    p = plan.plan_generator(rows(8 * MiB, 0.02, 1.0), ask(), room(), model.profile_for("2.3.1"))
+    p = planning.plan_generator(rows(8 * MiB, 0.02, 1.0), ask(), room(), model.profile_for("2.3.1"))
     assert p.max_rowsize == 9
 
 
@@ -273,7 +274,7 @@ def test_old_mindspore_gets_a_static_rowsize_larger_than_the_row():
     ("2.10", 8 * 10 * 8 * MiB + 55 * 4096),  # dynamic slots sized to the row
 ])
 def test_what_if_eight_ranks_eight_workers(version, as_asked):
-    p = plan.what_if(8 * MiB, 8, 16, ranks=8, version=version, shm_free=64 * MiB)
+    p = planning.what_if(8 * MiB, 8, 16, ranks=8, version=version, shm_free=64 * MiB)
     assert p.fits is False
     assert p.budget.shm_bytes == int(64 * MiB * 0.8 / 8)
     asked = [c for c in p.alternatives if c.why_not == "as asked"]
@@ -285,12 +286,12 @@ def test_what_if_eight_ranks_eight_workers(version, as_asked):
 
 
 def test_what_if_that_fits():
-    p = plan.what_if(MiB, 2, 16, shm_free=4 * GiB)
+    p = planning.what_if(MiB, 2, 16, shm_free=4 * GiB)
     assert p.fits is True and p.mode == PROCESSES
 
 
 def test_what_if_with_a_full_dev_shm_answers_instead_of_raising():
-    p = plan.what_if(8 * MiB, 2, 16, shm_free=0)
+    p = planning.what_if(8 * MiB, 2, 16, shm_free=0)
     assert p.fits is False
     assert p.mode == THREADS and p.predicted_shm == 0  # what ms_shm would build instead
     json.dumps(p.to_dict())
@@ -310,7 +311,7 @@ MAP_CASES = {
 
 def _map_plan(name: str) -> plan.Plan:
     i, o, t, cpu, n, req, b, shmmax, mem, _ = MAP_CASES[name]
-    return plan.plan_map(i, o, t, cpu, n, req, b, V210, shmmax=shmmax, memory_left=mem)
+    return planning.plan_map(i, o, t, cpu, n, req, b, V210, shmmax=shmmax, memory_left=mem)
 
 
 @pytest.mark.parametrize("name", list(MAP_CASES))
@@ -343,11 +344,11 @@ def test_map_unknown_shm_says_so():
 
 def test_map_explicit_processes_that_cannot_fit_raise():
     with pytest.raises(ShmBudgetError, match="shmmax"):
-        plan.plan_map(MiB, 8 * MiB, 0.02, 1.0, 1000, ask(multiprocessing=True), room(), V210, shmmax=MiB)
+        planning.plan_map(MiB, 8 * MiB, 0.02, 1.0, 1000, ask(multiprocessing=True), room(), V210, shmmax=MiB)
 
 
 def test_costs_are_positive_and_pipes_cost_more_per_mib():
-    c = plan.Costs()
+    c = planning.Costs()
     for mode in plan.MODES:
         assert c.row(mode, MiB) > 0 and c.start(mode) >= 0
     assert c.row(PIPES, 8 * MiB) > c.row(PROCESSES, 8 * MiB)

@@ -12,7 +12,7 @@ Examples:
 
 import logging
 
-from ms_shm.api import TuneReport, build_dataset, map, plan_of, probe, reset, session, tune
+from ms_shm.api import TuneReport, batch, build_dataset, map, plan_of, probe, reset, session, tune
 from ms_shm.budget import Budget
 from ms_shm.cleanup import CleanReport, Leftover, clean
 from ms_shm.cow import CowFinding
@@ -26,6 +26,7 @@ from ms_shm.errors import (
     UsageError,
 )
 from ms_shm.host import HostFacts
+from ms_shm.patch import patch, patched, unpatch
 from ms_shm.plan import Decision, Plan
 from ms_shm.rows import RowStats
 from ms_shm.shared_list import SharedDict, SharedList
@@ -37,7 +38,7 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 __version__ = "0.1.0"
 
 __all__ = [
-    "tune", "build_dataset", "map", "plan_of", "probe", "reset", "session", "Session",
+    "tune", "build_dataset", "map", "batch", "plan_of", "patch", "unpatch", "patched", "probe", "reset", "session", "Session",
     "TuneReport", "Plan", "Decision", "Budget", "HostFacts", "RowStats",
     "Error", "ShmBudgetError", "RowError", "ProcessesUnavailableError", "UsageError", "RowTooLargeError", "ShmFullError",
     "clean", "CleanReport", "Leftover", "watch", "Watcher", "WatchSummary",

@@ -12,7 +12,7 @@ import weakref
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
-from ms_shm import advice, engines, host, measure, rows, sizes
+from ms_shm import advice, engines, host, measure, rows, sites, sizes
 from ms_shm import budget as budget_mod
 from ms_shm import changes as changes_mod
 from ms_shm._results import Result, mib
@@ -138,12 +138,13 @@ def _clean_leftovers() -> None:
     log.info("ms_shm.tune: cleaned leftovers of crashed runs: %s freed", mib(result.bytes_freed))
 
 
-def _request(kwargs: dict, config: Any, facts: host.HostFacts, eng: Any, multiprocessing_key: str =
-             "python_multiprocessing") -> Request:
-    """What the caller asked for, with the framework's globals as they are now."""
+def _request(kwargs: dict, config: Any, facts: host.HostFacts, eng: Any, explicit: str | None = None) -> Request:
+    """What the caller asked for, with the framework's globals as they are now; ``explicit`` says whether the
+    caller's explicit settings are orders (``None``, ``"order"``: kept, or ``ShmBudgetError``) or preferences
+    (``"preference"``, unchanged code under ``ms_shm.patch``: adapted where they cannot fit)."""
     return Request(
         workers=kwargs.get("num_parallel_workers"),
-        multiprocessing=kwargs.get(multiprocessing_key),
+        multiprocessing=kwargs.get("python_multiprocessing"),
         max_rowsize=eng.arithmetic.max_rowsize_mb(kwargs.get("max_rowsize")),
         prefetch=config.prefetch_size if config and config.prefetch_size else eng.arithmetic.DEFAULT_PREFETCH,
         shared_mem=bool(config.shared_mem) if config and config.shared_mem is not None else True,
@@ -151,6 +152,7 @@ def _request(kwargs: dict, config: Any, facts: host.HostFacts, eng: Any, multipr
         start_method=(config.start_method if config else None) or "fork",
         cpu_count=facts.cpu_count or facts.usable_cpus,
         usable_cpus=facts.usable_cpus,
+        explicit=explicit,
     )
 
 
@@ -205,8 +207,8 @@ def _lock_mode(req: Request, why: str, default_workers: int, default_multiproces
                                                                                   reason)
 
 
-def build_dataset(source: Any, column_names: Sequence[str] | str | None = None, share_lists: bool = False,
-                  **generator_kwargs: Any):
+def build_dataset(source: Any, column_names: Sequence[str] | str | None = None, share_lists: bool = False, *,
+                  _explicit: str | None = None, **generator_kwargs: Any):
     """A ``mindspore.dataset.GeneratorDataset`` whose transport, workers and prefetch fit this host.
 
     Takes every ``GeneratorDataset`` argument and yields exactly what ``GeneratorDataset`` yields with them.
@@ -238,11 +240,11 @@ def build_dataset(source: Any, column_names: Sequence[str] | str | None = None, 
         return eng.compat.generator_dataset(source, column_names, generator_kwargs)  # MindSpore's own TypeError
     facts, config = SESSION.host_facts(), eng.read_config()
     names = _column_names(column_names, generator_kwargs)
-    req = _request(generator_kwargs, config, facts, eng)
+    req = _request(generator_kwargs, config, facts, eng, _explicit)
     if not rows.is_random_access(source):
         p = eng.planning.plan_iterable(req, SESSION.budget(facts), _profile(config, facts, eng))
         lineage = measure.IterableLineage(source, names) if names else measure.Unavailable("no column names")
-        return _build(eng, source, column_names, generator_kwargs, p, config, lineage, "iterable")
+        return _build(eng, source, column_names, generator_kwargs, p, config, lineage, "iterable", _explicit)
     blocked = _probe_blocker(source, generator_kwargs, eng)
     probe = measure.StageProbe(None, unmeasured=blocked) if blocked else \
         measure.probe_random_access(source, names, eng.compat.row_check())
@@ -252,7 +254,7 @@ def build_dataset(source: Any, column_names: Sequence[str] | str | None = None, 
     lineage = measure.SourceLineage(source, names, probe.stats.indices[:4]) if probe.stats and names else \
         measure.Unavailable(probe.unmeasured or "no column names")
     return _build(eng, _guarded(source, p, facts, eng), column_names, generator_kwargs, p, config, lineage,
-                  type(source).__name__)
+                  type(source).__name__, _explicit)
 
 
 def _plan_source(probe: measure.StageProbe, req: Request, kwargs: dict, config: Any, facts: host.HostFacts,
@@ -272,8 +274,37 @@ def _plan_source(probe: measure.StageProbe, req: Request, kwargs: dict, config: 
     if probe.stats is None:
         p = eng.planning.plan_unmeasured(req, b, profile, probe.unmeasured)
     else:
-        p = eng.planning.plan_generator(probe.stats, req, b, profile)
+        p = _fit(lambda r: eng.planning.plan_generator(probe.stats, r, b, profile), req,
+                 bool(probe.effects.order_dependent))
     return replace(p, decisions=tuple(decisions) + p.decisions)
+
+
+PREFERENCE, ORDER = "preference", "order"
+_EXPLICIT_SETTINGS = (("num_parallel_workers", "workers"), ("python_multiprocessing", "multiprocessing"),
+                      ("max_rowsize", "max_rowsize"))
+
+
+def _fit(plan_for: Any, req: Request, locked: bool) -> Plan:
+    """``plan_for(req)``. Where the explicit settings are preferences (unchanged code under ``ms_shm.patch``) and
+    nothing honouring them fits, the fastest plan that fits without them, which keeps the rows identical; never
+    where the rows depend on which worker reads them (``locked``): then ``ShmBudgetError`` as for orders."""
+    try:
+        return plan_for(req)
+    except ShmBudgetError as exc:
+        asked = ", ".join(f"{name}={getattr(req, field)}" for name, field in _EXPLICIT_SETTINGS
+                          if getattr(req, field) is not None)
+        if req.explicit != PREFERENCE or locked or not asked:
+            raise
+        why = str(exc).split(" Fix:")[0]
+    p = plan_for(replace(req, workers=None, multiprocessing=None, max_rowsize=None))
+    adapted = Decision("explicit_arguments", "adapted", asked,
+                       f"{why}; the call's explicit {asked} are preferences here (ms_shm.patch), so the fastest "
+                       f"configuration that fits and yields the same rows is used instead")
+    return replace(p, decisions=(adapted,) + p.decisions)
+
+
+def _adapted(p: Plan) -> bool:
+    return any(d.setting == "explicit_arguments" for d in p.decisions)
 
 
 def _guarded(source: Any, p: Plan, facts: host.HostFacts, eng: Any) -> Any:
@@ -286,20 +317,22 @@ def _guarded(source: Any, p: Plan, facts: host.HostFacts, eng: Any) -> Any:
 
 
 def _build(eng: Any, feed: Any, column_names: Any, asked: dict, p: Plan, config: Any, lineage: measure.Lineage,
-           what: str):
+           what: str, explicit: str | None = None):
     """Apply the plan: MindSpore's globals first, then ``GeneratorDataset`` with only the settings it changed."""
-    made = _apply_globals(p, config, eng)
+    made = _apply_globals(p, config, eng, quiet=explicit is not None)
     kwargs = dict(asked)
     _set_if_changed(kwargs, "num_parallel_workers", p.workers, 1)
     if p.workers > 1:  # one worker runs in MindSpore's own thread whatever the flag says
         _set_if_changed(kwargs, "python_multiprocessing", p.python_multiprocessing, True)
     if p.max_rowsize is not None and kwargs.get("max_rowsize") is None:
         kwargs["max_rowsize"] = p.max_rowsize
+    elif _adapted(p) and eng.arithmetic.max_rowsize_mb(kwargs.get("max_rowsize")) != p.max_rowsize:
+        kwargs["max_rowsize"] = p.max_rowsize  # the caller's static slots did not fit: dynamic ones
     dataset = eng.compat.generator_dataset(feed, column_names, kwargs)
     if made:
         p = replace(p, decisions=p.decisions + tuple(Decision(c.setting, c.new, c.old, c.reason) for c in made))
     _register(dataset, p, lineage, f"GeneratorDataset({what})")
-    _log_plan(p, asked)
+    _log_plan(p, asked, explicit)
     return dataset
 
 
@@ -313,6 +346,13 @@ def _register(dataset: Any, p: Plan, lineage: measure.Lineage, label: str) -> No
     reservation = SESSION.ledger.reserve(label, p.predicted_shm, p.predicted_fds)
     weakref.finalize(dataset, SESSION.ledger.release, reservation.key)
     measure.remember(dataset, p, lineage)
+
+
+def _adopt(dataset: Any, built: Any) -> None:
+    """``ms_shm.patch``: ``dataset`` (the caller's instance) takes over the plan and reservation of ``built``."""
+    p = measure.plan_of(built)
+    if p is not None and dataset is not built:
+        _register(dataset, p, measure.lineage_of(built) or measure.Unavailable("adopted"), "adopted")
 
 
 def _rows_per_epoch(kwargs: dict, length: int | None) -> int | None:
@@ -339,9 +379,10 @@ def _without_processes(req: Request, why: str) -> Request:
     return replace(req, multiprocessing=False)
 
 
-def _apply_globals(p: Plan, config: Any, eng: Any) -> list:
+def _apply_globals(p: Plan, config: Any, eng: Any, quiet: bool = False) -> list:
     """Global MindSpore settings the plan needs. Both only ever go down, so other pipelines stay safe; each is
-    recorded in the session (``ms_shm.session().restore()``) and logged as a warning."""
+    recorded in the session (``ms_shm.session().restore()``) and logged as a warning (under ``ms_shm.patch``,
+    ``quiet``: at INFO, the pipeline's one warning names them)."""
     if config is None:
         return []
     wanted = []
@@ -354,17 +395,30 @@ def _apply_globals(p: Plan, config: Any, eng: Any) -> list:
     wanted += [(d.setting, d.value, d.reason) for d in p.decisions if d.setting == "enable_watchdog"]
     made = SESSION.record([eng.apply_setting(*w) for w in wanted], eng.undo)
     for change in made:
-        log.warning("ms_shm changed MindSpore's global %s from %s to %s: %s", change.setting, change.old,
+        log.log(logging.INFO if quiet else logging.WARNING, "ms_shm changed MindSpore's global %s from %s to %s: %s", change.setting, change.old,
                     change.new, change.reason)
     return made
 
 
-def _log_plan(p: Plan, asked: dict) -> None:
+_STAGE_NAMES = {"generator": "GeneratorDataset", "map": "map", "batch": "batch(per_batch_map=...)"}
+_GLOBAL_SETTINGS = ("prefetch_size", "shared_mem", "enable_watchdog", "explicit_arguments")
+
+
+def _log_plan(p: Plan, asked: dict, explicit: str | None = None) -> None:
+    """The plan at INFO, each decision at its level. Under ``ms_shm.patch`` (``explicit`` set) whatever differs
+    from what the caller's own call would do is ONE warning, naming the caller's file:line."""
     log.info("ms_shm %s", p.summary())
+    changed = [d for d in p.decisions if d.value != d.default and (
+        d.setting in asked or d.setting in _GLOBAL_SETTINGS
+        or (d.setting == "mode" and {"num_parallel_workers", "python_multiprocessing"} & asked.keys()))]
+    changed = [d for i, d in enumerate(changed) if all(e.setting != d.setting for e in changed[:i])]
+    if explicit and changed:
+        log.warning("ms_shm adapted %s at %s: %s", _STAGE_NAMES.get(p.kind, p.kind), sites.call_site(),
+                    "; ".join(f"{d.setting} {d.default} -> {d.value} ({d.reason})" for d in changed))
     for d in p.decisions:
-        explicit = d.setting in asked and asked[d.setting] != d.value
-        level = logging.WARNING if explicit else logging.INFO if d.setting == "mode_locked" else logging.DEBUG
-        log.log(level, "ms_shm decision %s", d)
+        mine = d.setting in asked and asked[d.setting] != d.value
+        level = logging.WARNING if mine else logging.INFO if d.setting == "mode_locked" else logging.DEBUG
+        log.log(min(level, logging.INFO) if explicit else level, "ms_shm decision %s", d)
 
 
 def plan_of(dataset: Any) -> Plan | None:
@@ -403,8 +457,8 @@ def _names_list(columns: Any) -> list | None:
 
 
 def map(dataset: Any, operations: Any = None, input_columns: Sequence[str] | str | None = None,
-        output_columns: Sequence[str] | str | None = None, num_parallel_workers: int | None = None,
-        **map_kwargs: Any):
+        output_columns: Sequence[str] | str | None = None, num_parallel_workers: int | None = None, *,
+        _explicit: str | None = None, **map_kwargs: Any):
     """``dataset.map(...)`` with workers and transport that fit this host, measured on real rows.
 
     The operations run on a few input rows first, in a forked probe child (so an operation that draws random
@@ -427,14 +481,55 @@ def map(dataset: Any, operations: Any = None, input_columns: Sequence[str] | str
     ins = _names_list(input_columns) or eng.compat.column_names(dataset)[:1]
     outs = _names_list(output_columns) or ins
     probe = measure.probe_operations(lineage, operations, ins, outs)
-    p = _plan_operations(probe, _request(asked, config, facts, eng), config, facts, eng)
-    kwargs = dict(map_kwargs)
+    p = _plan_operations(probe, _request(asked, config, facts, eng, _explicit), config, facts, eng)
+    kwargs = _stage_kwargs(map_kwargs, p, num_parallel_workers, config)
+    result = eng.compat.map_dataset(dataset, operations, input_columns, output_columns, kwargs)
+    _register(result, p, measure.MapLineage(lineage, operations, tuple(ins), tuple(outs)), "map")
+    _log_plan(p, asked, _explicit)
+    return result
+
+
+def _stage_kwargs(given: dict, p: Plan, num_parallel_workers: int | None, config: Any) -> dict:
+    """A map's or batch's own keyword arguments with the plan's transport and workers (only where they differ
+    from what MindSpore would use, or the caller passed them); a static ``max_rowsize`` the plan dropped goes."""
+    kwargs = dict(given)
     _set_if_changed(kwargs, "python_multiprocessing", p.python_multiprocessing, False)
     if num_parallel_workers is not None or p.workers != _map_default_workers(config):
         kwargs["num_parallel_workers"] = p.workers
-    result = eng.compat.map_dataset(dataset, operations, input_columns, output_columns, kwargs)
-    _register(result, p, measure.MapLineage(lineage, operations, tuple(ins), tuple(outs)), "map")
-    _log_plan(p, asked)
+    if _adapted(p) and "max_rowsize" in kwargs and p.max_rowsize is None:
+        del kwargs["max_rowsize"]
+    return kwargs
+
+
+def batch(dataset: Any, batch_size: Any, drop_remainder: bool = False, num_parallel_workers: int | None = None, *,
+          _explicit: str | None = None, **batch_kwargs: Any):
+    """``dataset.batch(...)``; with a ``per_batch_map``, its workers and transport are planned like ``map``'s,
+    the batch being the row: ``per_batch_map`` runs on a probe batch in a forked probe child (rows re-made from
+    the input stage's lineage), which measures the batch's bytes in and out and its cost. Yields exactly what
+    ``dataset.batch`` yields with the same arguments; without a ``per_batch_map`` it is that call.
+
+    Returns:
+        mindspore.dataset.Dataset: the batched dataset; its plan is ``ms_shm.plan_of(result)``.
+
+    Raises:
+        ms_shm.ShmBudgetError: explicit arguments that cannot fit.
+    """
+    eng = _engine()
+    asked = dict(batch_kwargs, **({} if num_parallel_workers is None else {"num_parallel_workers": num_parallel_workers}))
+    per_batch_map = batch_kwargs.get("per_batch_map")
+    if per_batch_map is None or isinstance(batch_size, bool) or not isinstance(batch_size, int) or \
+            not eng.compat.arguments_fit("batch", dataset, batch_size, drop_remainder, **asked):
+        return eng.compat.batch_dataset(dataset, batch_size, drop_remainder, asked)
+    facts, config = SESSION.host_facts(), eng.read_config()
+    ins = _names_list(batch_kwargs.get("input_columns")) or eng.compat.column_names(dataset)
+    outs = _names_list(batch_kwargs.get("output_columns")) or ins
+    probe = measure.probe_batch(_input_lineage(dataset, eng), per_batch_map, batch_size, ins, outs)
+    p = _plan_operations(probe, _request(asked, config, facts, eng, _explicit), config, facts, eng)
+    p = replace(p, kind="batch")
+    kwargs = _stage_kwargs(batch_kwargs, p, num_parallel_workers, config)
+    result = eng.compat.batch_dataset(dataset, batch_size, drop_remainder, kwargs)
+    _register(result, p, measure.Unavailable("rows after a per_batch_map are not re-made in a probe"), "batch")
+    _log_plan(p, asked, _explicit)
     return result
 
 
@@ -454,8 +549,9 @@ def _plan_operations(probe: measure.StageProbe, req: Request, config: Any, facts
         p = eng.planning.plan_unmeasured(req, b, profile, probe.unmeasured, kind="map")
     else:
         st = probe.stats
-        p = eng.planning.plan_map(st.in_bytes, st.out_bytes, st.seconds_per_row, st.cpu_fraction, None, req, b,
-                                  profile, shmmax=facts.shmmax, memory_left=_memory_left(facts))
+        p = _fit(lambda r: eng.planning.plan_map(st.in_bytes, st.out_bytes, st.seconds_per_row, st.cpu_fraction,
+                                                 None, r, b, profile, shmmax=facts.shmmax,
+                                                 memory_left=_memory_left(facts)), req, bool(why))
     if not why:
         return p
     return replace(p, decisions=(Decision("mode_locked", True, False,
@@ -480,4 +576,4 @@ def reset() -> None:
     SESSION.reset()
 
 
-__all__ = ["tune", "build_dataset", "map", "plan_of", "probe", "reset", "session", "TuneReport", "ShmBudgetError"]
+__all__ = ["tune", "build_dataset", "map", "batch", "plan_of", "probe", "reset", "session", "TuneReport", "ShmBudgetError"]

@@ -2,7 +2,7 @@
 
 ``doctor`` shows the host as MindSpore's dataset engine sees it and what to change; ``plan`` answers "what if"
 without running anything; ``explain`` reads a log and names the failure in this host's numbers; ``clean``
-removes what crashed runs left behind. Each command parses its arguments, asks ``host.probe``, ``advice``, the
+removes what crashed runs left behind; ``run`` runs an unchanged script with ``ms_shm.patch()`` installed. Each command parses its arguments, asks ``host.probe``, ``advice``, the
 engine (``outcome``, ``what_if_report``), ``explain`` or ``cleanup`` for a result, and prints it: as text here,
 or as the result's ``to_dict()`` under ``--json``. Every rule lives in those modules, so the text and the JSON
 are the same facts.
@@ -423,6 +423,77 @@ def _add_explain_and_clean(sub: Any) -> None:
     clean.set_defaults(func=cmd_clean)
 
 
+def _add_run(sub: Any) -> None:
+    run = sub.add_parser("run", help="run a script or module unchanged, with ms_shm protecting its pipelines",
+                         description="Run SCRIPT (or -m MODULE) in this process as `python SCRIPT ARGS...` would, "
+                                     "after ms_shm.tune() and ms_shm.patch(): every GeneratorDataset, Dataset.map "
+                                     "and Dataset.batch(per_batch_map=...) goes through ms_shm's planner.")
+    run.add_argument("--strict", action="store_true",
+                     help="explicit python_multiprocessing / num_parallel_workers / max_rowsize are orders: "
+                          "raise ShmBudgetError where they cannot fit (default: adapt them, with a warning)")
+    run.add_argument("--report", metavar="FILE", help="write every pipeline built, its plan and call site (JSON)")
+    run.add_argument("--log-level", default="WARNING", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+                     help="ms_shm's messages shown on stderr (default WARNING)")
+    run.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script, like python -m")
+    run.add_argument("argv", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS...]")
+    run.set_defaults(func=cmd_run)
+
+
+def _run_target(args: argparse.Namespace) -> tuple:
+    """What to run and the ``sys.argv`` plain ``python`` would give it."""
+    if args.module:
+        return None, args.module, [args.module] + list(args.argv)
+    if not args.argv:
+        raise SystemExit("ms-shm run: give a SCRIPT or -m MODULE")
+    return args.argv[0], None, list(args.argv)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """``ms-shm run``: tune, patch, then the script as ``__main__``. A ``SystemExit`` of the script passes
+    through as is; any other exception prints its traceback from the script's first frame, exit 1."""
+    import atexit
+    import logging
+    import os
+    import runpy
+    import traceback
+
+    from ms_shm.api import tune
+    from ms_shm.patch import patch, write_report
+
+    script, module, argv = _run_target(args)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+    logger = logging.getLogger("ms_shm")
+    logger.addHandler(handler)
+    logger.setLevel(args.log_level)
+    logger.propagate = False  # ms-shm run shows ms_shm's messages once, even if the script configures logging
+    if args.report:
+        atexit.register(write_report, args.report)
+    tune()
+    patch(strict=args.strict)
+    sys.argv = argv
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)) if script else os.getcwd())
+    try:
+        if module:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(script, run_name="__main__")
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as exc:
+        traceback.print_exception(type(exc), exc, _from_script(exc.__traceback__))
+        return 1
+    return EXIT_OK
+
+
+def _from_script(tb: Any) -> Any:
+    """The traceback from the first frame outside ms_shm and runpy, as ``python SCRIPT`` would print it."""
+    first = tb
+    while tb is not None and tb.tb_frame.f_globals.get("__name__", "").split(".")[0] in ("ms_shm", "runpy"):
+        tb = tb.tb_next
+    return tb or first
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ms-shm",
@@ -432,12 +503,33 @@ def build_parser() -> argparse.ArgumentParser:
     _add_doctor(sub)
     _add_plan(sub)
     _add_explain_and_clean(sub)
+    _add_run(sub)
     return parser
+
+
+def _split_run_module(argv: list) -> tuple:
+    """``run [OPTIONS] -m MODULE ARGS...``: the module's ARGS are its own, whatever they look like, as with
+    ``python -m``; argparse alone would read them as ms-shm's. Returns (ms-shm's argv, module, its args)."""
+    i = 1
+    while argv[:1] == ["run"] and i < len(argv):
+        token = argv[i]
+        if token == "-m" and i + 1 < len(argv):
+            return argv[:i], argv[i + 1], argv[i + 2:]
+        if token in ("--report", "--log-level"):
+            i += 2
+        elif token.startswith("-") and token != "-":
+            i += 1
+        else:
+            break
+    return argv, None, None
 
 
 def main(argv: list | None = None) -> int:
     """Entry point of ``ms-shm`` and ``python -m ms_shm``; returns the exit code."""
+    argv, module, module_args = _split_run_module(list(sys.argv[1:] if argv is None else argv))
     args = build_parser().parse_args(argv)
+    if module is not None:
+        args.module, args.argv = module, module_args
     try:
         return args.func(args)
     except BrokenPipeError:  # `ms-shm doctor | head`

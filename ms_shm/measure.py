@@ -264,6 +264,60 @@ def probe_operations(lineage: Lineage, operations: Any, input_columns: Sequence[
     return StageProbe(probe.stats, _random_ops(operations, probe.effects), probe.unmeasured)
 
 
+class ProbeBatchInfo:
+    """What ``per_batch_map`` gets as its last argument in the probe child: the first batch of the first epoch."""
+
+    def get_batch_num(self) -> int:
+        return 0
+
+    def get_epoch_num(self) -> int:
+        return 0
+
+
+def probe_batch(lineage: Lineage, per_batch_map: Any, batch_size: int, input_columns: Sequence[str],
+                output_columns: Sequence[str]) -> StageProbe:
+    """Run ``per_batch_map`` on a probe batch, in a probe child, and measure it as one map row.
+
+    The probe batch holds the few rows the input stage's lineage makes (at most ``batch_size``); bytes in and
+    out and the seconds it took are scaled to ``batch_size`` rows (a per_batch_map is per row work)."""
+    blocked = lineage.why_not()
+    if blocked:
+        return StageProbe(None, unmeasured=f"the input rows cannot be read ahead: {blocked}")
+
+    def in_child():
+        available = lineage.rows(min(batch_size, PROBE_ROWS_FOR_MAP + 1))
+        missing = [c for c in input_columns if c not in available]
+        if missing:
+            return f"input column(s) {missing} are not among the input's columns {sorted(available)}", None
+        return sandbox.watch_effects(
+            lambda: time_batch(per_batch_map, [list(available[c]) for c in input_columns], batch_size),
+            _operation_objects(per_batch_map))
+
+    probe = _outcome(sandbox.run_in_fork(in_child), "per_batch_map")
+    if isinstance(probe.stats, str):
+        return StageProbe(None, unmeasured=probe.stats)
+    return probe
+
+
+def time_batch(per_batch_map: Any, columns: list, batch_size: int) -> OperationStats:
+    """One call of ``per_batch_map`` on ``columns`` (lists of rows), scaled to a batch of ``batch_size``."""
+    k = max(1, min((len(c) for c in columns), default=1))
+    copied = [[v.copy() if isinstance(v, np.ndarray) else v for v in c] for c in columns]
+    w0, c0 = time.perf_counter(), time.thread_time()
+    out = per_batch_map(*copied, ProbeBatchInfo())
+    wall, cpu = time.perf_counter() - w0, time.thread_time() - c0
+    scale = batch_size / k
+    out = out if isinstance(out, tuple) else (out,)
+    return OperationStats(1, int(_nbytes(columns) * scale), int(_nbytes(out) * scale), wall * scale,
+                          (cpu / wall) if wall > 0 else None)
+
+
+def _nbytes(value: Any) -> int:
+    if isinstance(value, (list, tuple)):
+        return sum(_nbytes(v) for v in value)
+    return int(getattr(np.asarray(value), "nbytes", 0))
+
+
 def _outcome(outcome: sandbox.Outcome, what: str) -> StageProbe:
     if outcome.unavailable:
         return StageProbe(None, unmeasured=outcome.unavailable)
@@ -337,4 +391,5 @@ def time_operations(operations: Any, inputs: list) -> OperationStats:
 
 
 __all__ = ["StageProbe", "OperationStats", "Lineage", "SourceLineage", "IterableLineage", "MapLineage", "TakenRows", "Unavailable",
-           "remember", "plan_of", "lineage_of", "probe_random_access", "probe_operations"]
+           "remember", "plan_of", "lineage_of", "probe_random_access", "probe_operations", "probe_batch",
+           "time_batch", "ProbeBatchInfo"]

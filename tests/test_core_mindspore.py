@@ -142,7 +142,9 @@ def test_small_dev_shm_raw_dies_ms_shm_delivers(real_mindspore, kind, mb, seed):
 def ranks(mode: str, seed: int):
     """Four ranks started together in one namespace, sharing its 320m /dev/shm; rank r uses seed + r."""
     py = shlex.quote(sys.executable)
-    procs = [f"(RANK_SIZE=4 RANK_ID={r} DEVICE_ID={r} {py} -m tests.scenarios fixed --mode {mode} "
+    # a raw rank whose sibling filled /dev/shm sometimes hangs instead of dying: it is killed after 120 s (rc 137)
+    limit = "timeout -s KILL 120 " if mode == "raw" else ""
+    procs = [f"(RANK_SIZE=4 RANK_ID={r} DEVICE_ID={r} {limit}{py} -m tests.scenarios fixed --mode {mode} "
              f"--seed {seed + r} --mb 4 --hold 4 > \"$d/{r}.out\" 2> \"$d/{r}.err\"; echo $? > \"$d/{r}.rc\")"
              for r in range(4)]
     script = ('d=$(mktemp -d); ' + " & ".join(procs) + " & wait; "
@@ -161,14 +163,17 @@ def ranks(mode: str, seed: int):
 
 def test_four_ranks_share_320m(real_mindspore):
     """Four ranks on one 320m /dev/shm, 4 MiB rows: raw sizes each rank as if alone (144.2 MiB each, 577 MiB
-    together) and loses ranks to SIGBUS; ms_shm splits the budget, every rank delivers its own rows, and the
-    peak measured on the shared /dev/shm fits it."""
+    together) and loses ranks to SIGBUS (a rank left waiting on a dead sibling's full /dev/shm sometimes hangs
+    instead: killed after 120 s); ms_shm splits the budget, every rank delivers its own rows, and the peak measured
+    on the shared /dev/shm fits it."""
     raw = ranks("raw", 31)
     died = [r for r, (rc, out, _) in raw.items() if "RESULT " not in out]
     assert died, "raw MindSpore was expected to lose ranks:\n" + json.dumps(raw, indent=1)[-4000:]
     for r in died:
         rc, _, err = raw[r]
-        assert rc == 128 + 15 and BUS_WORKER in err and BUS_MAIN in err, (r, rc, err[-3000:])
+        bus = rc == 128 + 15 and BUS_WORKER in err and BUS_MAIN in err
+        assert bus or rc == 128 + 9, (r, rc, err[-3000:])  # 137: hung, killed by the test's timeout
+    assert any(raw[r][0] == 128 + 15 for r in died), "no raw rank died of the bus error"
 
     ours = ranks("ms_shm", 41)
     for r, (rc, out, err) in ours.items():

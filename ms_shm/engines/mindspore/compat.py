@@ -148,12 +148,25 @@ def map_dataset(dataset: Any, operations: Any, input_columns: Any, output_column
     return dataset.map(operations, input_columns=input_columns, output_columns=output_columns, **kwargs)
 
 
+def patch_targets() -> tuple:
+    """The classes ``ms_shm.patch`` patches in place: ``GeneratorDataset`` and ``Dataset`` (``map``, ``batch``)."""
+    ds = _dataset_module()
+    from mindspore.dataset.engine.datasets import Dataset
+
+    return ds.GeneratorDataset, Dataset
+
+
+def batch_dataset(dataset: Any, batch_size: Any, drop_remainder: Any, kwargs: dict):
+    return dataset.batch(batch_size, drop_remainder, **kwargs)
+
+
 def arguments_fit(kind: str, *args: Any, **kwargs: Any) -> bool:
-    """Whether ``GeneratorDataset(*args, **kwargs)`` (``kind="generator"``) or ``dataset.map(...)`` (``"map"``,
-    ``args[0]`` the dataset) binds to MindSpore's signature. Where it does not, the caller makes the plain call,
-    so the user gets MindSpore's (Python's) own ``TypeError`` before anything is probed."""
+    """Whether ``GeneratorDataset(*args, **kwargs)`` (``kind="generator"``) or ``dataset.map(...)`` /
+    ``dataset.batch(...)`` (``"map"``, ``"batch"``, ``args[0]`` the dataset) binds to MindSpore's signature.
+    Where it does not, the caller makes the plain call, so the user gets MindSpore's (Python's) own
+    ``TypeError`` before anything is probed."""
     try:
-        func = _dataset_module().GeneratorDataset if kind == "generator" else args[0].map
+        func = _dataset_module().GeneratorDataset if kind == "generator" else getattr(args[0], kind)
         signature = inspect.signature(func)
     except (TypeError, ValueError, AttributeError):
         return True  # cannot tell: go on
@@ -266,5 +279,5 @@ def take_rows(dataset: Any, count: int) -> list:
 
 
 __all__ = ["MindSporeConfig", "Change", "available", "arguments_fit", "read_config", "set_prefetch_size", "set_shared_mem", "set_watchdog", "get_nofile",
-           "set_nofile_soft", "undo", "generator_dataset", "map_dataset", "row_check", "rows_come_from",
+           "set_nofile_soft", "undo", "generator_dataset", "map_dataset", "batch_dataset", "patch_targets", "row_check", "rows_come_from",
            "python_code_in", "network_operators_in", "column_names", "processes_blocker", "take_rows"]

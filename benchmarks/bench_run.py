@@ -1,0 +1,66 @@
+"""``ms-shm run script.py`` against plain ``python script.py`` under an ample /dev/shm: the price of protecting an
+unchanged script, end to end (interpreter start, imports, ``tune()``, probing, construction and one epoch).
+
+Each round runs every script both ways, in a shuffled order, each in a fresh process in its own mount namespace
+with a 4 GB tmpfs on /dev/shm; the figure is the median over rounds of (run / plain) per script.
+
+    python benchmarks/bench_run.py --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SCENARIOS = REPO / "tests" / "patch_scenarios"
+# script, its arguments (seed, rows, MiB per row): the patch tests' raw-MindSpore scripts
+SCRIPTS = {"generator 2 workers x 8 MiB": ("gen_explicit.py", "7 48 8"),
+           "map growing rows to 8 MiB": ("map_grow.py", "7 32 8"),
+           "batch per_batch_map 4 x 4 MiB": ("batch_pbm.py", "7 32 4")}
+
+
+def timed(command: str) -> float:
+    shell = f"mount -t tmpfs -o size=4g tmpfs /dev/shm && {command} > /dev/null"
+    start = time.perf_counter()
+    proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", shell], cwd=REPO,
+                          capture_output=True, text=True)
+    elapsed = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"{command} failed:\n{proc.stderr[-2000:]}")
+    return elapsed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    py = shlex.quote(sys.executable)
+    ratios: dict = {name: [] for name in SCRIPTS}
+    times: dict = {(name, way): [] for name in SCRIPTS for way in ("plain", "run")}
+    for _ in range(args.rounds):
+        jobs = [(name, way) for name in SCRIPTS for way in ("plain", "run")]
+        random.shuffle(jobs)
+        for name, way in jobs:
+            script, script_args = SCRIPTS[name]
+            path = shlex.quote(str(SCENARIOS / script))
+            runner = f"{py} {path}" if way == "plain" else f"{py} -m ms_shm run {path}"
+            times[(name, way)].append(timed(f"{runner} {script_args}"))
+        for name in SCRIPTS:
+            ratios[name].append(times[(name, "run")][-1] / times[(name, "plain")][-1])
+    print(f"| script | plain python s | ms-shm run s | run/plain (median of {args.rounds} paired rounds) |")
+    print("|---|---|---|---|")
+    for name in SCRIPTS:
+        print(f"| {name} | {statistics.median(times[(name, 'plain')]):.2f} | "
+              f"{statistics.median(times[(name, 'run')]):.2f} | {statistics.median(ratios[name]):.3f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

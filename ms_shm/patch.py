@@ -1,0 +1,216 @@
+"""``ms_shm.patch()``: unchanged code built on raw MindSpore goes through ms_shm.
+
+Once patched, ``mindspore.dataset.GeneratorDataset(...)``, ``Dataset.map(...)`` and
+``Dataset.batch(..., per_batch_map=...)`` are ``ms_shm.build_dataset``, ``ms_shm.map`` and ``ms_shm.batch``
+with the same arguments, wherever the call is made (a script, a model zoo's loader, a name imported before
+``patch()``): the class and its methods are patched in place, nothing is replaced in a namespace.
+
+``GeneratorDataset`` stays the very same class, and only its ``__init__`` is patched: ``type(d) is
+ds.GeneratorDataset``, ``isinstance``, pickling, ``copy.deepcopy`` (MindSpore copies datasets for each iterator)
+and MindSpore's own subclasses (``NumpySlicesDataset``, ...) are untouched. The caller's instance is initialised
+once, by MindSpore's own ``__init__``, with the arguments ``build_dataset`` chose (ms_shm's own construction is
+redirected to it), and carries the plan. (``__new__`` is not patched: CPython cannot take a ``__new__`` back
+exactly once set on a class.) Inside ms_shm's own calls (a thread-local depth) every patched name is the
+original: no recursion.
+
+Explicit arguments in patched code are preferences (``strict=False``): where they cannot fit, ms_shm adapts them
+and logs one warning naming the caller's ``file:line``; ``strict=True`` keeps them and raises
+``ShmBudgetError``. ``unpatch()`` puts back exactly what was there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import json
+import logging
+import threading
+from typing import Any, Iterator
+
+from ms_shm import api, sites
+
+log = logging.getLogger("ms_shm")
+
+_LOCAL = threading.local()
+_LOCK = threading.RLock()
+_STATE: dict = {}  # while patched: the classes, what their dicts held, and strict
+_PIPELINES: list = []  # every pipeline built through the patch: kind, call site, plan
+
+
+def _depth() -> int:
+    return getattr(_LOCAL, "depth", 0)
+
+
+@contextlib.contextmanager
+def _inside() -> Iterator[None]:
+    _LOCAL.depth = _depth() + 1
+    try:
+        yield
+    finally:
+        _LOCAL.depth -= 1
+
+
+def is_patched() -> bool:
+    return bool(_STATE)
+
+
+def _explicit() -> str:
+    return api.ORDER if _STATE.get("strict") else api.PREFERENCE
+
+
+def _record(kind: str, result: Any, site: str | None) -> None:
+    plan = api.plan_of(result)
+    _PIPELINES.append({"kind": kind, "call_site": site, "plan": plan.to_dict() if plan is not None else None})
+
+
+def _routed(kind: str, call: Any, result: Any = None) -> Any:
+    """``call()`` inside ms_shm (every patched name is the original there), recorded with the caller's site;
+    ``result`` is what the caller gets when it is not what ``call()`` returns (an initialised instance)."""
+    site = sites.call_site()
+    with _inside():
+        built = call()
+    if result is not None:
+        api._adopt(result, built)
+    _record(kind, built if result is None else result, site)
+    return built
+
+
+def _make_init(real: type, real_init: Any) -> Any:
+    """``GeneratorDataset.__init__``: at the caller's level, ``build_dataset`` decides the arguments and this
+    very instance is initialised once, by MindSpore's own ``__init__``, with them (ms_shm's construction is
+    redirected to it); inside ms_shm, MindSpore's subclasses and pickling it is the original."""
+    init_sig = inspect.signature(real_init)
+    first = next(iter(init_sig.parameters))
+
+    @functools.wraps(real_init)
+    def __init__(self, *args, **kwargs):
+        into = getattr(_LOCAL, "into", None)
+        if into is not None and _depth():
+            _LOCAL.into = None  # ms_shm's own GeneratorDataset(...) call: it initialises the caller's instance
+            return real_init(into, *args, **kwargs)
+        if type(self) is not real or _depth() or not _STATE:
+            return real_init(self, *args, **kwargs)
+        try:
+            given = dict(init_sig.bind(self, *args, **kwargs).arguments)
+        except TypeError:
+            return real_init(self, *args, **kwargs)  # MindSpore's own TypeError
+        given.pop(first)
+        source, names = given.pop("source", None), given.pop("column_names", None)
+        _LOCAL.into = self
+        try:
+            shell = _routed("GeneratorDataset", lambda: api.build_dataset(source, names, _explicit=_explicit(),
+                                                                           **given), self)
+        finally:
+            _LOCAL.into = None
+        del shell  # ms_shm's own instance, never initialised: the caller's instance holds the plan now
+        return None
+
+    return __init__
+
+
+def _make_map(real_map: Any) -> Any:
+    sig = inspect.signature(real_map)
+    varkw = next((p.name for p in sig.parameters.values() if p.kind is p.VAR_KEYWORD), None)
+
+    @functools.wraps(real_map)
+    def map(self, *args, **kwargs):  # noqa: A001 - MindSpore's name
+        if _depth() or not _STATE:
+            return real_map(self, *args, **kwargs)
+        try:
+            given = dict(sig.bind(self, *args, **kwargs).arguments)
+        except TypeError:
+            return real_map(self, *args, **kwargs)
+        given.pop(next(iter(sig.parameters)))
+        extra = given.pop(varkw, {}) if varkw else {}
+        operations = given.pop("operations", None)
+        return _routed("map", lambda: api.map(self, operations, **given, **extra, _explicit=_explicit()))
+
+    return map
+
+
+def _make_batch(real_batch: Any) -> Any:
+    sig = inspect.signature(real_batch)
+    varkw = next((p.name for p in sig.parameters.values() if p.kind is p.VAR_KEYWORD), None)
+
+    @functools.wraps(real_batch)
+    def batch(self, *args, **kwargs):
+        if _depth() or not _STATE:
+            return real_batch(self, *args, **kwargs)
+        try:
+            given = dict(sig.bind(self, *args, **kwargs).arguments)
+        except TypeError:
+            return real_batch(self, *args, **kwargs)
+        given.pop(next(iter(sig.parameters)))
+        extra = given.pop(varkw, {}) if varkw else {}
+        if extra.get("per_batch_map") is None or "batch_size" not in given:
+            return real_batch(self, *args, **kwargs)
+        size = given.pop("batch_size")
+        return _routed("batch", lambda: api.batch(self, size, **given, **extra, _explicit=_explicit()))
+
+    return batch
+
+
+def patch(strict: bool = False) -> None:
+    """Route MindSpore's ``GeneratorDataset``, ``Dataset.map`` and ``Dataset.batch(per_batch_map=...)`` through
+    ms_shm, in this process. Idempotent (a second call only sets ``strict``); ``unpatch()`` undoes it exactly.
+
+    Args:
+        strict: keep explicit ``python_multiprocessing`` / ``num_parallel_workers`` / ``max_rowsize`` as orders
+            and raise ``ms_shm.ShmBudgetError`` where they cannot fit (default: adapt them, with a warning).
+    """
+    with _LOCK:
+        if _STATE:
+            _STATE["strict"] = bool(strict)
+            return
+        gd, dataset_cls = api._engine().compat.patch_targets()
+        saved = {(gd, "__init__"): vars(gd)["__init__"], (dataset_cls, "map"): vars(dataset_cls)["map"],
+                 (dataset_cls, "batch"): vars(dataset_cls)["batch"]}
+        gd.__init__ = _make_init(gd, saved[(gd, "__init__")])
+        dataset_cls.map = _make_map(saved[(dataset_cls, "map")])
+        dataset_cls.batch = _make_batch(saved[(dataset_cls, "batch")])
+        _STATE.update(saved=saved, strict=bool(strict))
+    log.info("ms_shm.patch: GeneratorDataset, Dataset.map and Dataset.batch(per_batch_map=...) go through ms_shm "
+             "(explicit arguments are %s)", "kept (strict)" if strict else "preferences")
+
+
+def unpatch() -> None:
+    """Put back exactly what ``patch()`` replaced (a no-op when not patched)."""
+    with _LOCK:
+        if not _STATE:
+            return
+        for (cls, name), value in _STATE["saved"].items():
+            setattr(cls, name, value)
+        _STATE.clear()
+    log.info("ms_shm.unpatch: MindSpore's own GeneratorDataset, map and batch are back")
+
+
+@contextlib.contextmanager
+def patched(strict: bool = False) -> Iterator[None]:
+    """``with ms_shm.patched(): ...``: patched inside the block; as before after it (a patch made earlier
+    stays, with its own ``strict``)."""
+    with _LOCK:
+        before = dict(_STATE)
+        patch(strict)
+    try:
+        yield
+    finally:
+        with _LOCK:
+            if before:
+                _STATE["strict"] = before["strict"]
+            else:
+                unpatch()
+
+
+def pipelines() -> list:
+    """Every pipeline built through the patch in this process: ``kind``, ``call_site``, ``plan`` (a dict)."""
+    return list(_PIPELINES)
+
+
+def write_report(path: str) -> None:
+    """``ms-shm run --report``: the pipelines as JSON (schema 1)."""
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump({"schema": 1, "pipelines": pipelines()}, fh, indent=2, default=str)
+
+
+__all__ = ["patch", "unpatch", "patched", "is_patched", "pipelines", "write_report"]

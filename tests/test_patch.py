@@ -1,0 +1,281 @@
+"""``ms_shm.patch()`` and ``ms-shm run``: unchanged raw-MindSpore scripts, protected.
+
+The scripts in ``tests/patch_scenarios/`` import MindSpore only, never ms_shm. Each runs raw and through
+``python -m ms_shm run`` in the same private /dev/shm. Where raw MindSpore dies (dynamic slots past the end of a
+64 MB /dev/shm) the test asserts how it dies; where it copes (MindSpore 2.10 moves map rows through SysV) it
+asserts raw delivers the same rows. Every row delivered is checked against a digest computed here from its index
+(``tests.scenarios.content``), and labels must be 0..n-1 in order. No wall-clock asserts.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import shlex
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests import isolated
+from tests.scenarios import MiB, content, digest
+
+pytestmark = pytest.mark.mindspore
+
+SCENARIOS = Path(__file__).resolve().parent / "patch_scenarios"
+BUS_WORKER = "Unexpected bus error encountered in process. Non-existent physical address."
+BUS_MAIN = "was killed by signal: Bus error. Main process will be terminated."
+TERMINATED = -15  # MindSpore's SIGCHLD handler ends the main process with SIGTERM
+PY = shlex.quote(sys.executable)
+
+
+def line_of(path: Path, text: str) -> int:
+    return next(n for n, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
+
+def run(args: str, shm: str = "64m", cwd: Path | None = None, timeout: float = 300):
+    prefix = f"cd {shlex.quote(str(cwd))} && " if cwd else ""
+    return isolated.run_shell(prefix + f"exec {PY} {args}", shm=shm, timeout=timeout)
+
+
+def result_of(proc) -> dict:
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, isolated.describe(proc)
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def assert_bus_error(proc) -> None:
+    assert proc.returncode == TERMINATED, "raw MindSpore was expected to die of SIGBUS:\n" + isolated.describe(proc)
+    assert BUS_WORKER in proc.stderr and BUS_MAIN in proc.stderr, isolated.describe(proc)
+    assert "RESULT " not in proc.stdout
+
+
+def assert_rows(res: dict, seed: int, rows: int, nbytes: int) -> None:
+    assert res["labels"] == list(range(rows)), res["labels"]
+    assert res["digests"] == [digest(content(seed, i, nbytes)) for i in range(rows)]
+
+
+def adapted_warnings(proc) -> list:
+    return [line for line in proc.stderr.splitlines() if line.startswith("WARNING: ms_shm adapted")]
+
+
+# ------------------------------------------------------------------------------------------ in process
+
+
+def test_patch_unpatch_restore_the_originals_exactly(real_mindspore):
+    import inspect
+
+    import mindspore.dataset as ds
+    from mindspore.dataset.engine.datasets import Dataset
+
+    import ms_shm
+
+    gd = ds.GeneratorDataset
+    before = (dict(vars(gd)), dict(vars(Dataset)), inspect.signature(gd), inspect.signature(gd.__init__))
+    ms_shm.patch()
+    ms_shm.patch()  # idempotent
+    try:
+        assert vars(gd)["__init__"] is not before[0]["__init__"] and vars(Dataset)["map"] is not before[1]["map"]
+        assert inspect.signature(gd) == before[2] and inspect.signature(gd.__init__) == before[3]
+        src = [(np.full(3, i, np.int64),) for i in range(6)]
+        built = ds.GeneratorDataset(src, ["x"], shuffle=False)
+        assert type(built) is gd and isinstance(built, ds.GeneratorDataset)
+        assert ms_shm.plan_of(built) is not None  # it went through ms_shm
+        mapped = built.map(lambda x: x + 1, input_columns=["x"]).project(["x"]).repeat(2).skip(1).take(8)
+        assert ms_shm.plan_of(mapped) is None  # the last stages are MindSpore's own, unpatched
+        got = [int(r["x"][0]) for r in mapped.create_dict_iterator(output_numpy=True, num_epochs=1)]
+        assert got == [2, 3, 4, 5, 6, 1, 2, 3]
+        pickle.loads(pickle.dumps(src))
+        slices = ds.NumpySlicesDataset(np.arange(4), ["a"], shuffle=False)  # MindSpore's own subclass: untouched
+        assert type(slices) is ds.NumpySlicesDataset and ms_shm.plan_of(slices) is None
+    finally:
+        ms_shm.unpatch()
+    ms_shm.unpatch()  # a no-op
+    assert dict(vars(gd)) == before[0] and dict(vars(Dataset)) == before[1]
+    assert all(vars(gd)[k] is v for k, v in before[0].items())
+    plain = ds.GeneratorDataset([(np.zeros(2),)], ["x"])
+    assert ms_shm.plan_of(plain) is None
+
+
+def test_patched_context_manager_and_strict(real_mindspore):
+    import mindspore.dataset as ds
+
+    import ms_shm
+    from ms_shm import patch as _  # noqa: F401  (the function; the module is sys.modules["ms_shm.patch"])
+
+    module = sys.modules["ms_shm.patch"]
+    original = vars(ds.GeneratorDataset)["__init__"]
+    with ms_shm.patched(strict=True):
+        assert module.is_patched() and module._STATE["strict"] is True
+        with ms_shm.patched():  # nested: the outer patch stays, with its own strict
+            assert module._STATE["strict"] is False
+        assert module.is_patched() and module._STATE["strict"] is True
+    assert not module.is_patched() and vars(ds.GeneratorDataset)["__init__"] is original
+
+
+# ------------------------------------------------------------------------------------------ scripts
+
+
+def test_generator_with_explicit_processes_dies_raw_and_runs_through_ms_shm(real_mindspore, tmp_path):
+    script = SCENARIOS / "gen_explicit.py"
+    assert_bus_error(run(f"{script} 31 12 8"))
+    report = tmp_path / "report.json"
+    proc = run(f"-m ms_shm run --report {report} {script} 31 12 8")
+    res = result_of(proc)
+    assert_rows(res, 31, 12, 8 * MiB)
+    assert res["type_is_generator"] is True
+    warnings = adapted_warnings(proc)
+    assert len(warnings) == 1, proc.stderr
+    assert f"{script}:{line_of(script, 'ds.GeneratorDataset(')}" in warnings[0]
+    pipelines = json.loads(report.read_text())["pipelines"]
+    assert [p["kind"] for p in pipelines] == ["GeneratorDataset"]
+    assert pipelines[0]["call_site"].endswith(f"gen_explicit.py:{line_of(script, 'ds.GeneratorDataset(')}")
+    assert pipelines[0]["plan"]["predicted_shm"] <= pipelines[0]["plan"]["budget"]["shm_bytes"]
+
+
+def test_map_growing_rows_in_processes(real_mindspore, tmp_path):
+    """MindSpore 2.10 moves map rows through SysV, so raw copes in 64 MB: it must deliver what ms_shm delivers."""
+    script = SCENARIOS / "map_grow.py"
+    raw = result_of(run(f"{script} 41 12 8"))
+    report = tmp_path / "report.json"
+    res = result_of(run(f"-m ms_shm run --report {report} {script} 41 12 8"))
+    want = [digest(np.resize(content(41, i, 1024), 8 * MiB)) for i in range(12)]
+    assert raw["digests"] == want and res["digests"] == want
+    assert raw["labels"] == res["labels"] == list(range(12))
+    kinds = [p["kind"] for p in json.loads(report.read_text())["pipelines"]]
+    assert kinds == ["GeneratorDataset", "map"]
+
+
+def test_batch_with_per_batch_map_in_processes(real_mindspore, tmp_path):
+    script = SCENARIOS / "batch_pbm.py"
+    assert_bus_error(run(f"{script} 51 32 4"))
+    report = tmp_path / "report.json"
+    res = result_of(run(f"-m ms_shm run --report {report} {script} 51 32 4"))
+    assert res["labels"] == [i + 1000 for i in range(32)]
+    assert res["digests"] == [digest(content(51, i, 4 * MiB) ^ np.uint8(0x5A)) for i in range(32)]
+    pipelines = json.loads(report.read_text())["pipelines"]
+    assert [p["kind"] for p in pipelines] == ["GeneratorDataset", "batch"]
+    batch_plan = pipelines[1]["plan"]
+    assert batch_plan["kind"] == "batch" and batch_plan["row_bytes"] >= 4 * 4 * MiB  # the batch is the row
+
+
+def test_spawned_workers(real_mindspore):
+    script = SCENARIOS / "spawn_gen.py"
+    assert_bus_error(run(f"{script} 61 12 8"))
+    proc = run(f"-m ms_shm run {script} 61 12 8")
+    assert_rows(result_of(proc), 61, 12, 8 * MiB)
+    assert f"{script}:{line_of(script, 'ds.GeneratorDataset(')}" in adapted_warnings(proc)[0]
+
+
+def test_pipeline_built_inside_an_imported_package(real_mindspore, tmp_path):
+    package = tmp_path / "zoo"
+    package.mkdir()
+    (package / "__init__.py").write_text("from zoo.loader import create_loader  # noqa: F401\n")
+    loader = package / "loader.py"
+    loader.write_text(textwrap.dedent('''\
+        import numpy as np
+        import mindspore.dataset as ds
+
+
+        class Rows:
+            def __init__(self, seed, rows, mb):
+                self.seed, self.rows, self.mb = seed, rows, mb
+
+            def __len__(self):
+                return self.rows
+
+            def __getitem__(self, i):
+                block = np.random.default_rng([self.seed, int(i)]).integers(0, 256, 65521, dtype=np.uint8)
+                return np.resize(block, self.mb << 20), np.array(i, dtype=np.int64)
+
+
+        def create_loader(seed, rows, mb):
+            return ds.GeneratorDataset(Rows(seed, rows, mb), ["data", "label"], shuffle=False,
+                                       python_multiprocessing=True, num_parallel_workers=2)
+        '''))
+    script = tmp_path / "use_zoo.py"
+    script.write_text((SCENARIOS / "use_zoo.py").read_text())
+    assert_bus_error(run(f"{script} 71 12 8", cwd=tmp_path))
+    proc = run(f"-m ms_shm run {script} 71 12 8", cwd=tmp_path)
+    assert_rows(result_of(proc), 71, 12, 8 * MiB)
+    warnings = adapted_warnings(proc)
+    assert len(warnings) == 1 and f"{loader}:{line_of(loader, 'ds.GeneratorDataset(')}" in warnings[0], proc.stderr
+
+
+def test_explicit_arguments_that_cannot_fit_are_adapted_or_refused_with_strict(real_mindspore):
+    """A 64 KiB /dev/shm cannot hold even the semaphores of 2 worker processes (raw MindSpore hangs there, so it
+    is not run): by default the explicit python_multiprocessing=True gives way to threads, bit-exact, with one
+    warning; ``--strict`` keeps it and stops with ShmBudgetError before any worker starts."""
+    script = SCENARIOS / "gen_explicit.py"
+    strict = run(f"-m ms_shm run --strict {script} 81 6 8", shm="64k")
+    assert strict.returncode == 1 and "ms_shm.errors.ShmBudgetError" in strict.stderr, isolated.describe(strict)
+    assert f'File "{script}", line {line_of(script, "ds.GeneratorDataset(")}' in strict.stderr
+    assert "ms_shm/cli.py" not in strict.stderr.split("Traceback (most recent call last):")[1].splitlines()[1]
+    proc = run(f"-m ms_shm run {script} 81 6 8", shm="64k")
+    assert_rows(result_of(proc), 81, 6, 8 * MiB)
+    warnings = adapted_warnings(proc)
+    assert len(warnings) == 1 and "explicit_arguments" in warnings[0], proc.stderr
+
+
+def test_run_behaves_like_python_for_argv_exit_codes_and_errors(real_mindspore, tmp_path):
+    script = tmp_path / "argv_script.py"
+    script.write_text(textwrap.dedent('''\
+        import sys
+        print("ARGV", sys.argv, __name__)
+        if "raise" in sys.argv:
+            raise KeyError("from the script")
+        sys.exit(int(sys.argv[-1]))
+        '''))
+    proc = run(f"-m ms_shm run {script} --lr 3", shm=None)
+    assert proc.returncode == 3 and f"ARGV {[str(script), '--lr', '3']!r} __main__" in proc.stdout, proc.stderr
+    proc = run(f"-m ms_shm run {script} raise", shm=None)
+    assert proc.returncode == 1 and "KeyError: 'from the script'" in proc.stderr
+    assert proc.stderr.split("Traceback (most recent call last):\n")[1].startswith(f'  File "{script}"')
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "main.py").write_text(script.read_text())
+    proc = run("-m ms_shm run -m pkg.main --x 4", shm=None, cwd=tmp_path)
+    assert proc.returncode == 4 and "'--x', '4'] __main__" in proc.stdout, proc.stderr
+
+
+# ------------------------------------------------------------------------------------------ the rule itself
+
+
+def test_explicit_settings_are_adapted_only_as_preferences_and_never_when_locked():
+    """``api._fit``: a request honouring explicit settings that cannot fit is retried without them only for
+    ``"preference"`` and only where rows do not depend on the reader; otherwise the ShmBudgetError stands."""
+    import dataclasses
+    from dataclasses import replace
+
+    from ms_shm import api
+    from ms_shm.plan import Request, ShmBudgetError
+
+    seen = []
+
+    def plan_for(req):
+        seen.append(req)
+        if req.multiprocessing:
+            raise ShmBudgetError("No configuration honouring python_multiprocessing=True fits. Fix: ...")
+        return "threads-plan"
+
+    asked = Request(workers=2, multiprocessing=True, cpu_count=2, usable_cpus=2)
+    for explicit, locked in ((None, False), (api.ORDER, False), (api.PREFERENCE, True)):
+        with pytest.raises(ShmBudgetError):
+            api._fit(plan_for, replace(asked, explicit=explicit), locked)
+
+    @dataclasses.dataclass(frozen=True)
+    class FakePlan:  # the smallest plan-like object _fit can extend
+        decisions: tuple = ()
+
+    def plan_obj(req):
+        plan_for(req)
+        return FakePlan()
+
+    seen.clear()
+    p = api._fit(plan_obj, replace(asked, explicit=api.PREFERENCE), False)
+    assert [r.multiprocessing for r in seen] == [True, None] and seen[1].workers is None
+    adapted = p.decisions[0]
+    assert adapted.setting == "explicit_arguments" and "num_parallel_workers=2" in adapted.default
+    assert api._adapted(p)

@@ -101,3 +101,26 @@ def describe(result: subprocess.CompletedProcess) -> str:
     """Text for an assertion message: exit code and the tails of both streams."""
     return (f"rc={result.returncode}\n--- stdout ---\n{result.stdout[-3000:]}"
             f"\n--- stderr ---\n{result.stderr[-3000:]}")
+
+
+# How raw MindSpore dies when dynamic slots run past the end of /dev/shm (2.10, measured): SIGBUS in a worker,
+# then its SIGCHLD handler ends the main process with SIGTERM.
+BUS_WORKER = "Unexpected bus error encountered in process. Non-existent physical address."
+BUS_MAIN = "was killed by signal: Bus error. Main process will be terminated."
+TERMINATED = -15
+
+
+def result_of(proc: subprocess.CompletedProcess) -> dict:
+    """The last ``RESULT {json}`` line a scenario printed; the run must have succeeded."""
+    import json
+
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, describe(proc)
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def assert_bus_error(proc: subprocess.CompletedProcess) -> None:
+    """Raw dynamic slots past the end of /dev/shm: SIGBUS in a worker, then MindSpore kills the main process."""
+    assert proc.returncode == TERMINATED, "raw MindSpore was expected to die of SIGBUS:\n" + describe(proc)
+    assert BUS_WORKER in proc.stderr and BUS_MAIN in proc.stderr, describe(proc)
+    assert "RESULT " not in proc.stdout

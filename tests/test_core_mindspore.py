@@ -31,13 +31,12 @@ from functools import lru_cache
 import pytest
 
 from tests import isolated
+from tests.isolated import BUS_MAIN, BUS_WORKER, assert_bus_error, result_of
 from tests.scenarios import MiB, caption, content, digest, grown, ragged_bytes
 
 pytestmark = [pytest.mark.mindspore, pytest.mark.privileged]
 
 # How raw MindSpore 2.10 fails, line by line (shared/MINDSPORE_SHM_FACTS.md §3 and our own runs)
-BUS_WORKER = "Unexpected bus error encountered in process. Non-existent physical address."
-BUS_MAIN = "was killed by signal: Bus error. Main process will be terminated."
 # A worker gets errno 24 either handing a slot's fd over (DupFd) or opening the slot itself, and exits 1. Then
 # either MindSpore's SIGCHLD handler ends the main process (rc -15), or the main process, fetching that worker's
 # fd from its dead resource sharer first, raises (rc 1). Both seen in 12 runs of the same command.
@@ -46,7 +45,6 @@ EMFILE_ENDINGS = {
     -15: ("exited unexpectedly with exit code 1. Main process will be terminated.",),
     1: ("resource_sharer.py", "FileNotFoundError: [Errno 2] No such file or directory"),
 }
-TERMINATED = -15  # MindSpore's SIGCHLD handler ends the main process with SIGTERM
 
 
 def scenario(kind: str, mode: str, seed: int, *args: str, **kwargs):
@@ -55,17 +53,6 @@ def scenario(kind: str, mode: str, seed: int, *args: str, **kwargs):
     return isolated.run_shell(cmd, **kwargs)
 
 
-def result_of(proc) -> dict:
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, isolated.describe(proc)
-    return json.loads(lines[-1][len("RESULT "):])
-
-
-def assert_bus_error(proc) -> None:
-    """Raw dynamic slots past the end of /dev/shm: SIGBUS in a worker, then MindSpore kills the main process."""
-    assert proc.returncode == TERMINATED, "raw MindSpore was expected to die of SIGBUS:\n" + isolated.describe(proc)
-    assert BUS_WORKER in proc.stderr and BUS_MAIN in proc.stderr, isolated.describe(proc)
-    assert "RESULT " not in proc.stdout
 
 
 def assert_emfile(proc) -> None:

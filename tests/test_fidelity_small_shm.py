@@ -7,7 +7,6 @@ worker process with ``seed + worker_id``, so switching to threads or one worker 
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 
@@ -15,6 +14,7 @@ import pytest
 
 from tests import isolated
 from tests.conftest import release_skip
+from tests.isolated import result_of as result
 
 pytestmark = pytest.mark.mindspore
 
@@ -23,11 +23,6 @@ def run(name: str, mode: str, shm: str):
     code = f"from tests.fidelity_scenarios import run_scenario; run_scenario({name!r}, {mode!r})"
     return isolated.run_shell(f"exec {shlex.quote(sys.executable)} -c {shlex.quote(code)}", shm=shm, timeout=600)
 
-
-def result(proc) -> dict:
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, isolated.describe(proc)
-    return json.loads(lines[-1][len("RESULT "):])
 
 
 def test_seeded_random_rows_in_processes_survive_64m_unchanged(real_mindspore):

@@ -20,14 +20,12 @@ import numpy as np
 import pytest
 
 from tests import isolated
+from tests.isolated import assert_bus_error, result_of
 from tests.scenarios import MiB, content, digest
 
 pytestmark = pytest.mark.mindspore
 
 SCENARIOS = Path(__file__).resolve().parent / "patch_scenarios"
-BUS_WORKER = "Unexpected bus error encountered in process. Non-existent physical address."
-BUS_MAIN = "was killed by signal: Bus error. Main process will be terminated."
-TERMINATED = -15  # MindSpore's SIGCHLD handler ends the main process with SIGTERM
 PY = shlex.quote(sys.executable)
 
 
@@ -40,16 +38,6 @@ def run(args: str, shm: str = "64m", cwd: Path | None = None, timeout: float = 3
     return isolated.run_shell(prefix + f"exec {PY} {args}", shm=shm, timeout=timeout)
 
 
-def result_of(proc) -> dict:
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, isolated.describe(proc)
-    return json.loads(lines[-1][len("RESULT "):])
-
-
-def assert_bus_error(proc) -> None:
-    assert proc.returncode == TERMINATED, "raw MindSpore was expected to die of SIGBUS:\n" + isolated.describe(proc)
-    assert BUS_WORKER in proc.stderr and BUS_MAIN in proc.stderr, isolated.describe(proc)
-    assert "RESULT " not in proc.stdout
 
 
 def assert_rows(res: dict, seed: int, rows: int, nbytes: int) -> None:

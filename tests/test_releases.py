@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from tests import isolated, release_scenarios
+from tests.isolated import result_of as result
 
 pytestmark = pytest.mark.mindspore
 
@@ -19,11 +20,6 @@ pytestmark = pytest.mark.mindspore
 def run(code: str, shm: str = "64m") -> subprocess.CompletedProcess:
     return isolated.run_shell(f"exec {shlex.quote(sys.executable)} -c {shlex.quote(code)}", shm=shm, timeout=900)
 
-
-def result(proc) -> dict:
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, isolated.describe(proc)
-    return json.loads(lines[-1][len("RESULT "):])
 
 
 def installed_profile():

@@ -450,6 +450,11 @@ def _input_lineage(dataset: Any, eng: Any) -> measure.Lineage:
     return measure.TakenRows(out)
 
 
+def _asked(kwargs: dict, num_parallel_workers: int | None) -> dict:
+    """What a map or batch call passed explicitly, ``num_parallel_workers`` (a named parameter) included."""
+    return dict(kwargs, **({} if num_parallel_workers is None else {"num_parallel_workers": num_parallel_workers}))
+
+
 def _names_list(columns: Any) -> list | None:
     if columns is None:
         return None
@@ -473,7 +478,7 @@ def map(dataset: Any, operations: Any = None, input_columns: Sequence[str] | str
         ms_shm.ShmBudgetError: explicit arguments that cannot fit.
     """
     eng = _engine()
-    asked = dict(map_kwargs, **({} if num_parallel_workers is None else {"num_parallel_workers": num_parallel_workers}))
+    asked = _asked(map_kwargs, num_parallel_workers)
     if not eng.compat.arguments_fit("map", dataset, operations, input_columns, output_columns, **asked):
         return eng.compat.map_dataset(dataset, operations, input_columns, output_columns, asked)  # its TypeError
     facts, config = SESSION.host_facts(), eng.read_config()
@@ -515,7 +520,7 @@ def batch(dataset: Any, batch_size: Any, drop_remainder: bool = False, num_paral
         ms_shm.ShmBudgetError: explicit arguments that cannot fit.
     """
     eng = _engine()
-    asked = dict(batch_kwargs, **({} if num_parallel_workers is None else {"num_parallel_workers": num_parallel_workers}))
+    asked = _asked(batch_kwargs, num_parallel_workers)
     per_batch_map = batch_kwargs.get("per_batch_map")
     if per_batch_map is None or isinstance(batch_size, bool) or not isinstance(batch_size, int) or \
             not eng.compat.arguments_fit("batch", dataset, batch_size, drop_remainder, **asked):

@@ -522,6 +522,46 @@ def _config_findings(config: Any, facts: Any) -> list:
     return out
 
 
+def removeipc_fixes(user: str | None) -> tuple:
+    """Ways to keep systemd-logind from deleting ``user``'s IPC at logout: turn ``RemoveIPC`` off for every
+    user (root, a drop-in, logind restarted: it reads its configuration only at start), or let this one user
+    linger, which keeps it "logged in" and costs a user manager running from boot."""
+    who = user or "$USER"
+    conf = ("logind.conf", "sudo mkdir -p /etc/systemd/logind.conf.d\n"
+                           "printf '[Login]\\nRemoveIPC=no\\n' | sudo tee /etc/systemd/logind.conf.d/ms_shm.conf\n"
+                           "sudo systemctl restart systemd-logind   # logind reads its configuration at start")
+    linger = ("shell", f"sudo loginctl enable-linger {who}\n"
+                       f"ls /var/lib/systemd/linger   # lists {who} once lingering is on")
+    return (conf, linger)
+
+
+def _removeipc_findings(facts: Any, t: Typical) -> list:
+    """systemd-logind's RemoveIPC against the user running this: a finding when the IPC goes at logout."""
+    lg = getattr(facts, "logind", None)
+    if lg is None or not (lg.at_risk or lg.undetermined):
+        return []
+    if not lg.at_risk:
+        return [Advice(f"systemd-logind RemoveIPC at logout: could not determine ({lg.reason})", "info",
+                       "check with: systemd-analyze cat-config systemd/logind.conf | grep RemoveIPC; "
+                       "ls /var/lib/systemd/linger", (), "removeipc-unknown")]
+    who = lg.user or f"uid {lg.uid}"
+    o = t.at(None)
+    hit = (f"{o.release_name}'s map/batch workers talk to the main process through one SysV message queue each, "
+           "so the pipeline stops with 'Exec msgrcv failed'" if o.map.transport == "sysv" else
+           "the pipeline's /dev/shm slots and multiprocessing's semaphores vanish under it")
+    return [Advice(
+        f"systemd-logind has RemoveIPC=yes ({lg.source}) and {who} (uid {lg.uid}) is neither a system user nor "
+        f"lingering: when {who}'s last login session ends, logind deletes its SysV message queues and "
+        f"semaphores, its unattached SysV segments and its files in /dev/shm; {hit}. A job started from a "
+        "shell keeps that session open (logind shows it 'closing') until the job exits; a job running outside "
+        f"{who}'s sessions (a Slurm or PBS job, a systemd service or systemd-run unit as {who}, a container with "
+        f"--ipc=host) dies mid-run when {who} closes the last ssh session",
+        "info", f"set RemoveIPC=no (a drop-in, then restart systemd-logind) or `loginctl enable-linger {who}`; "
+                "a system service running as the same user is not enough, and `systemd-run --user` units stop "
+                "at logout unless lingering is on",
+        removeipc_fixes(lg.user), "removeipc")]
+
+
 def diagnose(facts: Any, ms_config: Any = None, *, workers: int | None = None,
              row_bytes: int | None = None) -> tuple:
     """Every problem this host has for a typical MindSpore pipeline, worst first.
@@ -546,6 +586,7 @@ def diagnose(facts: Any, ms_config: Any = None, *, workers: int | None = None,
     findings += _cgroup_findings(facts, t)
     findings += _sysv_findings(facts, t)
     findings += _config_findings(ms_config, facts)
+    findings += _removeipc_findings(facts, t)
     if "assumed" in facts.ranks.source:
         findings.append(Advice(
             f"ranks on this host: {facts.ranks.local_size}, assumed from {facts.ranks.source}",

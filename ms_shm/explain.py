@@ -25,7 +25,7 @@ class Explanation(Result):
     Attributes:
         kind: stable identifier: ``bus-error``, ``insufficient-shm``, ``shm-full``, ``no-space``,
             ``too-many-open-files``, ``pytorch-bus-error``, ``pytorch-shm``, ``row-too-big``, ``worker-killed``,
-            ``worker-exited``, ``worker-died``.
+            ``worker-exited``, ``worker-died``, ``ipc-removed``.
         severity: as ``Advice.severity``.
         line: the first line of the log that matched, trimmed.
         cause: why it happened, with this host's numbers.
@@ -80,7 +80,13 @@ PYTORCH_SIGNATURES = (
               snippets=(("shell", "dmesg | grep -i -E 'oom|killed process'"),), engine="torch"),
     Signature("pytorch-shm", "PyTorch's shared-memory file errors",
               r"unable to (?:write to|open shared memory object|mmap|allocate shared memory)[^\n]*</?torch_",
-              "crash", _PYTORCH_CAUSE, _PYTORCH_FIX, need="shm", yields_to=("pytorch-bus-error",), engine="torch"),
+              "crash", _PYTORCH_CAUSE, _PYTORCH_FIX, need="shm", yields_to=("pytorch-bus-error", "ipc-removed"),
+              engine="torch"),
+    Signature("ipc-removed", "PyTorch's /dev/shm/torch_* file gone ('No such file or directory')",
+              r"(?:could not unlink the shared memory file |unable to open shared memory object <)/torch_"
+              r"[^\n]*No such file or directory", "crash",
+              "A PyTorch DataLoader batch's /dev/shm/torch_* file was deleted while the batch was in flight: it "
+              "could not be opened or unlinked. {ipc_state}", "{ipc_fix}", need="ipc", engine="torch"),
 )
 _INTS = ("pid", "required", "available")
 
@@ -158,6 +164,31 @@ def _limits(facts: Any, need: int) -> str:
     return text
 
 
+def _ipc_words(facts: Any) -> dict:
+    """Whether this host's systemd-logind deletes the job's IPC at logout (``ipc_state``) and the fix (``ipc_fix``),
+    from ``HostFacts.logind``: RemoveIPC is named as the cause only where it applies."""
+    lg = getattr(facts, "logind", None)
+    if lg is not None and lg.at_risk:
+        who = lg.user or f"uid {lg.uid}"
+        return {"ipc_state": f"Likely cause: systemd-logind on this host has RemoveIPC=yes ({lg.source}), and {who} "
+                             f"is neither a system user nor lingering, so logind deletes {who}'s queues, semaphores "
+                             f"and /dev/shm files when {who}'s last login session ends; a job running outside those "
+                             "sessions (a Slurm job, a service, a container with --ipc=host) loses them then.",
+                "ipc_fix": f"set RemoveIPC=no for systemd-logind (a drop-in, then restart systemd-logind) or run "
+                           f"`loginctl enable-linger {who}`, then restart the job"}
+    if lg is None:
+        state = ("Whether systemd-logind's RemoveIPC (it deletes a non-system user's IPC at the user's last "
+                 "logout) did it was not checked.")
+    elif lg.undetermined:
+        state = f"Whether systemd-logind's RemoveIPC deleted it could not be determined ({lg.reason})."
+    else:
+        state = f"systemd-logind's RemoveIPC does not delete it here ({lg.reason})."
+    return {"ipc_state": state + " Other culprits: an `ipcrm` or a /dev/shm clean-up run by another job or a cron "
+                                 "script; or the job ran on another host (run `ms-shm doctor` there).",
+            "ipc_fix": "find what deletes IPC objects under running jobs (`ipcrm`, /dev/shm clean-ups); on a "
+                       "systemd host, `ms-shm doctor` says whether logind's RemoveIPC does"}
+
+
 def _words(facts: Any, sig: Signature, fields: dict) -> dict:
     """Every template field: the matched ones, the engine's derived ones, and this host's numbers."""
     t = advice.Typical.of(facts)
@@ -171,7 +202,8 @@ def _words(facts: Any, sig: Signature, fields: dict) -> dict:
         memory_limit=mib(getattr(facts, "memory_limit", None)), workers=t.workers, prefetch=t.prefetch, fds=fds,
         target=advice.nofile_target(fds), limits=_limits(facts, fds), required_mib=mib(required),
         available_mib=mib(available),
-        ratio=(required / available if available else float("inf")) if required is not None else 0.0)
+        ratio=(required / available if available else float("inf")) if required is not None else 0.0,
+        **_ipc_words(facts))
     if sig.words is not None:
         words.update(sig.words(fields))
     return words
@@ -183,6 +215,9 @@ def _host_snippets(facts: Any, need: str, fields: dict) -> tuple:
     container = getattr(facts, "container", None)
     if need == "nofile":
         return advice.nofile_fixes(advice.fds_needed(facts, t.workers, t.prefetch), container)
+    if need == "ipc":
+        lg = getattr(facts, "logind", None)
+        return advice.removeipc_fixes(lg.user) if lg is not None and lg.at_risk else ()
     if not need.startswith("shm"):
         return ()
     fixes = advice.shm_fixes(_shm_need(facts, t, fields), container, getattr(facts, "cgroup_mem_limit", None))

@@ -16,6 +16,7 @@ from typing import Mapping
 
 from ms_shm import procfs
 from ms_shm._results import Result
+from ms_shm.logind import LogindFacts, read_logind
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ class HostFacts(Result):
     mindspore_version: str | None
     start_method: str | None
     notes: tuple = field(default_factory=tuple)
+    logind: LogindFacts | None = None  # systemd-logind's RemoveIPC for this user (``logind.read_logind``)
 
     @property
     def memory_limit(self) -> int | None:
@@ -364,7 +366,7 @@ def probe(root: Path | str = Path("/"), env: Mapping[str, str] | None = None, sh
         nofile_soft=soft, nofile_hard=hard, open_fds=fds,
         container=detect_container(root, env), ranks=detect_ranks(env, ranks),
         mindspore_version=mindspore_version(), start_method=start_method,
-        notes=tuple(notes), **sysv,
+        notes=tuple(notes), **sysv, logind=read_logind(root),
     )
     for note in notes:
         log.debug("probe: could not determine %s", note)

@@ -13,6 +13,7 @@ from typing import Any
 from ms_shm.changes import Change
 from ms_shm.engines.mindspore import MindSporeEngine
 from ms_shm.host import HostFacts, Ranks
+from ms_shm.logind import LogindFacts
 
 MiB, GiB = 1 << 20, 1 << 30
 HUGE = 18446744073692774399
@@ -125,3 +126,12 @@ class FakeEngine(MindSporeEngine):
         for change in reversed(list(changes)):
             self.config = replace(self.config, **{change.setting: change.old})
             self.undone.append(change.setting)
+
+
+def logind_facts(**overrides: Any) -> LogindFacts:
+    """systemd-logind as Debian and Ubuntu ship it (RemoveIPC=yes by default) for alice, a normal user who does
+    not linger: her IPC goes when her last session ends. Pass it as ``host_facts(logind=logind_facts(...))``."""
+    base = dict(remove_ipc=True, source="systemd default", systemd_present=True, user="alice", uid=1000,
+                system_user=False, sys_uid_max=999, linger=False, at_risk=True, reason="RemoveIPC=yes", notes=())
+    base.update(overrides)
+    return LogindFacts(**base)

@@ -12,7 +12,7 @@ import pytest
 
 from ms_shm import advice, model
 from ms_shm.host import HostFacts, Ranks
-from tests.fakes import host_facts
+from tests.fakes import host_facts, logind_facts
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -323,3 +323,46 @@ def test_checkup_is_the_doctors_json():
     assert data["recommended_shm"] == {"bytes": report.typical.need, "size": "1g", "reason": report.typical.reason}
     assert {"workers", "prefetch", "ranks", "row_bytes", "row_known", "peak", "need", "reason"} <= set(data["typical"])
     assert data["ok"] is False and data["findings"][0]["code"] == "shm-small"
+
+
+# ------------------------------------------------------------------------------------------- systemd-logind RemoveIPC
+
+
+def test_removeipc_at_risk_is_a_finding_with_both_fixes():
+    f = facts(logind=logind_facts())
+    (finding,) = advice.diagnose(f)
+    assert (finding.code, finding.severity) == ("removeipc", "info")  # doctor's ok stays true: it needs a logout
+    assert "RemoveIPC=yes (systemd default)" in finding.problem and "alice (uid 1000)" in finding.problem
+    assert "one SysV message queue each" in finding.problem and "Exec msgrcv failed" in finding.problem
+    assert "loginctl enable-linger alice" in finding.fix
+    snippets = dict(finding.snippets)
+    assert "RemoveIPC=no" in snippets["logind.conf"] and "/etc/systemd/logind.conf.d/ms_shm.conf" in snippets[
+        "logind.conf"] and "systemctl restart systemd-logind" in snippets["logind.conf"]
+    assert "sudo loginctl enable-linger alice" in snippets["shell"]
+    assert advice.checkup(f).ok is True
+
+
+def test_removeipc_before_sysv_releases_names_dev_shm():
+    (finding,) = advice.diagnose(facts(logind=logind_facts(), mindspore_version="2.3.1"))
+    assert "message queue" not in finding.problem.split(";")[1] and "/dev/shm slots" in finding.problem
+
+
+@pytest.mark.parametrize("safe", [
+    dict(remove_ipc=False, source="/etc/systemd/logind.conf.d/ms_shm.conf", at_risk=False),
+    dict(user="root", uid=0, system_user=True, at_risk=False),
+    dict(user="syslog", uid=104, system_user=True, at_risk=False),
+    dict(linger=True, at_risk=False),
+    dict(systemd_present=False, at_risk=False),
+    dict(remove_ipc=None, systemd_present=False, at_risk=False),  # a container: nothing to judge
+])
+def test_removeipc_no_finding_when_logind_leaves_the_ipc(safe):
+    assert advice.diagnose(facts(logind=logind_facts(**safe))) == ()
+
+
+def test_removeipc_unknown_is_an_info_line():
+    lg = logind_facts(remove_ipc=None, at_risk=False,
+                      reason="RemoveIPC unknown: /etc/systemd/logind.conf: IsADirectoryError: x")
+    (finding,) = advice.diagnose(facts(logind=lg))
+    assert (finding.code, finding.severity) == ("removeipc-unknown", "info")
+    assert finding.problem.startswith("systemd-logind RemoveIPC at logout: could not determine (RemoveIPC unknown")
+    assert advice.diagnose(facts()) == ()  # facts built without logind (older callers): no finding at all

@@ -13,6 +13,7 @@ from ms_shm import advice
 from ms_shm._results import mib
 from ms_shm.explain import explain, known
 from ms_shm.host import HostFacts, Ranks
+from tests.fakes import logind_facts
 
 LOGS = Path(__file__).resolve().parent / "data" / "logs"
 MiB = 1 << 20
@@ -235,3 +236,54 @@ def test_signatures_come_from_every_engine(monkeypatch):
     assert e.kind == "other-oom" and "Other ran out of memory. This host's /dev/shm is 64.0 MiB" in e.cause
     assert "--shm-size=" in dict(e.snippets)["docker run"]
     assert "Other's OOM line" in known()
+
+
+# ------------------------------------------------------------------------------------------- IPC deleted under a job
+
+# MindSpore's main process after its worker's SysV queue was deleted (message_queue.cc: msgrcv fails, then msgget
+# finds no queue under the key, so the errno printed is msgget's ENOENT). Written by hand from MindSpore's source.
+MSGRCV = ("RuntimeError: Exception thrown from dataset pipeline. Refer to 'Dataset Pipeline Error Message'.\n"
+          "- Dataset Pipeline Error Message:\n"
+          "[ERROR] Exec msgrcv failed. Msg queue id: 32769, mtype: 777, errno: 2\n")
+IPC_GONE = [
+    MSGRCV,
+    "OSError: [Errno 43] Identifier removed\n",
+    '  File "/usr/lib/python3.12/multiprocessing/synchronize.py", line 115, in __setstate__\n'
+    "    self._semlock = _multiprocessing.SemLock._rebuild(*state)\n"
+    "                    ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^\n"
+    "FileNotFoundError: [Errno 2] No such file or directory\n",
+    "RuntimeError: could not unlink the shared memory file /torch_2070_3445168708_503 : No such file or directory (2)\n",
+    "RuntimeError: unable to open shared memory object </torch_5962_408180057_3> in read-write mode: "
+    "No such file or directory (2)\n",
+]
+
+
+@pytest.mark.parametrize("text", IPC_GONE)
+def test_ipc_deleted_names_removeipc_when_this_host_would(text):
+    e = only(text, logind=logind_facts())
+    assert (e.kind, e.severity) == ("ipc-removed", "crash")
+    assert "Likely cause: systemd-logind on this host has RemoveIPC=yes (systemd default)" in e.cause
+    assert "loginctl enable-linger alice" in e.fix and "RemoveIPC=no" in e.fix
+    assert "RemoveIPC=no" in dict(e.snippets)["logind.conf"]
+
+
+@pytest.mark.parametrize("text", IPC_GONE)
+def test_ipc_deleted_does_not_blame_removeipc_where_it_cannot_apply(text):
+    root = only(text, logind=logind_facts(user="root", uid=0, system_user=True, at_risk=False,
+                                          reason="root: logind never removes root's IPC"))
+    assert root.kind == "ipc-removed" and "Likely cause" not in root.cause
+    assert "RemoveIPC does not delete it here (root: logind never removes root's IPC)" in root.cause
+    assert "ipcrm" in root.cause and root.snippets == ()
+    unread = only(text)  # facts without logind: said so, never "None"
+    assert "was not checked" in unread.cause and "None" not in unread.cause + unread.fix
+
+
+def test_interrupted_msgrcv_is_not_a_deleted_queue():
+    """errno 4 (EINTR) is MindSpore's own shutdown on a signal, not a queue that vanished."""
+    assert explain("[ERROR] Exec msgrcv failed. Msg queue id: 32769, mtype: 777, errno: 4\n", facts()) == ()
+
+
+def test_torch_shm_open_for_other_reasons_stays_pytorch_shm():
+    e = only("RuntimeError: unable to open shared memory object </torch_1_2_3> in read-write mode: "
+             "Permission denied (13)\n")
+    assert e.kind == "pytorch-shm"

@@ -15,7 +15,8 @@ class Signature:
     ``cause``, ``fix`` and the snippet texts are ``str.format`` templates. Their fields are the regex's named
     groups (``pid``, ``signal``, ``code``, ``required``, ``available``...), what ``words`` derives from them, and
     the host's words that ``explain`` supplies (``shm_state``, ``size``, ``who``, ``memory_limit``, ``workers``,
-    ``prefetch``, ``fds``, ``target``, ``limits``, ``required_mib``, ``available_mib``, ``ratio``).
+    ``prefetch``, ``fds``, ``target``, ``limits``, ``required_mib``, ``available_mib``, ``ratio``, and ``ipc_state``
+    / ``ipc_fix``: whether this host's systemd-logind deletes the user's IPC at logout, and how to stop it).
 
     Attributes:
         kind: the ``Explanation.kind`` it produces (several signatures may share one).
@@ -25,7 +26,8 @@ class Signature:
         cause, fix: templates, as above.
         need: the host resource ``explain`` prices and offers fixes for: ``"shm"`` (a /dev/shm size),
             ``"shm-slots"`` (that, or a prefetch that fits), ``"shm-check"`` (a size that passes a pre-check of
-            ``required`` bytes), ``"shm-free"`` (free /dev/shm first), ``"nofile"`` or ``""`` (nothing).
+            ``required`` bytes), ``"shm-free"`` (free /dev/shm first), ``"nofile"``, ``"ipc"`` (keep logind from
+            deleting IPC objects) or ``""`` (nothing).
         snippets: ``(label, template)`` pairs added after ``explain``'s own.
         near, not_near: the log must contain one of ``near`` (when given) and none of ``not_near``.
         alone: reported only when no other failure was recognised (a consequence, not a cause).

@@ -102,6 +102,33 @@ def _os_signatures() -> tuple:
     )
 
 
+def _ipc_signatures() -> tuple:
+    """IPC objects deleted under a running pipeline: what systemd-logind's RemoveIPC does at the user's last
+    logout. ``explain`` says whether this host's logind would (``ipc_state``) and how to stop it (``ipc_fix``)."""
+    return (
+        Signature(
+            "ipc-removed", "MindSpore's 'Exec msgrcv failed' (a map/batch worker's message queue deleted)",
+            r"Exec msgrcv failed\. Msg queue id: -?\d+, mtype: -?\d+, errno: (?:2|22|43)\b", "crash",
+            "The SysV message queue between a MindSpore map/batch worker and the main process (one per worker "
+            "since 2.7) was deleted while the pipeline ran: msgrcv failed and no queue was left under the "
+            "worker's key. {ipc_state}",
+            "{ipc_fix}", need="ipc"),
+        Signature(
+            "ipc-removed", "'Identifier removed' (EIDRM: a SysV object deleted while in use)",
+            r"\[Errno 43\]|Identifier removed|\bEIDRM\b", "crash",
+            "A SysV message queue, semaphore set or segment was deleted while a process was waiting on it "
+            "(errno 43, EIDRM). {ipc_state}",
+            "{ipc_fix}", need="ipc"),
+        Signature(
+            "ipc-removed", "multiprocessing's 'SemLock._rebuild' FileNotFoundError",
+            r"SemLock\._rebuild\(\*state\)[\s^]*FileNotFoundError: \[Errno 2\]", "crash",
+            "A spawned worker could not reopen one of multiprocessing's semaphores: its /dev/shm/sem.* file was "
+            "gone. Either the parent had exited already (a script without `if __name__ == '__main__':`), or "
+            "the file was deleted under the job. {ipc_state}",
+            "{ipc_fix}", need="ipc"),
+    )
+
+
 def _worker_signatures(profile: EngineProfile) -> tuple:
     leftovers = (" After a SIGKILL of the whole process group, map/batch workers leave SysV segments behind"
                  if profile.map_transport == "sysv" else "")
@@ -154,7 +181,7 @@ def _rowsize_signatures(profile: EngineProfile) -> tuple:
 def for_profile(profile: EngineProfile) -> tuple:
     """Every MindSpore signature, worded for ``profile``'s release."""
     found = (_shm_signatures(profile) + _os_signatures() + _worker_signatures(profile)
-             + _rowsize_signatures(profile))
+             + _rowsize_signatures(profile) + _ipc_signatures())
     return tuple(replace(s, engine="mindspore") for s in found)
 
 

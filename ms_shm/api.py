@@ -12,7 +12,7 @@ import weakref
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
-from ms_shm import advice, engines, host, measure, rows, sites, sizes
+from ms_shm import advice, engines, host, measure, rows, sites, sizes, threads
 from ms_shm import budget as budget_mod
 from ms_shm import changes as changes_mod
 from ms_shm._results import Result, mib
@@ -253,8 +253,8 @@ def build_dataset(source: Any, column_names: Sequence[str] | str | None = None, 
         _inspect_copy_on_read(source, p.workers, facts, req.start_method, share_lists)
     lineage = measure.SourceLineage(source, names, probe.stats.indices[:4]) if probe.stats and names else \
         measure.Unavailable(probe.unmeasured or "no column names")
-    return _build(eng, _guarded(source, p, facts, eng), column_names, generator_kwargs, p, config, lineage,
-                  type(source).__name__, _explicit)
+    p, feed = threads.cap_source(p, _guarded(source, p, facts, eng), facts.usable_cpus)  # threads per worker
+    return _build(eng, feed, column_names, generator_kwargs, p, config, lineage, type(source).__name__, _explicit)
 
 
 def _plan_source(probe: measure.StageProbe, req: Request, kwargs: dict, config: Any, facts: host.HostFacts,
@@ -488,7 +488,8 @@ def map(dataset: Any, operations: Any = None, input_columns: Sequence[str] | str
     probe = measure.probe_operations(lineage, operations, ins, outs)
     p = _plan_operations(probe, _request(asked, config, facts, eng, _explicit), config, facts, eng)
     kwargs = _stage_kwargs(map_kwargs, p, num_parallel_workers, config)
-    result = eng.compat.map_dataset(dataset, operations, input_columns, output_columns, kwargs)
+    p, fed = threads.cap_operations(p, operations, facts.usable_cpus)  # threads per worker
+    result = eng.compat.map_dataset(dataset, fed, input_columns, output_columns, kwargs)
     _register(result, p, measure.MapLineage(lineage, operations, tuple(ins), tuple(outs)), "map")
     _log_plan(p, asked, _explicit)
     return result
@@ -532,6 +533,7 @@ def batch(dataset: Any, batch_size: Any, drop_remainder: bool = False, num_paral
     p = _plan_operations(probe, _request(asked, config, facts, eng, _explicit), config, facts, eng)
     p = replace(p, kind="batch")
     kwargs = _stage_kwargs(batch_kwargs, p, num_parallel_workers, config)
+    p, kwargs["per_batch_map"] = threads.cap_operations(p, per_batch_map, facts.usable_cpus)  # threads per worker
     result = eng.compat.batch_dataset(dataset, batch_size, drop_remainder, kwargs)
     _register(result, p, measure.Unavailable("rows after a per_batch_map are not re-made in a probe"), "batch")
     _log_plan(p, asked, _explicit)

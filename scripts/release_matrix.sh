@@ -29,7 +29,7 @@ for entry in $MATRIX; do
     rm -rf "$venv"
     IFS=, read -ra extra <<<"$pins"
     if ! { "$py" -m venv "$venv" && "$venv/bin/python" -m pip install -q "mindspore==$release" "${extra[@]}" \
-             psutil pytest > "$venv.install.log" 2>&1; }; then
+             psutil threadpoolctl pytest > "$venv.install.log" 2>&1; }; then
       summary+=("mindspore==$release: SKIPPED (install failed: $(tail -n 1 "$venv.install.log" 2>/dev/null))")
       skipped=$((skipped + 1)); continue
     fi

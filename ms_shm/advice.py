@@ -194,6 +194,9 @@ class Typical(Result):
         version: the MindSpore release judged for (``HostFacts.mindspore_version``; ``None``: the newest).
         slot_mb: the release's static slot size, ``None`` for dynamic slots sized to each row.
         failure: how this release fails when the slots do not fit (the engine's words).
+        memory: container memory the pipelines of every local rank add, headroom included: their /dev/shm
+            pages (charged to the writer's cgroup), rows in flight and each worker's own pages; on top of what
+            the training processes themselves hold.
     """
 
     workers: int
@@ -207,6 +210,7 @@ class Typical(Result):
     version: str | None = None
     slot_mb: int | None = None
     failure: str = ""
+    memory: int = 0
 
     def at(self, shm_free: int | None) -> Any:
         """The engine's ``Outcome`` of this pipeline at ``shm_free`` bytes of /dev/shm (``fits``, ``why``...)."""
@@ -248,8 +252,10 @@ def typical(facts: Any, row_bytes: int | None = None, workers: int | None = None
     v = getattr(facts, "mindspore_version", None) if version is None else version
     o = _engine().outcome(row, w, p, r, None, v)
     reason = _reason(o, w, p, r, row, reference, workers is None)
+    mode = "processes" if w > 1 else "inline"
+    memory = int(r * model.generator_memory(mode, row, w, p, o.per_rank if w > 1 else 0, None) / HEADROOM)
     return Typical(w, p, r, row, not reference, o.need if w > 1 else 0, o.all_ranks, reason, v, o.slot_mb,
-                   o.failure)
+                   o.failure, memory)
 
 
 def _reason(o: Any, w: int, p: int, r: int, row: int, reference: bool, defaulted: bool) -> str:
@@ -413,12 +419,13 @@ def _cgroup_findings(facts: Any, t: Typical) -> list:
     if limit is None:
         return []
     out = []
-    if t.peak and limit < t.peak:
+    if t.memory and limit < t.memory:
         out.append(Advice(
-            f"the cgroup memory limit is {mib(limit)}, smaller than the {mib(t.peak)} of /dev/shm a typical "
-            "pipeline here writes: tmpfs pages are charged to the writer's cgroup (a Kubernetes emptyDir to the "
-            "pod), so the kernel OOM-kills the job before /dev/shm fills",
-            "crash", f"raise the memory limit by at least {human_size(t.need)} (resources.limits.memory, "
+            f"the cgroup memory limit is {mib(limit)}, smaller than the {mib(t.memory)} a typical pipeline here "
+            f"adds ({mib(t.peak)} of /dev/shm, rows in flight and each worker's own pages, 20% headroom): tmpfs "
+            "pages are charged to the writer's cgroup (a Kubernetes emptyDir to the pod), so the kernel "
+            "OOM-kills the job (exit 137) before /dev/shm fills; ms_shm plans within the memory left, slower",
+            "crash", f"raise the memory limit by at least {human_size(t.memory)} (resources.limits.memory, "
                      "docker run --memory)",
             shm_fixes(t.need, facts.container, limit), "cgroup-small"))
     elif facts.shm_total is not None and facts.shm_total > limit:

@@ -83,7 +83,7 @@ def tune(dry_run: bool = False, ranks: int | None = None, shm_fraction: float = 
     SESSION.start(facts, shm_fraction, ranks)
     eng = _engine()
     config = eng.read_config()
-    b = SESSION.budget(facts, reserved=(0, 0))
+    b = SESSION.budget(facts, reserved=(0, 0, 0))
     w = workers or advice.typical_workers(facts)
     p = config.prefetch_size if config and config.prefetch_size else eng.arithmetic.DEFAULT_PREFETCH
     decisions = [d for d in (_nofile_decision(facts, w, p, eng),) if d]
@@ -343,7 +343,7 @@ def _set_if_changed(kwargs: dict, key: str, value: Any, default: Any) -> None:
 
 
 def _register(dataset: Any, p: Plan, lineage: measure.Lineage, label: str) -> None:
-    reservation = SESSION.ledger.reserve(label, p.predicted_shm, p.predicted_fds)
+    reservation = SESSION.ledger.reserve(label, p.predicted_shm, p.predicted_fds, p.predicted_memory)
     weakref.finalize(dataset, SESSION.ledger.release, reservation.key)
     measure.remember(dataset, p, lineage)
 
@@ -489,6 +489,7 @@ def map(dataset: Any, operations: Any = None, input_columns: Sequence[str] | str
     p = _plan_operations(probe, _request(asked, config, facts, eng, _explicit), config, facts, eng)
     kwargs = _stage_kwargs(map_kwargs, p, num_parallel_workers, config)
     p, fed = threads.cap_operations(p, operations, facts.usable_cpus)  # threads per worker
+    _apply_globals(p, config, eng, quiet=_explicit is not None)
     result = eng.compat.map_dataset(dataset, fed, input_columns, output_columns, kwargs)
     _register(result, p, measure.MapLineage(lineage, operations, tuple(ins), tuple(outs)), "map")
     _log_plan(p, asked, _explicit)
@@ -534,6 +535,7 @@ def batch(dataset: Any, batch_size: Any, drop_remainder: bool = False, num_paral
     p = replace(p, kind="batch")
     kwargs = _stage_kwargs(batch_kwargs, p, num_parallel_workers, config)
     p, kwargs["per_batch_map"] = threads.cap_operations(p, per_batch_map, facts.usable_cpus)  # threads per worker
+    _apply_globals(p, config, eng, quiet=_explicit is not None)
     result = eng.compat.batch_dataset(dataset, batch_size, drop_remainder, kwargs)
     _register(result, p, measure.Unavailable("rows after a per_batch_map are not re-made in a probe"), "batch")
     _log_plan(p, asked, _explicit)
@@ -558,18 +560,11 @@ def _plan_operations(probe: measure.StageProbe, req: Request, config: Any, facts
         st = probe.stats
         p = _fit(lambda r: eng.planning.plan_map(st.in_bytes, st.out_bytes, st.seconds_per_row, st.cpu_fraction,
                                                  None, r, b, profile, shmmax=facts.shmmax,
-                                                 memory_left=_memory_left(facts)), req, bool(why))
+                                                 worker_bytes=st.worker_bytes), req, bool(why))
     if not why:
         return p
     return replace(p, decisions=(Decision("mode_locked", True, False,
                                           f"{why}: MindSpore's own map settings are kept"),) + p.decisions)
-
-
-def _memory_left(facts: host.HostFacts) -> int | None:
-    memory_left = facts.mem_available
-    if facts.cgroup_mem_limit and facts.cgroup_mem_usage is not None:
-        memory_left = min(memory_left or facts.cgroup_mem_limit, facts.cgroup_mem_limit - facts.cgroup_mem_usage)
-    return memory_left
 
 
 def probe(ranks: int | None = None) -> host.HostFacts:

@@ -1,8 +1,13 @@
-"""How much /dev/shm and how many fds one pipeline of this rank may use, and who holds what already.
+"""How much /dev/shm, memory and how many fds one pipeline of this rank may use, and who holds what already.
 
 /dev/shm is one filesystem per host (or per pod), shared by every rank on it; MindSpore sizes each rank as if
 it were alone. We split the free space evenly between the local ranks, keep headroom (MindSpore's own static
 check refuses at 80%), and subtract what pipelines alive in this process already reserved.
+
+Memory is the second dimension: tmpfs pages are charged to the memory cgroup of the process that writes them,
+so a pipeline that fits /dev/shm can still be OOM-killed under ``docker run --memory`` or a pod's
+``resources.limits.memory``. The memory left (the cgroup's limit less its working set, or available RAM) is
+split and held back the same way.
 """
 
 from __future__ import annotations
@@ -28,11 +33,15 @@ class Budget(Result):
     reserved_shm: int
     reserved_fds: int
     reason: str
+    memory_bytes: int | None = None  # None: no limit known (ms_shm then plans /dev/shm and fds only)
+    reserved_memory: int = 0
+    memory_reason: str = ""
 
 
 def compute(shm_free: int | None, ranks: int, nofile_soft: int | None, open_fds: int | None,
             reserved_shm: int = 0, reserved_fds: int = 0, fraction: float = DEFAULT_FRACTION,
-            ranks_source: str = "") -> Budget:
+            ranks_source: str = "", memory_left: int | None = None, reserved_memory: int = 0,
+            memory_source: str = "") -> Budget:
     """The per-pipeline budget from host numbers taken before any pipeline of this process started."""
     ranks = max(1, ranks)
     if shm_free is None:
@@ -47,7 +56,19 @@ def compute(shm_free: int | None, ranks: int, nofile_soft: int | None, open_fds:
     fds = None
     if nofile_soft is not None:
         fds = max(0, nofile_soft - (open_fds or 0) - sizes.FD_MARGIN - reserved_fds)
-    return Budget(shm, fds, ranks, fraction, reserved_shm, reserved_fds, why)
+    memory, memory_why = _memory_share(memory_left, ranks, fraction, reserved_memory, memory_source)
+    return Budget(shm, fds, ranks, fraction, reserved_shm, reserved_fds, why, memory, reserved_memory, memory_why)
+
+
+def _memory_share(left: int | None, ranks: int, fraction: float, reserved: int, source: str) -> tuple:
+    """Every local rank of a container is charged to one cgroup, as they all write one /dev/shm."""
+    if left is None:
+        return None, "memory left unknown: planned on /dev/shm and fds only"
+    share = int(max(0, left) * fraction / ranks)
+    why = f"{mib(left)} of memory left{' (' + source + ')' if source else ''} x {fraction:.0%} / {ranks} rank(s)"
+    if reserved:
+        why += f", minus {mib(reserved)} reserved by live pipelines"
+    return max(0, share - reserved), why
 
 
 @dataclass(frozen=True)
@@ -56,6 +77,7 @@ class Reservation(Result):
     label: str
     shm_bytes: int
     fds: int
+    memory: int = 0
 
 
 class Ledger:
@@ -70,9 +92,9 @@ class Ledger:
         self._items: dict = {}
         self._ids = itertools.count(1)
 
-    def reserve(self, label: str, shm_bytes: int, fds: int) -> Reservation:
+    def reserve(self, label: str, shm_bytes: int, fds: int, memory: int = 0) -> Reservation:
         with self._lock:
-            item = Reservation(next(self._ids), label, int(shm_bytes), int(fds))
+            item = Reservation(next(self._ids), label, int(shm_bytes), int(fds), int(memory))
             self._items[item.key] = item
             return item
 
@@ -80,10 +102,12 @@ class Ledger:
         with self._lock:
             self._items.pop(key, None)
 
-    def totals(self) -> tuple[int, int]:
+    def totals(self) -> tuple[int, int, int]:
+        """Reserved /dev/shm, fds and memory."""
         with self._lock:
             return (sum(r.shm_bytes for r in self._items.values()),
-                    sum(r.fds for r in self._items.values()))
+                    sum(r.fds for r in self._items.values()),
+                    sum(r.memory for r in self._items.values()))
 
     def live(self) -> tuple:
         with self._lock:

@@ -177,7 +177,8 @@ def fact_rows(facts: host.HostFacts, config: Any, config_note: str | None, typic
     rows.append(_config_row(config, config_note))
     rows.append(("Python", f"{platform.python_version()}, start method "
                            f"{facts.start_method or _unknown(facts, 'start method')}"))
-    need = f"\n-> a /dev/shm of {advice_mod.human_size(typical.need)}" if typical.need else ""
+    need = (f"\n-> a /dev/shm of {advice_mod.human_size(typical.need)}, and {mib(typical.memory)} "
+            f"of container memory beside the training itself (/dev/shm pages count against it)") if typical.need else ""
     rows.append(("typical pipeline", typical.reason + need))
     return rows
 

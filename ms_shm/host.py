@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Mapping
 
 from ms_shm import procfs
-from ms_shm._results import Result
+from ms_shm._results import Result, mib
 from ms_shm.logind import LogindFacts, read_logind
 
 log = logging.getLogger(__name__)
@@ -64,6 +64,18 @@ class HostFacts(Result):
     start_method: str | None
     notes: tuple = field(default_factory=tuple)
     logind: LogindFacts | None = None  # systemd-logind's RemoveIPC for this user (``logind.read_logind``)
+
+    @property
+    def memory_left(self) -> tuple:
+        """Memory a new pipeline may still take, and where the number comes from: the cgroup's limit less its
+        working set (what the OOM killer compares), or available RAM, whichever is smaller."""
+        options = []
+        if self.cgroup_mem_limit and self.cgroup_mem_usage is not None:
+            options.append((self.cgroup_mem_limit - self.cgroup_mem_usage,
+                            f"cgroup {self.cgroup_version} limit {mib(self.cgroup_mem_limit)}"))
+        if self.mem_available is not None:
+            options.append((self.mem_available, "MemAvailable"))
+        return min(options, key=lambda o: o[0]) if options else (None, "")
 
     @property
     def memory_limit(self) -> int | None:
@@ -150,23 +162,71 @@ def _cgroup_dirs(base: Path, rel: str) -> list:
     return [d for d in dict.fromkeys(candidates) if d.is_dir()]
 
 
+def _working_set(usage: int | None, directory: Path, inactive_key: str) -> int | None:
+    """Usage less the inactive page cache, as ``docker stats`` and the kubelet count it: the kernel reclaims
+    that cache before it OOM-kills, so counting it would call a container with a warm cache full."""
+    if usage is None:
+        return None
+    text = _read(directory / "memory.stat", _Notes()) or ""
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == inactive_key and value.strip().isdigit():
+            return max(0, usage - int(value))
+    return usage
+
+
+_MEMORY_FILES = {"v1": ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"),
+                 "v2": ("memory.max", "memory.current", "inactive_file")}
+
+
+def memory_dirs(root: Path = Path("/"), notes: _Notes | None = None) -> tuple:
+    """This process's memory cgroup directory and its ancestors, with the cgroup version: ``(None, [])``
+    when there is no cgroup to read. ``watch()`` reads them again per sample through ``read_memory``."""
+    version, paths = _own_cgroup(root, notes if notes is not None else _Notes())
+    fs = root / "sys/fs/cgroup"
+    if version == "v2":
+        return version, _cgroup_dirs(fs, paths.get("", "/"))
+    if version == "v1":
+        return version, _cgroup_dirs(fs / "memory", paths.get("memory", "/"))
+    return None, []
+
+
+def read_memory(version: str | None, dirs: list, notes: _Notes | None = None) -> tuple:
+    """The binding memory limit and that cgroup's working set: of every level with a limit (a container's
+    own cgroup, a pod's above it), the one with the least room left. Without a limit, (None, own usage)."""
+    if version not in _MEMORY_FILES:
+        return None, None
+    limit_file, usage_file, inactive_key = _MEMORY_FILES[version]
+    notes = notes if notes is not None else _Notes()
+    best, own = None, None
+    for d in dirs:
+        usage = _working_set(_read_int(d / usage_file, _Notes()), d, inactive_key)
+        own = usage if own is None else own
+        raw = _read(d / limit_file, _Notes())
+        if raw is None or raw.strip() == "max":
+            continue
+        try:
+            limit = int(raw)
+        except ValueError as exc:
+            notes.add(str(d / limit_file), exc)
+            continue
+        if limit < _UNLIMITED_CGROUP and (best is None or limit - (usage or 0) < best[0] - (best[1] or 0)):
+            best = (limit, usage)
+    if best is None:
+        return None, own
+    return best[0], best[1] if best[1] is not None else own
+
+
 def read_cgroup(root: Path, notes: _Notes) -> tuple[str | None, int | None, int | None, float | None]:
-    """cgroup version, memory limit and usage in bytes, and CPU quota in CPUs (None = unlimited/unknown)."""
+    """cgroup version, memory limit and working set in bytes, and CPU quota in CPUs (None = unlimited/unknown)."""
     version, paths = _own_cgroup(root, notes)
     fs = root / "sys/fs/cgroup"
     if version is None:
         return None, None, None, None
-    limit = usage = quota = None
+    limit, usage = read_memory(*memory_dirs(root), notes)
+    quota = None
     if version == "v2":
         for d in _cgroup_dirs(fs, paths.get("", "/")):
-            raw = _read(d / "memory.max", _Notes())
-            if raw is not None and raw.strip() != "max" and limit is None:
-                try:
-                    limit = int(raw)
-                except ValueError as exc:
-                    notes.add(str(d / "memory.max"), exc)
-            if usage is None:
-                usage = _read_int(d / "memory.current", _Notes())
             cpu = _read(d / "cpu.max", _Notes())
             if cpu is not None and quota is None:
                 q, _, period = cpu.strip().partition(" ")
@@ -176,13 +236,6 @@ def read_cgroup(root: Path, notes: _Notes) -> tuple[str | None, int | None, int 
                     except (ValueError, ZeroDivisionError) as exc:
                         notes.add(str(d / "cpu.max"), exc)
     else:
-        mem_rel = paths.get("memory", "/")
-        for d in _cgroup_dirs(fs / "memory", mem_rel):
-            raw = _read_int(d / "memory.limit_in_bytes", _Notes())
-            if raw is not None and raw < _UNLIMITED_CGROUP and limit is None:
-                limit = raw
-            if usage is None:
-                usage = _read_int(d / "memory.usage_in_bytes", _Notes())
         cpu_rel = paths.get("cpu", paths.get("cpu,cpuacct", "/"))
         for base in (fs / "cpu", fs / "cpu,cpuacct"):
             for d in _cgroup_dirs(base, cpu_rel):

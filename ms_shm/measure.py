@@ -20,7 +20,7 @@ import statistics
 import time
 import types
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -42,6 +42,7 @@ class OperationStats(Result):
     out_bytes: int
     seconds_per_row: float | None
     cpu_fraction: float | None
+    worker_bytes: int | None = None  # what the probe child held alone at the end: a forked worker's growth
 
 
 @dataclass(frozen=True)
@@ -328,6 +329,8 @@ def _outcome(outcome: sandbox.Outcome, what: str) -> StageProbe:
         log.warning("ms_shm: %s", why)
         return StageProbe(None, unmeasured=why)
     stats, effects = outcome.value
+    if isinstance(stats, (rows.RowStats, OperationStats)):
+        stats = replace(stats, worker_bytes=outcome.private_bytes)
     return StageProbe(stats, effects or sandbox.Effects())
 
 

@@ -59,6 +59,7 @@ class Candidate(Result):
     seconds: float | None
     fits: bool
     why_not: str = ""
+    memory: int = 0  # host memory it adds to the memory cgroup, its /dev/shm pages included
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,7 @@ class Plan(Result):
     decisions: tuple = ()
     advice: tuple = ()
     alternatives: tuple = ()
+    predicted_memory: int = 0  # host memory it adds to the memory cgroup, its /dev/shm pages included
 
     def summary(self) -> str:
         """The one INFO line: mode, workers, prefetch, predicted peak vs budget, why."""
@@ -131,24 +133,46 @@ def top(cands: list, best: Candidate, n: int = 6) -> list:
 
 
 def no_fit_message(cands: list, req: Request, budget: Budget, stats: RowStats, row: int) -> str:
-    smallest = min(cands, key=lambda c: c.shm) if cands else None
-    asked = []
-    if req.workers is not None:
-        asked.append(f"num_parallel_workers={req.workers}")
-    if req.multiprocessing is not None:
-        asked.append(f"python_multiprocessing={req.multiprocessing}")
-    if req.max_rowsize is not None:
-        asked.append(f"max_rowsize={req.max_rowsize}")
-    need = smallest.shm if smallest else 0
-    reasons = sorted({c.why_not for c in cands if c.why_not})
-    ranks = budget.ranks
-    host_need = int(need * ranks / budget.fraction) + 1
-    return (f"No configuration honouring {', '.join(asked) or 'the request'} fits: rows of {mib(row)}; "
-            f"the smallest needs {mib(need)} of /dev/shm and {smallest.fds if smallest else 0} fds, "
-            f"budget is {mib(budget.shm_bytes)} and {budget.fds if budget.fds is not None else 'unlimited'} "
-            f"fds ({budget.reason}). Why: {' | '.join(reasons)[:600]}. Fix: drop the explicit "
-            f"{' / '.join(asked) or 'settings'} so ms_shm can choose threads or pipes, or give /dev/shm at "
-            f"least {mib(host_need)} (docker run --shm-size={sizes.shm_size_flag(host_need)}), or raise `ulimit -n`.")
+    """One error for a request nothing fits: what the smallest candidate needs against each budget, why each
+    transport failed (at its smallest prefetch), and the fixes for the limits that bind."""
+    asked = [f"{name}={value}" for name, value in (("num_parallel_workers", req.workers),
+                                                   ("python_multiprocessing", req.multiprocessing),
+                                                   ("max_rowsize", req.max_rowsize)) if value is not None]
+    smallest = min(cands, key=lambda c: (c.shm, c.memory)) if cands else Candidate("", 0, 0, 0, 0, None, False)
+    least_memory = min((c.memory for c in cands), default=0)
+    memory = "" if budget.memory_bytes is None else (
+        f", {mib(least_memory)} of memory against {mib(budget.memory_bytes)} left for it ({budget.memory_reason})")
+    host_need = int(smallest.shm * budget.ranks / budget.fraction) + 1
+    fixes = [f"drop the explicit {' / '.join(asked)} so ms_shm can choose threads or pipes" if asked else ""]
+    if budget.shm_bytes is not None and smallest.shm > budget.shm_bytes:
+        fixes.append(f"give /dev/shm at least {mib(host_need)} (docker run --shm-size="
+                     f"{sizes.shm_size_flag(host_need)})")
+    if budget.fds is not None and smallest.fds > budget.fds:
+        fixes.append("raise `ulimit -n`")
+    fixes.append(_memory_fix(least_memory, budget))
+    return (f"No configuration honouring {', '.join(asked) or 'the request'} fits: rows of {mib(row)}; the "
+            f"smallest needs {mib(smallest.shm)} of /dev/shm against {mib(budget.shm_bytes)} ({budget.reason}), "
+            f"{smallest.fds} fds against {budget.fds if budget.fds is not None else 'unlimited'}{memory}. "
+            f"Why: {' | '.join(_reasons(cands))[:600]}. Fix: {'; or '.join(f for f in fixes if f) or 'see above'}.")
+
+
+def _reasons(cands: list) -> list:
+    """Each transport's reason at the last (smallest) prefetch tried: the higher ones failed for more."""
+    last: dict = {}
+    for c in cands:
+        if c.why_not:
+            last[(c.mode, c.workers)] = f"{c.mode} x{c.workers}: {c.why_not}"
+    return list(last.values())
+
+
+def _memory_fix(least: int, budget: Budget) -> str:
+    """The container fix when memory binds: tmpfs pages count against the container's memory limit."""
+    if budget.memory_bytes is None or least <= budget.memory_bytes:
+        return ""
+    more = int((least - budget.memory_bytes) * budget.ranks / budget.fraction) + 1
+    return (f"give the container at least {mib(more)} more memory (docker run --memory; Kubernetes "
+            f"resources.limits.memory, raised by the /dev/shm emptyDir's sizeLimit): /dev/shm pages count "
+            f"against it")
 
 
 __all__ = ["Plan", "Decision", "Request", "Candidate", "ShmBudgetError", "rank", "top", "no_fit_message",

@@ -117,6 +117,20 @@ def is_zombie(pid: int | str, root: str | os.PathLike = "/") -> bool:
     return bool(fields) and fields[0] in ("Z", "X")
 
 
+def private_bytes(pid: int | str = "self", root: str | os.PathLike = "/") -> int | None:
+    """Memory only this process holds (``Private_Dirty`` of ``smaps_rollup``): in a forked child, the pages it
+    copied on write plus what it allocated, which is what the memory cgroup is charged for it. ``None`` when
+    the kernel does not say (no ``smaps_rollup`` before Linux 4.14)."""
+    try:
+        text = _proc(root, pid, "smaps_rollup").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("Private_Dirty:"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
 def open_fd_count(pid: int | str = "self", root: str | os.PathLike = "/") -> int:
     """How many fds ``pid`` holds (raises ``OSError``).
 

@@ -51,6 +51,8 @@ class RowStats(Result):
     probe_seconds: float
     notes: tuple = field(default_factory=tuple)
     framework_tensors: bool = False  # a column was a framework tensor (``asnumpy``), not a numpy array
+    worker_bytes: int | None = None  # memory the probe child held alone when it finished (copied-on-write
+    # pages and what reading allocated): what each forked worker adds to the memory cgroup
 
     @property
     def ragged(self) -> bool:

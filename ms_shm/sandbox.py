@@ -34,6 +34,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ms_shm import procfs
 from ms_shm._results import Result
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,7 @@ class Outcome:
     error: BaseException | None = None
     remote_traceback: str = ""
     unavailable: str | None = None
+    private_bytes: int | None = None  # what the child held alone when it finished: a forked worker's growth
 
 
 def timeout_seconds() -> float:
@@ -120,7 +122,8 @@ def _child(probe: Callable[[], Any], fd: int) -> None:  # pragma: no cover - chi
         os.dup2(devnull, 2)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
         try:
-            payload = ("ok", probe())
+            value = probe()
+            payload = ("ok", value, procfs.private_bytes())
         except BaseException as exc:  # the parent decides what an exception means
             payload = ("error", exc, "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
         try:
@@ -162,7 +165,7 @@ def _decode(data: bytes) -> Outcome:
     except Exception as exc:  # e.g. an exception class that cannot be rebuilt here
         return Outcome(unavailable=f"the probe's result could not be read ({type(exc).__name__}: {exc})")
     if payload[0] == "ok":
-        return Outcome(value=payload[1])
+        return Outcome(value=payload[1], private_bytes=payload[2])
     if payload[0] == "error":
         return Outcome(error=payload[1], remote_traceback=payload[2])
     return Outcome(unavailable=f"the probe's result could not be sent ({payload[1]})", remote_traceback=payload[2])

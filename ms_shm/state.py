@@ -44,10 +44,12 @@ class Session:
             self.facts, self.fraction, self.ranks = facts, fraction, ranks
 
     def budget(self, facts: host.HostFacts, reserved: tuple | None = None) -> budget_mod.Budget:
-        """This rank's budget: free /dev/shm and fds, less what live pipelines of this process reserved."""
-        shm_used, fds_used = reserved if reserved is not None else self.ledger.totals()
+        """This rank's budget: free /dev/shm, memory and fds, less what live pipelines of this process reserved."""
+        shm_used, fds_used, memory_used = reserved if reserved is not None else self.ledger.totals()
+        memory_left, memory_source = facts.memory_left
         return budget_mod.compute(facts.shm_free, facts.ranks.local_size, facts.nofile_soft, facts.open_fds,
-                                  shm_used, fds_used, self.fraction, facts.ranks.source)
+                                  shm_used, fds_used, self.fraction, facts.ranks.source, memory_left,
+                                  memory_used, memory_source)
 
     def record(self, made: Sequence[Any], undo: Callable[[Sequence[Any]], None]) -> list:
         """Keep the changes that happened (``None`` means nothing changed), each with what undoes it: the

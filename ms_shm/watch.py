@@ -30,7 +30,7 @@ from typing import Callable, Iterable, Union
 
 import psutil
 
-from ms_shm import procfs, sizes
+from ms_shm import host, procfs, sizes
 from ms_shm._results import Result, mib
 from ms_shm.errors import UsageError
 
@@ -40,7 +40,7 @@ PidSource = Union[Iterable[int], Callable[[], Iterable[int]], None]
 
 #: CSV columns, in order; ``Sample`` has the same fields.
 CSV_COLUMNS = ("timestamp", "shm_used", "shm_total", "sysv_bytes", "sysv_segments", "workers", "workers_rss",
-               "workers_uss", "fds", "fd_soft_limit", "worker_fds_max", "epoch")
+               "workers_uss", "fds", "fd_soft_limit", "worker_fds_max", "epoch", "memory_used", "memory_limit")
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,8 @@ class Sample(Result):
         fd_soft_limit: ``RLIMIT_NOFILE`` soft limit of this process.
         worker_fds_max: Most open fds in any one worker (the limit is per process).
         epoch: Epochs marked before this reading.
+        memory_used: The memory cgroup's working set (usage less inactive page cache; /dev/shm pages count).
+        memory_limit: That cgroup's limit (``None``: no limit).
     """
 
     timestamp: float
@@ -74,6 +76,8 @@ class Sample(Result):
     fd_soft_limit: int | None
     worker_fds_max: int | None = None
     epoch: int = 0
+    memory_used: int | None = None
+    memory_limit: int | None = None
 
 
 @dataclass(frozen=True)
@@ -161,6 +165,17 @@ def shm_warning(used: int | None, total: int | None, shm_path: str = "/dev/shm",
             "ds.config.set_prefetch_size")
 
 
+def memory_warning(used: int | None, limit: int | None, threshold: float = 0.9) -> str | None:
+    """The warning for a memory cgroup close to its limit, or None: the OOM killer ends the run there, and
+    /dev/shm pages count against it."""
+    if used is None or not limit or used / limit <= threshold:
+        return None
+    return (f"the container's memory is {used / limit:.0%} used ({mib(used)} of its {mib(limit)} limit); /dev/shm "
+            f"pages and every worker's rows count against it, and the OOM killer ends the run (exit 137) when it "
+            f"fills. Give it more: `docker run --memory=...` (Kubernetes: resources.limits.memory, raised by "
+            f"the /dev/shm emptyDir's sizeLimit), or lower num_parallel_workers or ds.config.set_prefetch_size")
+
+
 def fd_warning(fds: int | None, soft: int | None, hard: int | None = None, who: str = "this process",
                threshold: float = 0.8) -> str | None:
     """The warning for a process close to its fd soft limit, or None."""
@@ -239,6 +254,7 @@ class Watcher:
         self._thread: threading.Thread | None = None
         self._procs: dict = {}
         self._fast_children = procfs.children_files_exist()
+        self._memory_dirs = host.memory_dirs()
         self._notes: list = []
         self._noted: set = set()
         self._warned: dict = {}
@@ -395,6 +411,7 @@ class Watcher:
                 self._uss_cost = time.thread_time() - uss_cpu0
                 self._last_uss = now
             fds, soft, hard = self._own_fds()
+            memory_limit, memory_used = host.read_memory(*self._memory_dirs)
             per_worker = workers.per_worker
             sample = Sample(
                 timestamp=time.time(), shm_used=shm_used, shm_total=shm_total, sysv_bytes=sysv_bytes,
@@ -402,7 +419,7 @@ class Watcher:
                 workers_rss=workers.rss if per_worker else 0,
                 workers_uss=(workers.uss if workers.uss_ok else None) if per_worker else (0 if take_uss else None),
                 fds=fds, fd_soft_limit=soft, worker_fds_max=max(workers.fds) if workers.fds else None,
-                epoch=self._epoch)
+                epoch=self._epoch, memory_used=memory_used, memory_limit=memory_limit)
             self._record(sample, hard)
             if take_uss:
                 self._uss_count += 1
@@ -505,6 +522,10 @@ class Watcher:
                               self._fd_threshold))
         if text:
             self._warn("fds", text)
+        self._peak("memory_used", sample.memory_used)
+        text = memory_warning(sample.memory_used, sample.memory_limit)
+        if text:
+            self._warn("memory", text)
 
     def _peak(self, name: str, value) -> None:
         if value is not None and (name not in self._peaks or value > self._peaks[name]):
@@ -604,4 +625,4 @@ def watch(interval: float = 1.0, csv_path: str | os.PathLike | None = None, pids
 
 
 __all__ = ["watch", "Watcher", "WatchSummary", "WorkerGrowth", "Sample", "CSV_COLUMNS", "shm_warning",
-           "fd_warning", "growth", "descendants"]
+           "fd_warning", "memory_warning", "growth", "descendants"]

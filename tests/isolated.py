@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from functools import lru_cache
 from pathlib import Path
 
@@ -62,10 +63,79 @@ def mindspore_missing() -> str | None:
     return None if r.returncode == 0 else "mindspore is not importable: " + r.stderr.strip()[-200:]
 
 
+def _memory_root() -> tuple:
+    """Where new memory cgroups are made here: (version, directory), or (None, why not)."""
+    v1 = Path("/sys/fs/cgroup/memory")
+    if (v1 / "memory.limit_in_bytes").exists():
+        return "v1", v1
+    control = Path("/sys/fs/cgroup/cgroup.subtree_control")
+    if control.exists() and "memory" in control.read_text(errors="replace").split():
+        return "v2", control.parent
+    return None, "no writable memory cgroup controller (v1 memory or v2 with memory delegated)"
+
+
+@lru_cache(maxsize=None)
+def memory_cgroup_unavailable() -> str | None:
+    """Why a memory cgroup (a container's memory limit) cannot be made here, or None when it can."""
+    if unavailable():
+        return unavailable()
+    version, where = _memory_root()
+    if version is None:
+        return where
+    try:
+        with memory_cgroup("1G"):
+            return None
+    except OSError as exc:
+        return f"cannot create a memory cgroup under {where}: {exc}"
+
+
+class memory_cgroup:
+    """A fresh memory cgroup with ``limit`` (``docker run --memory``); ``shell_line`` moves a shell into it.
+
+    Exit removes it (after its processes are gone) and keeps ``peak`` (v1 ``max_usage_in_bytes``, v2
+    ``memory.peak``) and ``oom_kills`` (how many processes the OOM killer ended in it).
+    """
+
+    def __init__(self, limit: str) -> None:
+        self.version, root = _memory_root()
+        self.path = Path(root) / f"ms_shm_test_{os.getpid()}_{id(self)}"
+        self.limit = limit
+        self.peak: int | None = None
+        self.oom_kills: int | None = None
+
+    def __enter__(self) -> "memory_cgroup":
+        self.path.mkdir()
+        knob = "memory.limit_in_bytes" if self.version == "v1" else "memory.max"
+        (self.path / knob).write_text(self.limit)
+        return self
+
+    def shell_line(self) -> str:
+        return f"echo $$ > {shlex.quote(str(self.path / 'cgroup.procs'))}"
+
+    def __exit__(self, *exc) -> None:
+        peak = self.path / ("memory.max_usage_in_bytes" if self.version == "v1" else "memory.peak")
+        try:
+            self.peak = int(peak.read_text())
+        except (OSError, ValueError):
+            self.peak = None
+        events = self.path / ("memory.oom_control" if self.version == "v1" else "memory.events")
+        try:
+            counts = dict(line.split() for line in events.read_text().splitlines() if line.count(" ") == 1)
+            self.oom_kills = int(counts.get("oom_kill", 0))
+        except (OSError, ValueError):
+            self.oom_kills = None
+        for _ in range(50):
+            try:
+                self.path.rmdir()
+                return
+            except OSError:  # its last processes are still exiting
+                time.sleep(0.1)
+
+
 def shell_prefix(shm: str | None = "64m", cpus: int | None = None, nofile: int | None = None,
-                 nofile_hard: int | None = None) -> str:
+                 nofile_hard: int | None = None, cgroup: "memory_cgroup | None" = None) -> str:
     """Shell lines that set up the private namespace before the command runs."""
-    lines = []
+    lines = [cgroup.shell_line()] if cgroup is not None else []
     if shm:
         lines.append(f"mount -t tmpfs -o size={shm} tmpfs /dev/shm")
     if cpus:
@@ -78,15 +148,15 @@ def shell_prefix(shm: str | None = "64m", cpus: int | None = None, nofile: int |
 
 
 def run_shell(command: str, shm: str | None = "64m", cpus: int | None = None, nofile: int | None = None,
-              nofile_hard: int | None = None, timeout: float = 300, env: dict | None = None
-              ) -> subprocess.CompletedProcess:
-    """Run a shell command inside a fresh private mount namespace."""
+              nofile_hard: int | None = None, timeout: float = 300, env: dict | None = None,
+              cgroup: memory_cgroup | None = None) -> subprocess.CompletedProcess:
+    """Run a shell command inside a fresh private mount namespace (and ``cgroup``, charged for its tmpfs)."""
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = str(REPO) + os.pathsep + full_env.get("PYTHONPATH", "")
     full_env.setdefault("GLOG_v", "2")
     if env:
         full_env.update(env)
-    script = shell_prefix(shm, cpus, nofile, nofile_hard) + " && " + command
+    script = shell_prefix(shm, cpus, nofile, nofile_hard, cgroup) + " && " + command
     return subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
                           capture_output=True, text=True, timeout=timeout, env=full_env, cwd=str(REPO))
 

@@ -366,3 +366,12 @@ def test_removeipc_unknown_is_an_info_line():
     assert (finding.code, finding.severity) == ("removeipc-unknown", "info")
     assert finding.problem.startswith("systemd-logind RemoveIPC at logout: could not determine (RemoveIPC unknown")
     assert advice.diagnose(facts()) == ()  # facts built without logind (older callers): no finding at all
+
+
+def test_cgroup_limit_counts_rows_in_flight_and_workers_not_only_shm():
+    """A limit above the /dev/shm peak can still be too small: rows in flight and workers' pages count too."""
+    t = advice.typical(facts())
+    assert t.memory > t.peak / advice.HEADROOM
+    limit = (t.peak + t.memory) // 2  # above the /dev/shm a typical pipeline writes, below what it needs
+    found = {a.code: a for a in advice.diagnose(facts(cgroup_mem_limit=limit))}
+    assert "cgroup-small" in found and "rows in flight" in found["cgroup-small"].problem

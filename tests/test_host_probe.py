@@ -261,3 +261,28 @@ def test_real_host_contract():
     for name in ("shm_total", "shm_free", "mem_total", "nofile_soft", "open_fds", "shmmni"):
         assert getattr(facts, name) is None or isinstance(getattr(facts, name), int)
     assert isinstance(facts.to_json(), str)
+
+
+def test_cgroup_v1_working_set_leaves_out_inactive_page_cache(tmp_path):
+    """``docker stats`` and the kubelet count usage less inactive file pages: the kernel drops those first."""
+    root = base_tree(tmp_path)
+    write(root, "proc/self/cgroup", "4:memory:/docker/abc\n")
+    write(root, "sys/fs/cgroup/memory/docker/abc/memory.limit_in_bytes", f"{450 * MiB}\n")
+    write(root, "sys/fs/cgroup/memory/docker/abc/memory.usage_in_bytes", f"{400 * MiB}\n")
+    write(root, "sys/fs/cgroup/memory/docker/abc/memory.stat", f"cache 1\ntotal_inactive_file {240 * MiB}\n")
+    facts = probe(root)
+    assert (facts.cgroup_mem_limit, facts.cgroup_mem_usage) == (450 * MiB, 160 * MiB)
+    assert facts.memory_left[0] == min(290 * MiB, facts.mem_available or 290 * MiB)
+
+
+def test_cgroup_v2_the_level_with_least_room_binds(tmp_path):
+    """A pod's limit above the container's: whichever has less room left is what the OOM killer uses."""
+    root = base_tree(tmp_path)
+    write(root, "proc/self/cgroup", "0::/kubepods/pod1/ctr\n")
+    write(root, "sys/fs/cgroup/kubepods/pod1/ctr/memory.max", f"{4 * GiB}\n")
+    write(root, "sys/fs/cgroup/kubepods/pod1/ctr/memory.current", f"{1 * GiB}\n")
+    write(root, "sys/fs/cgroup/kubepods/pod1/memory.max", f"{5 * GiB}\n")
+    write(root, "sys/fs/cgroup/kubepods/pod1/memory.current", f"{4 * GiB}\n")  # a sidecar holds 3 GiB
+    write(root, "sys/fs/cgroup/kubepods/pod1/memory.stat", "inactive_file 0\n")
+    facts = probe(root)
+    assert (facts.cgroup_mem_limit, facts.cgroup_mem_usage) == (5 * GiB, 4 * GiB)

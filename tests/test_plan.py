@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -25,8 +26,9 @@ def rows(row_bytes: int, seconds: float | None = 0.02, cpu: float | None = 1.0, 
 
 
 def room(shm_free: int | None = 4 * GiB, ranks: int = 1, nofile: int | None = 65536, open_fds: int = 10,
-         reserved_shm: int = 0, reserved_fds: int = 0) -> budget.Budget:
-    return budget.compute(shm_free, ranks, nofile, open_fds, reserved_shm, reserved_fds)
+         reserved_shm: int = 0, reserved_fds: int = 0, memory: int | None = None) -> budget.Budget:
+    return budget.compute(shm_free, ranks, nofile, open_fds, reserved_shm, reserved_fds, memory_left=memory,
+                          memory_source="cgroup v1 limit 450.0 MiB" if memory else "")
 
 
 def ask(**kw) -> Request:
@@ -73,6 +75,13 @@ GENERATOR_CASES = {
         rows(**TRIVIAL_BIG), ask(multiprocessing=False), room(), INLINE, 1),
     "iterable source": (rows(8 * MiB, random_access=False, length=None), ask(workers=4), room(), INLINE, 4),
     "untimed rows (what-if)": (RowStats.synthetic(MiB), ask(workers=2), room(), PROCESSES, 2),
+    # a 450 MB container, 2 GB /dev/shm, 288 MiB left (x 80% = 230 MiB): at prefetch 16 the slots alone are
+    # 288 MiB; at prefetch 3, 5 slots per worker (80 MiB) + 7 rows in flight + 2 workers' pages fit
+    "450 MB container, 8 MiB CPU-heavy rows, W=2 explicit": (
+        rows(8 * MiB, 0.02, 1.0), ask(workers=2), room(2 * GiB, memory=288 * MiB), PROCESSES, 2),
+    # 100 MiB left: only one row at a time in this process fits (16 MiB + (1 + 4) rows)
+    "100 MiB of memory left, 8 MiB rows": (
+        rows(**TRIVIAL_BIG), ask(), room(2 * GiB, memory=100 * MiB), INLINE, 1),
 }
 
 
@@ -91,6 +100,38 @@ def test_generator_mode(name):
         assert p.predicted_shm <= b.shm_bytes
     if b.fds is not None:
         assert p.predicted_fds <= b.fds
+    if b.memory_bytes is not None:
+        assert p.predicted_shm < p.predicted_memory <= b.memory_bytes or p.mode == INLINE
+
+
+def test_memory_lowers_the_prefetch_and_says_why():
+    p = _plan("450 MB container, 8 MiB CPU-heavy rows, W=2 explicit")
+    d = next(d for d in p.decisions if d.setting == "prefetch_size")
+    assert d.value == p.prefetch < 16 and "of memory" in d.reason
+
+
+def test_unknown_memory_plans_on_dev_shm_alone():
+    b = room(2 * GiB)
+    assert b.memory_bytes is None and "unknown" in b.memory_reason
+    p = planning.plan_generator(rows(**CPU_HEAVY), ask(), b, V210)
+    assert p.fits and p.predicted_memory > 0
+
+
+def test_no_memory_for_any_transport_names_the_container_limit():
+    b = room(2 * GiB, memory=20 * MiB)
+    with pytest.raises(ShmBudgetError) as err:
+        planning.plan_generator(rows(**TRIVIAL_BIG), ask(), b, V210)
+    text = str(err.value)
+    assert "of memory" in text and "cgroup v1 limit 450.0 MiB" in text and "docker run --memory" in text
+
+
+def test_measured_worker_pages_count_for_each_worker():
+    light = replace(rows(**CPU_HEAVY), worker_bytes=MiB)
+    heavy = replace(light, worker_bytes=200 * MiB)
+    b = room(2 * GiB, memory=500 * MiB)
+    assert planning.plan_generator(light, ask(workers=2), b, V210).mode == PROCESSES
+    p = planning.plan_generator(heavy, ask(workers=2), b, V210)  # 2 x 200 MiB of worker pages > 400 MiB
+    assert p.mode in (THREADS, INLINE) and p.predicted_memory <= b.memory_bytes
 
 
 @pytest.mark.parametrize("name", list(GENERATOR_CASES))
@@ -250,7 +291,7 @@ def test_four_ranks_share_the_host():
 def test_ledger_reservations_shrink_the_next_plan():
     ledger = budget.Ledger()
     ledger.reserve("train", 300 * MiB, 60)
-    shm, fds = ledger.totals()
+    shm, fds, _ = ledger.totals()
     b = room(512 * MiB, reserved_shm=shm, reserved_fds=fds)
     assert b.shm_bytes == int(512 * MiB * 0.8) - 300 * MiB
     p = planning.plan_generator(rows(8 * MiB, 0.02, 1.0), ask(), b, V210)
@@ -297,12 +338,16 @@ def test_what_if_with_a_full_dev_shm_answers_instead_of_raising():
     json.dumps(p.to_dict())
 
 
-# map: (in, out, seconds, cpu, rows, request, budget, shmmax, memory_left, expected mode)
+# map: (in, out, seconds, cpu, rows, request, budget, shmmax, memory left, expected mode)
 MAP_CASES = {
     "fast ops": (MiB, MiB, 0.1e-3, 1.0, 1000, ask(), room(), None, None, THREADS),
     "slow CPU-bound ops, many rows": (MiB, MiB, 0.02, 1.0, 1000, ask(), room(), None, None, PROCESSES),
     "slow ops, segment > shmmax": (MiB, 8 * MiB, 0.02, 1.0, 1000, ask(), room(), 4 * MiB, None, THREADS),
-    "slow ops, no memory for segments": (MiB, 8 * MiB, 0.02, 1.0, 1000, ask(), room(), None, 8 * MiB, THREADS),
+    # at prefetch 16 processes need 16 MiB + (16 + 4 x 2 + 4) rows of 8 MiB + 2 segments + 2 workers' 32 MiB:
+    # 320 MiB > 240 MiB left; at prefetch 5 they fit, and are faster than threads
+    "slow ops, little memory": (MiB, 8 * MiB, 0.02, 1.0, 1000, ask(), room(), None, 300 * MiB, PROCESSES),
+    "slow ops, no memory for workers": (MiB, 8 * MiB, 0.02, 1.0, 1000, ask(multiprocessing=False), room(), None,
+                                        300 * MiB, THREADS),
     # not timed: no estimate to compare, so the plan takes processes (first in the planner's untimed order): they fit
     "untimed ops": (MiB, MiB, None, None, None, ask(), room(), None, None, PROCESSES),
     "slow ops, unknown /dev/shm": (MiB, MiB, 0.02, 1.0, 1000, ask(), room(None), None, None, THREADS),
@@ -311,7 +356,8 @@ MAP_CASES = {
 
 def _map_plan(name: str) -> plan.Plan:
     i, o, t, cpu, n, req, b, shmmax, mem, _ = MAP_CASES[name]
-    return planning.plan_map(i, o, t, cpu, n, req, b, V210, shmmax=shmmax, memory_left=mem)
+    b = b if mem is None else replace(b, memory_bytes=int(mem * b.fraction))
+    return planning.plan_map(i, o, t, cpu, n, req, b, V210, shmmax=shmmax)
 
 
 @pytest.mark.parametrize("name", list(MAP_CASES))
@@ -322,6 +368,23 @@ def test_map_mode(name):
     d = mode_decision(p)
     assert d.value == p.mode and d.reason.strip()
     json.dumps(p.to_dict())
+
+
+def test_map_lowers_prefetch_where_memory_is_short():
+    p = _map_plan("slow ops, little memory")
+    assert p.prefetch < 16 and p.predicted_memory <= p.budget.memory_bytes
+    d = next(d for d in p.decisions if d.setting == "prefetch_size")
+    assert d.value == p.prefetch and "of memory" in d.reason
+
+
+def test_map_memory_nothing_fits_names_both_numbers_and_the_fix():
+    i, o, t, cpu, n, _, b, *_ = MAP_CASES["slow ops, little memory"]
+    b = replace(b, memory_bytes=64 * MiB, memory_reason="cgroup v1 limit 450.0 MiB")
+    with pytest.raises(ShmBudgetError) as err:
+        planning.plan_map(i, o, t, cpu, n, ask(), b, V210)
+    text = str(err.value)
+    assert "of memory against 64.0 MiB left" in text and "--memory" in text
+    assert "resources.limits.memory" in text
 
 
 def test_map_processes_predict_sysv_not_dev_shm():

@@ -235,3 +235,12 @@ def test_full_dev_shm_warns_with_the_fix(private_shm):
     assert "--shm-size=1g" in result.stderr
     fraction, count = result.stdout.split()[1:]
     assert float(fraction) > 0.8 and count == "1"
+
+
+def test_memory_warning_names_the_container_limit_and_the_fix():
+    from ms_shm.watch import memory_warning
+
+    assert memory_warning(100 << 20, 450 << 20) is None and memory_warning(None, 1) is None
+    assert memory_warning(440 << 20, None) is None
+    text = memory_warning(430 << 20, 450 << 20)
+    assert "96% used" in text and "450.0 MiB limit" in text and "--memory" in text and "exit 137" in text

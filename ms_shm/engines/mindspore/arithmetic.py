@@ -156,3 +156,51 @@ __all__ = ["DEFAULT_PREFETCH", "SEM_PAGES_PER_POOL", "FD_BASE", "FD_PER_WORKER",
            "PAGE", "MiB", "queue_size", "slots", "pages", "semaphore_bytes", "generator_peak",
            "fitting_prefetch", "static_precheck_fails", "static_row_fits", "max_rowsize_mb", "static_rowsize_for", "MapCost",
            "map_pool_cost", "map_precheck_bytes", "generator_fds", "map_fds"]
+
+
+# --- host memory (the memory cgroup) ------------------------------------------------------------------------
+# Rows of a stage's output the process tree holds at once beyond /dev/shm slots (connector queues, rows being
+# copied out of a slot or pickled into a pipe). Measured on MindSpore 2.10 with 2 workers, 2 and 8 MiB rows, as
+# the smallest cgroup v1 memory limit each configuration passes, less the same pipeline with empty rows
+# (`memory.limit_in_bytes` bisected to 16 MiB): inline 20 rows at prefetch 16; threads 40 at prefetch 16 and 28
+# at 4; processes 14 at 16 and 7 at 2 beside their slots; pipes 46 at 16. A map's peak varies more from run to
+# run (the race between its workers and the reader): 25-31 rows in threads, 33-37 in processes (slots and
+# worker pages included), sampled as the cgroup's rss + shmem every 20 ms.
+PIPELINE_BYTES = 16 * MiB  # the same pipeline with empty rows, over the process before it was built
+WORKER_BYTES_UNMEASURED = 32 * MiB  # a forked worker's own pages when the probe could not say (measured 12-25)
+
+
+def rows_in_flight(mode: str, workers: int, prefetch: int) -> int:
+    """Rows held in memory at once, by transport (see the table above)."""
+    if mode == "inline":
+        return prefetch + 4
+    if mode == "threads":
+        return prefetch + 12 * workers
+    held = prefetch // 2 + 6
+    if mode == "pipes":
+        held += workers * queue_size(prefetch, workers)
+    return held
+
+
+def generator_memory(mode: str, row_bytes: int, workers: int, prefetch: int, shm_bytes: int,
+                     worker_bytes: int | None, rows: int | None = None) -> int:
+    """Host memory one GeneratorDataset adds to this process's memory cgroup: its /dev/shm pages (tmpfs pages
+    are charged to the writer), the rows in flight, and each forked worker's own pages."""
+    held = rows_in_flight(mode, workers, prefetch)
+    if rows is not None:
+        held = min(held, max(1, rows))
+    memory = PIPELINE_BYTES + shm_bytes + held * max(0, row_bytes)
+    if mode in ("processes", "pipes") and workers > 1:
+        memory += workers * (worker_bytes if worker_bytes is not None else WORKER_BYTES_UNMEASURED)
+    return memory
+
+
+def map_memory(processes: bool, out_bytes: int, workers: int, prefetch: int, cost: MapCost,
+               worker_bytes: int | None) -> int:
+    """Host memory a map/batch stage adds: its output rows in flight (its own queue and the next stage's),
+    its SysV segments and /dev/shm slots, and each worker process's own pages."""
+    memory = PIPELINE_BYTES + (prefetch + 4 * workers + 4) * max(0, out_bytes)
+    if processes:
+        memory += cost.dev_shm + cost.sysv
+        memory += workers * (worker_bytes if worker_bytes is not None else WORKER_BYTES_UNMEASURED)
+    return memory

@@ -103,10 +103,16 @@ def _static_rowsize(req: Request, profile: EngineProfile, row_bytes: int, shared
     return None
 
 
+def _why_not_memory(memory: int, budget: Budget) -> list:
+    if budget.memory_bytes is not None and memory > budget.memory_bytes:
+        return [f"needs {mib(memory)} of memory > {mib(budget.memory_bytes)} left for it"]
+    return []
+
+
 def _why_not(mode: str, shm: int, fds: int, static: int | None, req: Request, budget: Budget,
-             stats: RowStats) -> list:
-    """Why a candidate cannot run here: the budget, the fd limit, and MindSpore's own refusals."""
-    why = []
+             stats: RowStats, memory: int = 0) -> list:
+    """Why a candidate cannot run here: the budgets, the fd limit, and MindSpore's own refusals."""
+    why = _why_not_memory(memory, budget)
     if budget.shm_bytes is None and mode in (PROCESSES, PIPES):
         why.append("/dev/shm unknown")
     elif budget.shm_bytes is not None and shm > budget.shm_bytes:
@@ -131,16 +137,17 @@ def _candidates(stats: RowStats, req: Request, budget: Budget, profile: EnginePr
                 continue
             shared = mode == PROCESSES
             static = _static_rowsize(req, profile, row_bytes, shared)
-            for p in _prefetch_options(req.prefetch) if mode in (PROCESSES, PIPES) else [req.prefetch]:
+            for p in _prefetch_options(req.prefetch):
                 in_process = mode in (INLINE, THREADS)
                 shm = 0 if in_process else model.generator_peak(row_bytes, w, p, rows, static, shared_mem=shared)
                 fds = 0 if in_process else model.generator_fds(w, p, rows, shared_mem=shared)
-                why = _why_not(mode, shm, fds, static, req, budget, stats)
+                memory = model.generator_memory(mode, row_bytes, w, p, shm, stats.worker_bytes, rows)
+                why = _why_not(mode, shm, fds, static, req, budget, stats, memory)
                 if mode == THREADS and budget.shm_bytes is None and profile.threads_need_dev_shm:
                     why.append(f"MindSpore {profile.version} needs /dev/shm for threads too (a multiprocessing.Value)")
                 secs = _epoch_seconds(mode, w, stats, rows or 100, costs, req.start_method)
-                out.append(Candidate(mode, w, p, shm, fds, secs, not why, "; ".join(why)))
-                if not why and not in_process:
+                out.append(Candidate(mode, w, p, shm, fds, secs, not why, "; ".join(why), memory))
+                if not why:
                     break  # lower prefetch only costs queue depth once this one fits
     return out
 
@@ -181,7 +188,7 @@ def plan_generator(stats: RowStats, request: Request, budget: Budget, profile: E
         worker_share = (budget.shm_bytes - model.semaphore_bytes(best.workers)) // best.workers
     return Plan("generator", best.mode, best.workers, best.prefetch, best.mode in (PROCESSES, PIPES),
                 shared, static, row, best.shm, best.fds, 0, budget, True, slots, worker_share,
-                best.seconds, profile, tuple(decisions), (), tuple(plan.top(cands, best)))
+                best.seconds, profile, tuple(decisions), (), tuple(plan.top(cands, best)), best.memory)
 
 
 def _planned_row(stats: RowStats, req: Request) -> tuple:
@@ -207,9 +214,8 @@ def _setting_decisions(best: Candidate, cands: list, req: Request, budget: Budge
                             "fastest that fits" if req.workers is None else "capped"))
     if best.prefetch != req.prefetch:
         out.append(Decision("prefetch_size", best.prefetch, req.prefetch,
-                            f"prefetch {req.prefetch} would need {mib(_shm_at(cands, best, req.prefetch))} of "
-                            f"/dev/shm > budget {mib(budget.shm_bytes)}; this lowers MindSpore's global prefetch "
-                            f"size"))
+                            f"prefetch {req.prefetch} does not fit ({_why_not_at(cands, best, req.prefetch)}); "
+                            f"this lowers MindSpore's global prefetch size"))
     if best.mode == PIPES:
         slots_why = [c.why_not for c in cands if c.mode == PROCESSES and c.workers == best.workers]
         out.append(Decision("shared_mem", False, True,
@@ -218,9 +224,9 @@ def _setting_decisions(best: Candidate, cands: list, req: Request, budget: Budge
     return out
 
 
-def _shm_at(cands: list, best: Candidate, prefetch: int) -> int:
-    return next((c.shm for c in cands if c.mode == best.mode and c.workers == best.workers
-                 and c.prefetch == prefetch), best.shm)
+def _why_not_at(cands: list, best: Candidate, prefetch: int) -> str:
+    return next((c.why_not for c in cands if c.mode == best.mode and c.workers == best.workers
+                 and c.prefetch == prefetch), "")
 
 
 
@@ -270,7 +276,7 @@ def plan_unmeasured(req: Request, budget: Budget, profile: EngineProfile, why: s
 
 def plan_map(in_bytes: int, out_bytes: int, seconds_per_row: float | None, cpu_fraction: float | None,
              rows: int | None, request: Request, budget: Budget, profile: EngineProfile,
-             sysv_limit: int | None = None, shmmax: int | None = None, memory_left: int | None = None,
+             sysv_limit: int | None = None, shmmax: int | None = None, worker_bytes: int | None = None,
              costs: Costs = Costs()) -> Plan:
     """Pick processes or threads, and workers, for ``.map``.
 
@@ -283,9 +289,9 @@ def plan_map(in_bytes: int, out_bytes: int, seconds_per_row: float | None, cpu_f
     stats = RowStats(True, rows, 0, (), (), row, row, seconds_per_row, cpu_fraction, 0.0)
     modes = [PROCESSES] if req.multiprocessing is True else [THREADS] if req.multiprocessing is False \
         else [THREADS, PROCESSES]
-    limits = (budget, shmmax, memory_left)
-    cands = [_map_candidate(mode, w, in_bytes, out_bytes, stats, req, profile, limits, costs)
-             for mode in modes for w in _worker_options(req)]
+    limits = (budget, shmmax, worker_bytes)
+    cands = [c for mode in modes for w in _worker_options(req)
+             for c in _map_prefetches(mode, w, in_bytes, out_bytes, stats, req, profile, limits, costs)]
     fitting = [c for c in cands if c.fits]
     if not fitting:
         raise ShmBudgetError(plan.no_fit_message(cands, req, budget, stats, row))
@@ -297,17 +303,33 @@ def plan_map(in_bytes: int, out_bytes: int, seconds_per_row: float | None, cpu_f
     reason = _mode_reason(best, fitting, req, stats) if seconds_per_row is not None else \
         "operations were not timed: MindSpore's default transport that fits"
     decisions.append(Decision("mode", best.mode, default_mode(req), reason + plan.unknown_shm(budget)))
+    if best.prefetch != req.prefetch:
+        decisions.append(Decision("prefetch_size", best.prefetch, req.prefetch,
+                                  f"prefetch {req.prefetch} does not fit ({_why_not_at(cands, best, req.prefetch)}); "
+                                  f"this lowers MindSpore's global prefetch size"))
     sysv = model.map_pool_cost(profile, best.workers, in_bytes, out_bytes, req.max_rowsize).sysv \
         if best.mode == PROCESSES else 0
-    return Plan("map", best.mode, best.workers, req.prefetch, best.mode == PROCESSES, req.shared_mem,
+    return Plan("map", best.mode, best.workers, best.prefetch, best.mode == PROCESSES, req.shared_mem,
                 req.max_rowsize, row, best.shm, best.fds, sysv, budget, True, 0, 0, best.seconds, profile,
-                tuple(decisions), (), tuple(plan.top(cands, best)))
+                tuple(decisions), (), tuple(plan.top(cands, best)), best.memory)
+
+
+def _map_prefetches(mode: str, w: int, in_bytes: int, out_bytes: int, stats: RowStats, req: Request,
+                    profile: EngineProfile, limits: tuple, costs: Costs) -> list:
+    """One transport at MindSpore's prefetch, then lower ones until it fits: rows in flight are memory."""
+    out = []
+    for p in _prefetch_options(req.prefetch):
+        out.append(_map_candidate(mode, w, in_bytes, out_bytes, stats, replace(req, prefetch=p), profile, limits,
+                                  costs))
+        if out[-1].fits or not _why_not_memory(out[-1].memory, limits[0]):
+            break  # lower prefetch only helps memory
+    return out
 
 
 def _map_candidate(mode: str, w: int, in_bytes: int, out_bytes: int, stats: RowStats, req: Request,
                    profile: EngineProfile, limits: tuple, costs: Costs) -> Candidate:
-    """One map transport priced: its /dev/shm and SysV needs against the limits, and its epoch time."""
-    budget, shmmax, memory_left = limits
+    """One map transport priced: its /dev/shm, SysV and memory needs against the limits, and its epoch time."""
+    budget, shmmax, worker_bytes = limits
     processes = mode == PROCESSES
     cost = model.map_pool_cost(profile, w, in_bytes, out_bytes, req.max_rowsize) if processes \
         else model.MapCost(0, 0, 0)
@@ -322,15 +344,15 @@ def _map_candidate(mode: str, w: int, in_bytes: int, out_bytes: int, stats: RowS
                    f"max_rowsize ({profile.precheck_error}: 'Insufficient shared memory')")
     if shmmax is not None and cost.sysv_segment > shmmax:
         why.append(f"a {mib(cost.sysv_segment)} SysV segment exceeds kernel.shmmax={mib(shmmax)}")
-    if memory_left is not None and cost.sysv > memory_left:
-        why.append(f"SysV segments {mib(cost.sysv)} exceed the memory left ({mib(memory_left)})")
+    memory = model.map_memory(processes, out_bytes, w, req.prefetch, cost, worker_bytes)
+    why += _why_not_memory(memory, budget)
     secs = None
     if stats.seconds_per_row is not None:
         secs = _epoch_seconds(PROCESSES if processes else THREADS, w, stats, stats.length or 100, costs)
         if processes:
             secs += profile.map_teardown_seconds  # closing the pool (measured per release)
     return Candidate(mode, w, req.prefetch, cost.dev_shm, model.map_fds(w) if processes else 0, secs, not why,
-                     "; ".join(why))
+                     "; ".join(why), memory)
 
 
 def what_if(row_bytes: int, workers: int, prefetch: int = model.DEFAULT_PREFETCH, ranks: int = 1,

@@ -1,0 +1,76 @@
+"""Pipelines run inside a memory cgroup (a container's memory limit) by ``tests/test_memory_cgroup.py``.
+
+Each scenario prints one ``RESULT {json}`` line: the rows' digests, in order, and what ms_shm planned, or the
+``ShmBudgetError`` it raised before any worker started.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+
+import numpy as np
+
+ROWS, MB, SEED = 48, 8, 7
+
+
+def row(i: int) -> np.ndarray:
+    """Row ``i``: 8 MiB that numpy's seeded generator fills (every row differs, and is cheap to make again)."""
+    block = np.random.default_rng([SEED, int(i)]).integers(0, 256, 65521, dtype=np.uint8)
+    return np.resize(block, MB << 20)
+
+
+def expected_digests() -> list:
+    return [hashlib.sha256(row(i).tobytes()).hexdigest() for i in range(ROWS)]
+
+
+class Rows:
+    def __len__(self):
+        return ROWS
+
+    def __getitem__(self, i):
+        return (row(i),)
+
+
+def grow(index):
+    return row(int(index))
+
+
+def _pipeline(name: str, mode: str):
+    import mindspore.dataset as ds
+
+    import ms_shm
+
+    small = [(np.array(i, dtype=np.int64),) for i in range(ROWS)]
+    if mode == "raw":
+        if name == "generator":
+            return ds.GeneratorDataset(Rows(), ["data"], shuffle=False, num_parallel_workers=2)
+        base = ds.GeneratorDataset(small, ["data"], shuffle=False)
+        return base.map(grow, input_columns=["data"], num_parallel_workers=2, python_multiprocessing=True)
+    ms_shm.tune()
+    if name == "generator":
+        return ms_shm.build_dataset(Rows(), ["data"], shuffle=False, num_parallel_workers=2)
+    base = ms_shm.build_dataset(small, ["data"], shuffle=False)
+    explicit = {"python_multiprocessing": True} if name == "map_explicit" else {}
+    return ms_shm.map(base, grow, input_columns=["data"], num_parallel_workers=2, **explicit)
+
+
+def run_scenario(name: str, mode: str) -> None:
+    import ms_shm
+
+    try:
+        dataset = _pipeline(name, mode)
+    except ms_shm.ShmBudgetError as exc:
+        print("RESULT " + json.dumps({"error": str(exc)}), flush=True)
+        return
+    p = ms_shm.plan_of(dataset)
+    digests = [hashlib.sha256(r[0].tobytes()).hexdigest()
+               for r in dataset.create_tuple_iterator(output_numpy=True, num_epochs=1)]
+    plan = None if p is None else {"mode": p.mode, "workers": p.workers, "prefetch": p.prefetch,
+                                   "memory": p.predicted_memory, "budget": p.budget.memory_bytes}
+    print("RESULT " + json.dumps({"digests": digests, "plan": plan}), flush=True)
+
+
+if __name__ == "__main__":
+    run_scenario(sys.argv[1], sys.argv[2])

@@ -1,0 +1,62 @@
+"""A container's memory limit: tmpfs pages are charged to the writer's memory cgroup, so a pipeline that fits
+/dev/shm can still be OOM-killed. In a real memory cgroup (cgroup v1 here, as ``docker run --memory`` makes)
+with a 2 GB /dev/shm: raw MindSpore is killed; ms_shm delivers every row bit-exact, or stops before any worker
+starts with a ``ShmBudgetError`` naming the memory limit and the fix.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+
+import pytest
+
+from tests import isolated, memory_scenarios
+from tests.isolated import result_of
+
+pytestmark = [pytest.mark.mindspore, pytest.mark.privileged]
+
+
+@pytest.fixture
+def memory_cgroups(real_mindspore):
+    why = isolated.memory_cgroup_unavailable()
+    if why:
+        pytest.skip(f"memory cgroup unavailable: {why}")
+    return isolated
+
+
+def run(name: str, mode: str, limit: str):
+    code = f"from tests.memory_scenarios import run_scenario; run_scenario({name!r}, {mode!r})"
+    with isolated.memory_cgroup(limit) as group:
+        proc = isolated.run_shell(f"exec {shlex.quote(sys.executable)} -c {shlex.quote(code)}", shm="2g",
+                                  timeout=600, cgroup=group)
+    return proc, group
+
+
+def assert_oom_killed(proc, group) -> None:
+    assert proc.returncode != 0 and "RESULT " not in proc.stdout, isolated.describe(proc)
+    assert group.oom_kills, f"expected the OOM killer (peak {group.peak}):\n" + isolated.describe(proc)
+
+
+def test_generator_in_450m_container_raw_is_oom_killed_ms_shm_delivers(memory_cgroups):
+    proc, group = run("generator", "raw", "450M")
+    assert_oom_killed(proc, group)
+    proc, group = run("generator", "ms_shm", "450M")
+    ours = result_of(proc)
+    assert ours["digests"] == memory_scenarios.expected_digests(), isolated.describe(proc)
+    assert ours["plan"]["memory"] <= ours["plan"]["budget"]
+    assert not group.oom_kills
+
+
+@pytest.mark.parametrize("name", ["map", "map_explicit"])
+def test_map_growing_rows_in_350m_container(memory_cgroups, name):
+    proc, group = run(name, "raw", "350M")
+    assert_oom_killed(proc, group)
+    proc, group = run(name, "ms_shm", "350M")
+    ours = result_of(proc)
+    assert not group.oom_kills, isolated.describe(proc)
+    if "error" in ours:  # explicit worker processes that cannot fit: refused before any worker starts
+        assert name == "map_explicit" and "of memory" in ours["error"] and "--memory" in ours["error"]
+        return
+    assert ours["digests"] == memory_scenarios.expected_digests(), isolated.describe(proc)
+    assert ours["plan"]["memory"] <= ours["plan"]["budget"]

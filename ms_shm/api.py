@@ -12,7 +12,7 @@ import weakref
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
-from ms_shm import advice, engines, host, measure, rows, sites, sizes, threads
+from ms_shm import advice, engines, host, hostcost, measure, rows, sites, sizes, threads
 from ms_shm import budget as budget_mod
 from ms_shm import changes as changes_mod
 from ms_shm._results import Result, mib
@@ -79,6 +79,7 @@ def tune(dry_run: bool = False, ranks: int | None = None, shm_fraction: float = 
     Returns:
         TuneReport: facts, budget, decisions, changes and advice.
     """
+    hostcost.start()  # this host's copy and pipe costs, measured in the background for the plans to come
     facts = host.probe(ranks=ranks)
     SESSION.start(facts, shm_fraction, ranks)
     eng = _engine()
@@ -247,7 +248,7 @@ def build_dataset(source: Any, column_names: Sequence[str] | str | None = None, 
         return _build(eng, source, column_names, generator_kwargs, p, config, lineage, "iterable", _explicit)
     blocked = _probe_blocker(source, generator_kwargs, eng)
     probe = measure.StageProbe(None, unmeasured=blocked) if blocked else \
-        measure.probe_random_access(source, names, eng.compat.row_check())
+        measure.probe_random_access(source, names, eng.compat.row_check(), _worker_pages(facts))
     p = _plan_source(probe, req, generator_kwargs, config, facts, eng)
     if p.python_multiprocessing and p.workers > 1:
         _inspect_copy_on_read(source, p.workers, facts, req.start_method, share_lists)
@@ -274,7 +275,8 @@ def _plan_source(probe: measure.StageProbe, req: Request, kwargs: dict, config: 
     if probe.stats is None:
         p = eng.planning.plan_unmeasured(req, b, profile, probe.unmeasured)
     else:
-        p = _fit(lambda r: eng.planning.plan_generator(probe.stats, r, b, profile), req,
+        costs = eng.planning.Costs().on_this_host(hostcost.for_rows(probe.stats.row_bytes_max))
+        p = _fit(lambda r: eng.planning.plan_generator(probe.stats, r, b, profile, costs), req,
                  bool(probe.effects.order_dependent))
     return replace(p, decisions=tuple(decisions) + p.decisions)
 
@@ -340,6 +342,10 @@ def _set_if_changed(kwargs: dict, key: str, value: Any, default: Any) -> None:
     """Pass a setting only when it differs from what MindSpore would use, so the call stays the user's."""
     if kwargs.get(key, default) != value:
         kwargs[key] = value
+
+
+def _worker_pages(facts: host.HostFacts) -> bool:
+    return budget_mod.memory_may_bind(SESSION.budget(facts))
 
 
 def _register(dataset: Any, p: Plan, lineage: measure.Lineage, label: str) -> None:
@@ -485,7 +491,7 @@ def map(dataset: Any, operations: Any = None, input_columns: Sequence[str] | str
     lineage = _input_lineage(dataset, eng)
     ins = _names_list(input_columns) or eng.compat.column_names(dataset)[:1]
     outs = _names_list(output_columns) or ins
-    probe = measure.probe_operations(lineage, operations, ins, outs)
+    probe = measure.probe_operations(lineage, operations, ins, outs, _worker_pages(facts))
     p = _plan_operations(probe, _request(asked, config, facts, eng, _explicit), config, facts, eng)
     kwargs = _stage_kwargs(map_kwargs, p, num_parallel_workers, config)
     p, fed = threads.cap_operations(p, operations, facts.usable_cpus)  # threads per worker
@@ -530,7 +536,8 @@ def batch(dataset: Any, batch_size: Any, drop_remainder: bool = False, num_paral
     facts, config = SESSION.host_facts(), eng.read_config()
     ins = _names_list(batch_kwargs.get("input_columns")) or eng.compat.column_names(dataset)
     outs = _names_list(batch_kwargs.get("output_columns")) or ins
-    probe = measure.probe_batch(_input_lineage(dataset, eng), per_batch_map, batch_size, ins, outs)
+    probe = measure.probe_batch(_input_lineage(dataset, eng), per_batch_map, batch_size, ins, outs,
+                                _worker_pages(facts))
     p = _plan_operations(probe, _request(asked, config, facts, eng, _explicit), config, facts, eng)
     p = replace(p, kind="batch")
     kwargs = _stage_kwargs(batch_kwargs, p, num_parallel_workers, config)
@@ -558,9 +565,11 @@ def _plan_operations(probe: measure.StageProbe, req: Request, config: Any, facts
         p = eng.planning.plan_unmeasured(req, b, profile, probe.unmeasured, kind="map")
     else:
         st = probe.stats
+        costs = eng.planning.Costs().on_this_host(hostcost.for_rows(max(st.in_bytes, st.out_bytes)))
         p = _fit(lambda r: eng.planning.plan_map(st.in_bytes, st.out_bytes, st.seconds_per_row, st.cpu_fraction,
                                                  None, r, b, profile, shmmax=facts.shmmax,
-                                                 worker_bytes=st.worker_bytes), req, bool(why))
+                                                 worker_bytes=st.worker_bytes, costs=costs,
+                                                 parallel_fraction=st.parallel_fraction), req, bool(why))
     if not why:
         return p
     return replace(p, decisions=(Decision("mode_locked", True, False,

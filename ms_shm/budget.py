@@ -71,6 +71,15 @@ def _memory_share(left: int | None, ranks: int, fraction: float, reserved: int, 
     return max(0, share - reserved), why
 
 
+MEASURE_WORKERS_BELOW = 8 << 30  # memory left under which a forked worker's own pages are worth measuring
+
+
+def memory_may_bind(b: Budget) -> bool:
+    """Whether memory is short enough that each worker's own pages should be measured (the probe child reads
+    its ``smaps_rollup``, ~20 ms with MindSpore loaded) rather than taken as a generous default."""
+    return b.memory_bytes is not None and b.memory_bytes < MEASURE_WORKERS_BELOW
+
+
 @dataclass(frozen=True)
 class Reservation(Result):
     key: int

@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ms_shm import rows, sandbox
+from ms_shm import parallel, rows, sandbox
 from ms_shm._results import Result
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,7 @@ class OperationStats(Result):
     seconds_per_row: float | None
     cpu_fraction: float | None
     worker_bytes: int | None = None  # what the probe child held alone at the end: a forked worker's growth
+    parallel_fraction: float | None = None  # of the CPU work, what ran outside the GIL (``ms_shm.parallel``)
 
 
 @dataclass(frozen=True)
@@ -196,7 +197,8 @@ def lineage_of(dataset: Any) -> Lineage | None:
 
 # --- probing ---------------------------------------------------------------------------------------------
 
-def probe_random_access(source: Any, names: Sequence[str] | None, check: Callable | None) -> StageProbe:
+def probe_random_access(source: Any, names: Sequence[str] | None, check: Callable | None,
+                        worker_pages: bool = False) -> StageProbe:
     """Measure a random-access source in a probe child.
 
     Raises:
@@ -223,7 +225,7 @@ def probe_random_access(source: Any, names: Sequence[str] | None, check: Callabl
 
         return sandbox.watch_effects(measured, [source], reread)
 
-    return _outcome(sandbox.run_in_fork(in_child), "source")
+    return _outcome(sandbox.run_in_fork(in_child, worker_pages=worker_pages), "source")
 
 
 def _row_at(source: Any, names: Sequence[str] | None, index: int) -> tuple:
@@ -243,7 +245,7 @@ def _same_row(a: Any, b: Any) -> bool:
 
 
 def probe_operations(lineage: Lineage, operations: Any, input_columns: Sequence[str],
-                     output_columns: Sequence[str]) -> StageProbe:
+                     output_columns: Sequence[str], worker_pages: bool = False) -> StageProbe:
     """Run ``operations`` on a few of the input stage's rows, in a probe child, and measure them."""
     blocked = lineage.why_not()
     if blocked:
@@ -259,7 +261,7 @@ def probe_operations(lineage: Lineage, operations: Any, input_columns: Sequence[
             lambda: time_operations(operations, [[available[c][i] for c in input_columns]
                                                  for i in range(_count(available))]), watched)
 
-    probe = _outcome(sandbox.run_in_fork(in_child), "operations")
+    probe = _outcome(sandbox.run_in_fork(in_child, worker_pages=worker_pages), "operations")
     if isinstance(probe.stats, str):  # MindSpore raises on these columns when the pipeline starts
         return StageProbe(None, unmeasured=probe.stats)
     return StageProbe(probe.stats, _random_ops(operations, probe.effects), probe.unmeasured)
@@ -276,7 +278,7 @@ class ProbeBatchInfo:
 
 
 def probe_batch(lineage: Lineage, per_batch_map: Any, batch_size: int, input_columns: Sequence[str],
-                output_columns: Sequence[str]) -> StageProbe:
+                output_columns: Sequence[str], worker_pages: bool = False) -> StageProbe:
     """Run ``per_batch_map`` on a probe batch, in a probe child, and measure it as one map row.
 
     The probe batch holds the few rows the input stage's lineage makes (at most ``batch_size``); bytes in and
@@ -294,7 +296,7 @@ def probe_batch(lineage: Lineage, per_batch_map: Any, batch_size: int, input_col
             lambda: time_batch(per_batch_map, [list(available[c]) for c in input_columns], batch_size),
             _operation_objects(per_batch_map))
 
-    probe = _outcome(sandbox.run_in_fork(in_child), "per_batch_map")
+    probe = _outcome(sandbox.run_in_fork(in_child, worker_pages=worker_pages), "per_batch_map")
     if isinstance(probe.stats, str):
         return StageProbe(None, unmeasured=probe.stats)
     return probe
@@ -379,18 +381,34 @@ def run_operations(operations: Any, columns: Sequence[Any]) -> tuple:
 
 
 def time_operations(operations: Any, inputs: list) -> OperationStats:
-    """Sizes (largest input and output row) and median time per row of ``operations`` over ``inputs``."""
-    walls, cpu, in_bytes, out_bytes = [], 0.0, 0, 0
-    for args in inputs:
+    """Sizes (largest input and output row) and median time per row of ``operations`` over ``inputs``; the
+    first row alone, the next two at once on two threads where rows are not trivially cheap (``parallel``)."""
+    walls, cpus, results = [], [], []
+    for k, args in enumerate(inputs):
+        if k == 1 and len(inputs) >= 3 and walls[0] >= parallel.MIN_SECONDS:
+            break
         w0, c0 = time.perf_counter(), time.thread_time()
-        result = run_operations(operations, args)
+        results.append(run_operations(operations, args))
         walls.append(time.perf_counter() - w0)
-        cpu += time.thread_time() - c0
-        in_bytes = max(in_bytes, sum(int(a.nbytes) for a in args if hasattr(a, "nbytes")))
-        out_bytes = max(out_bytes, sum(int(r.nbytes) for r in result))
+        cpus.append(time.thread_time() - c0)
+    fraction = None
+    if len(walls) == 1 and len(inputs) >= 3:
+        share = cpus[0] / walls[0] if walls[0] > 0 else None
+        try:
+            pair, pair_walls, pair_cpus, together = parallel.run_pair(lambda a: run_operations(operations, a),
+                                                                      inputs[1:3])
+        except Exception:  # operations not safe on two threads: measured on the first row alone
+            pair, pair_walls, pair_cpus, together = [], [], [], 0.0
+        results += pair
+        walls += [min(w, c / share) if share else w for w, c in zip(pair_walls, pair_cpus)]
+        cpus += pair_cpus
+        fraction = parallel.parallel_fraction(pair_cpus, together, share, parallel.usable_cpus()) if pair else None
+    in_bytes = max((sum(int(a.nbytes) for a in args if hasattr(a, "nbytes")) for args in inputs[:len(results)]),
+                   default=0)
+    out_bytes = max((sum(int(r.nbytes) for r in result) for result in results), default=0)
     wall = sum(walls)
     return OperationStats(len(walls), in_bytes, out_bytes, statistics.median(walls) if walls else None,
-                          (cpu / wall) if wall > 0 else None)
+                          (sum(cpus) / wall) if wall > 0 else None, parallel_fraction=fraction)
 
 
 __all__ = ["StageProbe", "OperationStats", "Lineage", "SourceLineage", "IterableLineage", "MapLineage", "TakenRows", "Unavailable",

@@ -115,6 +115,26 @@ def rank(c: Candidate, req: Request) -> tuple:
             c.workers if c.seconds is not None else -c.workers, c.shm)
 
 
+TIE_FRACTION = 0.10  # how far apart two epoch estimates from a few probe rows may be and still mean the same
+
+
+def choose(fitting: list, req: Request, default_mode: str) -> tuple:
+    """The fastest fitting candidate, and a note; but where the framework's own choice (its default transport
+    for this request, at the current prefetch) is within the estimate's error of the fastest, that one: it
+    changes no global setting, and the estimate cannot tell the two apart."""
+    best = min(fitting, key=lambda c: rank(c, req))
+    if best.seconds is None:
+        return best, ""
+    band = max(0.05, TIE_FRACTION * best.seconds)
+    own = [c for c in fitting if c.mode == default_mode and c.prefetch == req.prefetch and c.seconds is not None
+           and c.seconds - best.seconds <= band]
+    if not own or best.mode == default_mode:
+        return best, ""
+    kept = min(own, key=lambda c: rank(c, req))
+    return kept, (f"; {best.mode} x{best.workers} (~{best.seconds:.2f} s) is within the estimate's error "
+                  f"({TIE_FRACTION:.0%}): the framework's own {kept.mode} x{kept.workers} is kept (no global change)")
+
+
 def unknown_shm(budget: Budget) -> str:
     if budget.shm_bytes is not None:
         return ""
@@ -175,5 +195,5 @@ def _memory_fix(least: int, budget: Budget) -> str:
             f"against it")
 
 
-__all__ = ["Plan", "Decision", "Request", "Candidate", "ShmBudgetError", "rank", "top", "no_fit_message",
+__all__ = ["Plan", "Decision", "Request", "Candidate", "ShmBudgetError", "rank", "choose", "top", "no_fit_message",
            "unknown_shm", "MODES", "INLINE", "THREADS", "PROCESSES", "PIPES"]

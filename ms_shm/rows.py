@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ms_shm import parallel
 from ms_shm._results import Result
 from ms_shm.engines.mindspore.profiles import CARRIED_KINDS
 from ms_shm.errors import RowError
@@ -53,6 +54,7 @@ class RowStats(Result):
     framework_tensors: bool = False  # a column was a framework tensor (``asnumpy``), not a numpy array
     worker_bytes: int | None = None  # memory the probe child held alone when it finished (copied-on-write
     # pages and what reading allocated): what each forked worker adds to the memory cgroup
+    parallel_fraction: float | None = None  # of the CPU work, what ran outside the GIL (``ms_shm.parallel``)
 
     @property
     def ragged(self) -> bool:
@@ -200,6 +202,7 @@ class _Probe:
     walls: list = field(default_factory=list)  # seconds each fetch took, in probing order
     cpu: float = 0.0
     tensors: bool = False
+    parallel: float | None = None  # fraction of the rows' CPU work that ran outside the GIL (two at once)
 
     @property
     def wall(self) -> float:
@@ -212,6 +215,22 @@ class _Probe:
         self.walls.append(time.perf_counter() - w0)
         self.cpu += time.thread_time() - c0
         return row
+
+    def fetch_pair(self, source: Any, indices: Sequence[int]) -> None:
+        """Read two rows at once on two threads; each row is accounted at the time it would take alone (its
+        CPU time over the CPU share of the rows read alone), and the pair gives the parallel fraction."""
+        share = self.cpu / self.wall if self.wall > 0 else None
+        try:
+            rows, walls, cpus, together = parallel.run_pair(lambda i: source[np.int64(i)], indices)
+        except Exception:  # a source that is not safe on two threads: read it as MindSpore's workers would
+            for index in indices:
+                self.keep(index, self.fetch(operator.getitem, source, np.int64(index)))
+            return
+        for index, row, wall, cpu in zip(indices, rows, walls, cpus):
+            self.walls.append(min(wall, cpu / share) if share else wall)
+            self.cpu += cpu
+            self.keep(index, row)
+        self.parallel = parallel.parallel_fraction(cpus, together, share, parallel.usable_cpus())
 
     def keep(self, index: Any, row: Any) -> None:
         converted = checked_row(row, index, self.names, self.check)
@@ -240,7 +259,8 @@ class _Probe:
                         max(self.sizes, default=0), min(self.sizes, default=0),
                         statistics.median(self.walls) if self.walls else None,
                         (self.cpu / wall) if (wall := self.wall) > 0 else None,
-                        time.perf_counter() - started, tuple(notes), self.tensors)
+                        time.perf_counter() - started, tuple(notes), self.tensors,
+                        parallel_fraction=self.parallel)
 
 
 def is_random_access(source: Any) -> bool:
@@ -271,12 +291,18 @@ def measure_random_access(source: Any, names: Sequence[str] | None, max_rows: in
     if length == 0:
         notes.append("source is empty")
         return probe.stats(True, 0, started, notes)
-    for n, index in enumerate(_spread(length, max_rows)):
-        row = probe.fetch(operator.getitem, source, np.int64(index))
-        probe.keep(index, row)
-        del row  # freed before the next fetch, which can then reuse its pages
-        if n + 1 >= min_rows and probe.wall > time_fraction * (probe.wall / (n + 1)) * length:
-            notes.append(f"stopped after {n + 1} rows: probing is capped at {time_fraction:.0%} of an epoch")
+    order, done = _spread(length, max_rows), 0
+    while done < len(order):
+        if done == 1 and len(order) >= 3 and probe.walls[0] >= parallel.MIN_SECONDS:
+            probe.fetch_pair(source, order[1:3])  # the next two rows at once: how much runs outside the GIL
+            done = 3
+        else:
+            row = probe.fetch(operator.getitem, source, np.int64(order[done]))
+            probe.keep(order[done], row)
+            del row  # freed before the next fetch, which can then reuse its pages
+            done += 1
+        if done >= min_rows and probe.wall > time_fraction * (probe.wall / done) * length:
+            notes.append(f"stopped after {done} rows: probing is capped at {time_fraction:.0%} of an epoch")
             break
     return probe.stats(True, length, started, notes)
 

@@ -26,6 +26,7 @@ import pickle
 import random
 import select
 import signal
+import threading
 import time
 import traceback
 import warnings
@@ -89,8 +90,10 @@ def timeout_seconds() -> float:
         return DEFAULT_TIMEOUT
 
 
-def run_in_fork(probe: Callable[[], Any], timeout: float | None = None) -> Outcome:
-    """``probe()`` in a forked child; its return value (pickled) or its exception comes back.
+def run_in_fork(probe: Callable[[], Any], timeout: float | None = None, worker_pages: bool = False) -> Outcome:
+    """``probe()`` in a forked child; its return value (pickled) or its exception comes back, and with
+    ``worker_pages`` the memory the child held alone at the end (``Outcome.private_bytes``; reading it walks
+    the whole address space, ~20 ms with MindSpore loaded, so only where memory may bind).
 
     Never raises for the child's sake: a fork that fails, a child that dies or hangs past ``timeout`` gives an
     ``Outcome`` with ``unavailable`` set, and the caller plans without a measurement.
@@ -109,12 +112,12 @@ def run_in_fork(probe: Callable[[], Any], timeout: float | None = None) -> Outco
         return Outcome(unavailable=f"fork failed ({type(exc).__name__}: {exc})")
     if pid == 0:  # pragma: no cover - runs in the child, reported through the pipe
         os.close(read_end)
-        _child(probe, write_end)
+        _child(probe, write_end, worker_pages)
     os.close(write_end)
     return _collect(pid, read_end, timeout)
 
 
-def _child(probe: Callable[[], Any], fd: int) -> None:  # pragma: no cover - child side
+def _child(probe: Callable[[], Any], fd: int, worker_pages: bool) -> None:  # pragma: no cover - child side
     """Run the probe silently (a source's prints must not appear twice) and leave without cleanup handlers."""
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -123,7 +126,7 @@ def _child(probe: Callable[[], Any], fd: int) -> None:  # pragma: no cover - chi
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
         try:
             value = probe()
-            payload = ("ok", value, procfs.private_bytes())
+            payload = ("ok", value, procfs.private_bytes() if worker_pages else None)
         except BaseException as exc:  # the parent decides what an exception means
             payload = ("error", exc, "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
         try:
@@ -152,11 +155,23 @@ def _collect(pid: int, fd: int, timeout: float) -> Outcome:
             chunks.append(chunk)
     finally:
         os.close(fd)
+    if chunks:  # the child closed its end after writing: what is left is its exit, tens of ms with MindSpore
+        _reap_later(pid)  # loaded (tearing down a large address space), which nobody needs to wait for
+        return _decode(b"".join(chunks))
     _, status = os.waitpid(pid, 0)
-    if not chunks:
-        how = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit status {os.WEXITSTATUS(status)}"
-        return Outcome(unavailable=f"the probe process died ({how}) before reporting")
-    return _decode(b"".join(chunks))
+    how = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit status {os.WEXITSTATUS(status)}"
+    return Outcome(unavailable=f"the probe process died ({how}) before reporting")
+
+
+def _reap_later(pid: int) -> None:
+    """Collect the child's exit status in a daemon thread, so no zombie is left and the caller goes on."""
+    def reap() -> None:
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:  # already collected (e.g. by a SIGCHLD handler that reaps every child)
+            pass
+
+    threading.Thread(target=reap, name=f"ms_shm-reap-{pid}", daemon=True).start()
 
 
 def _decode(data: bytes) -> Outcome:

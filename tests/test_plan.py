@@ -422,3 +422,43 @@ def test_worker_cap_is_one_decision():
     p = _plan("W=8 explicit on 2 CPUs")
     found = [d for d in p.decisions if d.setting == "num_parallel_workers"]
     assert len(found) == 1 and found[0].value == 2 and found[0].default == 8 and "cpu_count" in found[0].reason
+
+
+# The measured share of a row's CPU work that runs outside the GIL (two probe rows read at once) decides
+# between threads and processes: (row bytes, parallel fraction, CPU share, expected mode) for rows of 40 ms.
+PARALLEL_CASES = {
+    "GIL-bound (pure Python)": (8 * MiB, 0.0, 1.0, PROCESSES),
+    "GIL-releasing (numpy RNG, Pillow decode)": (8 * MiB, 1.0, 1.0, THREADS),
+    # waiting overlaps in threads and processes alike; threads need no /dev/shm and start faster
+    "I/O-bound (waiting)": (256 * KiB, None, 0.05, THREADS),
+}
+
+
+@pytest.mark.parametrize("name", list(PARALLEL_CASES))
+def test_measured_parallel_fraction_flips_threads_and_processes(name):
+    size, free, cpu, expected = PARALLEL_CASES[name]
+    stats = replace(rows(size, 0.04, cpu), parallel_fraction=free)
+    p = planning.plan_generator(stats, ask(), room(), V210)
+    assert p.mode == expected, p.summary()
+    reason = mode_decision(p).reason
+    assert ("outside the GIL" in reason) and (("not measured" in reason) == (free is None))
+
+
+def test_unmeasured_parallel_fraction_takes_threads_as_serial():
+    measured = planning.plan_generator(replace(rows(8 * MiB, 0.04, 1.0), parallel_fraction=1.0), ask(), room(), V210)
+    unknown = planning.plan_generator(rows(8 * MiB, 0.04, 1.0), ask(), room(), V210)
+    assert measured.mode == THREADS and unknown.mode == PROCESSES
+
+
+def test_close_estimates_keep_mindsporeS_own_choice_and_say_so():
+    # explicit 2 workers: MindSpore's own choice is processes; threads measured a little faster
+    stats = replace(rows(MiB, 0.02, 1.0), parallel_fraction=0.9)
+    p = planning.plan_generator(stats, ask(workers=2), room(), V210)
+    assert p.mode == PROCESSES, p.summary()
+    assert "within the estimate's error" in mode_decision(p).reason
+
+
+@pytest.mark.parametrize("free, expected", [(0.0, PROCESSES), (1.0, THREADS)])
+def test_map_operations_parallel_fraction(free, expected):
+    p = planning.plan_map(MiB, 8 * MiB, 0.04, 1.0, 1000, ask(), room(), V210, parallel_fraction=free)
+    assert p.mode == expected, p.summary()

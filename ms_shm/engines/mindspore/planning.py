@@ -11,6 +11,7 @@ says, a static ``max_rowsize`` cannot be pickled for spawn, spawn pools cost sec
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from ms_shm import plan
 from ms_shm._results import Result, mib
@@ -43,23 +44,36 @@ class Costs(Result):
     def start(self, mode: str) -> float:
         return next(s for m, s in self.startup if m == mode)
 
+    def on_this_host(self, transfer: Any) -> "Costs":
+        """The per-MiB parts scaled by how fast this host copies and pipes (``hostcost.TransferCosts``)
+        compared with the reference machine; unchanged where it was not measured."""
+        ratio = {PIPES: transfer.pipe_ratio}
+        return replace(self, per_row=tuple((m, a, b * ratio.get(m, transfer.copy_ratio))
+                                           for m, a, b in self.per_row))
+
 
 
 def _epoch_seconds(mode: str, workers: int, stats: RowStats, rows: int, costs: Costs,
-                   start_method: str = "fork") -> float | None:
-    """Estimated seconds for one epoch; ``None`` when the rows were not timed."""
+                   start_method: str = "fork", cpus: int | None = None) -> float | None:
+    """Estimated seconds for one epoch; ``None`` when the rows were not timed.
+
+    Threads: waiting (I/O, sleep) overlaps across threads; of the CPU part, what the probe measured running
+    outside the GIL (``parallel_fraction``) spreads over the threads and cores, the rest is serial (all of it
+    when not measured). Processes: the workers' CPU work and the main process's per-row cost share the cores.
+    """
     t = stats.seconds_per_row
     if t is None:
         return None
     cpu = 1.0 if stats.cpu_fraction is None else min(1.0, max(0.0, stats.cpu_fraction))
+    cores = max(1, cpus or workers)
     overhead = costs.row(mode, stats.row_bytes_max)
     if mode == INLINE:
         per_row = t + overhead
     elif mode == THREADS:
-        # The GIL serialises the CPU part; waiting (I/O, sleep) overlaps across threads.
-        per_row = t * cpu + t * (1 - cpu) / workers + overhead
+        free = stats.parallel_fraction or 0.0
+        per_row = t * cpu * (1 - free) + t * cpu * free / min(workers, cores) + t * (1 - cpu) / workers + overhead
     else:
-        per_row = max(t / workers, overhead) + 0.25 * overhead
+        per_row = max(t / workers, overhead, (t * cpu + overhead) / cores) + 0.25 * overhead
     start = costs.start(mode)
     if mode in (PROCESSES, PIPES) and start_method == "spawn":
         start += costs.spawn_startup
@@ -145,7 +159,7 @@ def _candidates(stats: RowStats, req: Request, budget: Budget, profile: EnginePr
                 why = _why_not(mode, shm, fds, static, req, budget, stats, memory)
                 if mode == THREADS and budget.shm_bytes is None and profile.threads_need_dev_shm:
                     why.append(f"MindSpore {profile.version} needs /dev/shm for threads too (a multiprocessing.Value)")
-                secs = _epoch_seconds(mode, w, stats, rows or 100, costs, req.start_method)
+                secs = _epoch_seconds(mode, w, stats, rows or 100, costs, req.start_method, req.usable_cpus)
                 out.append(Candidate(mode, w, p, shm, fds, secs, not why, "; ".join(why), memory))
                 if not why:
                     break  # lower prefetch only costs queue depth once this one fits
@@ -167,9 +181,9 @@ def plan_generator(stats: RowStats, request: Request, budget: Budget, profile: E
     fitting = [c for c in cands if c.fits]
     if not fitting:
         raise ShmBudgetError(plan.no_fit_message(cands, req, budget, stats, row))
-    best = min(fitting, key=lambda c: plan.rank(c, req))
+    best, kept = plan.choose(fitting, req, default_mode(req))
     decisions.append(Decision("mode", best.mode, default_mode(req),
-                              _mode_reason(best, fitting, req, stats) + plan.unknown_shm(budget)))
+                              _mode_reason(best, fitting, req, stats) + kept + plan.unknown_shm(budget)))
     decisions += _setting_decisions(best, cands, req, budget)
     shared = best.mode == PROCESSES
     static = req.max_rowsize if shared else None
@@ -241,8 +255,11 @@ def _mode_reason(best: Candidate, fitting: list, req: Request, stats: RowStats) 
     if best.seconds is None:
         return "rows were not timed: MindSpore's default transport that fits"
     rivals = sorted((c for c in fitting if c.mode != best.mode), key=lambda c: c.seconds or 0)
+    free = stats.parallel_fraction
+    gil = ("; its CPU work's share outside the GIL was not measured (taken as none)" if free is None else
+           f", {free:.0%} of their CPU work ran outside the GIL (two rows read at once)")
     timing = (f"probe rows took {stats.seconds_per_row * 1e3:.2f} ms each "
-              f"({(stats.cpu_fraction or 0) * 100:.0f}% CPU), {mib(stats.row_bytes_max)}")
+              f"({(stats.cpu_fraction or 0) * 100:.0f}% CPU){gil}, {mib(stats.row_bytes_max)}")
     if rivals:
         r = rivals[0]
         return (f"fastest that fits: ~{best.seconds:.2f} s/epoch vs {r.mode} x{r.workers} ~{r.seconds:.2f} s; "
@@ -277,7 +294,7 @@ def plan_unmeasured(req: Request, budget: Budget, profile: EngineProfile, why: s
 def plan_map(in_bytes: int, out_bytes: int, seconds_per_row: float | None, cpu_fraction: float | None,
              rows: int | None, request: Request, budget: Budget, profile: EngineProfile,
              sysv_limit: int | None = None, shmmax: int | None = None, worker_bytes: int | None = None,
-             costs: Costs = Costs()) -> Plan:
+             costs: Costs = Costs(), parallel_fraction: float | None = None) -> Plan:
     """Pick processes or threads, and workers, for ``.map``.
 
     In 2.7+ map workers exchange rows through one SysV segment each (not /dev/shm), so the limits are
@@ -286,7 +303,8 @@ def plan_map(in_bytes: int, out_bytes: int, seconds_per_row: float | None, cpu_f
     """
     req = request
     row = max(in_bytes, out_bytes)
-    stats = RowStats(True, rows, 0, (), (), row, row, seconds_per_row, cpu_fraction, 0.0)
+    stats = RowStats(True, rows, 0, (), (), row, row, seconds_per_row, cpu_fraction, 0.0,
+                     parallel_fraction=parallel_fraction)
     modes = [PROCESSES] if req.multiprocessing is True else [THREADS] if req.multiprocessing is False \
         else [THREADS, PROCESSES]
     limits = (budget, shmmax, worker_bytes)
@@ -295,14 +313,14 @@ def plan_map(in_bytes: int, out_bytes: int, seconds_per_row: float | None, cpu_f
     fitting = [c for c in cands if c.fits]
     if not fitting:
         raise ShmBudgetError(plan.no_fit_message(cands, req, budget, stats, row))
-    best = min(fitting, key=lambda c: plan.rank(c, req))
+    best, kept = plan.choose(fitting, req, default_mode(req))
     decisions = []
     if req.workers is not None and req.workers > req.cpu_count:
         decisions.append(Decision("num_parallel_workers", req.cpu_count, req.workers,
                                   f"MindSpore refuses more workers than os.cpu_count()={req.cpu_count}"))
     reason = _mode_reason(best, fitting, req, stats) if seconds_per_row is not None else \
         "operations were not timed: MindSpore's default transport that fits"
-    decisions.append(Decision("mode", best.mode, default_mode(req), reason + plan.unknown_shm(budget)))
+    decisions.append(Decision("mode", best.mode, default_mode(req), reason + kept + plan.unknown_shm(budget)))
     if best.prefetch != req.prefetch:
         decisions.append(Decision("prefetch_size", best.prefetch, req.prefetch,
                                   f"prefetch {req.prefetch} does not fit ({_why_not_at(cands, best, req.prefetch)}); "
@@ -348,7 +366,8 @@ def _map_candidate(mode: str, w: int, in_bytes: int, out_bytes: int, stats: RowS
     why += _why_not_memory(memory, budget)
     secs = None
     if stats.seconds_per_row is not None:
-        secs = _epoch_seconds(PROCESSES if processes else THREADS, w, stats, stats.length or 100, costs)
+        secs = _epoch_seconds(PROCESSES if processes else THREADS, w, stats, stats.length or 100, costs,
+                              cpus=req.usable_cpus)
         if processes:
             secs += profile.map_teardown_seconds  # closing the pool (measured per release)
     return Candidate(mode, w, req.prefetch, cost.dev_shm, model.map_fds(w) if processes else 0, secs, not why,

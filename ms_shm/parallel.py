@@ -1,0 +1,88 @@
+"""How much of a row's work runs in parallel under threads, measured rather than inferred from CPU time.
+
+Whether MindSpore's threads help depends on whether the row's work holds the GIL: pure-Python loops do, while
+Pillow's and OpenCV's decoders, numpy's random generators and many numpy kernels release it. A thread's CPU share
+cannot tell these apart (both are 100% CPU), so the probe reads two rows at once, on two threads, and compares the
+CPU seconds they burned with the wall time they took: two GIL-bound rows take as long as their CPU time added up
+(one runs while the other waits), two GIL-releasing rows take as long as the longer one.
+
+For two rows of CPU work ``t`` each, of which a fraction ``f`` runs outside the GIL, the pair takes
+``T = (2 - f) t`` on two cores, and burns ``2 t`` of CPU: ``S = 2t / T`` and so ``f = 2 - 2 / S``. Time spent
+waiting (I/O, sleep) overlaps under threads whatever the GIL does and is priced by the CPU share, so ``S`` is taken
+per CPU second of the row's own work (``cpu_share``). Pure: numbers in, a fraction out.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+MIN_SECONDS = 2e-3  # rows cheaper than this: starting threads costs as much as the row, the figure is noise
+MIN_CPU_SHARE = 0.5  # below it the row mostly waits: threads overlap the waiting, the CPU share decides
+
+
+def parallel_fraction(cpu_seconds: Sequence[float], wall_together: float, cpu_share: float | None,
+                      cpus: int) -> float | None:
+    """The fraction of a row's CPU work that ran outside the GIL, from two rows read at once on two threads.
+
+    Args:
+        cpu_seconds: each thread's CPU time (``time.thread_time``) for its row.
+        wall_together: wall time from starting both threads to both rows done.
+        cpu_share: the rows' CPU time over wall time when read alone (``None``: unknown).
+        cpus: CPUs this process may run on; with one, nothing can run in parallel.
+
+    Returns:
+        ``f`` in [0, 1], or ``None`` when the measurement cannot say (rows mostly wait, or took no time).
+    """
+    if cpus < 2:
+        return 0.0
+    if cpu_share is None or cpu_share < MIN_CPU_SHARE or wall_together <= 0 or len(cpu_seconds) < 2:
+        return None
+    speedup = sum(cpu_seconds) / wall_together / min(1.0, cpu_share)
+    if speedup <= 0:
+        return None
+    return min(1.0, max(0.0, 2.0 - 2.0 / speedup))
+
+
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def run_pair(work: Callable[[Any], Any], items: Sequence[Any]) -> tuple:
+    """``work(item)`` for two items at once, on two threads: ``(results, walls, cpus, wall_together)``.
+
+    Meant for a probe child. The first exception a call raised is raised here, after both threads ended, so a
+    source's own error reaches the caller as it would from a serial read.
+    """
+    results: list = [None, None]
+    walls, cpus = [0.0, 0.0], [0.0, 0.0]
+    errors: list = []
+    start = threading.Barrier(2)
+
+    def one(k: int) -> None:
+        try:
+            start.wait()
+            w0, c0 = time.perf_counter(), time.thread_time()
+            results[k] = work(items[k])
+            walls[k], cpus[k] = time.perf_counter() - w0, time.thread_time() - c0
+        except BaseException as exc:  # re-raised below, in the caller's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(k,), daemon=True) for k in (0, 1)]
+    began = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    together = time.perf_counter() - began
+    if errors:
+        raise errors[0]
+    return results, walls, cpus, together
+
+
+__all__ = ["parallel_fraction", "run_pair", "usable_cpus", "MIN_SECONDS"]

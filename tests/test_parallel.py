@@ -1,0 +1,121 @@
+"""``ms_shm.parallel``: the share of a row's CPU work that runs outside the GIL, from two rows read at once."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+import pytest
+
+from ms_shm import parallel, rows
+
+T = 0.010
+
+
+@pytest.mark.parametrize("cpu, together, share, cpus, expected", [
+    ((T, T), 2 * T, 1.0, 2, 0.0),  # one ran while the other waited: the GIL
+    ((T, T), T, 1.0, 2, 1.0),  # both at once
+    ((T, T), 1.5 * T, 1.0, 2, pytest.approx(2 - 2 / (2 / 1.5))),  # half and half: f = 2 - 2/S
+    ((T, T), T, 1.0, 1, 0.0),  # one CPU: nothing runs in parallel
+    ((T / 20, T / 20), T, 0.05, 2, None),  # mostly waiting: the CPU share decides, not this
+    ((T, T), 0.0, 1.0, 2, None),
+])
+def test_parallel_fraction(cpu, together, share, cpus, expected):
+    assert parallel.parallel_fraction(cpu, together, share, cpus) == expected
+
+
+def test_run_pair_returns_in_order_and_raises_the_callers_error():
+    results, walls, cpus, together = parallel.run_pair(lambda x: x * 2, [3, 4])
+    assert results == [6, 8] and len(walls) == len(cpus) == 2 and together >= 0
+
+    def boom(x):
+        raise KeyError(x)
+
+    with pytest.raises(KeyError):
+        parallel.run_pair(boom, [1, 2])
+
+
+class PythonLoop:
+    def __len__(self):
+        return 50
+
+    def __getitem__(self, i):
+        total = 0
+        for k in range(120_000):
+            total += k
+        return (total,)
+
+
+class Hashing:
+    """hashlib releases the GIL for buffers over 2 KiB."""
+
+    data = bytes(16 << 20)
+
+    def __len__(self):
+        return 50
+
+    def __getitem__(self, i):
+        return (hashlib.sha256(self.data).digest(),)
+
+
+class Sleeping:
+    def __len__(self):
+        return 50
+
+    def __getitem__(self, i):
+        time.sleep(0.01)
+        return (i,)
+
+
+def _fractions(source, tries: int = 3) -> list:
+    return [rows.measure_random_access(source, ["x"], time_fraction=1.0).parallel_fraction for _ in range(tries)]
+
+
+def _second_core_free() -> bool:
+    """Whether two GIL-releasing calls can run at once right now (a loaded machine has no core to spare)."""
+    work = Hashing()
+    _, _, cpus, together = parallel.run_pair(work.__getitem__, [0, 1])
+    return parallel.parallel_fraction(cpus, together, 1.0, parallel.usable_cpus()) > 0.8
+
+
+@pytest.mark.skipif(parallel.usable_cpus() < 2, reason="one usable CPU: nothing can run in parallel")
+def test_the_probe_tells_gil_bound_from_gil_releasing_rows():
+    if not any(_second_core_free() for _ in range(5)):
+        pytest.skip("no second core free now (machine loaded): parallelism cannot be observed")
+    gil_bound = min(_fractions(PythonLoop()))
+    releasing = max(_fractions(Hashing()))
+    assert gil_bound < 0.4 and releasing > 0.6, (gil_bound, releasing)
+    assert set(_fractions(Sleeping(), 1)) == {None}  # waiting rows: priced by their CPU share instead
+
+
+def test_the_pair_counts_as_probe_rows_at_their_time_alone():
+    stats = rows.measure_random_access(PythonLoop(), ["x"], time_fraction=1.0)
+    assert stats.probed >= 3 and len(set(stats.indices)) == stats.probed
+    assert stats.cpu_fraction > 0.5  # the pair's rows are not accounted at their contended wall time
+
+
+class NotThreadSafe:
+    """Raises when two threads read it at once; one at a time it is fine (as in MindSpore's workers)."""
+
+    def __init__(self):
+        import threading
+
+        self.busy = threading.Lock()
+
+    def __len__(self):
+        return 20
+
+    def __getitem__(self, i):
+        if not self.busy.acquire(blocking=False):
+            raise RuntimeError("concurrent read")
+        try:
+            time.sleep(0.005)
+            total = sum(range(50_000))
+            return (total,)
+        finally:
+            self.busy.release()
+
+
+def test_a_source_unsafe_on_two_threads_is_read_one_row_at_a_time():
+    stats = rows.measure_random_access(NotThreadSafe(), ["x"], time_fraction=1.0)
+    assert stats.probed >= 3 and stats.parallel_fraction is None

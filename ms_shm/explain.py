@@ -58,36 +58,6 @@ class Report(Result):
     host: Any
 
 
-# PyTorch's DataLoader messages (written from its source: torch/csrc/DataLoader.cpp,
-# torch/utils/data/dataloader.py). They stay here until a torch engine exists; then they move to its
-# ``signatures()`` like MindSpore's.
-_PYTORCH_CAUSE = ("A PyTorch DataLoader worker was killed while putting a batch into /dev/shm (PyTorch moves every "
-                  "batch tensor through a shared-memory file: about workers x prefetch_factor x batch bytes at "
-                  "once). {shm_state} (MindSpore's formula; PyTorch's need depends on the batch size)")
-_PYTORCH_FIX = ("give the container a /dev/shm of {size} (or --ipc=host), or lower num_workers / "
-                "prefetch_factor")
-PYTORCH_SIGNATURES = (
-    Signature("pytorch-bus-error", "PyTorch's DataLoader bus error",
-              r"DataLoader worker \(pid (?P<pid>\d+)\) is killed by signal: (?P<signal>Bus error)\.|"
-              r"Unexpected bus error encountered in worker", "crash", _PYTORCH_CAUSE, _PYTORCH_FIX,
-              need="shm", signal="Bus error", engine="torch"),
-    Signature("worker-killed", "PyTorch's worker-killed line",
-              r"DataLoader worker \(pid (?P<pid>\d+)\) is killed by signal: (?!Bus error)(?P<signal>[A-Za-z ]+?)\.",
-              "crash",
-              "A PyTorch DataLoader worker {pid} was killed by signal {signal}. SIGKILL ('Killed') is usually the "
-              "OOM killer: /dev/shm pages count against the memory limit ({memory_limit} here)",
-              "check `dmesg | grep -i oom`, lower num_workers or batch size, raise the memory limit",
-              snippets=(("shell", "dmesg | grep -i -E 'oom|killed process'"),), engine="torch"),
-    Signature("pytorch-shm", "PyTorch's shared-memory file errors",
-              r"unable to (?:write to|open shared memory object|mmap|allocate shared memory)[^\n]*</?torch_",
-              "crash", _PYTORCH_CAUSE, _PYTORCH_FIX, need="shm", yields_to=("pytorch-bus-error", "ipc-removed"),
-              engine="torch"),
-    Signature("ipc-removed", "PyTorch's /dev/shm/torch_* file gone ('No such file or directory')",
-              r"(?:could not unlink the shared memory file |unable to open shared memory object <)/torch_"
-              r"[^\n]*No such file or directory", "crash",
-              "A PyTorch DataLoader batch's /dev/shm/torch_* file was deleted while the batch was in flight: it "
-              "could not be opened or unlinked. {ipc_state}", "{ipc_fix}", need="ipc", engine="torch"),
-)
 _INTS = ("pid", "required", "available")
 
 
@@ -96,7 +66,7 @@ def signatures(facts: Any = None) -> tuple:
     found: list = []
     for engine in engines.all_engines():
         found += engine.signatures(getattr(facts, f"{engine.name}_version", None))
-    return tuple(found) + PYTORCH_SIGNATURES
+    return tuple(found)
 
 
 def known(facts: Any = None) -> list:
@@ -259,4 +229,4 @@ def explain(text: str, facts: Any) -> tuple:
     return tuple(_explanation(text, facts, *h) for h in hits)
 
 
-__all__ = ["Explanation", "Report", "PYTORCH_SIGNATURES", "explain", "known", "signatures"]
+__all__ = ["Explanation", "Report", "explain", "known", "signatures"]

@@ -26,6 +26,7 @@ import pickle
 import random
 import select
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -197,12 +198,19 @@ def _kill(pid: int) -> None:
 # --- what the probe changed -------------------------------------------------------------------------------
 
 def rng_state() -> bytes:
-    """A digest of the global ``random`` and ``numpy.random`` states (what ``ds.config.set_seed`` seeds)."""
+    """A digest of the global ``random``, ``numpy.random`` (what ``ds.config.set_seed`` seeds) and, where loaded,
+    ``torch`` generator states."""
     h = hashlib.sha1()
     h.update(repr(random.getstate()).encode())
     kind, keys, pos, gauss, cached = np.random.get_state()
     h.update(keys.tobytes())
     h.update(repr((kind, pos, gauss, cached)).encode())
+    torch = sys.modules.get("torch")  # PyTorch's global generator, where torch is in use (never imported here)
+    if torch is not None and hasattr(torch, "random"):
+        try:
+            h.update(bytes(torch.random.get_rng_state().numpy()))
+        except Exception:  # a partial or foreign module named torch: its state is not ours to read
+            pass
     return h.digest()
 
 

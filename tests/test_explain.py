@@ -109,7 +109,7 @@ def test_pytorch_bus_error_written_by_hand():
 def test_pytorch_shm_file_write_failure():
     text = ("RuntimeError: unable to write to file </torch_287_2714559211_8>: No space left on device (28)\n")
     e = only(text)
-    assert e.kind == "pytorch-shm"
+    assert e.kind == "pytorch-no-space" and "/dev/shm" in e.cause
 
 
 def test_nothing_recognised():

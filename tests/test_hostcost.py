@@ -16,6 +16,8 @@ def test_ratios_against_the_reference_machine():
     assert same.copy_ratio == pytest.approx(1.0) and same.pipe_ratio == pytest.approx(1.0)
     unknown = hostcost.TransferCosts(None, None, "not measured")
     assert unknown.copy_ratio == unknown.pipe_ratio == 1.0
+    noise = hostcost.TransferCosts(1.3 * hostcost.REFERENCE_COPY_S_PER_MIB, 0.8 * hostcost.REFERENCE_PIPE_S_PER_MIB)
+    assert noise.copy_ratio == noise.pipe_ratio == 1.0  # within one machine's run-to-run spread
 
 
 def test_costs_scale_their_per_mib_part_only():

@@ -12,7 +12,8 @@ import importlib
 
 from ms_shm.engines.base import Engine
 
-ENGINES = {"mindspore": "ms_shm.engines.mindspore"}
+ENGINES = {"mindspore": "ms_shm.engines.mindspore", "torch": "ms_shm.engines.torch",
+           "mindspore-dataloader": "ms_shm.engines.mindspore_dataloader"}
 
 
 def get(name: str = "mindspore") -> Engine:

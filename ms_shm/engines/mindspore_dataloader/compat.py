@@ -1,0 +1,91 @@
+"""The only module that imports MindSpore's DataLoader (``mindspore.dataset.dataloader``, MindSpore 2.8+): its
+DataLoader, collate functions and tensors. Imported on first use; MindSpore itself only when a function is called.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from ms_shm.changes import Change  # noqa: F401  (undo records, as for the other engines)
+
+
+def available() -> bool:
+    try:
+        import mindspore.dataset.dataloader  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def loader_class() -> Any:
+    from mindspore.dataset.dataloader import DataLoader
+
+    return DataLoader
+
+
+def owns(dataset: Any) -> bool:
+    data = sys.modules.get("mindspore.dataset.dataloader")
+    return data is not None and isinstance(dataset, (data.Dataset, data.IterableDataset))
+
+
+def is_iterable(dataset: Any) -> bool:
+    from mindspore.dataset.dataloader import IterableDataset
+
+    return isinstance(dataset, IterableDataset)
+
+
+def default_collate(batched: bool) -> Any:
+    from mindspore.dataset.dataloader import default_collate as collate
+    from mindspore.dataset.dataloader import default_convert
+
+    return collate if batched else default_convert
+
+
+def weigh(batch: Any) -> tuple:
+    """``(bytes, storages)`` of every MindSpore Tensor or numpy array in ``batch``: one shared-memory file each."""
+    import numpy as np
+
+    total, count = 0, 0
+    stack = [batch]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            stack.extend(value)
+        elif hasattr(value, "nbytes") and (hasattr(value, "asnumpy") or isinstance(value, np.ndarray)):
+            total += int(value.nbytes)
+            count += 1
+    return total, count
+
+
+def worker_info() -> Any:
+    from mindspore.dataset.dataloader import get_worker_info
+
+    return get_worker_info()
+
+
+def sharing_strategy() -> str:
+    return "file_descriptor"  # MindSpore's reductions always pass a DupFd per storage
+
+
+def set_sharing_strategy(value: str, reason: str) -> None:
+    return None
+
+
+def undo(changes: Any) -> None:
+    return None
+
+
+def numpy_problem() -> str | None:
+    """MindSpore's DataLoader restores every worker's batch with tensors its C++ was compiled for under NumPy 1.x:
+    under NumPy 2 each batch from a worker fails in the main process (``SystemError ... returned a result with an
+    exception set``, measured with 2.10.0 and NumPy 2.4.6)."""
+    import numpy as np
+
+    if int(np.__version__.split(".")[0]) < 2:
+        return None
+    return (f"MindSpore's DataLoader fails on every batch from a worker process under NumPy {np.__version__} "
+            f"(SystemError in restore_tensor: its C++ was built against NumPy 1.x). Fix: pip install 'numpy<2' "
+            f"(or num_workers=0, which reads samples in the main process)")

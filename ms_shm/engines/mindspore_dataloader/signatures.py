@@ -1,0 +1,36 @@
+"""The failures MindSpore 2.8+'s ``mindspore.dataset.dataloader.DataLoader`` prints (measured on 2.10.0: see
+``../shared/MINDSPORE_SHM_FACTS.md`` section 9). Pure: no MindSpore import. Kept apart from GeneratorDataset's:
+the same bus error means a different pipeline and a different fix.
+"""
+
+from __future__ import annotations
+
+from ms_shm.engines.base import Signature
+
+_SHM_CAUSE = ("MindSpore's DataLoader (PyTorch's design) moves every batch tensor from its workers through a "
+              "shared-memory file in /dev/shm: (num_workers x prefetch_factor + 1) batches at once. {shm_state}")
+_SHM_FIX = ("give the container a /dev/shm of {size}, or lower num_workers / prefetch_factor / batch_size; "
+            "`ms_shm.build_dataloader(...)` sizes them to fit")
+
+SIGNATURES = (
+    Signature("msloader-bus-error", "MindSpore DataLoader's bus error",
+              r"DataLoader worker \(pid: (?P<pid>\d+)\) was killed by signal: (?P<signal>Bus error)\.",
+              "crash", _SHM_CAUSE, _SHM_FIX, need="shm", signal="Bus error", engine="mindspore-dataloader"),
+    Signature("msloader-too-many-files", "MindSpore DataLoader's 'shm_open failed with errno: 24'",
+              r"MapAllocator: shm_open failed with errno: 24", "crash",
+              "MindSpore's DataLoader passes one file descriptor per tensor storage of every batch in flight, and "
+              "this process hit its open-files limit (EMFILE): a batch of many small tensors needs one fd each. "
+              "It is not a /dev/shm size problem",
+              "raise the soft open-files limit (`ulimit -n {target}`; tune() does it up to the hard limit), or "
+              "fewer tensors per batch / a lower prefetch_factor", need="nofile", engine="mindspore-dataloader"),
+    Signature("msloader-numpy2", "MindSpore DataLoader under NumPy 2 ('returned a result with an exception set')",
+              r"restore_tensor[\s\S]{0,2000}?returned a result with an exception set|"
+              r"returned a result with an exception set[\s\S]{0,2000}?restore_tensor",
+              "crash",
+              "MindSpore's DataLoader restores each batch from a worker with code built against NumPy 1.x; under "
+              "NumPy 2 every such batch fails in the main process (SystemError). It is not a memory problem",
+              "pip install 'numpy<2' (or num_workers=0)", engine="mindspore-dataloader"),
+)
+
+
+__all__ = ["SIGNATURES"]

@@ -1,0 +1,217 @@
+"""Workers, prefetch and sharing strategy for a PyTorch-style DataLoader, priced: facts in, a ``Plan`` out. Pure.
+
+Each candidate (``num_workers`` x ``prefetch_factor`` x sharing strategy) is priced against this rank's budget
+(``/dev/shm``, the main process's fds, each worker's fds under the same soft limit, memory) and timed from the
+probe batch. Arguments passed explicitly are kept: when nothing that keeps them fits, ``ShmBudgetError`` before
+any worker starts. ``num_workers`` is chosen only where changing it cannot change what arrives: not for an
+iterable dataset (each worker iterates its own copy) and not where the samples draw random numbers (each worker
+is seeded apart).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ms_shm import plan
+from ms_shm._results import Result, mib
+from ms_shm.budget import Budget
+from ms_shm.engines.torchstyle import arithmetic as model
+from ms_shm.errors import ShmBudgetError
+from ms_shm.plan import INLINE, PROCESSES, Candidate, Decision, Plan
+
+FORK_START_SECONDS = 0.05  # per worker, fork (measured with torch loaded: 30-60 ms)
+SPAWN_START_SECONDS = 2.0  # per worker: it imports the framework again
+PER_BATCH_SECONDS = 1e-3  # the main process's cost to receive one batch (unpickle, map its storages)
+PER_STORAGE_SECONDS = 4e-5  # ... and each storage of it (a file descriptor passed and mapped)
+
+
+@dataclass(frozen=True)
+class BatchStats(Result):
+    """What the probe batch showed, scaled to ``batch_size`` samples.
+
+    Attributes:
+        batch_bytes: bytes of one batch's tensors (the sum of their storages).
+        storages: tensor storages per batch: one shared-memory file (and fd) each.
+        seconds_per_sample: reading and collating, per sample (``None``: not timed).
+        samples: samples per epoch (``None``: unknown, an iterable dataset).
+        batch_size: samples per batch.
+        worker_bytes: a forked worker's own pages after the probe (``None``: not measured).
+    """
+
+    batch_bytes: int
+    storages: int
+    seconds_per_sample: float | None
+    samples: int | None
+    batch_size: int
+    worker_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class LoaderRequest(Result):
+    """What the call asked for (``None``: not passed, ms_shm may choose) and what cannot change."""
+
+    framework: str
+    workers: int | None = None
+    prefetch_factor: int | None = None
+    strategy: str = model.FILE_DESCRIPTOR  # the framework's sharing strategy now
+    can_switch_strategy: bool = False  # torch: ``torch.multiprocessing.set_sharing_strategy``
+    workers_locked: str | None = None  # why num_workers must stay as asked (iterable, random samples)
+    pin_memory: bool = False
+    start_method: str = "fork"
+    usable_cpus: int = 1
+    nofile_hard: int | None = None  # the soft limit may be raised up to this
+
+
+def _worker_options(req: LoaderRequest) -> list:
+    if req.workers is not None:
+        return [req.workers]
+    if req.workers_locked:
+        return [0]  # the framework's default: samples read in the main process
+    return list(range(0, max(1, req.usable_cpus) + 1))
+
+
+def _prefetch_options(req: LoaderRequest, workers: int) -> list:
+    if workers == 0:
+        return [None]
+    if req.prefetch_factor is not None:
+        return [req.prefetch_factor]
+    return list(range(model.DEFAULT_PREFETCH_FACTOR, 0, -1))
+
+
+def _strategy_options(req: LoaderRequest) -> list:
+    if not req.can_switch_strategy:
+        return [req.strategy]
+    other = model.FILE_SYSTEM if req.strategy == model.FILE_DESCRIPTOR else model.FILE_DESCRIPTOR
+    return [req.strategy, other]
+
+
+def _seconds(stats: BatchStats, workers: int, req: LoaderRequest) -> float | None:
+    if stats.seconds_per_sample is None:
+        return None
+    samples = stats.samples or 100 * stats.batch_size
+    batches = -(-samples // max(1, stats.batch_size))
+    work = samples * stats.seconds_per_sample
+    if workers == 0:
+        return work
+    receive = batches * (PER_BATCH_SECONDS + PER_STORAGE_SECONDS * stats.storages)
+    start = workers * (SPAWN_START_SECONDS if req.start_method == "spawn" else FORK_START_SECONDS)
+    return start + max(work / min(workers, max(1, req.usable_cpus)), receive)
+
+
+def _why_not(shm: int, fds: int, worker_fds: int, memory: int, budget: Budget, req: LoaderRequest) -> list:
+    why = []
+    if budget.shm_bytes is not None and shm > budget.shm_bytes:
+        why.append(f"needs {mib(shm)} of /dev/shm > budget {mib(budget.shm_bytes)}")
+    if budget.shm_bytes is None and shm:
+        why.append("/dev/shm unknown")
+    room = budget.fds if budget.fds is not None else None
+    if room is not None and fds > room and (req.nofile_hard is None or fds > req.nofile_hard):
+        why.append(f"needs {fds} fds > {room} left under the open-files limit (hard {req.nofile_hard})")
+    if req.nofile_hard is not None and worker_fds > req.nofile_hard:
+        why.append(f"each worker needs {worker_fds} fds > the hard open-files limit {req.nofile_hard}")
+    if budget.memory_bytes is not None and memory > budget.memory_bytes:
+        why.append(f"needs {mib(memory)} of memory > {mib(budget.memory_bytes)} left for it")
+    return why
+
+
+def _candidates(stats: BatchStats, req: LoaderRequest, budget: Budget) -> list:
+    out = []
+    worker_bytes = stats.worker_bytes if stats.worker_bytes is not None else 32 << 20
+    for w in _worker_options(req):
+        for strategy in _strategy_options(req) if w else [req.strategy]:
+            for pf in _prefetch_options(req, w):
+                p = pf or 0
+                shm = model.shm_peak(stats.batch_bytes, stats.storages, w, p)
+                fds = model.main_fds(stats.storages, w, p, strategy)
+                wfds = model.worker_fds(stats.storages, p, strategy) if w else 0
+                mem = model.memory(stats.batch_bytes, stats.storages, w, p, worker_bytes, req.pin_memory)
+                why = _why_not(shm, fds, wfds, mem, budget, req)
+                out.append((Candidate(PROCESSES if w else INLINE, w, p, shm, fds, _seconds(stats, w, req), not why,
+                                      "; ".join(why), mem), strategy))
+                if not why:
+                    break  # a lower prefetch only adds waiting once this one fits
+    return out
+
+
+def _rank(item: tuple, req: LoaderRequest) -> tuple:
+    """Fastest first (estimates within 10% tie), then the request's own strategy, then the framework's
+    defaults (prefetch 2, the fewest workers)."""
+    c, strategy = item
+    seconds = max(c.seconds if c.seconds is not None else 0.0, 0.05)
+    return (round(math.log(seconds) / math.log(1 + plan.TIE_FRACTION)), strategy != req.strategy, -c.prefetch,
+            c.workers)
+
+
+def plan_loader(stats: BatchStats, req: LoaderRequest, budget: Budget, profile: object = None) -> Plan:
+    """Pick ``num_workers``, ``prefetch_factor`` and the sharing strategy.
+
+    Raises:
+        ShmBudgetError: when nothing that keeps the explicit arguments fits.
+    """
+    items = _candidates(stats, req, budget)
+    fitting = [i for i in items if i[0].fits]
+    if not fitting:
+        raise ShmBudgetError(_no_fit(items, stats, req, budget))
+    best, strategy = min(fitting, key=lambda i: _rank(i, req))
+    decisions = [_mode_decision(best, stats, req, fitting)]
+    if best.workers and req.prefetch_factor is None and best.prefetch != model.DEFAULT_PREFETCH_FACTOR:
+        decisions.append(Decision("prefetch_factor", best.prefetch, model.DEFAULT_PREFETCH_FACTOR,
+                                  f"prefetch_factor {model.DEFAULT_PREFETCH_FACTOR} does not fit "
+                                  f"({_why_at(items, best, model.DEFAULT_PREFETCH_FACTOR, strategy)})"))
+    if strategy != req.strategy:
+        decisions.append(Decision("sharing_strategy", strategy, req.strategy, _strategy_reason(items, best, req)))
+    if best.fds > (budget.fds or 0) and budget.fds is not None:
+        decisions.append(Decision("nofile_soft", best.fds, budget.fds,
+                                  f"{best.fds} fds for the batches in flight: the soft open-files limit is raised "
+                                  f"toward the hard limit {req.nofile_hard}"))
+    guard = max(0, (budget.shm_bytes or 0)) if best.workers else 0
+    return Plan("dataloader", best.mode, best.workers, best.prefetch, best.workers > 0, True, None,
+                stats.batch_bytes, best.shm, best.fds, 0, budget, True, 0, guard, best.seconds, profile,
+                tuple(decisions), (), tuple(c for c, _ in items if c is not best)[:6], best.memory)
+
+
+def _mode_decision(best: Candidate, stats: BatchStats, req: LoaderRequest, fitting: list) -> Decision:
+    default = req.workers if req.workers is not None else 0
+    timing = ("batches were not timed" if stats.seconds_per_sample is None else
+              f"probe batch: {mib(stats.batch_bytes)} in {stats.storages} storage(s), "
+              f"{stats.seconds_per_sample * 1e3:.2f} ms per sample")
+    if req.workers is not None:
+        why = f"num_workers={req.workers} as passed; {timing}"
+    elif req.workers_locked:
+        why = f"{req.workers_locked}: the framework's default num_workers=0 is kept; {timing}"
+    else:
+        rivals = sorted((c for c, _ in fitting if c.workers != best.workers), key=lambda c: c.seconds or 0)
+        vs = f" vs {rivals[0].workers} workers ~{rivals[0].seconds:.2f} s" if rivals and rivals[0].seconds else ""
+        est = f"~{best.seconds:.2f} s/epoch{vs}; " if best.seconds is not None else ""
+        why = f"fastest that fits: {est}{timing}"
+    return Decision("num_workers", best.workers, default, why)
+
+
+def _why_at(items: list, best: Candidate, prefetch: int, strategy: str) -> str:
+    return next((c.why_not for c, s in items if c.workers == best.workers and c.prefetch == prefetch
+                 and s == strategy), "")
+
+
+def _strategy_reason(items: list, best: Candidate, req: LoaderRequest) -> str:
+    why = next((c.why_not for c, s in items if c.workers == best.workers and s == req.strategy), "")
+    return (f"{req.strategy} does not fit ({why}); file_system names each batch's storages in /dev/shm instead of "
+            f"passing an fd per storage, so a killed run leaves /dev/shm/torch_* files behind (`ms-shm clean` "
+            f"removes those of dead processes); this is process-wide")
+
+
+def _no_fit(items: list, stats: BatchStats, req: LoaderRequest, budget: Budget) -> str:
+    asked = [f"{k}={v}" for k, v in (("num_workers", req.workers), ("prefetch_factor", req.prefetch_factor))
+             if v is not None]
+    least = min((c for c, _ in items), key=lambda c: (c.shm, c.fds))
+    reasons = sorted({f"{c.workers} workers, prefetch {c.prefetch}: {c.why_not}" for c, _ in items})
+    need = int(least.shm * budget.ranks / budget.fraction) + 1
+    return (f"No DataLoader configuration honouring {', '.join(asked) or 'the request'} fits: batches of "
+            f"{mib(stats.batch_bytes)} in {stats.storages} storage(s); the smallest needs {mib(least.shm)} of /dev/shm "
+            f"against {mib(budget.shm_bytes)} and {least.fds} fds against "
+            f"{budget.fds if budget.fds is not None else 'unlimited'}. Why: {' | '.join(reasons)[:600]}. Fix: drop "
+            f"the explicit {' / '.join(asked) or 'settings'} so ms_shm can choose, or give /dev/shm at least "
+            f"{mib(need)} (docker run --shm-size=...), or raise `ulimit -n`, or a smaller batch_size.")
+
+
+__all__ = ["BatchStats", "LoaderRequest", "plan_loader"]

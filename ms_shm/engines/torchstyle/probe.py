@@ -1,0 +1,104 @@
+"""The probe batch of a PyTorch-style DataLoader, read in a forked child: what one batch weighs, how many tensor
+storages (shared-memory files, and fds) it carries, and what a sample costs.
+
+The child reads the samples the loader would read first (its own sampler or batch sampler, iterated there, so
+the parent's generators do not move), collates one sample and then two with the loader's ``collate_fn`` (the
+framework's default where none was passed), and extrapolates to ``batch_size``: a default collate stacks each
+field into one storage, a ``collate_fn`` that keeps samples apart carries one storage per sample and field, and
+the two sizes tell which. Nothing read there reaches the loader.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import replace
+from typing import Any, Callable
+
+from ms_shm import sandbox
+from ms_shm.engines.torchstyle.planning import BatchStats
+
+PROBE_SAMPLES = 2
+
+
+def _first_indices(sampler: Any, batch_sampler: Any, count: int) -> list:
+    if batch_sampler is not None:
+        return list(itertools.islice(itertools.chain.from_iterable(batch_sampler), count))
+    if sampler is not None:
+        return list(itertools.islice(iter(sampler), count))
+    return list(range(count))
+
+
+def _samples(dataset: Any, iterable: bool, indices: list, count: int) -> tuple:
+    """``(samples, seconds each)``: the first ``count`` of an iterable dataset, else ``dataset[i]``."""
+    out, walls = [], []
+    source = iter(dataset) if iterable else None
+    for k in range(count):
+        w0 = time.perf_counter()
+        try:
+            sample = next(source) if iterable else dataset[indices[k]]
+        except (StopIteration, IndexError):
+            break
+        walls.append(time.perf_counter() - w0)
+        out.append(sample)
+    return out, walls
+
+
+def measure_batch(dataset: Any, batch_size: int | None, collate: Callable, weigh: Callable[[Any], tuple],
+                  iterable: bool, sampler: Any = None, batch_sampler: Any = None) -> BatchStats | str:
+    """In the probe child: the batch's stats, or why there are none (an empty dataset)."""
+    size = batch_size or 1
+    count = min(PROBE_SAMPLES, size) if batch_sampler is None else PROBE_SAMPLES
+    indices = [] if iterable else _first_indices(sampler, batch_sampler, count)
+    samples, walls = _samples(dataset, iterable, indices, count if iterable else len(indices))
+    if not samples:
+        return "the dataset gave no sample to measure"
+    w0 = time.perf_counter()
+    one = weigh(collate(samples[:1]) if batch_size is not None else collate(samples[0]))
+    collate_seconds = time.perf_counter() - w0
+    bytes_at, storages_at = [one[0]], [one[1]]
+    if len(samples) > 1 and batch_size is not None:
+        two = weigh(collate(samples[:2]))
+        bytes_at.append(two[0])
+        storages_at.append(two[1])
+    per_sample_bytes = bytes_at[-1] - bytes_at[0] if len(bytes_at) > 1 else bytes_at[0]
+    per_sample_storages = storages_at[-1] - storages_at[0] if len(storages_at) > 1 else 0
+    batch_bytes = bytes_at[0] + max(0, per_sample_bytes) * (size - 1)
+    storages = storages_at[0] + max(0, per_sample_storages) * (size - 1)
+    seconds = (sum(walls) + collate_seconds) / len(walls)
+    length = None if iterable else _length(dataset, sampler, batch_sampler, size)
+    return BatchStats(int(batch_bytes), int(max(1, storages)), seconds, length, size)
+
+
+def _length(dataset: Any, sampler: Any, batch_sampler: Any, size: int) -> int | None:
+    try:
+        if batch_sampler is not None:
+            return len(batch_sampler) * size
+        return len(sampler) if sampler is not None else len(dataset)
+    except TypeError:
+        return None
+
+
+def probe_loader(dataset: Any, batch_size: int | None, collate: Callable, weigh: Callable[[Any], tuple],
+                 iterable: bool, sampler: Any = None, batch_sampler: Any = None,
+                 worker_pages: bool = False) -> tuple:
+    """``(BatchStats or None, Effects, why not measured)``, measured in a forked child."""
+
+    def in_child():
+        return sandbox.watch_effects(
+            lambda: measure_batch(dataset, batch_size, collate, weigh, iterable, sampler, batch_sampler),
+            [dataset, collate])
+
+    outcome = sandbox.run_in_fork(in_child, worker_pages=worker_pages)
+    if outcome.unavailable:
+        return None, sandbox.Effects(), outcome.unavailable
+    if outcome.error is not None:
+        return None, sandbox.Effects(), (f"the probe batch raised {type(outcome.error).__name__}: "
+                                         f"{outcome.error} (the DataLoader will raise it where it reads that sample)")
+    stats, effects = outcome.value
+    if isinstance(stats, str):
+        return None, effects, stats
+    return replace(stats, worker_bytes=outcome.private_bytes), effects, None
+
+
+__all__ = ["measure_batch", "probe_loader", "PROBE_SAMPLES"]

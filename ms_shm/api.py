@@ -79,7 +79,6 @@ def tune(dry_run: bool = False, ranks: int | None = None, shm_fraction: float = 
     Returns:
         TuneReport: facts, budget, decisions, changes and advice.
     """
-    hostcost.start()  # this host's copy and pipe costs, measured in the background for the plans to come
     facts = host.probe(ranks=ranks)
     SESSION.start(facts, shm_fraction, ranks)
     eng = _engine()
@@ -275,7 +274,8 @@ def _plan_source(probe: measure.StageProbe, req: Request, kwargs: dict, config: 
     if probe.stats is None:
         p = eng.planning.plan_unmeasured(req, b, profile, probe.unmeasured)
     else:
-        costs = eng.planning.Costs().on_this_host(hostcost.for_rows(probe.stats.row_bytes_max))
+        costs = eng.planning.Costs().on_this_host(hostcost.for_rows(probe.stats.row_bytes_max,
+                                                                    _serial_epoch(probe.stats, req)))
         p = _fit(lambda r: eng.planning.plan_generator(probe.stats, r, b, profile, costs), req,
                  bool(probe.effects.order_dependent))
     return replace(p, decisions=tuple(decisions) + p.decisions)
@@ -284,6 +284,11 @@ def _plan_source(probe: measure.StageProbe, req: Request, kwargs: dict, config: 
 PREFERENCE, ORDER = "preference", "order"
 _EXPLICIT_SETTINGS = (("num_parallel_workers", "workers"), ("python_multiprocessing", "multiprocessing"),
                       ("max_rowsize", "max_rowsize"))
+
+
+def _serial_epoch(stats: Any, req: Request) -> float | None:
+    rows_ = req.rows_per_epoch if req.rows_per_epoch is not None else stats.length
+    return None if stats.seconds_per_row is None or rows_ is None else stats.seconds_per_row * rows_
 
 
 def _fit(plan_for: Any, req: Request, locked: bool) -> Plan:
@@ -565,7 +570,8 @@ def _plan_operations(probe: measure.StageProbe, req: Request, config: Any, facts
         p = eng.planning.plan_unmeasured(req, b, profile, probe.unmeasured, kind="map")
     else:
         st = probe.stats
-        costs = eng.planning.Costs().on_this_host(hostcost.for_rows(max(st.in_bytes, st.out_bytes)))
+        costs = eng.planning.Costs().on_this_host(hostcost.for_rows(
+            max(st.in_bytes, st.out_bytes), (st.seconds_per_row or 0) * (req.rows_per_epoch or 100)))
         p = _fit(lambda r: eng.planning.plan_map(st.in_bytes, st.out_bytes, st.seconds_per_row, st.cpu_fraction,
                                                  None, r, b, profile, shmmax=facts.shmmax,
                                                  worker_bytes=st.worker_bytes, costs=costs,

@@ -4,9 +4,8 @@ pipes transport adds to the copies).
 
 The planner's per-row costs (``engines.mindspore.planning.Costs``) were measured end to end on one reference
 machine; their per-MiB parts scale with how fast this host copies and pipes compared with that machine. The
-measurement takes ~10-15 ms of CPU, so ``tune()`` starts it on a background thread (``start()``) and a plan made
-before it finished uses the reference figures (said in the plan's notes); a failure leaves the reference
-figures in place, logged.
+measurement takes ~15 ms, so it is made (once per process) only where it can change a plan: rows of a MiB or
+more in an epoch of half a second or more; a failure leaves the reference figures in place, logged.
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ from __future__ import annotations
 import functools
 import logging
 import pickle
-import threading
 import time
 from dataclasses import dataclass
 
@@ -92,31 +90,17 @@ def measure() -> TransferCosts:
         return TransferCosts(None, None, f"not measured: {type(exc).__name__}: {exc}")
 
 
-_started = threading.Event()
-_done = threading.Event()
+MATTERS_FROM_SECONDS = 0.5  # epochs shorter than this: ~15 ms of measuring would cost more than it could save
 
 
-def start() -> None:
-    """Measure in a background thread, once per process (``tune()`` calls it)."""
-    if _started.is_set():
-        return
-    _started.set()
-
-    def run() -> None:
-        measure()
-        _done.set()
-
-    threading.Thread(target=run, name="ms_shm-hostcost", daemon=True).start()
-
-
-def for_rows(row_bytes: int) -> TransferCosts:
-    """The host's figures where rows are large enough for them to matter and the measurement is in, else the
-    reference machine's (with why, for the plan's notes). Never waits for the background measurement."""
+def for_rows(row_bytes: int, epoch_seconds: float | None) -> TransferCosts:
+    """This host's figures where they can change a plan (rows of a MiB or more, an epoch of half a second or
+    more, read serially), measured then (once per process); else the reference machine's, with why."""
     if row_bytes < MATTERS_FROM_BYTES:
         return TransferCosts(None, None, "rows too small for copy costs to matter")
-    if not _done.is_set():
-        return TransferCosts(None, None, "this host's copy cost is still being measured: reference figures")
+    if epoch_seconds is None or epoch_seconds < MATTERS_FROM_SECONDS:
+        return TransferCosts(None, None, "epoch too short for measuring copy costs to pay off")
     return measure()
 
 
-__all__ = ["TransferCosts", "measure", "for_rows", "start"]
+__all__ = ["TransferCosts", "measure", "for_rows"]

@@ -35,6 +35,7 @@ def test_measure_gives_positive_figures_once_per_process():
     assert hostcost.measure() is first
 
 
-def test_small_rows_and_unfinished_measurements_use_the_reference():
-    assert hostcost.for_rows(1024).copy_ratio == 1.0
-    assert "small" in hostcost.for_rows(1024).note
+def test_small_rows_and_short_epochs_use_the_reference():
+    assert "small" in hostcost.for_rows(1024, 10.0).note
+    assert "short" in hostcost.for_rows(8 * MiB, 0.1).note and hostcost.for_rows(8 * MiB, None).copy_ratio == 1.0
+    assert hostcost.for_rows(8 * MiB, 5.0) is hostcost.measure()

@@ -452,7 +452,7 @@ def test_unmeasured_parallel_fraction_takes_threads_as_serial():
 
 def test_close_estimates_keep_mindsporeS_own_choice_and_say_so():
     # explicit 2 workers: MindSpore's own choice is processes; threads measured a little faster
-    stats = replace(rows(MiB, 0.02, 1.0), parallel_fraction=0.9)
+    stats = replace(rows(MiB, 0.02, 1.0), parallel_fraction=0.45)
     p = planning.plan_generator(stats, ask(workers=2), room(), V210)
     assert p.mode == PROCESSES, p.summary()
     assert "within the estimate's error" in mode_decision(p).reason

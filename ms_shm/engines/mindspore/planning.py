@@ -58,8 +58,9 @@ def _epoch_seconds(mode: str, workers: int, stats: RowStats, rows: int, costs: C
     """Estimated seconds for one epoch; ``None`` when the rows were not timed.
 
     Threads: waiting (I/O, sleep) overlaps across threads; of the CPU part, what the probe measured running
-    outside the GIL (``parallel_fraction``) spreads over the threads and cores, the rest is serial (all of it
-    when not measured). Processes: the workers' CPU work and the main process's per-row cost share the cores.
+    outside the GIL (``parallel_fraction``) spreads over the threads and cores, the rest and the per-row hand-off
+    are serial (all of the CPU part when not measured). Processes: the workers' CPU work and the main process's
+    per-row cost share the cores.
     """
     t = stats.seconds_per_row
     if t is None:
@@ -70,8 +71,11 @@ def _epoch_seconds(mode: str, workers: int, stats: RowStats, rows: int, costs: C
     if mode == INLINE:
         per_row = t + overhead
     elif mode == THREADS:
+        # One thread at a time holds the GIL for the row's serial part and MindSpore's per-row hand-off; the
+        # rest runs beside it, as far as the cores go; waiting overlaps across threads.
         free = stats.parallel_fraction or 0.0
-        per_row = t * cpu * (1 - free) + t * cpu * free / min(workers, cores) + t * (1 - cpu) / workers + overhead
+        serial = t * cpu * (1 - free) + overhead
+        per_row = max(serial, (t * cpu + overhead) / min(workers, cores)) + t * (1 - cpu) / workers
     else:
         per_row = max(t / workers, overhead, (t * cpu + overhead) / cores) + 0.25 * overhead
     start = costs.start(mode)

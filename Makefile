@@ -4,13 +4,15 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # The MindSpore release ms_shm's model was measured on (CPU wheel from PyPI); override for another build.
 MINDSPORE ?= mindspore==2.10.0
+# PyTorch for the torch DataLoader engine's tests (the CPU wheel these machines already hold; others are GBs).
+TORCH ?= torch==2.13.0
 
 .PHONY: install demo test test-main test-matrix lint bench doctor clean
 
 $(VENV)/.installed: setup.cfg setup.py pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]' '$(MINDSPORE)'
+	$(PY) -m pip install -q -e '.[test]' '$(MINDSPORE)' '$(TORCH)'
 	touch $@
 
 install: $(VENV)/.installed
@@ -28,7 +30,7 @@ lint: install
 test: test-main test-matrix
 
 test-main: install lint
-	MS_SHM_REQUIRE_MINDSPORE=1 $(PY) -m pytest -q
+	MS_SHM_REQUIRE_MINDSPORE=1 MS_SHM_REQUIRE_TORCH=1 $(PY) -m pytest -q
 
 test-matrix:
 	scripts/release_matrix.sh

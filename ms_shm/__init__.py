@@ -26,6 +26,7 @@ from ms_shm.errors import (
     UsageError,
 )
 from ms_shm.host import HostFacts
+from ms_shm.loaders import build_dataloader
 from ms_shm.patch import patch, patched, unpatch
 from ms_shm.plan import Decision, Plan
 from ms_shm.rows import RowStats
@@ -38,7 +39,7 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 __version__ = "0.1.0"
 
 __all__ = [
-    "tune", "build_dataset", "map", "batch", "plan_of", "patch", "unpatch", "patched", "probe", "reset", "session", "Session",
+    "tune", "build_dataset", "map", "batch", "build_dataloader", "plan_of", "patch", "unpatch", "patched", "probe", "reset", "session", "Session",
     "TuneReport", "Plan", "Decision", "Budget", "HostFacts", "RowStats",
     "Error", "ShmBudgetError", "RowError", "ProcessesUnavailableError", "UsageError", "RowTooLargeError", "ShmFullError",
     "clean", "CleanReport", "Leftover", "watch", "Watcher", "WatchSummary",

@@ -542,6 +542,22 @@ def removeipc_fixes(user: str | None) -> tuple:
     return (conf, linger)
 
 
+def _loader_findings(facts: Any, numpy_version: str | None) -> list:
+    """MindSpore 2.8+'s DataLoader under NumPy 2: every batch from a worker fails (measured on 2.10.0 with NumPy
+    2.4.6); GeneratorDataset is not affected, so this is information until a DataLoader is used."""
+    version = profiles.parse_version(getattr(facts, "mindspore_version", None))
+    major = profiles.parse_version(numpy_version)
+    if version is None or version < (2, 8) or major is None or major[0] < 2:
+        return []
+    return [Advice(
+        f"MindSpore {facts.mindspore_version}'s DataLoader (mindspore.dataset.dataloader) fails on every batch "
+        f"from a worker process under NumPy {numpy_version} ('SystemError: ... returned a result with an "
+        f"exception set' in restore_tensor: its C++ was built against NumPy 1.x); GeneratorDataset is not "
+        f"affected", "info", "pip install 'numpy<2' before using its DataLoader with num_workers > 0 "
+        "(ms_shm.build_dataloader refuses workers there and keeps samples in the main process)",
+        (("pip", "pip install 'numpy<2'"),), "msloader-numpy2")]
+
+
 def _removeipc_findings(facts: Any, t: Typical) -> list:
     """systemd-logind's RemoveIPC against the user running this: a finding when the IPC goes at logout."""
     lg = getattr(facts, "logind", None)
@@ -594,6 +610,7 @@ def diagnose(facts: Any, ms_config: Any = None, *, workers: int | None = None,
     findings += _sysv_findings(facts, t)
     findings += _config_findings(ms_config, facts)
     findings += _removeipc_findings(facts, t)
+    findings += _loader_findings(facts, getattr(facts, "numpy_version", None))
     if "assumed" in facts.ranks.source:
         findings.append(Advice(
             f"ranks on this host: {facts.ranks.local_size}, assumed from {facts.ranks.source}",

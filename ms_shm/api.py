@@ -12,7 +12,7 @@ import weakref
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
-from ms_shm import advice, engines, host, hostcost, measure, rows, sites, sizes, threads
+from ms_shm import advice, engines, host, hostcost, loaders, measure, rows, sites, sizes, threads
 from ms_shm import budget as budget_mod
 from ms_shm import changes as changes_mod
 from ms_shm._results import Result, mib
@@ -90,6 +90,8 @@ def tune(dry_run: bool = False, ranks: int | None = None, shm_fraction: float = 
     if config is not None:
         decisions += eng.planning.plan_startup(config, b.shm_bytes, w, row_mb, prefetch, facts.mindspore_version)
     made = () if dry_run else _apply_startup(decisions, eng, raise_nofile)
+    torch_decisions, torch_made = loaders.startup(facts, dry_run)
+    decisions, made = decisions + list(torch_decisions), tuple(made) + torch_made
     notes = facts.notes + (() if config else ("mindspore is not importable: only host facts and the open-files "
                                               "limit were handled",))
     report = TuneReport(facts, config, b, tuple(decisions), tuple(made), tuple(advice.diagnose(facts, config)),

@@ -17,7 +17,7 @@ MindSpore's, measured, in ``ms_shm/engines/mindspore/leftovers.py``). The rules 
   objects are removed only with ``orphan_keys=True``, and only when they look exactly like the engine's
   pair: a segment and a queue under the same key of its shape, every pid dead, nothing attached.
 * ``/dev/shm`` files: regular files whose name carries a dead pid (the engines' names, CPython's
-  ``pym-<pid>-*`` heap arenas, PyTorch's ``torch_<pid>_*``), and Python's ``sem.mp-*`` semaphores (they carry
+  ``pym-<pid>-*`` heap arenas; the torch engine's ``torch_<pid>_*``), and Python's ``sem.mp-*`` semaphores (they carry
   no pid, so they go only when every live process's memory maps could be read and none maps them). Other
   ``sem.*`` names belong to programs that may keep a named semaphore between runs on purpose; they are left
   alone.
@@ -62,12 +62,10 @@ _KIND_TEXT = {
     KIND_DEV_SHM: "/dev/shm file",
 }
 
-#: /dev/shm names that carry the creating pid and belong to no engine (yet): CPython's heap arenas
-#: (``multiprocessing.heap``) and PyTorch's ``NewProcessWideShmHandle`` (``/torch_<pid>_<rand>[_<n>]``), which
-#: moves to the PyTorch engine's ``leftover_patterns()`` when that engine exists.
+#: /dev/shm names that carry the creating pid and belong to no engine: CPython's heap arenas
+#: (``multiprocessing.heap``). PyTorch's ``torch_<pid>_<rand>[_<n>]`` files are the torch engine's.
 _UNOWNED_PID_FILES = (
     ("python multiprocessing heap", re.compile(r"^pym-(\d+)-")),
-    ("pytorch", re.compile(r"^torch_(\d+)_\d")),
 )
 #: Python's ``multiprocessing`` semaphores: ``sem_open("/mp-XXXXXXXX")`` → ``/dev/shm/sem.mp-XXXXXXXX``.
 _MP_SEM = re.compile(r"^sem\.mp-[A-Za-z0-9_]+$")

@@ -263,8 +263,44 @@ def plan_lines(report: Any) -> list:
     return lines
 
 
+def loader_plan_lines(args: argparse.Namespace, facts: host.HostFacts) -> tuple:
+    """``ms-shm plan --framework torch|mindspore-dataloader``: the batches in flight, and what ms_shm picks."""
+    from ms_shm.budget import compute
+    from ms_shm.engines.torchstyle.planning import BatchStats, LoaderRequest
+    from ms_shm.errors import ShmBudgetError
+
+    eng = engines.get(args.framework)
+    shm = args.shm if args.shm is not None else facts.shm_free
+    b = compute(shm, args.ranks or facts.ranks.local_size, facts.nofile_soft, facts.open_fds)
+    stats = BatchStats(int(args.batch_mb * sizes.MiB), args.storages, None, None, 1)
+    req = LoaderRequest(args.framework, args.workers, args.prefetch_factor, eng.profile().default_strategy,
+                        eng.profile().can_switch_strategy, usable_cpus=facts.usable_cpus,
+                        nofile_soft=facts.nofile_soft, nofile_hard=facts.nofile_hard)
+    lines = [f"ms-shm plan: {args.framework} DataLoader, {args.workers} workers, batches of {args.batch_mb:g} MiB in "
+             f"{args.storages} storage(s); this pipeline's budget: {mib(b.shm_bytes)} of /dev/shm ({b.reason}), "
+             f"{b.fds if b.fds is not None else 'unlimited'} fds", ""]
+    try:
+        p = eng.planning.plan_loader(stats, req, b, eng.profile())
+    except ShmBudgetError as exc:
+        return lines + _wrap(str(exc), "") + ["", "Result: does NOT fit as asked."], False
+    lines += _wrap(f"ms_shm would pick: num_workers={p.workers}, prefetch_factor={p.prefetch}: /dev/shm "
+                   f"{mib(p.predicted_shm)} ({p.workers} x {p.prefetch} + 1 batches in flight), {p.predicted_fds} "
+                   f"fds in the main process", "")
+    for d in p.decisions:
+        lines += _wrap(str(d), "    ", "- ")
+    return lines + ["", "Result: fits."], True
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     facts = host.probe(ranks=args.ranks)
+    if args.framework != "mindspore":
+        if args.batch_mb is None:
+            raise SystemExit("ms-shm plan: --framework torch / mindspore-dataloader needs --batch-mb")
+        lines, _ = loader_plan_lines(args, facts)
+        print("\n".join(lines))
+        return EXIT_OK
+    if args.row_mb is None:
+        raise SystemExit("ms-shm plan: --row-mb is required for GeneratorDataset (--framework mindspore)")
     report = _engine().what_if_report(facts, int(args.row_mb * sizes.MiB), args.workers, args.prefetch,
                                       args.ranks, args.mindspore, args.shm, args.rows)
     if args.json:
@@ -393,8 +429,15 @@ def _add_plan(sub: Any) -> None:
     plan = sub.add_parser("plan", help="what-if: predicted shared memory, and what ms_shm would pick",
                           description="Predict the peak /dev/shm of a GeneratorDataset per MindSpore version "
                                       "without running anything, and the configuration ms_shm would choose.")
-    plan.add_argument("--row-mb", type=_positive_float, required=True, help="largest row in MiB (all columns)")
-    plan.add_argument("--workers", type=_positive_int, required=True, help="num_parallel_workers")
+    plan.add_argument("--framework", choices=("mindspore", "torch", "mindspore-dataloader"), default="mindspore",
+                      help="mindspore: GeneratorDataset (default); torch / mindspore-dataloader: a PyTorch-style "
+                           "DataLoader (give --batch-mb)")
+    plan.add_argument("--row-mb", type=_positive_float, help="largest row in MiB (all columns; GeneratorDataset)")
+    plan.add_argument("--batch-mb", type=_positive_float, help="one collated batch in MiB (DataLoaders)")
+    plan.add_argument("--storages", type=_positive_int, default=1,
+                      help="tensor storages per batch (DataLoaders: one /dev/shm file and fd each; default 1)")
+    plan.add_argument("--prefetch-factor", type=_positive_int, help="DataLoader prefetch_factor (default: ms_shm picks)")
+    plan.add_argument("--workers", type=_positive_int, required=True, help="num_parallel_workers / num_workers")
     plan.add_argument("--prefetch", type=_positive_int, default=default_prefetch,
                       help=f"ds.config prefetch size (default {default_prefetch})")
     plan.add_argument("--ranks", type=_positive_int, help="ranks on one host (default: from the launcher, else 1)")

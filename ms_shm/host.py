@@ -64,6 +64,7 @@ class HostFacts(Result):
     start_method: str | None
     notes: tuple = field(default_factory=tuple)
     logind: LogindFacts | None = None  # systemd-logind's RemoveIPC for this user (``logind.read_logind``)
+    numpy_version: str | None = None  # MindSpore's DataLoader workers need NumPy 1.x
 
     @property
     def memory_left(self) -> tuple:
@@ -215,6 +216,15 @@ def read_memory(version: str | None, dirs: list, notes: _Notes | None = None) ->
     if best is None:
         return None, own
     return best[0], best[1] if best[1] is not None else own
+
+
+def _numpy_version() -> str | None:
+    try:
+        from importlib import metadata
+
+        return metadata.version("numpy")
+    except Exception:  # not installed as a distribution (vendored): unknown
+        return None
 
 
 def read_cgroup(root: Path, notes: _Notes) -> tuple[str | None, int | None, int | None, float | None]:
@@ -419,7 +429,7 @@ def probe(root: Path | str = Path("/"), env: Mapping[str, str] | None = None, sh
         nofile_soft=soft, nofile_hard=hard, open_fds=fds,
         container=detect_container(root, env), ranks=detect_ranks(env, ranks),
         mindspore_version=mindspore_version(), start_method=start_method,
-        notes=tuple(notes), **sysv, logind=read_logind(root),
+        notes=tuple(notes), **sysv, logind=read_logind(root), numpy_version=_numpy_version(),
     )
     for note in notes:
         log.debug("probe: could not determine %s", note)

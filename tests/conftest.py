@@ -21,7 +21,7 @@ import pytest
 from tests import isolated
 
 # marker -> (the variable that makes a run fail unless tests with that marker ran and none skipped, its name)
-REQUIRED_FRAMEWORKS = {"mindspore": ("MS_SHM_REQUIRE_MINDSPORE", "MindSpore")}
+REQUIRED_FRAMEWORKS = {"mindspore": ("MS_SHM_REQUIRE_MINDSPORE", "MindSpore"), "torch": ("MS_SHM_REQUIRE_TORCH", "torch")}
 # markers whose skips fail a required run, without themselves being required to run
 COUNTED_ONLY = ("privileged",)
 # fixture -> the markers a test using it gets, so that it is counted whichever way it was written

@@ -375,3 +375,10 @@ def test_cgroup_limit_counts_rows_in_flight_and_workers_not_only_shm():
     limit = (t.peak + t.memory) // 2  # above the /dev/shm a typical pipeline writes, below what it needs
     found = {a.code: a for a in advice.diagnose(facts(cgroup_mem_limit=limit))}
     assert "cgroup-small" in found and "rows in flight" in found["cgroup-small"].problem
+
+
+def test_mindspore_dataloader_under_numpy2_is_a_finding_with_the_fix():
+    assert advice._loader_findings(facts(mindspore_version="2.10.0"), "1.26.4") == []
+    assert advice._loader_findings(facts(mindspore_version="2.7.2"), "2.4.6") == []
+    found = advice._loader_findings(facts(mindspore_version="2.10.0"), "2.4.6")
+    assert found[0].code == "msloader-numpy2" and "numpy<2" in found[0].fix

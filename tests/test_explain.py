@@ -287,3 +287,29 @@ def test_torch_shm_open_for_other_reasons_stays_pytorch_shm():
     e = only("RuntimeError: unable to open shared memory object </torch_1_2_3> in read-write mode: "
              "Permission denied (13)\n")
     assert e.kind == "pytorch-shm"
+
+
+# The DataLoaders' own lines (facts sheet section 9, measured with torch 2.13.0 and MindSpore 2.10.0)
+LOADER_LINES = {
+    "RuntimeError: unable to allocate shared memory(shm) for file </torch_2718_3141592653_5>: No space left on "
+    "device (28)": "pytorch-no-space",
+    "RuntimeError: unable to open shared memory object </torch_2718_3141_7> in read-write mode: Too many open "
+    "files (24)": "pytorch-too-many-files",
+    "RuntimeError: received 0 items of ancdata": "pytorch-too-many-files",
+    "RuntimeError: DataLoader worker (pid(s) 4242) exited unexpectedly": "pytorch-worker-exited",
+    "RuntimeError: DataLoader worker (pid: 4242) was killed by signal: Bus error.": "msloader-bus-error",
+    "[ERROR] MapAllocator: shm_open failed with errno: 24": "msloader-too-many-files",
+}
+
+
+@pytest.mark.parametrize("line, kind", list(LOADER_LINES.items()))
+def test_dataloader_failures_are_told_apart(line, kind):
+    e = only(line + "\n")
+    assert e.kind == kind, e
+    if "too-many-files" in kind:
+        assert "not a /dev/shm size problem" in e.cause
+
+
+def test_mindspore_dataloader_bus_error_is_not_read_as_generator_dataset():
+    e = only("RuntimeError: DataLoader worker (pid: 4242) was killed by signal: Bus error.\n")
+    assert "DataLoader" in e.cause and "GeneratorDataset" not in e.cause

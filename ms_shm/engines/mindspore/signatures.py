@@ -98,7 +98,7 @@ def _os_signatures() -> tuple:
             "{fds}; {limits}",
             "raise the job's open-files limit to at least {target} (`ulimit -n` before training, or the "
             "container's --ulimit)",
-            need="nofile"),
+            need="nofile", yields_to=("pytorch-too-many-files", "msloader-too-many-files")),
     )
 
 

@@ -10,9 +10,9 @@ from ms_shm.engines.mindspore.leftovers import LeftoverPatterns
 from ms_shm.engines.torch.signatures import SIGNATURES
 from ms_shm.engines.torchstyle.engine import LoaderEngine, LoaderProfile
 
-# file_system strategy: THManagedMapAllocator names each storage /dev/shm/torch_<pid>_<random>_<counter>, pid the
-# process that created it; the files outlive a process killed before the receiver unlinked them.
-LEFTOVERS = LeftoverPatterns("PyTorch", dev_shm=(("PyTorch file_system sharing", re.compile(r"torch_(\d+)_\d+_\d+$")),))
+# NewProcessWideShmHandle / the file_system strategy name each storage /dev/shm/torch_<pid>_<random>[_<n>], pid
+# the process that created it; the files outlive a process killed before the receiver unlinked them.
+LEFTOVERS = LeftoverPatterns("PyTorch", dev_shm=(("pytorch", re.compile(r"^torch_(\d+)_\d")),))
 
 ENGINE = LoaderEngine(
     "torch", "torch", "ms_shm.engines.torch.compat", SIGNATURES, LEFTOVERS,

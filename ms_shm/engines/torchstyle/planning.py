@@ -13,9 +13,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ms_shm import plan
+from ms_shm import plan, sizes
 from ms_shm._results import Result, mib
 from ms_shm.budget import Budget
+from ms_shm.changes import NOFILE
 from ms_shm.engines.torchstyle import arithmetic as model
 from ms_shm.errors import ShmBudgetError
 from ms_shm.plan import INLINE, PROCESSES, Candidate, Decision, Plan
@@ -60,6 +61,7 @@ class LoaderRequest(Result):
     pin_memory: bool = False
     start_method: str = "fork"
     usable_cpus: int = 1
+    nofile_soft: int | None = None
     nofile_hard: int | None = None  # the soft limit may be raised up to this
 
 
@@ -99,15 +101,25 @@ def _seconds(stats: BatchStats, workers: int, req: LoaderRequest) -> float | Non
     return start + max(work / min(workers, max(1, req.usable_cpus)), receive)
 
 
+def _fd_room(budget: Budget, req: LoaderRequest) -> int | None:
+    """Fds the loader may hold once the soft limit is raised to the hard one (``None``: no limit known)."""
+    if budget.fds is None:
+        return None
+    if req.nofile_soft is None or req.nofile_hard is None or req.nofile_hard <= req.nofile_soft:
+        return budget.fds
+    return budget.fds + (req.nofile_hard - req.nofile_soft)
+
+
 def _why_not(shm: int, fds: int, worker_fds: int, memory: int, budget: Budget, req: LoaderRequest) -> list:
     why = []
     if budget.shm_bytes is not None and shm > budget.shm_bytes:
         why.append(f"needs {mib(shm)} of /dev/shm > budget {mib(budget.shm_bytes)}")
     if budget.shm_bytes is None and shm:
         why.append("/dev/shm unknown")
-    room = budget.fds if budget.fds is not None else None
-    if room is not None and fds > room and (req.nofile_hard is None or fds > req.nofile_hard):
-        why.append(f"needs {fds} fds > {room} left under the open-files limit (hard {req.nofile_hard})")
+    room = _fd_room(budget, req)
+    if room is not None and fds > room:
+        why.append(f"needs {fds} fds > {room} left under the open-files limit, even raised to its hard limit "
+                   f"{req.nofile_hard}")
     if req.nofile_hard is not None and worker_fds > req.nofile_hard:
         why.append(f"each worker needs {worker_fds} fds > the hard open-files limit {req.nofile_hard}")
     if budget.memory_bytes is not None and memory > budget.memory_bytes:
@@ -139,8 +151,9 @@ def _rank(item: tuple, req: LoaderRequest) -> tuple:
     defaults (prefetch 2, the fewest workers)."""
     c, strategy = item
     seconds = max(c.seconds if c.seconds is not None else 0.0, 0.05)
-    return (round(math.log(seconds) / math.log(1 + plan.TIE_FRACTION)), strategy != req.strategy, -c.prefetch,
-            c.workers)
+    untimed = c.workers if c.seconds is None else 0  # nothing to gain measured: the framework's default, 0
+    return (round(math.log(seconds) / math.log(1 + plan.TIE_FRACTION)), strategy != req.strategy, untimed,
+            -c.prefetch, c.workers)
 
 
 def plan_loader(stats: BatchStats, req: LoaderRequest, budget: Budget, profile: object = None) -> Plan:
@@ -161,10 +174,13 @@ def plan_loader(stats: BatchStats, req: LoaderRequest, budget: Budget, profile: 
                                   f"({_why_at(items, best, model.DEFAULT_PREFETCH_FACTOR, strategy)})"))
     if strategy != req.strategy:
         decisions.append(Decision("sharing_strategy", strategy, req.strategy, _strategy_reason(items, best, req)))
-    if best.fds > (budget.fds or 0) and budget.fds is not None:
-        decisions.append(Decision("nofile_soft", best.fds, budget.fds,
-                                  f"{best.fds} fds for the batches in flight: the soft open-files limit is raised "
-                                  f"toward the hard limit {req.nofile_hard}"))
+    if budget.fds is not None and best.fds > budget.fds and req.nofile_soft is not None:
+        target = min(req.nofile_hard or sizes.nofile_target(req.nofile_soft + best.fds),
+                     sizes.nofile_target(req.nofile_soft + best.fds - budget.fds))
+        decisions.append(Decision(NOFILE, target, req.nofile_soft,
+                                  f"{best.fds} fds for the batches in flight ({stats.storages} storage(s) each) > "
+                                  f"{budget.fds} left under the soft open-files limit: raised toward the hard "
+                                  f"limit {req.nofile_hard}"))
     guard = max(0, (budget.shm_bytes or 0)) if best.workers else 0
     return Plan("dataloader", best.mode, best.workers, best.prefetch, best.workers > 0, True, None,
                 stats.batch_bytes, best.shm, best.fds, 0, budget, True, 0, guard, best.seconds, profile,
@@ -211,7 +227,22 @@ def _no_fit(items: list, stats: BatchStats, req: LoaderRequest, budget: Budget) 
             f"against {mib(budget.shm_bytes)} and {least.fds} fds against "
             f"{budget.fds if budget.fds is not None else 'unlimited'}. Why: {' | '.join(reasons)[:600]}. Fix: drop "
             f"the explicit {' / '.join(asked) or 'settings'} so ms_shm can choose, or give /dev/shm at least "
-            f"{mib(need)} (docker run --shm-size=...), or raise `ulimit -n`, or a smaller batch_size.")
+            f"{mib(need)} (docker run --shm-size={sizes.shm_size_flag(need)}), or raise `ulimit -n`, or a smaller "
+            f"batch_size.")
 
 
-__all__ = ["BatchStats", "LoaderRequest", "plan_loader"]
+FILE_SYSTEM_BELOW_HARD = 4096  # a hard open-files limit this low cannot carry a loader's batches as fds
+
+
+def startup_strategy(nofile_hard: int | None, current: str) -> Decision | None:
+    """At ``tune()``, with torch loaded: ``file_system`` where the hard open-files limit is too low for
+    ``file_descriptor`` (one fd per storage in flight, in every worker too), else nothing."""
+    if nofile_hard is None or nofile_hard >= FILE_SYSTEM_BELOW_HARD or current != model.FILE_DESCRIPTOR:
+        return None
+    return Decision("sharing_strategy", model.FILE_SYSTEM, current,
+                    f"the hard open-files limit is {nofile_hard} (< {FILE_SYSTEM_BELOW_HARD}): file_descriptor "
+                    f"passes one fd per tensor storage in flight; file_system names them in /dev/shm instead "
+                    f"(`ms-shm clean` removes the /dev/shm/torch_* files a killed run leaves)")
+
+
+__all__ = ["BatchStats", "LoaderRequest", "plan_loader", "startup_strategy"]

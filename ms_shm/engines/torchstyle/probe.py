@@ -22,8 +22,6 @@ PROBE_SAMPLES = 2
 
 
 def _first_indices(sampler: Any, batch_sampler: Any, count: int) -> list:
-    if batch_sampler is not None:
-        return list(itertools.islice(itertools.chain.from_iterable(batch_sampler), count))
     if sampler is not None:
         return list(itertools.islice(iter(sampler), count))
     return list(range(count))
@@ -47,17 +45,19 @@ def _samples(dataset: Any, iterable: bool, indices: list, count: int) -> tuple:
 def measure_batch(dataset: Any, batch_size: int | None, collate: Callable, weigh: Callable[[Any], tuple],
                   iterable: bool, sampler: Any = None, batch_sampler: Any = None) -> BatchStats | str:
     """In the probe child: the batch's stats, or why there are none (an empty dataset)."""
-    size = batch_size or 1
-    count = min(PROBE_SAMPLES, size) if batch_sampler is None else PROBE_SAMPLES
-    indices = [] if iterable else _first_indices(sampler, batch_sampler, count)
+    first = next(iter(batch_sampler), None) if batch_sampler is not None else None
+    size = len(first) if first is not None else (batch_size or 1)
+    count = min(PROBE_SAMPLES, size)
+    indices = [] if iterable else (list(first[:count]) if first is not None else _first_indices(sampler, None, count))
     samples, walls = _samples(dataset, iterable, indices, count if iterable else len(indices))
     if not samples:
         return "the dataset gave no sample to measure"
     w0 = time.perf_counter()
-    one = weigh(collate(samples[:1]) if batch_size is not None else collate(samples[0]))
+    batched = batch_size is not None or first is not None
+    one = weigh(collate(samples[:1]) if batched else collate(samples[0]))
     collate_seconds = time.perf_counter() - w0
     bytes_at, storages_at = [one[0]], [one[1]]
-    if len(samples) > 1 and batch_size is not None:
+    if len(samples) > 1 and (batch_size is not None or first is not None):
         two = weigh(collate(samples[:2]))
         bytes_at.append(two[0])
         storages_at.append(two[1])

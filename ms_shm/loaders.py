@@ -1,0 +1,180 @@
+"""``ms_shm.build_dataloader``: PyTorch's ``DataLoader`` or MindSpore 2.8+'s, with workers, prefetch and sharing
+strategy that fit this host. Composition only: the framework is reached through its engine
+(``engines/torch``, ``engines/mindspore_dataloader``), the rules live in ``engines/torchstyle``.
+
+It returns the framework's own ``DataLoader``, built with the caller's arguments; only what ms_shm chose is
+added (``num_workers`` and ``prefetch_factor`` where they were not passed, a guard around ``collate_fn`` in
+workers), and process-wide changes (the sharing strategy, the soft open-files limit) are recorded in the session
+and undone by ``ms_shm.session().restore()``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import multiprocessing
+import sys
+import weakref
+from typing import Any
+
+from ms_shm import budget as budget_mod
+from ms_shm import changes as changes_mod
+from ms_shm import engines, measure
+from ms_shm._results import mib
+from ms_shm.engines.torchstyle import arithmetic, probe
+from ms_shm.engines.torchstyle.guard import GuardedCollate
+from ms_shm.engines.torchstyle.planning import LoaderRequest
+from ms_shm.errors import UsageError
+from ms_shm.plan import Decision, Plan
+from ms_shm.state import SESSION
+
+log = logging.getLogger(__name__)
+
+FRAMEWORKS = ("torch", "mindspore-dataloader")
+_ALIASES = {"torch": "torch", "pytorch": "torch", "mindspore": "mindspore-dataloader",
+            "mindspore-dataloader": "mindspore-dataloader"}
+_FIX = "lower batch_size or prefetch_factor, or give /dev/shm more room"
+
+
+def _engine_for(dataset: Any, framework: str | None) -> Any:
+    """The engine named by ``framework``, or the one whose Dataset class ``dataset`` is."""
+    if framework is not None:
+        if framework not in _ALIASES:
+            raise UsageError(f"framework={framework!r}: expected one of 'torch', 'mindspore'")
+        return engines.get(_ALIASES[framework])
+    for name in FRAMEWORKS:
+        eng = engines.get(name)
+        if eng.compat.owns(dataset):
+            return eng
+    raise UsageError(f"{type(dataset).__name__} is neither a torch.utils.data nor a mindspore.dataset.dataloader "
+                     f"Dataset / IterableDataset: pass framework='torch' or framework='mindspore'")
+
+
+def _start_method(context: Any) -> str:
+    if isinstance(context, str):
+        return context
+    if context is not None and hasattr(context, "get_start_method"):
+        return context.get_start_method()
+    return multiprocessing.get_start_method(allow_none=True) or "fork"
+
+
+def _request(eng: Any, asked: dict, facts: Any, locked: str | None) -> LoaderRequest:
+    profile = eng.profile()
+    return LoaderRequest(eng.name, asked.get("num_workers"), asked.get("prefetch_factor"),
+                         eng.compat.sharing_strategy(), profile.can_switch_strategy, locked,
+                         bool(asked.get("pin_memory", False)), _start_method(asked.get("multiprocessing_context")),
+                         facts.usable_cpus, facts.nofile_soft, facts.nofile_hard)
+
+
+def _locked(eng: Any, dataset: Any, effects: Any, problem: str | None) -> str | None:
+    """Why ``num_workers`` must stay as asked: what arrives would change with it."""
+    if eng.compat.is_iterable(dataset):
+        return "an iterable dataset (each worker iterates its own copy)"
+    if effects.order_dependent:
+        return f"{effects.order_dependent} (each worker is seeded apart)"
+    return problem
+
+
+def build_dataloader(dataset: Any, *args: Any, framework: str | None = None, **kwargs: Any) -> Any:
+    """``DataLoader(dataset, *args, **kwargs)`` of the dataset's framework, sized to this host.
+
+    A probe batch is read and collated in a forked child (the parent's samplers and generators do not move):
+    its bytes, tensor storages (one shared-memory file and fd each) and seconds per sample. ``num_workers`` and
+    ``prefetch_factor`` passed explicitly are kept; otherwise ms_shm picks the fastest that fits ``/dev/shm``,
+    the open-files limit and memory, keeping ``num_workers=0`` where workers would change what arrives (an
+    iterable dataset, samples that draw random numbers). With torch, the sharing strategy becomes
+    ``file_system`` where the fds of ``file_descriptor`` cannot fit.
+
+    Raises:
+        ms_shm.ShmBudgetError: explicit arguments that cannot fit, before any worker starts.
+        ms_shm.UsageError: an unknown framework, or MindSpore's DataLoader with workers under NumPy 2.
+    """
+    eng = _engine_for(dataset, framework)
+    cls = eng.compat.loader_class()
+    try:
+        bound = inspect.signature(cls).bind(dataset, *args, **kwargs)
+    except TypeError:
+        return cls(dataset, *args, **kwargs)  # the framework's own error
+    asked = dict(bound.arguments)
+    problem = eng.compat.numpy_problem()
+    if problem and asked.get("num_workers"):
+        raise UsageError(problem)
+    facts = SESSION.host_facts()
+    b = SESSION.budget(facts)
+    stats, effects, why = _probe(eng, dataset, asked, b)
+    req = _request(eng, asked, facts, _locked(eng, dataset, effects, problem))
+    if stats is None:
+        log.warning("ms_shm build_dataloader: %s; the DataLoader is built as asked", why)
+        return cls(**asked)
+    p = eng.planning.plan_loader(stats, req, b, eng.profile())
+    arguments = _arguments(eng, asked, p, stats, b)
+    _apply(eng, p)
+    loader = cls(**arguments)
+    _register(loader, p)
+    return loader
+
+
+def _probe(eng: Any, dataset: Any, asked: dict, b: Any) -> tuple:
+    batched = asked.get("batch_size", 1) is not None or asked.get("batch_sampler") is not None
+    collate = asked.get("collate_fn") or eng.compat.default_collate(batched)
+    return probe.probe_loader(dataset, asked.get("batch_size", 1), collate, eng.compat.weigh,
+                              eng.compat.is_iterable(dataset), asked.get("sampler"), asked.get("batch_sampler"),
+                              budget_mod.memory_may_bind(b))
+
+
+def _arguments(eng: Any, asked: dict, p: Plan, stats: Any, b: Any) -> dict:
+    """The caller's arguments with ms_shm's choices: only what was not passed, and the collate guard."""
+    arguments = dict(asked)
+    if "num_workers" not in asked and p.workers:
+        arguments["num_workers"] = p.workers
+    if p.workers and "prefetch_factor" not in asked and p.prefetch != arithmetic.DEFAULT_PREFETCH_FACTOR:
+        arguments["prefetch_factor"] = p.prefetch
+    if p.workers and b.shm_bytes:
+        batched = asked.get("batch_size", 1) is not None or asked.get("batch_sampler") is not None
+        collate = asked.get("collate_fn") or eng.compat.default_collate(batched)
+        arguments["collate_fn"] = GuardedCollate(collate, eng.compat.weigh, eng.compat.worker_info,
+                                                 stats.batch_bytes, arithmetic.batches_in_flight(p.workers,
+                                                                                                 p.prefetch),
+                                                 b.shm_bytes, _FIX)
+    return arguments
+
+
+def _apply(eng: Any, p: Plan) -> None:
+    made = []
+    for d in p.decisions:
+        if d.setting == changes_mod.NOFILE:
+            made.append(changes_mod.set_nofile_soft(d.value, d.reason))
+        elif d.setting == "sharing_strategy":
+            made.append(eng.apply_setting(d.setting, d.value, d.reason))
+    for change in SESSION.record(made, eng.undo):
+        log.warning("ms_shm changed %s from %s to %s: %s", change.setting, change.old, change.new, change.reason)
+
+
+def _register(loader: Any, p: Plan) -> None:
+    reservation = SESSION.ledger.reserve("dataloader", p.predicted_shm, p.predicted_fds, p.predicted_memory)
+    weakref.finalize(loader, SESSION.ledger.release, reservation.key)
+    measure.remember(loader, p, measure.Unavailable("a DataLoader's batches are not re-made in a probe"))
+    log.info("ms_shm build_dataloader: workers=%s prefetch_factor=%s batch=%s predicted /dev/shm %s of %s, %s fds; "
+             "%s", p.workers, p.prefetch or "-", mib(p.row_bytes), mib(p.predicted_shm), mib(p.budget.shm_bytes),
+             p.predicted_fds, "; ".join(str(d) for d in p.decisions))
+
+
+def startup(facts: Any, dry_run: bool) -> tuple:
+    """``tune()``'s part for PyTorch, when torch is already imported (never imported here): the sharing
+    strategy a low hard open-files limit needs. ``(decisions, changes made)``."""
+    if "torch" not in sys.modules:
+        return (), ()
+    eng = engines.get("torch")
+    try:
+        decision = eng.planning.startup_strategy(facts.nofile_hard, eng.compat.sharing_strategy())
+    except Exception as exc:  # a torch that cannot say: leave it as it is, and say so
+        log.info("ms_shm.tune: torch's sharing strategy not read (%s: %s)", type(exc).__name__, exc)
+        return (), ()
+    if decision is None:
+        return (), ()
+    made = () if dry_run else tuple(SESSION.record([eng.apply_setting(decision.setting, decision.value,
+                                                                     decision.reason)], eng.undo))
+    return (decision,), made
+
+
+__all__ = ["build_dataloader", "startup", "Decision"]

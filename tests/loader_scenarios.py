@@ -1,0 +1,169 @@
+"""DataLoader pipelines run in a private namespace by ``tests/test_loaders_torch.py`` and
+``tests/test_loaders_mindspore.py``: raw (the framework's DataLoader as a user writes it) or through
+``ms_shm.build_dataloader``. Each prints one ``RESULT {json}`` line: every batch's digest in order, and the plan.
+
+    python -m tests.loader_scenarios FRAMEWORK SCENARIO raw|ms_shm
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+
+import numpy as np
+
+SAMPLES = 32
+
+
+def sample_array(i: int, mib: float = 8.0) -> np.ndarray:
+    """Sample ``i``: ``mib`` MiB of float32 that differ per sample (cheap to make again)."""
+    n = int(mib * (1 << 20)) // 4
+    return (np.arange(n, dtype=np.float32) % 251) + np.float32(i)
+
+
+def _framework(name: str):
+    if name == "torch":
+        import torch
+        from torch.utils.data import Dataset, IterableDataset
+
+        return torch, Dataset, IterableDataset, torch.utils.data.DataLoader, lambda a: torch.from_numpy(a)
+    from mindspore import Tensor
+    from mindspore.dataset.dataloader import DataLoader, Dataset, IterableDataset
+
+    return None, Dataset, IterableDataset, DataLoader, lambda a: Tensor(a)
+
+
+_MADE: dict = {}
+
+
+def datasets(name: str) -> dict:
+    """The scenario datasets on ``name``'s Dataset classes, made once (pickle finds them by name)."""
+    if name not in _MADE:
+        _MADE[name] = _make(name)
+    return _MADE[name]
+
+
+def _make(name: str) -> dict:
+    _, base, iterable_base, _, tensor = _framework(name)
+
+    class Big(base):
+        """32 samples of 8 MiB: batches of 4 are 32 MiB, two workers need 160 MiB of /dev/shm."""
+
+        def __len__(self):
+            return SAMPLES
+
+        def __getitem__(self, i):
+            return tensor(sample_array(i)), i
+
+    class ManySmall(base):
+        """Samples of 8 small tensors, kept apart by ``keep_apart``: 512 storages per batch of 64."""
+
+        def __len__(self):
+            return 256
+
+        def __getitem__(self, i):
+            return [tensor(np.full(16, i * 8 + k, dtype=np.float32)) for k in range(8)]
+
+    class Growing(base):
+        """1 MiB samples, then 24 MiB from sample 16 on: the batch outgrows its plan mid-epoch."""
+
+        def __len__(self):
+            return SAMPLES
+
+        def __getitem__(self, i):
+            return tensor(sample_array(i, 1.0 if i < 16 else 24.0))
+
+    class Stream(iterable_base):
+        """An iterable dataset: each worker iterates its own copy (so num_workers must not change)."""
+
+        def __iter__(self):
+            for i in range(SAMPLES):
+                yield tensor(sample_array(i, 0.5))
+
+    made = {"big": Big, "many_small": ManySmall, "growing": Growing, "stream": Stream}
+    prefix = _PREFIX[name]
+    for cls in made.values():  # importable by name, so spawn workers can unpickle them
+        cls.__name__ = cls.__qualname__ = prefix + cls.__name__
+        globals()[cls.__name__] = cls
+    return made
+
+
+_PREFIX = {"torch": "Torch", "mindspore": "Mindspore"}
+
+
+def __getattr__(name: str):
+    """``TorchBig``, ``MindsporeStream``...: made on first use (a spawn worker unpickling a dataset)."""
+    for framework, prefix in _PREFIX.items():
+        if name.startswith(prefix):
+            made = datasets(framework)
+            return next(c for c in made.values() if c.__name__ == name)
+    raise AttributeError(name)
+
+
+def keep_apart(samples):
+    return [t for s in samples for t in s]
+
+
+def _digest(batch) -> str:
+    h = hashlib.sha256()
+    stack = [batch]
+    while stack:
+        value = stack.pop(0)
+        if isinstance(value, (list, tuple)):
+            stack[:0] = list(value)
+        elif hasattr(value, "numpy") or hasattr(value, "asnumpy"):
+            h.update(np.ascontiguousarray(value.asnumpy() if hasattr(value, "asnumpy") else value.numpy()).tobytes())
+        else:
+            h.update(repr(value).encode())
+    return h.hexdigest()[:16]
+
+
+SCENARIOS = {  # scenario: (dataset, DataLoader arguments a user writes, what ms_shm gets)
+    "big": ("big", dict(batch_size=4, num_workers=2), dict(batch_size=4)),
+    "big_spawn": ("big", dict(batch_size=4, num_workers=2, multiprocessing_context="spawn"),
+                  dict(batch_size=4, multiprocessing_context="spawn")),
+    "many_small": ("many_small", dict(batch_size=64, num_workers=2, collate_fn=keep_apart),
+                   dict(batch_size=64, num_workers=2, collate_fn=keep_apart)),
+    "persistent": ("big", dict(batch_size=2, num_workers=2, persistent_workers=True, prefetch_factor=1),
+                   dict(batch_size=2, num_workers=2, persistent_workers=True, prefetch_factor=1)),
+    "stream": ("stream", dict(batch_size=4, num_workers=2), dict(batch_size=4, num_workers=2)),
+    "growing": ("growing", dict(batch_size=4, num_workers=2), dict(batch_size=4, num_workers=2)),
+}
+
+
+def run(framework: str, scenario: str, mode: str) -> None:
+    import ms_shm
+
+    kind, raw_args, ours = SCENARIOS[scenario]
+    dataset = datasets(framework)[kind]()
+    loader_cls = _framework(framework)[3]
+    if mode == "raw":
+        loader = loader_cls(dataset, **raw_args)
+    else:
+        ms_shm.tune()
+        loader = ms_shm.build_dataloader(dataset, **ours)
+    digests = [_digest(batch) for batch in loader]
+    p = ms_shm.plan_of(loader)
+    plan = None if p is None else {"workers": p.workers, "prefetch": p.prefetch, "shm": p.predicted_shm,
+                                   "fds": p.predicted_fds, "decisions": [str(d) for d in p.decisions]}
+    print("RESULT " + json.dumps({"digests": digests, "plan": plan}), flush=True)
+
+
+def run_batch_sampler(framework: str, mode: str) -> None:
+    """A batch_sampler of uneven batches, one worker per batch index parity."""
+    import ms_shm
+
+    dataset = datasets(framework)["big"]()
+    batches = [[0, 1], [2, 3, 4], [5], [6, 7]]
+    loader_cls = _framework(framework)[3]
+    loader = loader_cls(dataset, batch_sampler=batches, num_workers=2) if mode == "raw" else \
+        ms_shm.build_dataloader(dataset, batch_sampler=batches, num_workers=2)
+    print("RESULT " + json.dumps({"digests": [_digest(b) for b in loader]}), flush=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[2] == "batch_sampler":
+        run_batch_sampler(sys.argv[1], sys.argv[3])
+    else:
+        run(sys.argv[1], sys.argv[2], sys.argv[3])

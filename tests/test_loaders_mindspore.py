@@ -1,0 +1,96 @@
+"""MindSpore 2.8+'s ``mindspore.dataset.dataloader.DataLoader``, raw and through ``ms_shm.build_dataloader``.
+
+With NumPy 1.x (the release matrix's 2.8.0 environment) it runs for real under Docker's 64 MB ``/dev/shm`` and a
+starved open-files limit; with NumPy 2 (``pip install mindspore==2.10.0`` brings 2.4) its workers cannot work, so
+ms_shm refuses explicit workers with the fix and keeps samples in the main process otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+
+import pytest
+
+from tests import isolated
+from tests.conftest import release_skip
+
+pytestmark = [pytest.mark.mindspore, pytest.mark.privileged]
+
+
+@pytest.fixture(scope="module")
+def loader(real_mindspore_module):
+    try:
+        import mindspore.dataset.dataloader  # noqa: F401
+    except ImportError:
+        release_skip("MindSpore's DataLoader arrived in 2.8")
+    import numpy as np
+
+    return int(np.__version__.split(".")[0])
+
+
+@pytest.fixture(scope="module")
+def real_mindspore_module():
+    why = isolated.unavailable() or isolated.mindspore_missing()
+    if why:
+        pytest.skip(why)
+    return isolated
+
+
+def run(scenario: str, mode: str, shm: str = "64m", nofile: int | None = None, hard: int | None = None):
+    code = f"from tests.loader_scenarios import run; run('mindspore', {scenario!r}, {mode!r})"
+    return isolated.run_shell(f"exec {shlex.quote(sys.executable)} -c {shlex.quote(code)}", shm=shm,
+                              nofile=nofile, nofile_hard=hard, timeout=600)
+
+
+def result(proc) -> dict:
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, isolated.describe(proc)
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def numpy1(major: int) -> None:
+    if major >= 2:
+        release_skip("MindSpore's DataLoader workers need NumPy 1.x (the release matrix's numpy<2 environments)")
+
+
+def test_numpy2_workers_fail_raw_and_ms_shm_says_why(loader):
+    if loader < 2:
+        release_skip("NumPy 1.x here: MindSpore's DataLoader workers work")
+    raw = run("persistent", "raw", "2g")
+    assert raw.returncode != 0 and "returned a result with an exception set" in raw.stderr + raw.stdout, \
+        isolated.describe(raw)
+    refused = run("persistent", "ms_shm", "2g")
+    assert refused.returncode != 0 and "numpy<2" in refused.stderr, isolated.describe(refused)
+    ours = result(run("big", "ms_shm", "2g"))  # num_workers not passed: samples stay in the main process
+    assert ours["plan"]["workers"] == 0 and len(ours["digests"]) == 8
+
+
+def test_64m_raw_dies_ms_shm_delivers_every_batch_in_order(loader):
+    numpy1(loader)
+    expected = result(run("big", "raw", "2g"))["digests"]
+    raw = run("big", "raw")
+    assert raw.returncode != 0 and "Bus error" in raw.stderr + raw.stdout, isolated.describe(raw)
+    ours = result(run("big", "ms_shm"))
+    assert ours["digests"] == expected and ours["plan"]["shm"] <= 64 << 20
+
+
+def test_fd_starved_soft_limit_raised(loader):
+    numpy1(loader)
+    expected = result(run("many_small", "raw", "1g"))["digests"]
+    raw = run("many_small", "raw", "1g", nofile=256)
+    assert raw.returncode != 0, isolated.describe(raw)
+    assert result(run("many_small", "ms_shm", "1g", nofile=256))["digests"] == expected
+
+
+def test_iterable_persistent_and_batch_sampler_as_raw(loader):
+    numpy1(loader)
+    for scenario in ("stream", "persistent"):
+        assert result(run(scenario, "ms_shm", "2g"))["digests"] == result(run(scenario, "raw", "2g"))["digests"]
+
+    def go(mode):
+        code = f"from tests.loader_scenarios import run_batch_sampler; run_batch_sampler('mindspore', {mode!r})"
+        return result(isolated.run_shell(f"exec {shlex.quote(sys.executable)} -c {shlex.quote(code)}", shm="2g"))
+
+    assert go("ms_shm")["digests"] == go("raw")["digests"]

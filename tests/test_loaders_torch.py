@@ -1,0 +1,98 @@
+"""PyTorch's DataLoader, raw and through ``ms_shm.build_dataloader``, in a private namespace: Docker's 64 MB
+``/dev/shm``, a starved open-files limit, spawn, iterable datasets, batch samplers, persistent workers, and a
+batch that outgrows its plan. Raw failures are asserted; ms_shm's batches must be the raw loader's, in order
+(the reference is raw torch with room to spare).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+
+import pytest
+
+from tests import isolated
+
+pytestmark = [pytest.mark.torch, pytest.mark.privileged]
+
+
+@pytest.fixture(scope="module")
+def real_torch():
+    why = isolated.unavailable()
+    if why:
+        pytest.skip(f"private /dev/shm unavailable: {why}")
+    try:
+        import torch  # noqa: F401
+    except ImportError as exc:
+        pytest.skip(f"torch is not installed ({exc}): pip install 'ms_shm[torch]'")
+    return isolated
+
+
+def run(scenario: str, mode: str, shm: str = "64m", nofile: int | None = None, hard: int | None = None):
+    code = f"from tests.loader_scenarios import run; run('torch', {scenario!r}, {mode!r})"
+    return isolated.run_shell(f"exec {shlex.quote(sys.executable)} -c {shlex.quote(code)}", shm=shm,
+                              nofile=nofile, nofile_hard=hard, timeout=600)
+
+
+def result(proc) -> dict:
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, isolated.describe(proc)
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+@pytest.fixture(scope="module")
+def reference(real_torch):
+    """Raw torch with room to spare: the batches every run must deliver."""
+    return {name: result(run(name, "raw", "2g"))["digests"] for name in ("big", "many_small", "stream", "persistent")}
+
+
+def test_64m_raw_torch_dies_ms_shm_delivers_every_batch_in_order(reference):
+    raw = run("big", "raw")
+    assert raw.returncode != 0 and ("No space left on device" in raw.stderr or "Bus error" in raw.stderr), \
+        isolated.describe(raw)
+    ours = result(run("big", "ms_shm"))
+    assert ours["digests"] == reference["big"]
+    assert ours["plan"]["shm"] <= 64 << 20
+
+
+def test_spawn_gives_the_same_batches(reference):
+    ours = result(run("big_spawn", "ms_shm", "2g"))
+    assert ours["digests"] == reference["big"] and ours["plan"]["workers"] >= 1
+
+
+def test_fd_starved_soft_limit_raw_dies_ms_shm_raises_the_soft_limit(reference):
+    raw = run("many_small", "raw", "1g", nofile=256)
+    assert raw.returncode != 0 and "Too many open files" in raw.stderr + raw.stdout, isolated.describe(raw)
+    ours = result(run("many_small", "ms_shm", "1g", nofile=256))
+    assert ours["digests"] == reference["many_small"]
+
+
+def test_fd_starved_hard_limit_switches_to_file_system(reference):
+    raw = run("many_small", "raw", "1g", nofile=256, hard=256)
+    assert raw.returncode != 0, isolated.describe(raw)
+    ours = result(run("many_small", "ms_shm", "1g", nofile=256, hard=256))
+    assert ours["digests"] == reference["many_small"]
+    assert any("sharing_strategy=file_system" in d for d in ours["plan"]["decisions"])
+
+
+def test_iterable_dataset_and_persistent_workers_as_raw(reference):
+    assert result(run("stream", "ms_shm", "2g"))["digests"] == reference["stream"]
+    ours = result(run("persistent", "ms_shm", "2g"))
+    assert ours["digests"] == reference["persistent"] and ours["plan"]["workers"] == 2
+
+
+def test_batch_sampler_as_raw(real_torch):
+    def go(mode):
+        code = f"from tests.loader_scenarios import run_batch_sampler; run_batch_sampler('torch', {mode!r})"
+        return result(isolated.run_shell(f"exec {shlex.quote(sys.executable)} -c {shlex.quote(code)}", shm="2g"))
+
+    assert go("ms_shm")["digests"] == go("raw")["digests"]
+
+
+def test_a_batch_that_outgrows_its_plan_meets_the_guard(real_torch):
+    proc = run("growing", "ms_shm", "256m")
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "RowTooLargeError" in text and "planned" in text and "Fix:" in text, \
+        isolated.describe(proc)
+    assert "Bus error" not in text and "No space left on device" not in text

@@ -15,6 +15,7 @@ import logging
 import multiprocessing
 import sys
 import weakref
+from dataclasses import replace
 from typing import Any
 
 from ms_shm import budget as budget_mod
@@ -24,7 +25,7 @@ from ms_shm._results import mib
 from ms_shm.engines.torchstyle import arithmetic, probe
 from ms_shm.engines.torchstyle.guard import GuardedCollate
 from ms_shm.engines.torchstyle.planning import LoaderRequest
-from ms_shm.errors import UsageError
+from ms_shm.errors import ShmBudgetError, UsageError
 from ms_shm.plan import Decision, Plan
 from ms_shm.state import SESSION
 
@@ -91,27 +92,59 @@ def build_dataloader(dataset: Any, *args: Any, framework: str | None = None, **k
     """
     eng = _engine_for(dataset, framework)
     cls = eng.compat.loader_class()
+    arguments, p = prepare(eng, cls, dataset, args, kwargs)
+    loader = cls(**arguments)
+    if p is not None:
+        register(loader, p)
+    return loader
+
+
+def prepare(eng: Any, cls: Any, dataset: Any, args: tuple, kwargs: dict, preferences: bool = False) -> tuple:
+    """``(arguments, plan)``: what to call the framework's ``DataLoader`` with, and why (``None``: as asked).
+
+    With ``preferences`` (unchanged code under ``ms_shm.patch``), explicit ``num_workers`` / ``prefetch_factor``
+    that cannot fit are adapted where that cannot change what arrives, with the reason in the plan."""
     try:
         bound = inspect.signature(cls).bind(dataset, *args, **kwargs)
     except TypeError:
-        return cls(dataset, *args, **kwargs)  # the framework's own error
+        cls(dataset, *args, **kwargs)  # the framework's own error
+        raise
     asked = dict(bound.arguments)
     problem = eng.compat.numpy_problem()
-    if problem and asked.get("num_workers"):
+    if problem and asked.get("num_workers") and not preferences:
         raise UsageError(problem)
     facts = SESSION.host_facts()
     b = SESSION.budget(facts)
     stats, effects, why = _probe(eng, dataset, asked, b)
     req = _request(eng, asked, facts, _locked(eng, dataset, effects, problem))
+    refused = None
+    if problem and preferences and req.workers:  # workers cannot work here: samples in the main process
+        req, refused = replace(req, workers=None, prefetch_factor=None), Decision(
+            "explicit_arguments", "adapted", f"num_workers={asked['num_workers']}", problem)
     if stats is None:
         log.warning("ms_shm build_dataloader: %s; the DataLoader is built as asked", why)
-        return cls(**asked)
-    p = eng.planning.plan_loader(stats, req, b, eng.profile())
-    arguments = _arguments(eng, asked, p, stats, b)
+        return asked, None
+    p = _plan(eng, stats, req, b, preferences)
+    if refused is not None:
+        p = replace(p, decisions=(refused,) + p.decisions)
     _apply(eng, p)
-    loader = cls(**arguments)
-    _register(loader, p)
-    return loader
+    return _arguments(eng, asked, p, stats, b), p
+
+
+def _plan(eng: Any, stats: Any, req: LoaderRequest, b: Any, preferences: bool) -> Plan:
+    try:
+        return eng.planning.plan_loader(stats, req, b, eng.profile())
+    except ShmBudgetError as exc:
+        asked = ", ".join(f"{k}={v}" for k, v in (("num_workers", req.workers),
+                                                   ("prefetch_factor", req.prefetch_factor)) if v is not None)
+        if not preferences or not asked or (req.workers_locked and req.workers):
+            raise
+        why = str(exc).split(" Fix:")[0]
+    p = eng.planning.plan_loader(stats, replace(req, workers=None, prefetch_factor=None), b, eng.profile())
+    adapted = Decision("explicit_arguments", "adapted", asked,
+                       f"{why}; the call's explicit {asked} are preferences here (ms_shm.patch), so the fastest "
+                       f"configuration that fits and yields the same batches is used instead")
+    return replace(p, decisions=(adapted,) + p.decisions)
 
 
 def _probe(eng: Any, dataset: Any, asked: dict, b: Any) -> tuple:
@@ -123,11 +156,17 @@ def _probe(eng: Any, dataset: Any, asked: dict, b: Any) -> tuple:
 
 
 def _arguments(eng: Any, asked: dict, p: Plan, stats: Any, b: Any) -> dict:
-    """The caller's arguments with ms_shm's choices: only what was not passed, and the collate guard."""
+    """The caller's arguments with ms_shm's choices: only what was not passed (or was adapted), and the
+    collate guard."""
     arguments = dict(asked)
-    if "num_workers" not in asked and p.workers:
+    adapted = any(d.setting == "explicit_arguments" for d in p.decisions)
+    if p.workers != asked.get("num_workers", 0) and ("num_workers" not in asked or adapted):
         arguments["num_workers"] = p.workers
-    if p.workers and "prefetch_factor" not in asked and p.prefetch != arithmetic.DEFAULT_PREFETCH_FACTOR:
+    if not p.workers and adapted:  # the framework refuses these without workers
+        arguments.pop("prefetch_factor", None)
+        arguments.pop("persistent_workers", None)
+    elif p.workers and p.prefetch != asked.get("prefetch_factor", arithmetic.DEFAULT_PREFETCH_FACTOR) and \
+            ("prefetch_factor" not in asked or adapted):
         arguments["prefetch_factor"] = p.prefetch
     if p.workers and b.shm_bytes:
         batched = asked.get("batch_size", 1) is not None or asked.get("batch_sampler") is not None
@@ -150,7 +189,7 @@ def _apply(eng: Any, p: Plan) -> None:
         log.warning("ms_shm changed %s from %s to %s: %s", change.setting, change.old, change.new, change.reason)
 
 
-def _register(loader: Any, p: Plan) -> None:
+def register(loader: Any, p: Plan) -> None:
     reservation = SESSION.ledger.reserve("dataloader", p.predicted_shm, p.predicted_fds, p.predicted_memory)
     weakref.finalize(loader, SESSION.ledger.release, reservation.key)
     measure.remember(loader, p, measure.Unavailable("a DataLoader's batches are not re-made in a probe"))
@@ -177,4 +216,4 @@ def startup(facts: Any, dry_run: bool) -> tuple:
     return (decision,), made
 
 
-__all__ = ["build_dataloader", "startup", "Decision"]
+__all__ = ["build_dataloader", "prepare", "register", "startup"]

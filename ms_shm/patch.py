@@ -22,9 +22,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.abc
+import importlib.machinery
 import inspect
 import json
 import logging
+import sys
 import threading
 from typing import Any, Iterator
 
@@ -151,6 +154,73 @@ def _make_batch(real_batch: Any) -> Any:
     return batch
 
 
+# PyTorch-style DataLoaders, by the module that defines the class: patched when that module is (or gets) imported
+_LOADERS = {"torch.utils.data.dataloader": "torch", "mindspore.dataset.dataloader.dataloader": "mindspore-dataloader"}
+
+
+def _make_loader_init(cls: type, real_init: Any, engine: str) -> Any:
+    """``DataLoader.__init__``: ``loaders.prepare`` decides the arguments (explicit ones are preferences unless
+    strict) and this very instance is initialised once, by the framework's own ``__init__``, with them."""
+
+    @functools.wraps(real_init)
+    def __init__(self, dataset, *args, **kwargs):
+        if _depth() or not _STATE:
+            return real_init(self, dataset, *args, **kwargs)
+        from ms_shm import engines, loaders
+
+        site = sites.call_site()
+        with _inside():
+            arguments, plan = loaders.prepare(engines.get(engine), cls, dataset, args, kwargs,
+                                              preferences=not _STATE.get("strict"))
+        real_init(self, **arguments)
+        if plan is not None:
+            loaders.register(self, plan)
+            changed = [d for d in plan.decisions if d.value != d.default and d.setting != "num_workers"]
+            if any(d.setting == "explicit_arguments" for d in changed):
+                log.warning("ms_shm adapted DataLoader at %s: %s", site or "?", "; ".join(
+                    f"{d.setting} {d.default} -> {d.value} ({d.reason})" for d in changed))
+        _record("DataLoader", self, site)
+        return None
+
+    return __init__
+
+
+def _patch_loader(module_name: str) -> None:
+    """Patch the DataLoader class of an imported ``module_name`` (once; recorded for ``unpatch``)."""
+    module = sys.modules.get(module_name)
+    cls = getattr(module, "DataLoader", None)
+    if cls is None or (cls, "__init__") in _STATE.get("saved", {}):
+        return
+    real = vars(cls)["__init__"]
+    _STATE["saved"][(cls, "__init__")] = real
+    cls.__init__ = _make_loader_init(cls, real, _LOADERS[module_name])
+
+
+class _LoaderImports(importlib.abc.MetaPathFinder):
+    """Patches a DataLoader module right after it is imported, for scripts that import torch after ``patch()``
+    (``ms-shm run``): the framework is never imported by ms_shm itself."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name not in _LOADERS or not _STATE:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        real_exec = spec.loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            real_exec(module)
+            with _LOCK:
+                if _STATE:
+                    _patch_loader(name)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+_FINDER = _LoaderImports()
+
+
 def patch(strict: bool = False) -> None:
     """Route MindSpore's ``GeneratorDataset``, ``Dataset.map`` and ``Dataset.batch(per_batch_map=...)`` through
     ms_shm, in this process. Idempotent (a second call only sets ``strict``); ``unpatch()`` undoes it exactly.
@@ -170,8 +240,12 @@ def patch(strict: bool = False) -> None:
         dataset_cls.map = _make_map(saved[(dataset_cls, "map")])
         dataset_cls.batch = _make_batch(saved[(dataset_cls, "batch")])
         _STATE.update(saved=saved, strict=bool(strict))
-    log.info("ms_shm.patch: GeneratorDataset, Dataset.map and Dataset.batch(per_batch_map=...) go through ms_shm "
-             "(explicit arguments are %s)", "kept (strict)" if strict else "preferences")
+        for module_name in _LOADERS:
+            _patch_loader(module_name)
+        if _FINDER not in sys.meta_path:
+            sys.meta_path.insert(0, _FINDER)
+    log.info("ms_shm.patch: GeneratorDataset, Dataset.map, Dataset.batch(per_batch_map=...) and the torch / MindSpore "
+             "DataLoaders go through ms_shm (explicit arguments are %s)", "kept (strict)" if strict else "preferences")
 
 
 def unpatch() -> None:
@@ -182,6 +256,8 @@ def unpatch() -> None:
         for (cls, name), value in _STATE["saved"].items():
             setattr(cls, name, value)
         _STATE.clear()
+        if _FINDER in sys.meta_path:
+            sys.meta_path.remove(_FINDER)
     log.info("ms_shm.unpatch: MindSpore's own GeneratorDataset, map and batch are back")
 
 

@@ -85,3 +85,29 @@ def test_workers_locked_keep_the_default():
 def test_untimed_batches_take_the_fewest_workers():
     p = plan_loader(stats(per_sample=None), ask(), room())
     assert p.workers == 0
+
+
+def test_collate_guard_passes_batches_through_and_stops_one_that_outgrew_its_plan():
+    import pytest as _pytest
+
+    from ms_shm.engines.torchstyle.guard import GuardedCollate
+    from ms_shm.errors import RowTooLargeError
+
+    class Info:
+        id = 1
+
+    weigh = lambda batch: (sum(batch), len(batch))  # noqa: E731
+    calls = []
+
+    def collate(samples):
+        calls.append(samples)
+        return samples
+
+    in_worker = GuardedCollate(collate, weigh, lambda: Info(), 10, 5, 100, "lower batch_size")
+    small = [5, 5]
+    assert in_worker(small) is small and calls == [small]
+    with _pytest.raises(RowTooLargeError) as err:
+        in_worker([30, 30])
+    assert "batch 2 of DataLoader worker 1" in str(err.value) and "Fix: lower batch_size" in str(err.value)
+    in_main = GuardedCollate(collate, weigh, lambda: None, 10, 5, 100, "x")
+    assert in_main([30, 30]) == [30, 30]  # the main process only calls through

@@ -267,3 +267,20 @@ def test_explicit_settings_are_adapted_only_as_preferences_and_never_when_locked
     adapted = p.decisions[0]
     assert adapted.setting == "explicit_arguments" and "num_parallel_workers=2" in adapted.default
     assert api._adapted(p)
+
+
+@pytest.mark.torch
+def test_an_unchanged_torch_script_is_protected_by_run(private_shm):
+    pytest.importorskip("torch", reason="torch is not installed: pip install 'ms_shm[torch]'")
+    script = SCENARIOS / "torch_loader.py"
+    raw = run(f"{shlex.quote(str(script))} 16")
+    assert raw.returncode != 0 and ("No space left on device" in raw.stderr or "Bus error" in raw.stderr), \
+        isolated.describe(raw)
+    ours = run(f"-m ms_shm run {shlex.quote(str(script))} 16")
+    res = result_of(ours)
+    expected = [__import__("hashlib").sha256(((np.arange(1 << 21, dtype=np.float32) % 251) + np.float32(i)).tobytes())
+                .hexdigest() for i in range(16)]
+    assert res["labels"] == list(range(16)) and res["digests"] == expected
+    warned = [line for line in ours.stderr.splitlines() if "ms_shm adapted DataLoader at" in line]
+    assert len(warned) == 1 and f"torch_loader.py:{line_of(script, 'DataLoader(Samples()')}" in warned[0], \
+        ours.stderr[-2000:]

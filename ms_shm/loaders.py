@@ -35,6 +35,7 @@ FRAMEWORKS = ("torch", "mindspore-dataloader")
 _ALIASES = {"torch": "torch", "pytorch": "torch", "mindspore": "mindspore-dataloader",
             "mindspore-dataloader": "mindspore-dataloader"}
 _FIX = "lower batch_size or prefetch_factor, or give /dev/shm more room"
+_WORKER_ONLY = ("num_workers", "prefetch_factor", "persistent_workers")  # refused by the framework without workers
 
 
 def _engine_for(dataset: Any, framework: str | None) -> Any:
@@ -122,8 +123,9 @@ def prepare(eng: Any, cls: Any, dataset: Any, args: tuple, kwargs: dict, prefere
         req, refused = replace(req, workers=None, prefetch_factor=None), Decision(
             "explicit_arguments", "adapted", f"num_workers={asked['num_workers']}", problem)
     if stats is None:
-        log.warning("ms_shm build_dataloader: %s; the DataLoader is built as asked", why)
-        return asked, None
+        log.warning("ms_shm build_dataloader: %s; the DataLoader is built as asked%s", why,
+                    f", without workers ({problem})" if refused else "")
+        return ({k: v for k, v in asked.items() if k not in _WORKER_ONLY} if refused else asked), None
     p = _plan(eng, stats, req, b, preferences)
     if refused is not None:
         p = replace(p, decisions=(refused,) + p.decisions)
@@ -162,9 +164,9 @@ def _arguments(eng: Any, asked: dict, p: Plan, stats: Any, b: Any) -> dict:
     adapted = any(d.setting == "explicit_arguments" for d in p.decisions)
     if p.workers != asked.get("num_workers", 0) and ("num_workers" not in asked or adapted):
         arguments["num_workers"] = p.workers
-    if not p.workers and adapted:  # the framework refuses these without workers
-        arguments.pop("prefetch_factor", None)
-        arguments.pop("persistent_workers", None)
+    if not p.workers and adapted:
+        for name in _WORKER_ONLY[1:]:
+            arguments.pop(name, None)
     elif p.workers and p.prefetch != asked.get("prefetch_factor", arithmetic.DEFAULT_PREFETCH_FACTOR) and \
             ("prefetch_factor" not in asked or adapted):
         arguments["prefetch_factor"] = p.prefetch

@@ -122,7 +122,7 @@ def _digest(batch) -> str:
 SCENARIOS = {  # scenario: (dataset, DataLoader arguments a user writes, what ms_shm gets)
     "big": ("big", dict(batch_size=4, num_workers=2), dict(batch_size=4)),
     "big_spawn": ("big", dict(batch_size=4, num_workers=2, multiprocessing_context="spawn"),
-                  dict(batch_size=4, multiprocessing_context="spawn")),
+                  dict(batch_size=4, num_workers=2, multiprocessing_context="spawn")),
     "many_small": ("many_small", dict(batch_size=64, num_workers=2, collate_fn=keep_apart),
                    dict(batch_size=64, num_workers=2, collate_fn=keep_apart)),
     "persistent": ("big", dict(batch_size=2, num_workers=2, persistent_workers=True, prefetch_factor=1),

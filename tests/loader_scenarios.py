@@ -147,7 +147,9 @@ def run(framework: str, scenario: str, mode: str) -> None:
     p = ms_shm.plan_of(loader)
     plan = None if p is None else {"workers": p.workers, "prefetch": p.prefetch, "shm": p.predicted_shm,
                                    "fds": p.predicted_fds, "decisions": [str(d) for d in p.decisions]}
-    print("RESULT " + json.dumps({"digests": digests, "plan": plan}), flush=True)
+    torch = sys.modules.get("torch")
+    strategy = torch.multiprocessing.get_sharing_strategy() if torch is not None else None
+    print("RESULT " + json.dumps({"digests": digests, "plan": plan, "strategy": strategy}), flush=True)
 
 
 def run_batch_sampler(framework: str, mode: str) -> None:

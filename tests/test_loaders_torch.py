@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import subprocess
 import sys
 
 import pytest
@@ -29,10 +30,22 @@ def real_torch():
     return isolated
 
 
-def run(scenario: str, mode: str, shm: str = "64m", nofile: int | None = None, hard: int | None = None):
+def run(scenario: str, mode: str, shm: str = "64m", nofile: int | None = None, hard: int | None = None,
+        timeout: float = 600):
     code = f"from tests.loader_scenarios import run; run('torch', {scenario!r}, {mode!r})"
     return isolated.run_shell(f"exec {shlex.quote(sys.executable)} -c {shlex.quote(code)}", shm=shm,
-                              nofile=nofile, nofile_hard=hard, timeout=600)
+                              nofile=nofile, nofile_hard=hard, timeout=timeout)
+
+
+def raw_fails(scenario: str, **kw) -> str:
+    """How raw torch fails: its error text, or "hang" (out of fds, a worker's queue feeder can block for good:
+    measured under ``ulimit -Sn 256``)."""
+    try:
+        proc = run(scenario, "raw", timeout=90, **kw)
+    except subprocess.TimeoutExpired:
+        return "hang"
+    assert proc.returncode != 0, isolated.describe(proc)
+    return proc.stdout + proc.stderr
 
 
 def result(proc) -> dict:
@@ -62,18 +75,17 @@ def test_spawn_gives_the_same_batches(reference):
 
 
 def test_fd_starved_soft_limit_raw_dies_ms_shm_raises_the_soft_limit(reference):
-    raw = run("many_small", "raw", "1g", nofile=256)
-    assert raw.returncode != 0 and "Too many open files" in raw.stderr + raw.stdout, isolated.describe(raw)
+    how = raw_fails("many_small", shm="1g", nofile=256)
+    assert how == "hang" or "Too many open files" in how, how[-2000:]
     ours = result(run("many_small", "ms_shm", "1g", nofile=256))
     assert ours["digests"] == reference["many_small"]
 
 
 def test_fd_starved_hard_limit_switches_to_file_system(reference):
-    raw = run("many_small", "raw", "1g", nofile=256, hard=256)
-    assert raw.returncode != 0, isolated.describe(raw)
+    raw_fails("many_small", shm="1g", nofile=256, hard=256)
     ours = result(run("many_small", "ms_shm", "1g", nofile=256, hard=256))
     assert ours["digests"] == reference["many_small"]
-    assert any("sharing_strategy=file_system" in d for d in ours["plan"]["decisions"])
+    assert ours["strategy"] == "file_system"  # tune() at start-up (hard limit < 4096), or build_dataloader
 
 
 def test_iterable_dataset_and_persistent_workers_as_raw(reference):
@@ -95,4 +107,4 @@ def test_a_batch_that_outgrows_its_plan_meets_the_guard(real_torch):
     text = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "RowTooLargeError" in text and "planned" in text and "Fix:" in text, \
         isolated.describe(proc)
-    assert "Bus error" not in text and "No space left on device" not in text
+    assert "unable to allocate shared memory" not in text and "killed by signal" not in text

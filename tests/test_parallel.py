@@ -84,7 +84,7 @@ def test_the_probe_tells_gil_bound_from_gil_releasing_rows():
         pytest.skip("no second core free now (machine loaded): parallelism cannot be observed")
     gil_bound = min(_fractions(PythonLoop()))
     releasing = max(_fractions(Hashing()))
-    assert gil_bound < 0.4 and releasing > 0.6, (gil_bound, releasing)
+    assert gil_bound < 0.3 and releasing > gil_bound + 0.35, (gil_bound, releasing)
     assert set(_fractions(Sleeping(), 1)) == {None}  # waiting rows: priced by their CPU share instead
 
 

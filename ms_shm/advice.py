@@ -550,11 +550,11 @@ def _loader_findings(facts: Any, numpy_version: str | None) -> list:
     if version is None or version < (2, 8) or major is None or major[0] < 2:
         return []
     return [Advice(
-        f"MindSpore {facts.mindspore_version}'s DataLoader (mindspore.dataset.dataloader) fails on every batch "
-        f"from a worker process under NumPy {numpy_version} ('SystemError: ... returned a result with an "
+        f"MindSpore {facts.mindspore_version}'s DataLoader (mindspore.dataset.dataloader) can fail on batches "
+        f"from worker processes under NumPy {numpy_version} ('SystemError: ... returned a result with an "
         f"exception set' in restore_tensor: its C++ was built against NumPy 1.x); GeneratorDataset is not "
         f"affected", "info", "pip install 'numpy<2' before using its DataLoader with num_workers > 0 "
-        "(ms_shm.build_dataloader refuses workers there and keeps samples in the main process)",
+        "(ms_shm.build_dataloader keeps samples in the main process unless num_workers is passed)",
         (("pip", "pip install 'numpy<2'"),), "msloader-numpy2")]
 
 

@@ -8,6 +8,7 @@ runs these calls in-process on a fake engine.
 from __future__ import annotations
 
 import logging
+import sys
 import weakref
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
@@ -82,7 +83,7 @@ def tune(dry_run: bool = False, ranks: int | None = None, shm_fraction: float = 
     facts = host.probe(ranks=ranks)
     SESSION.start(facts, shm_fraction, ranks)
     eng = _engine()
-    config = eng.read_config()
+    config = eng.read_config() if _mindspore_in_use() else None
     b = SESSION.budget(facts, reserved=(0, 0, 0))
     w = workers or advice.typical_workers(facts)
     p = config.prefetch_size if config and config.prefetch_size else eng.arithmetic.DEFAULT_PREFETCH
@@ -92,14 +93,21 @@ def tune(dry_run: bool = False, ranks: int | None = None, shm_fraction: float = 
     made = () if dry_run else _apply_startup(decisions, eng, raise_nofile)
     torch_decisions, torch_made = loaders.startup(facts, dry_run)
     decisions, made = decisions + list(torch_decisions), tuple(made) + torch_made
-    notes = facts.notes + (() if config else ("mindspore is not importable: only host facts and the open-files "
-                                              "limit were handled",))
+    notes = facts.notes + (() if config else (
+        ("mindspore is not importable: only host facts and the open-files limit were handled",) if
+        _mindspore_in_use() else ("a torch program that has not imported mindspore: MindSpore's settings were not "
+                                  "read (importing it would cost seconds)",)))
     report = TuneReport(facts, config, b, tuple(decisions), tuple(made), tuple(advice.diagnose(facts, config)),
                         dry_run, tuple(notes))
     _log_tune(report)
     if clean and facts.ranks.local_rank == 0 and not dry_run:
         _clean_leftovers()
     return report
+
+
+def _mindspore_in_use() -> bool:
+    """Whether ``tune()`` should read (and so import) MindSpore: not for a torch program that has not imported it."""
+    return "mindspore" in sys.modules or "torch" not in sys.modules
 
 
 def _nofile_decision(facts: host.HostFacts, workers: int, prefetch: int, eng: Any) -> Decision | None:

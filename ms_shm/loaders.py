@@ -89,7 +89,7 @@ def build_dataloader(dataset: Any, *args: Any, framework: str | None = None, **k
 
     Raises:
         ms_shm.ShmBudgetError: explicit arguments that cannot fit, before any worker starts.
-        ms_shm.UsageError: an unknown framework, or MindSpore's DataLoader with workers under NumPy 2.
+        ms_shm.UsageError: an unknown framework.
     """
     eng = _engine_for(dataset, framework)
     cls = eng.compat.loader_class()
@@ -112,8 +112,8 @@ def prepare(eng: Any, cls: Any, dataset: Any, args: tuple, kwargs: dict, prefere
         raise
     asked = dict(bound.arguments)
     problem = eng.compat.numpy_problem()
-    if problem and asked.get("num_workers") and not preferences:
-        raise UsageError(problem)
+    if problem and asked.get("num_workers") and not preferences:  # MindSpore accepts it: said, then as asked
+        log.warning("ms_shm build_dataloader: num_workers=%s: %s", asked["num_workers"], problem)
     facts = SESSION.host_facts()
     b = SESSION.budget(facts)
     stats, effects, why = _probe(eng, dataset, asked, b)

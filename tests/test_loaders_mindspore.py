@@ -60,11 +60,10 @@ def numpy1(major: int) -> None:
 def test_numpy2_workers_fail_raw_and_ms_shm_says_why(loader):
     if loader < 2:
         release_skip("NumPy 1.x here: MindSpore's DataLoader workers work")
-    raw = run("persistent", "raw", "2g")
-    assert raw.returncode != 0 and "returned a result with an exception set" in raw.stderr + raw.stdout, \
-        isolated.describe(raw)
-    refused = run("persistent", "ms_shm", "2g")
-    assert refused.returncode != 0 and "numpy<2" in refused.stderr, isolated.describe(refused)
+    raw = run("persistent", "raw", "2g")  # fails per batch (SystemError), or gets through with NumPy's warning
+    assert "compiled using NumPy 1.x" in raw.stderr + raw.stdout, isolated.describe(raw)
+    warned = run("persistent", "ms_shm", "2g")  # explicit workers: MindSpore accepts them, ms_shm says why not
+    assert "numpy<2" in warned.stderr, isolated.describe(warned)
     ours = result(run("big", "ms_shm", "2g"))  # num_workers not passed: samples stay in the main process
     assert ours["plan"]["workers"] == 0 and len(ours["digests"]) == 8
 

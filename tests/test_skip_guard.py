@@ -55,7 +55,7 @@ def suite(tmp_path):
 
     def run(*args: str, require: bool = True, unavailable: str = "") -> subprocess.CompletedProcess:
         env = {k: v for k, v in os.environ.items()
-               if k not in ("MS_SHM_REQUIRE_MINDSPORE", "PYTEST_ADDOPTS", "PYTHONPATH")}
+               if k not in ("MS_SHM_REQUIRE_MINDSPORE", "MS_SHM_REQUIRE_TORCH", "PYTEST_ADDOPTS", "PYTHONPATH")}
         if require:
             env["MS_SHM_REQUIRE_MINDSPORE"] = "1"
         if unavailable:

@@ -80,12 +80,13 @@ def undo(changes: Any) -> None:
 
 def numpy_problem() -> str | None:
     """MindSpore's DataLoader restores every worker's batch with tensors its C++ was compiled for under NumPy 1.x:
-    under NumPy 2 each batch from a worker fails in the main process (``SystemError ... returned a result with an
-    exception set``, measured with 2.10.0 and NumPy 2.4.6)."""
+    under NumPy 2 batches from a worker can fail in the main process (``SystemError ... returned a result with an
+    exception set``, measured with 2.10.0 and NumPy 2.4.6; another run of the same loader got through with only
+    NumPy's "compiled using NumPy 1.x" warning), so workers there are a gamble."""
     import numpy as np
 
     if int(np.__version__.split(".")[0]) < 2:
         return None
-    return (f"MindSpore's DataLoader fails on every batch from a worker process under NumPy {np.__version__} "
+    return (f"MindSpore's DataLoader can fail on batches from worker processes under NumPy {np.__version__} "
             f"(SystemError in restore_tensor: its C++ was built against NumPy 1.x). Fix: pip install 'numpy<2' "
             f"(or num_workers=0, which reads samples in the main process)")

@@ -10,6 +10,7 @@ import logging
 import multiprocessing
 import os
 import resource
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
@@ -218,7 +219,17 @@ def read_memory(version: str | None, dirs: list, notes: _Notes | None = None) ->
     return best[0], best[1] if best[1] is not None else own
 
 
+def _imported_version(module: str) -> str | None:
+    """The version of a module already imported (what this process runs): ``importlib.metadata`` parses a
+    METADATA file (~4 ms each), and an import could differ from the installed distribution anyway."""
+    version = getattr(sys.modules.get(module), "__version__", None)
+    return version if isinstance(version, str) else None
+
+
 def _numpy_version() -> str | None:
+    imported = _imported_version("numpy")
+    if imported:
+        return imported
     try:
         from importlib import metadata
 
@@ -383,7 +394,11 @@ def detect_ranks(env: Mapping[str, str], override: int | None = None) -> Ranks:
 
 
 def mindspore_version() -> str | None:
-    """Installed MindSpore version from package metadata: cheap, and does not import MindSpore."""
+    """MindSpore's version: the imported module's, else the installed package's metadata (which does not
+    import MindSpore)."""
+    imported = _imported_version("mindspore")
+    if imported:
+        return imported
     try:
         from importlib import metadata
     except ImportError:  # Python 3.7

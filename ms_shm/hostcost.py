@@ -23,7 +23,7 @@ from ms_shm._results import Result
 log = logging.getLogger(__name__)
 
 MiB = 1 << 20
-COPY_BYTES = 2 * MiB
+COPY_BYTES = MiB  # enough for a per-MiB figure: copies and pickles scale linearly from here
 # The reference machine's figures: the median of ``measure()`` over runs on it (the 2-core VM Costs was fitted on).
 REFERENCE_COPY_S_PER_MIB = 7.0e-5
 REFERENCE_PIPE_S_PER_MIB = 1.35e-3

@@ -209,39 +209,15 @@ def probe_random_access(source: Any, names: Sequence[str] | None, check: Callabl
         return StageProbe(None, unmeasured=f"{blocked}: reading rows in a probe would move its position")
 
     def in_child():
-        first: list = []
+        stats: list = []
 
         def measured():
-            stats = rows.measure_random_access(source, names, check=check)
-            if stats.indices:
-                first.append(_row_at(source, names, stats.indices[0]))  # the second read of that index
-            return stats
+            stats.append(rows.measure_random_access(source, names, check=check))
+            return stats[0]
 
-        def reread():
-            if not first:
-                return None
-            again = _row_at(source, names, first[0][0])
-            return None if _same_row(first[0][1], again[1]) else f"source[{first[0][0]}] read twice differs"
-
-        return sandbox.watch_effects(measured, [source], reread)
+        return sandbox.watch_effects(measured, [source], lambda: stats[0].reread_differs)
 
     return _outcome(sandbox.run_in_fork(in_child, worker_pages=worker_pages), "source")
-
-
-def _row_at(source: Any, names: Sequence[str] | None, index: int) -> tuple:
-    return index, rows.convert_row(source[np.int64(index)], index, names)
-
-
-def _same_row(a: Any, b: Any) -> bool:
-    """Equal to the byte: arrays by dtype, shape and values; dict columns key by key."""
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype
-                and a.shape == b.shape and np.array_equal(a, b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same_row(a[k], b[k]) for k in a)
-    if isinstance(a, tuple) and isinstance(b, tuple):
-        return len(a) == len(b) and all(_same_row(x, y) for x, y in zip(a, b))
-    return type(a) is type(b) and a == b
 
 
 def probe_operations(lineage: Lineage, operations: Any, input_columns: Sequence[str],

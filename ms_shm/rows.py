@@ -55,6 +55,7 @@ class RowStats(Result):
     worker_bytes: int | None = None  # memory the probe child held alone when it finished (copied-on-write
     # pages and what reading allocated): what each forked worker adds to the memory cgroup
     parallel_fraction: float | None = None  # of the CPU work, what ran outside the GIL (``ms_shm.parallel``)
+    reread_differs: str | None = None  # the first probe row read again came back different (None: same or unread)
 
     @property
     def ragged(self) -> bool:
@@ -164,6 +165,18 @@ def row_bytes(columns: tuple) -> int:
     return total
 
 
+def same_row(a: Any, b: Any) -> bool:
+    """Equal to the byte: arrays by dtype, shape and values; dict columns key by key."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype
+                and a.shape == b.shape and np.array_equal(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_row(a[k], b[k]) for k in a)
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(same_row(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
 def _spread(length: int, count: int) -> list:
     """Probe indices spread over the dataset, in probing order: rows often grow along it.
 
@@ -191,8 +204,9 @@ def _skeleton(column: Any) -> tuple | None:
 
 @dataclass
 class _Probe:
-    """The probe's account: each row is checked and reduced to its skeleton at once, so no two large rows are
-    alive together (fresh pages for each would cost more than the row)."""
+    """The probe's account: each row is checked and reduced to its skeleton at once, so beside the first row
+    (kept to compare its second read with) no two large rows are alive together (fresh pages for each would cost
+    more than the row)."""
 
     names: Sequence[str] | None
     check: Callable[[Any], Any] | None = None  # the framework's own row conversion, to refuse what it refuses
@@ -203,6 +217,9 @@ class _Probe:
     cpu: float = 0.0
     tensors: bool = False
     parallel: float | None = None  # fraction of the rows' CPU work that ran outside the GIL (two at once)
+    first: tuple | None = None  # (index, converted row) of the first row: kept to compare a second read with
+    reread: str | None = None  # why the first row read again differs
+    compared: bool = False  # the first row was read again
 
     @property
     def wall(self) -> float:
@@ -216,24 +233,39 @@ class _Probe:
         self.cpu += time.thread_time() - c0
         return row
 
-    def fetch_pair(self, source: Any, indices: Sequence[int]) -> None:
-        """Read two rows at once on two threads; each row is accounted at the time it would take alone (its
-        CPU time over the CPU share of the rows read alone), and the pair gives the parallel fraction."""
+    def fetch_pair(self, source: Any, index: int) -> None:
+        """Read the first row again and row ``index`` at once, on two threads: the pair gives the parallel
+        fraction, and the second read of the first row the fidelity check (does a row read twice come back the
+        same?) at no extra row's time. The new row is accounted at the time it would take alone (its CPU time
+        over the CPU share of the rows read alone)."""
         share = self.cpu / self.wall if self.wall > 0 else None
+        pair = [self.first[0], index]
         try:
-            rows, walls, cpus, together = parallel.run_pair(lambda i: source[np.int64(i)], indices)
+            rows, walls, cpus, together = parallel.run_pair(lambda i: source[np.int64(i)], pair)
         except Exception:  # a source that is not safe on two threads: read it as MindSpore's workers would
-            for index in indices:
-                self.keep(index, self.fetch(operator.getitem, source, np.int64(index)))
+            self.keep(index, self.fetch(operator.getitem, source, np.int64(index)))
             return
-        for index, row, wall, cpu in zip(indices, rows, walls, cpus):
-            self.walls.append(min(wall, cpu / share) if share else wall)
-            self.cpu += cpu
-            self.keep(index, row)
+        self.compare_first(rows[0])
+        self.walls.append(min(walls[1], cpus[1] / share) if share else walls[1])
+        self.cpu += cpus[1]
+        self.keep(index, rows[1])
         self.parallel = parallel.parallel_fraction(cpus, together, share, parallel.usable_cpus())
+
+    def reread_first(self, source: Any) -> None:
+        """The fidelity check on its own (rows too cheap to time a pair, or a source unsafe on two threads)."""
+        if self.first is not None and not self.compared:
+            self.compare_first(source[np.int64(self.first[0])])
+
+    def compare_first(self, row: Any) -> None:
+        index, before = self.first
+        self.compared = True
+        if not same_row(before, convert_row(row, index, self.names)):
+            self.reread = f"source[{index}] read twice differs"
 
     def keep(self, index: Any, row: Any) -> None:
         converted = checked_row(row, index, self.names, self.check)
+        if self.first is None:
+            self.first = (int(index), converted)
         columns = row if isinstance(row, (tuple, list)) else (row,)
         self.tensors = self.tensors or any(hasattr(c, "asnumpy") for c in columns)
         self.indices.append(int(index))
@@ -260,7 +292,7 @@ class _Probe:
                         statistics.median(self.walls) if self.walls else None,
                         (self.cpu / wall) if (wall := self.wall) > 0 else None,
                         time.perf_counter() - started, tuple(notes), self.tensors,
-                        parallel_fraction=self.parallel)
+                        parallel_fraction=self.parallel, reread_differs=self.reread)
 
 
 def is_random_access(source: Any) -> bool:
@@ -293,9 +325,9 @@ def measure_random_access(source: Any, names: Sequence[str] | None, max_rows: in
         return probe.stats(True, 0, started, notes)
     order, done = _spread(length, max_rows), 0
     while done < len(order):
-        if done == 1 and len(order) >= 3 and probe.walls[0] >= parallel.MIN_SECONDS:
-            probe.fetch_pair(source, order[1:3])  # the next two rows at once: how much runs outside the GIL
-            done = 3
+        if done == 1 and probe.walls[0] >= parallel.MIN_SECONDS:
+            probe.fetch_pair(source, order[1])  # row 0 again beside row 1: the GIL's share and the re-read
+            done = 2
         else:
             row = probe.fetch(operator.getitem, source, np.int64(order[done]))
             probe.keep(order[done], row)
@@ -304,6 +336,7 @@ def measure_random_access(source: Any, names: Sequence[str] | None, max_rows: in
         if done >= min_rows and probe.wall > time_fraction * (probe.wall / done) * length:
             notes.append(f"stopped after {done} rows: probing is capped at {time_fraction:.0%} of an epoch")
             break
+    probe.reread_first(source)
     return probe.stats(True, length, started, notes)
 
 

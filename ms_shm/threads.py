@@ -91,8 +91,23 @@ class ThreadCap(Result):
         return Decision(SETTING, value, self.pool_threads, self.reason)
 
 
+_probed: dict = {}  # (pid, modules imported) -> ThreadPools
+
+
 def probe() -> ThreadPools:
-    """The native pools loaded in this process now. A failing probe is an unknown, never an error."""
+    """The native pools loaded in this process now, read once per state of the process: ``threadpool_info()``
+    walks every loaded library (~20 ms with MindSpore loaded), and a pipeline's stages ask in a row. A native
+    library arrives with an import (numpy, cv2, torch...), so the number of imported modules stands for the
+    libraries loaded. A pool resized between two stages (``threadpool_limits``) keeps its first reading: the cap
+    then set is at most one the pools already meet. A failing probe is an unknown, never an error."""
+    key = (os.getpid(), len(sys.modules))
+    if key not in _probed:
+        _probed.clear()
+        _probed[key] = _read_pools()
+    return _probed[key]
+
+
+def _read_pools() -> ThreadPools:
     pools, notes = [], []
     try:
         import threadpoolctl

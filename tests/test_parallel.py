@@ -119,3 +119,24 @@ class NotThreadSafe:
 def test_a_source_unsafe_on_two_threads_is_read_one_row_at_a_time():
     stats = rows.measure_random_access(NotThreadSafe(), ["x"], time_fraction=1.0)
     assert stats.probed >= 3 and stats.parallel_fraction is None
+
+
+class CountedReads(Hashing):
+    """Rows slow enough for the pair; ``drifts``: a row's value depends on how often it was read."""
+
+    def __init__(self, drifts: bool):
+        self.drifts, self.reads = drifts, []
+
+    def __getitem__(self, i):
+        self.reads.append(int(i))
+        super().__getitem__(i)
+        return (self.reads.count(int(i)) if self.drifts else int(i),)
+
+
+@pytest.mark.parametrize("drifts", [False, True])
+def test_the_pair_reads_the_first_row_again_for_the_fidelity_check(drifts):
+    """The pair is the first row again beside the next one: the re-read costs no row of its own."""
+    source = CountedReads(drifts)
+    stats = rows.measure_random_access(source, ["x"], max_rows=3, time_fraction=1.0)
+    assert sorted(source.reads) == sorted([0, 0, 24, 49]) and stats.indices == (0, 49, 24)
+    assert stats.reread_differs == ("source[0] read twice differs" if drifts else None)

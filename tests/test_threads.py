@@ -71,9 +71,24 @@ def test_a_failing_probe_is_unknown_and_no_cap(monkeypatch):
         raise OSError("dl_iterate_phdr failed")
 
     monkeypatch.setattr(threadpoolctl, "threadpool_info", boom)
+    monkeypatch.setattr(threads, "_probed", {})
     pools = threads.probe()
     assert not pools.known and "OSError: dl_iterate_phdr failed" in pools.notes[0]
     assert decide(2, pools, 2).threads_per_worker is None
+
+
+def test_the_probe_reads_the_pools_once_until_a_module_is_imported(monkeypatch):
+    import sys
+    import threadpoolctl
+
+    calls = []
+    monkeypatch.setattr(threadpoolctl, "threadpool_info", lambda: calls.append(1) or [])
+    monkeypatch.setattr(threads, "_probed", {})
+    threads.probe(), threads.probe()
+    assert len(calls) == 1
+    monkeypatch.setitem(sys.modules, "ms_shm_test_new_native_module", object())
+    threads.probe()
+    assert len(calls) == 2
 
 
 def plan(mode="processes", workers=2, multiprocessing=True) -> Plan:

@@ -4,7 +4,7 @@ unchanged script, end to end (interpreter start, imports, ``tune()``, probing, c
 Each round runs every script both ways, in a shuffled order, each in a fresh process in its own mount namespace
 with a 4 GB tmpfs on /dev/shm; the figure is the median over rounds of (run / plain) per script.
 
-    python benchmarks/bench_run.py --rounds 5
+    python benchmarks/bench_run.py --rounds 9
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ SCENARIOS = REPO / "tests" / "patch_scenarios"
 # script, its arguments (seed, rows, MiB per row): the patch tests' raw-MindSpore scripts
 SCRIPTS = {"generator 2 workers x 8 MiB": ("gen_explicit.py", "7 48 8"),
            "map growing rows to 8 MiB": ("map_grow.py", "7 32 8"),
-           "batch per_batch_map 4 x 4 MiB": ("batch_pbm.py", "7 32 4")}
+           "batch per_batch_map 4 x 4 MiB": ("batch_pbm.py", "7 32 4"),
+           "torch DataLoader 2 workers x 4 x 8 MiB": ("torch_loader.py", "48")}
 
 
 def timed(command: str) -> float:
@@ -46,7 +47,7 @@ def compile_bytecode() -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=9)
     args = parser.parse_args()
     py = shlex.quote(sys.executable)
     compile_bytecode()
@@ -62,11 +63,14 @@ def main() -> int:
             times[(name, way)].append(timed(f"{runner} {script_args}"))
         for name in SCRIPTS:
             ratios[name].append(times[(name, "run")][-1] / times[(name, "plain")][-1])
-    print(f"| script | plain python s | ms-shm run s | run/plain (median of {args.rounds} paired rounds) |")
+    print(f"| script | plain python s | ms-shm run s | run/plain, median of {args.rounds} paired rounds "
+          f"(quartiles) |")
     print("|---|---|---|---|")
     for name in SCRIPTS:
+        q1, _, q3 = statistics.quantiles(ratios[name], n=4)
         print(f"| {name} | {statistics.median(times[(name, 'plain')]):.2f} | "
-              f"{statistics.median(times[(name, 'run')]):.2f} | {statistics.median(ratios[name]):.3f} |")
+              f"{statistics.median(times[(name, 'run')]):.2f} | {statistics.median(ratios[name]):.3f} "
+              f"({q1:.2f}-{q3:.2f}) |")
     return 0
 
 

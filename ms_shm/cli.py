@@ -493,16 +493,16 @@ def _run_target(args: argparse.Namespace) -> tuple:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """``ms-shm run``: tune, patch, then the script as ``__main__``. A ``SystemExit`` of the script passes
-    through as is; any other exception prints its traceback from the script's first frame, exit 1."""
+    """``ms-shm run``: patch, then the script as ``__main__``, tuned once it has imported its framework. A
+    ``SystemExit`` of the script passes through as is; any other exception prints its traceback from the
+    script's first frame, exit 1."""
     import atexit
     import logging
     import os
     import runpy
     import traceback
 
-    from ms_shm.api import tune
-    from ms_shm.patch import patch, write_report
+    from ms_shm.patch import on_framework_import, patch, write_report
 
     script, module, argv = _run_target(args)
     handler = logging.StreamHandler(sys.stderr)
@@ -513,8 +513,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     logger.propagate = False  # ms-shm run shows ms_shm's messages once, even if the script configures logging
     if args.report:
         atexit.register(write_report, args.report)
-    tune()
     patch(strict=args.strict)
+    on_framework_import(_tune_at_import)  # the script imports its framework: ms_shm imports none itself
     sys.argv = argv
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)) if script else os.getcwd())
     try:
@@ -528,6 +528,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         traceback.print_exception(type(exc), exc, _from_script(exc.__traceback__))
         return 1
     return EXIT_OK
+
+
+def _tune_at_import(framework: str) -> None:
+    """``tune()`` once the script has imported ``framework``, before it builds any pipeline: tuned before the
+    script ran, a torch script would import MindSpore (seconds) and torch's own settings would be skipped."""
+    from ms_shm.api import tune
+
+    tune()
 
 
 def _from_script(tb: Any) -> Any:

@@ -196,12 +196,40 @@ def _patch_loader(module_name: str) -> None:
     cls.__init__ = _make_loader_init(cls, real, _LOADERS[module_name])
 
 
-class _LoaderImports(importlib.abc.MetaPathFinder):
-    """Patches a DataLoader module right after it is imported, for scripts that import torch after ``patch()``
-    (``ms-shm run``): the framework is never imported by ms_shm itself."""
+_MINDSPORE_DATASET = "mindspore.dataset"  # defines GeneratorDataset and Dataset (map, batch) once imported
+FRAMEWORKS = ("mindspore", "torch")  # top-level packages: imported in full once their own import returns
+_ON_IMPORT: list = []  # callbacks run once a framework is imported while patched (``ms-shm run``'s tune)
+
+
+def _patch_mindspore() -> None:
+    """Patch ``GeneratorDataset.__init__``, ``Dataset.map`` and ``Dataset.batch`` of the imported MindSpore
+    (once; recorded for ``unpatch``)."""
+    gd, dataset_cls = api._engine().compat.patch_targets()
+    saved = _STATE["saved"]
+    if (gd, "__init__") in saved:
+        return
+    saved.update({(gd, "__init__"): vars(gd)["__init__"], (dataset_cls, "map"): vars(dataset_cls)["map"],
+                  (dataset_cls, "batch"): vars(dataset_cls)["batch"]})
+    gd.__init__ = _make_init(gd, saved[(gd, "__init__")])
+    dataset_cls.map = _make_map(saved[(dataset_cls, "map")])
+    dataset_cls.batch = _make_batch(saved[(dataset_cls, "batch")])
+
+
+def _patch_imported(module_name: str) -> None:
+    if module_name == _MINDSPORE_DATASET:
+        _patch_mindspore()
+    else:
+        _patch_loader(module_name)
+
+
+class _FrameworkImports(importlib.abc.MetaPathFinder):
+    """Patches a framework module right after it is imported (``mindspore.dataset``, a DataLoader module), for
+    code that imports it after ``patch()`` (``ms-shm run``): ms_shm never imports a framework itself, so a
+    torch script is not made to import MindSpore (seconds) nor the reverse."""
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name not in _LOADERS or not _STATE:
+        watched = name in _LOADERS or name == _MINDSPORE_DATASET or (name in FRAMEWORKS and _ON_IMPORT)
+        if not watched or not _STATE:
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
@@ -211,19 +239,44 @@ class _LoaderImports(importlib.abc.MetaPathFinder):
         def exec_module(module: Any) -> None:
             real_exec(module)
             with _LOCK:
-                if _STATE:
-                    _patch_loader(name)
+                if not _STATE:
+                    return
+                if name in FRAMEWORKS:
+                    _framework_imported(name)
+                else:
+                    _patch_imported(name)
 
         spec.loader.exec_module = exec_module
         return spec
 
 
-_FINDER = _LoaderImports()
+_FINDER = _FrameworkImports()
+
+
+def _framework_imported(name: str, callbacks: Any = None) -> None:
+    for callback in list(_ON_IMPORT if callbacks is None else callbacks):
+        try:
+            callback(name)
+        except Exception as exc:  # raising here would fail the user's own import statement
+            log.warning("ms_shm: at the import of %s, %s raised %s: %s; pipelines are still planned when built",
+                        name, getattr(callback, "__name__", "a callback"), type(exc).__name__, exc)
+
+
+def on_framework_import(callback: Any) -> None:
+    """``callback(package)`` once ``mindspore`` or ``torch`` is imported in full while patched (at once for one
+    imported already): ``ms-shm run`` tunes there, when the script has imported its framework, instead of
+    importing one itself before the script runs."""
+    _ON_IMPORT.append(callback)
+    for name in FRAMEWORKS:
+        if name in sys.modules and not getattr(getattr(sys.modules[name], "__spec__", None), "_initializing", False):
+            _framework_imported(name, [callback])
 
 
 def patch(strict: bool = False) -> None:
-    """Route MindSpore's ``GeneratorDataset``, ``Dataset.map`` and ``Dataset.batch(per_batch_map=...)`` through
-    ms_shm, in this process. Idempotent (a second call only sets ``strict``); ``unpatch()`` undoes it exactly.
+    """Route MindSpore's ``GeneratorDataset``, ``Dataset.map`` and ``Dataset.batch(per_batch_map=...)`` and the
+    torch / MindSpore DataLoaders through ms_shm, in this process: those already imported now, the others as
+    they are imported (nothing is imported here). Idempotent (a second call only sets ``strict``);
+    ``unpatch()`` undoes it exactly.
 
     Args:
         strict: keep explicit ``python_multiprocessing`` / ``num_parallel_workers`` / ``max_rowsize`` as orders
@@ -233,15 +286,10 @@ def patch(strict: bool = False) -> None:
         if _STATE:
             _STATE["strict"] = bool(strict)
             return
-        gd, dataset_cls = api._engine().compat.patch_targets()
-        saved = {(gd, "__init__"): vars(gd)["__init__"], (dataset_cls, "map"): vars(dataset_cls)["map"],
-                 (dataset_cls, "batch"): vars(dataset_cls)["batch"]}
-        gd.__init__ = _make_init(gd, saved[(gd, "__init__")])
-        dataset_cls.map = _make_map(saved[(dataset_cls, "map")])
-        dataset_cls.batch = _make_batch(saved[(dataset_cls, "batch")])
-        _STATE.update(saved=saved, strict=bool(strict))
-        for module_name in _LOADERS:
-            _patch_loader(module_name)
+        _STATE.update(saved={}, strict=bool(strict))
+        for module_name in (_MINDSPORE_DATASET, *_LOADERS):
+            if module_name in sys.modules:
+                _patch_imported(module_name)
         if _FINDER not in sys.meta_path:
             sys.meta_path.insert(0, _FINDER)
     log.info("ms_shm.patch: GeneratorDataset, Dataset.map, Dataset.batch(per_batch_map=...) and the torch / MindSpore "
@@ -256,6 +304,7 @@ def unpatch() -> None:
         for (cls, name), value in _STATE["saved"].items():
             setattr(cls, name, value)
         _STATE.clear()
+        _ON_IMPORT.clear()
         if _FINDER in sys.meta_path:
             sys.meta_path.remove(_FINDER)
     log.info("ms_shm.unpatch: MindSpore's own GeneratorDataset, map and batch are back")

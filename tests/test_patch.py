@@ -284,3 +284,41 @@ def test_an_unchanged_torch_script_is_protected_by_run(private_shm):
     warned = [line for line in ours.stderr.splitlines() if "ms_shm adapted DataLoader at" in line]
     assert len(warned) == 1 and f"torch_loader.py:{line_of(script, 'DataLoader(Samples()')}" in warned[0], \
         ours.stderr[-2000:]
+
+
+def test_patch_imports_no_framework_and_patches_mindspore_once_imported(real_mindspore):
+    """``patch()`` before MindSpore is imported (``ms-shm run``, or a program's first line): nothing is imported
+    for it; ``GeneratorDataset`` goes through ms_shm once the program imports MindSpore."""
+    code = textwrap.dedent("""
+        import sys
+        import numpy as np
+        import ms_shm
+        ms_shm.patch()
+        before = sorted(m for m in ("mindspore", "torch") if m in sys.modules)
+        import mindspore.dataset as ds
+        built = ds.GeneratorDataset([(np.zeros(2),)], ["x"], shuffle=False)
+        patched = ms_shm.plan_of(built) is not None
+        ms_shm.unpatch()
+        plain = ms_shm.plan_of(ds.GeneratorDataset([(np.zeros(2),)], ["x"], shuffle=False)) is None
+        print("RESULT " + __import__("json").dumps({"before": before, "patched": patched, "plain": plain}))
+    """)
+    res = result_of(run(f"-c {shlex.quote(code)}", shm="1g"))
+    assert res == {"before": [], "patched": True, "plain": True}
+
+
+def test_run_tunes_once_the_script_imports_its_framework_and_imports_no_other(tmp_path):
+    """A torch script under ``ms-shm run``: tuned after its ``import torch`` (the tune line follows the
+    script's own first print), and MindSpore is never imported for it."""
+    pytest.importorskip("torch", reason="torch is not installed: pip install 'ms_shm[torch]'")
+    script = tmp_path / "torch_only.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+        print("before-import", file=sys.stderr, flush=True)
+        import torch
+        print("RESULT " + __import__("json").dumps({"mindspore": "mindspore" in sys.modules}), flush=True)
+    """))
+    proc = run(f"-m ms_shm run --log-level INFO {shlex.quote(str(script))}", shm="1g")
+    assert result_of(proc) == {"mindspore": False}
+    lines = proc.stderr.splitlines()
+    tuned = [n for n, line in enumerate(lines) if line.startswith("INFO: ms_shm.tune:")]
+    assert tuned and tuned[0] > lines.index("before-import"), proc.stderr[-2000:]

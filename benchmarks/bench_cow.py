@@ -142,6 +142,55 @@ def totals(result: dict) -> tuple[int, int]:
     return sum(e[0] for e in ends), sum(e[1] for e in ends)
 
 
+LABELS = {"none": "no list (baseline)", "list": "plain list", "shared": "SharedList",
+          "shm": "SharedList(shared_memory=True)"}
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else float("inf")
+
+
+def print_runs(results: list, workers: int) -> dict:
+    """The table of runs; returns each run's added (USS, PSS) over its start method's baseline."""
+    print("\n| start | source holds | rows | workers' USS | added USS | workers' PSS | added PSS | "
+          "main USS | µs/row | rows ok |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    added: dict = {}
+    for result in results:
+        base = next(r for r in results if r["start"] == result["start"] and r["holder"] == "none")
+        uss, pss = totals(result)
+        base_uss, base_pss = totals(base)
+        added[(result["start"], result["holder"])] = (uss - base_uss, pss - base_pss)
+        ok = result["correct"] and result["pids_seen"] == workers == len(result["workers"])
+        print(f"| {result['start']} | {LABELS[result['holder']]} | {result['rows']:,} | {mib(uss)} | "
+              f"{mib(uss - base_uss)} | {mib(pss)} | {mib(pss - base_pss)} | {mib(result['main_uss'])} | "
+              f"{result['seconds'] / result['rows'] * 1e6:.0f} | {'yes' if ok else 'NO'} |")
+    return added
+
+
+def print_targets(results: list, added: dict, items: int, spawn: bool) -> None:
+    plain_s, shared_s = access_times(items)
+    print(f"\nper-item access in the main process, lst[i] over {items:,} items (best of 3): "
+          f"plain list {plain_s * 1e9:.0f} ns, SharedList {shared_s * 1e9:.0f} ns")
+    fork_ratio = _ratio(added[("fork", "shared")][0], added[("fork", "list")][0])
+    by_row = {r["holder"]: r["seconds"] / r["rows"] for r in results if r["start"] == "fork"}
+    row_ratio = _ratio(by_row["shared"], by_row["list"])
+    access_ratio = _ratio(shared_s, plain_s)
+    print("\n| target | measured | met |")
+    print("|---|---:|---|")
+    print(f"| fork: workers' added USS, SharedList / plain list <= 5% | {fork_ratio:.1%} | "
+          f"{'yes' if fork_ratio <= 0.05 else 'no'} |")
+    print(f"| per-row time through the pipeline, SharedList / plain list <= 2x | {row_ratio:.2f}x | "
+          f"{'yes' if row_ratio <= 2 else 'no'} |")
+    print(f"| bare lst[i], SharedList / plain list <= 2x | {access_ratio:.1f}x | "
+          f"{'yes' if access_ratio <= 2 else 'no'} (one pickle.loads per read) |")
+    if spawn:
+        spawn_ratio = _ratio(added[("spawn", "shm")][0], added[("spawn", "list")][0])
+        pickled_ratio = _ratio(added[("spawn", "shared")][0], added[("spawn", "list")][0])
+        print(f"| spawn: workers' added USS, SharedList / plain list | pickled {pickled_ratio:.1%}, "
+              f"shared memory {spawn_ratio:.1%} | info |")
+
+
 def main(argv: list | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--items", type=int, default=1_000_000, help="items in the source's list")
@@ -162,56 +211,14 @@ def main(argv: list | None = None) -> int:
         finding = cow.inspect_source(Holder(), args.workers, 1, start, min_objects=1)[0]
         print(f"inspector ({start}): {finding.attribute}: ~{mib(finding.bytes_per_worker)} per worker, "
               f"~{mib(finding.total_bytes)} in total")
-
     plan = [("fork", h, args.items) for h in ("none", "list", "shared")]
     if args.spawn_rows:
-        rows = min(args.spawn_rows, args.items)
-        plan += [("spawn", h, rows) for h in ("none", "list", "shared", "shm")]
+        plan += [("spawn", h, min(args.spawn_rows, args.items)) for h in ("none", "list", "shared", "shm")]
     results = []
     for start, holder, rows in plan:
         print(f"running {start}/{holder} ({rows:,} rows)...", file=sys.stderr, flush=True)
         results.append(spawn_variant(args, holder, start, rows))
-
-    labels = {"none": "no list (baseline)", "list": "plain list", "shared": "SharedList",
-              "shm": "SharedList(shared_memory=True)"}
-    print("\n| start | source holds | rows | workers' USS | added USS | workers' PSS | added PSS | "
-          "main USS | µs/row | rows ok |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
-    added: dict = {}
-    for result in results:
-        base = next(r for r in results if r["start"] == result["start"] and r["holder"] == "none")
-        uss, pss = totals(result)
-        base_uss, base_pss = totals(base)
-        added[(result["start"], result["holder"])] = (uss - base_uss, pss - base_pss)
-        ok = result["correct"] and result["pids_seen"] == args.workers == len(result["workers"])
-        print(f"| {result['start']} | {labels[result['holder']]} | {result['rows']:,} | {mib(uss)} | "
-              f"{mib(uss - base_uss)} | {mib(pss)} | {mib(pss - base_pss)} | {mib(result['main_uss'])} | "
-              f"{result['seconds'] / result['rows'] * 1e6:.0f} | {'yes' if ok else 'NO'} |")
-
-    plain_s, shared_s = access_times(args.items)
-    print(f"\nper-item access in the main process, lst[i] over {args.items:,} items (best of 3): "
-          f"plain list {plain_s * 1e9:.0f} ns, SharedList {shared_s * 1e9:.0f} ns")
-
-    def ratio(a: float, b: float) -> float:
-        return a / b if b else float("inf")
-
-    fork_ratio = ratio(added[("fork", "shared")][0], added[("fork", "list")][0])
-    by_row = {r["holder"]: r["seconds"] / r["rows"] for r in results if r["start"] == "fork"}
-    row_ratio = ratio(by_row["shared"], by_row["list"])
-    access_ratio = ratio(shared_s, plain_s)
-    print("\n| target | measured | met |")
-    print("|---|---:|---|")
-    print(f"| fork: workers' added USS, SharedList / plain list <= 5% | {fork_ratio:.1%} | "
-          f"{'yes' if fork_ratio <= 0.05 else 'no'} |")
-    print(f"| per-row time through the pipeline, SharedList / plain list <= 2x | {row_ratio:.2f}x | "
-          f"{'yes' if row_ratio <= 2 else 'no'} |")
-    print(f"| bare lst[i], SharedList / plain list <= 2x | {access_ratio:.1f}x | "
-          f"{'yes' if access_ratio <= 2 else 'no'} (one pickle.loads per read) |")
-    if args.spawn_rows:
-        spawn_ratio = ratio(added[("spawn", "shm")][0], added[("spawn", "list")][0])
-        pickled_ratio = ratio(added[("spawn", "shared")][0], added[("spawn", "list")][0])
-        print(f"| spawn: workers' added USS, SharedList / plain list | pickled {pickled_ratio:.1%}, "
-              f"shared memory {spawn_ratio:.1%} | info |")
+    print_targets(results, print_runs(results, args.workers), args.items, bool(args.spawn_rows))
     return 0
 
 

@@ -10,6 +10,7 @@ from typing import Any, Sequence
 
 from ms_shm._results import Result
 from ms_shm.engines.torchstyle import arithmetic
+from ms_shm.engines.torchstyle.planning import DEFAULT_COSTS, WorkerCosts
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,7 @@ class LoaderProfile(Result):
     default_strategy: str = arithmetic.FILE_DESCRIPTOR
     can_switch_strategy: bool = False  # torch.multiprocessing.set_sharing_strategy
     note: str = ""
+    costs: WorkerCosts = DEFAULT_COSTS  # what its workers cost beyond the samples' work, measured per framework
 
 
 @dataclass(frozen=True)

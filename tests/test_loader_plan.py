@@ -91,27 +91,35 @@ def test_untimed_batches_take_the_fewest_workers():
     assert p.workers == 0
 
 
-# bench_dataloader's workload: 64 samples of ~8 ms numpy work, batches of 8 x 2 MiB float32 (16 MiB, 2 storages)
-BENCH = dict(batch_mb=16, storages=2, per_sample=0.008, samples=64, batch_size=8)
+# bench_dataloader's workload as the probe sees it: 64 samples of ~8 ms numpy work (~16 ms in the probe's fork,
+# collate included), batches of 8 x 2 MiB float32 (16 MiB, 2 storages)
+BENCH = dict(batch_mb=16, storages=2, per_sample=0.016, samples=64, batch_size=8)
 
 
 @pytest.mark.parametrize("case, costs, shm, change, workers", [
-    # MindSpore's batches cost 1.7 ms/MiB to move: 2 workers' ~0.48 s ties the main process's 0.51 s, the default wins
+    # MindSpore: 2 workers ~0.75 s (moving a batch costs 1.7 ms/MiB) vs the main process's ~0.74 s
     ("mindspore, 64m, idle host", MS_COSTS, 64 * MiB, {}, 0),
     ("mindspore, ample, idle host", MS_COSTS, 4 * GiB, {}, 0),
     ("mindspore, ample, 50 ms samples", MS_COSTS, 4 * GiB, {"seconds_per_sample": 0.05}, 2),
-    # torch moves a batch for 0.35 ms/MiB: 2 workers on 2 free CPUs win (~0.40 s vs 0.51 s)
-    ("torch, ample, idle host", TORCH_COSTS, 4 * GiB, {}, 2),
-    ("torch, ample, one CPU free (the host busy)", TORCH_COSTS, 4 * GiB, {"free_cpus": 1.0}, 0),
-    ("torch, ample, a 0.3 s fork (a large parent)", TORCH_COSTS, 4 * GiB, {"fork_seconds": 0.3}, 0),
-    ("torch, ample, the probe's fork of 12 ms", TORCH_COSTS, 4 * GiB, {"fork_seconds": 0.012}, 2),
-    ("torch, 64m: prefetch 1 fits", TORCH_COSTS, 64 * MiB, {}, 2),
+    # torch: the main process reads a CPU-bound sample in 0.55 of a fork's time: on 2 CPUs workers do not pay
+    ("torch, ample, idle host", TORCH_COSTS, 4 * GiB, {}, 0),
+    ("torch, 64m", TORCH_COSTS, 64 * MiB, {}, 0),
+    # ... but samples that mostly wait (I/O) cost the main process as much as a fork: workers overlap them
+    ("torch, ample, samples waiting 50 ms", TORCH_COSTS, 4 * GiB,
+     {"seconds_per_sample": 0.05, "cpu_seconds_per_sample": 0.005}, 2),
+    ("torch, ample, waiting samples, one CPU free: waiting needs none", TORCH_COSTS, 4 * GiB,
+     {"seconds_per_sample": 0.05, "cpu_seconds_per_sample": 0.005, "free_cpus": 1.0}, 2),
+    ("torch, ample, waiting samples, a 0.5 s fork (a large parent)", TORCH_COSTS, 4 * GiB,
+     {"seconds_per_sample": 0.05, "cpu_seconds_per_sample": 0.005, "fork_seconds": 0.5}, 0),
+    ("torch, ample, 4 CPUs free: 3 workers tie 4 (~0.52 s vs ~0.48 s)", TORCH_COSTS, 4 * GiB, {"free_cpus": 4.0}, 3),
+    ("torch, ample, 4 CPUs usable, one free (the host busy)", TORCH_COSTS, 4 * GiB, {"free_cpus": 1.0}, 0),
 ])
 def test_workers_priced_from_the_frameworks_measured_costs(case, costs, shm, change, workers):
     from dataclasses import replace
 
     s = replace(stats(**BENCH), **change)
-    p = plan_loader(s, ask(), room(shm), LoaderProfile("x", None, costs=costs))
+    cpus = 4 if "4 CPUs" in case else 2
+    p = plan_loader(s, ask(usable_cpus=cpus), room(shm), LoaderProfile("x", None, costs=costs))
     assert p.workers == workers, (case, p.decisions[0].reason)
 
 
@@ -143,7 +151,11 @@ def test_estimates_within_the_tie_fraction_keep_the_default():
     assert plan_loader(slow, ask(), room(), LoaderProfile("x", None, costs=costs)).workers == 2
 
 
-@pytest.mark.parametrize("walls, expected", [([0.03, 0.012, 0.011], 0.011), ([0.02], 0.02), ([0.05, 0.01], 0.01)])
+@pytest.mark.parametrize("walls, expected", [
+    ([(0.03, 0.03), (0.012, 0.01), (0.011, 0.011)], (0.011, 0.011)),
+    ([(0.02, 0.001)], (0.02, 0.001)),
+    ([(0.05, 0.04), (0.01, 0.01)], (0.01, 0.01)),
+])
 def test_the_cold_first_sample_is_not_the_samples_time(walls, expected):
     assert probe.sample_seconds(walls) == expected
 
@@ -165,6 +177,15 @@ def test_probe_batch_drops_the_cold_first_sample():
 
     s = probe.measure_batch(Cold(), 4, lambda samples: samples, lambda b: (8 * len(b), 1), False)
     assert s.seconds_per_sample < 0.04 and s.batch_size == 4 and s.samples == 8
+    assert s.cpu_seconds_per_sample < 0.04  # sleeping is not CPU work
+
+
+def test_waiting_samples_cost_the_main_process_what_they_cost_a_fork():
+    costs = planning.WorkerCosts(0.0, 0.0, 0.0, inline_fraction=0.5)
+    busy = BatchStats(1 << 20, 1, 0.01, 100, 10)
+    waiting = BatchStats(1 << 20, 1, 0.01, 100, 10, cpu_seconds_per_sample=0.0)
+    assert planning._seconds(busy, 0, ask(), costs) == pytest.approx(0.5)
+    assert planning._seconds(waiting, 0, ask(), costs) == pytest.approx(1.0)
 
 
 def test_idle_cpus_from_two_readings():

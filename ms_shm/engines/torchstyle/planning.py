@@ -37,11 +37,15 @@ class WorkerCosts(Result):
         worker_seconds: per worker, beyond its fork and exit (its queues, its loop's set-up, its join).
         transfer_seconds_per_mib: per MiB of every batch, what moving it from a worker adds (writing its
             storages to ``/dev/shm`` there, faulting them in here), with the consumer reading every byte.
+        inline_fraction: a sample's CPU work in the main process (``num_workers=0``) takes this fraction of
+            the probe child's (its waiting takes as long): a fresh fork pays copy-on-write and first-touch faults
+            on memory the main process has already made its own (a worker, a fork too, is priced at the child's).
     """
 
     pool_seconds: float = 0.04
     worker_seconds: float = 0.02
     transfer_seconds_per_mib: float = 1e-3
+    inline_fraction: float = 1.0
 
 
 DEFAULT_COSTS = WorkerCosts()
@@ -62,6 +66,8 @@ class BatchStats(Result):
             costs as much, and grows with the parent's address space.
         free_cpus: CPUs this loader may count on while the probe ran: its own and the host's idle ones
             (``None``: not measured; the usable CPUs are assumed free).
+        cpu_seconds_per_sample: of ``seconds_per_sample``, the CPU time (``None``: all of it); waiting (I/O,
+            sleep) costs the main process what it costs a fork.
     """
 
     batch_bytes: int
@@ -72,6 +78,7 @@ class BatchStats(Result):
     worker_bytes: int | None = None
     fork_seconds: float | None = None
     free_cpus: float | None = None
+    cpu_seconds_per_sample: float | None = None
 
 
 @dataclass(frozen=True)
@@ -131,20 +138,28 @@ def cpus_free(stats: BatchStats, req: LoaderRequest) -> float:
     return usable if stats.free_cpus is None else max(1.0, min(usable, stats.free_cpus))
 
 
+def cpu_part(stats: BatchStats) -> float:
+    """A sample's CPU seconds, as the probe measured them (all of its time when not measured)."""
+    cpu = stats.cpu_seconds_per_sample
+    return stats.seconds_per_sample if cpu is None else min(cpu, stats.seconds_per_sample)
+
+
 def _seconds(stats: BatchStats, workers: int, req: LoaderRequest, costs: WorkerCosts) -> float | None:
-    """One epoch: the samples' work in the main process, or spread over the workers and the free CPUs, with
-    each batch's transfer (a worker's) and receipt (the main process's), and the workers' start and stop."""
+    """One epoch: the samples' work in the main process, or spread over the workers (their CPU work over the
+    free CPUs too), with each batch's transfer (a worker's) and receipt (the main process's), and the workers'
+    start and stop."""
     if stats.seconds_per_sample is None:
         return None
     samples = stats.samples or 100 * stats.batch_size
     batches = -(-samples // max(1, stats.batch_size))
     work = samples * stats.seconds_per_sample
     if workers == 0:
-        return work
-    produce = work + batches * costs.transfer_seconds_per_mib * stats.batch_bytes / (1 << 20)
+        return work - samples * (1 - costs.inline_fraction) * cpu_part(stats)
+    transfer = batches * costs.transfer_seconds_per_mib * stats.batch_bytes / (1 << 20)
+    busy = samples * cpu_part(stats) + transfer  # what needs a CPU; the rest (waiting) overlaps over the workers
     receive = batches * (PER_BATCH_SECONDS + PER_STORAGE_SECONDS * stats.storages)
     cpus = cpus_free(stats, req)
-    spread = max(produce / min(workers, cpus), (produce + receive) / cpus, receive)
+    spread = max((work + transfer) / workers, busy / min(workers, cpus), (busy + receive) / cpus, receive)
     return start_seconds(workers, stats, req, costs) + spread
 
 
@@ -303,4 +318,4 @@ def startup_strategy(nofile_hard: int | None, current: str) -> Decision | None:
 
 
 __all__ = ["BatchStats", "LoaderRequest", "WorkerCosts", "DEFAULT_COSTS", "plan_loader", "start_seconds",
-           "cpus_free", "startup_strategy"]
+           "cpus_free", "cpu_part", "startup_strategy"]

@@ -34,16 +34,16 @@ def _first_indices(sampler: Any, batch_sampler: Any, count: int) -> list:
 
 
 def _samples(dataset: Any, iterable: bool, indices: list, count: int) -> tuple:
-    """``(samples, seconds each)``: the first ``count`` of an iterable dataset, else ``dataset[i]``."""
+    """``(samples, (wall, CPU) seconds each)``: the first ``count`` of an iterable dataset, else ``dataset[i]``."""
     out, walls = [], []
     source = iter(dataset) if iterable else None
     for k in range(count):
-        w0 = time.perf_counter()
+        w0, c0 = time.perf_counter(), time.process_time()
         try:
             sample = next(source) if iterable else dataset[indices[k]]
         except (StopIteration, IndexError):
             break
-        walls.append(time.perf_counter() - w0)
+        walls.append((time.perf_counter() - w0, time.process_time() - c0))
         out.append(sample)
     return out, walls
 
@@ -73,13 +73,15 @@ def measure_batch(dataset: Any, batch_size: int | None, collate: Callable, weigh
     per_sample_storages = storages_at[-1] - storages_at[0] if len(storages_at) > 1 else 0
     batch_bytes = bytes_at[0] + max(0, per_sample_bytes) * (size - 1)
     storages = storages_at[0] + max(0, per_sample_storages) * (size - 1)
-    seconds = sample_seconds(walls) + min(collates)
+    wall, cpu = sample_seconds(walls)
     length = None if iterable else _length(dataset, sampler, batch_sampler, size)
-    return BatchStats(int(batch_bytes), int(max(1, storages)), seconds, length, size)
+    return BatchStats(int(batch_bytes), int(max(1, storages)), wall + min(collates), length, size,
+                      cpu_seconds_per_sample=min(cpu, wall) + min(collates))
 
 
-def sample_seconds(walls: list) -> float:
-    """One sample's time from the probe's: the fastest after the first (which ran cold), else the first."""
+def sample_seconds(walls: list) -> tuple:
+    """One sample's ``(wall, CPU)`` seconds from the probe's: the fastest after the first (which ran cold), else
+    the first."""
     return min(walls[1:]) if len(walls) > 1 else walls[0]
 
 

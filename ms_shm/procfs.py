@@ -131,6 +131,33 @@ def private_bytes(pid: int | str = "self", root: str | os.PathLike = "/") -> int
     return None
 
 
+def cpu_ticks(root: str | os.PathLike = "/") -> tuple | None:
+    """``(idle ticks, all ticks, CPUs)`` of the machine from ``/proc/stat`` (idle and iowait count as idle), or
+    ``None`` when unreadable. Not namespaced: other containers' work on the same machine shows, which is the
+    point for a caller asking how many CPUs are really free."""
+    try:
+        lines = _proc(root, "stat").read_text().splitlines()
+    except OSError:
+        return None
+    cpus = sum(1 for line in lines if line.startswith("cpu") and line[3:4].isdigit())
+    first = lines[0].split() if lines else []
+    if not first or first[0] != "cpu" or len(first) < 6 or not cpus:
+        return None
+    ticks = [int(v) for v in first[1:9]]  # user nice system idle iowait irq softirq steal (guest is in user)
+    return ticks[3] + ticks[4], sum(ticks), cpus
+
+
+def idle_cpus(before: tuple | None, after: tuple | None, min_ticks: int = 8) -> float | None:
+    """How many CPUs stood idle on average between two ``cpu_ticks`` readings; ``None`` when either is missing
+    or fewer than ``min_ticks`` ticks (1/100 s each, summed over CPUs) passed: too coarse to say."""
+    if before is None or after is None:
+        return None
+    idle, total = after[0] - before[0], after[1] - before[1]
+    if total < min_ticks or idle < 0:
+        return None
+    return after[2] * idle / total
+
+
 def open_fd_count(pid: int | str = "self", root: str | os.PathLike = "/") -> int:
     """How many fds ``pid`` holds (raises ``OSError``).
 
@@ -206,4 +233,4 @@ def descendants(pid: int, root: str | os.PathLike = "/") -> list:
 
 
 __all__ = ["Space", "statvfs", "sysvipc_path", "read_sysvipc", "segment_totals", "pids", "is_zombie",
-           "open_fd_count", "fd_targets", "mapped_paths", "children_files_exist", "descendants"]
+           "cpu_ticks", "idle_cpus", "open_fd_count", "fd_targets", "mapped_paths", "children_files_exist", "descendants"]

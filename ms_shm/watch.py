@@ -26,13 +26,14 @@ import threading
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Callable, Iterable, Union
-
-import psutil
+from typing import TYPE_CHECKING, Callable, Iterable, Union
 
 from ms_shm import host, procfs, sizes
 from ms_shm._results import Result, mib
 from ms_shm.errors import UsageError
+
+if TYPE_CHECKING:  # psutil is imported where it is used: at ms_shm's import it cost 60-110 ms
+    import psutil
 
 log = logging.getLogger(__name__)
 
@@ -378,6 +379,8 @@ class Watcher:
         if source is None:
             if self._fast_children:
                 return descendants(os.getpid())
+            import psutil  # here, not at import: it costs ms_shm's import 60-110 ms, and most runs never watch
+
             try:
                 return [child.pid for child in psutil.Process().children(recursive=True)]
             except psutil.Error as exc:
@@ -386,6 +389,8 @@ class Watcher:
         return [int(pid) for pid in (source() if callable(source) else source)]
 
     def _process(self, pid: int) -> psutil.Process | None:
+        import psutil
+
         proc = self._procs.get(pid)
         if proc is None:
             try:
@@ -433,6 +438,8 @@ class Watcher:
 
     def _read_workers(self, pids: list, take_uss: bool) -> _WorkerReading:
         """RSS and fds of every worker, and USS when ``take_uss``; workers that exit meanwhile are skipped."""
+        import psutil
+
         reading = _WorkerReading(uss_ok=take_uss)
         for pid in pids:
             proc = self._process(pid)
@@ -451,6 +458,8 @@ class Watcher:
         return reading
 
     def _read_uss(self, proc: psutil.Process, pid: int, reading: _WorkerReading) -> None:
+        import psutil
+
         try:
             uss = proc.memory_full_info().uss
         except psutil.AccessDenied:

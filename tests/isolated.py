@@ -180,6 +180,15 @@ BUS_MAIN = "was killed by signal: Bus error. Main process will be terminated."
 TERMINATED = -15
 
 
+def run_loader_scenario(framework: str, scenario: str, mode: str, shm: str = "64m", nofile: int | None = None,
+                        hard: int | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """One ``tests.loader_scenarios`` run (``framework`` 'torch' or 'mindspore', ``mode`` 'raw' or 'ms_shm') in a
+    private namespace: ``shm`` of /dev/shm, optionally a soft / hard open-files limit."""
+    code = f"from tests.loader_scenarios import run; run({framework!r}, {scenario!r}, {mode!r})"
+    return run_shell(f"exec {shlex.quote(sys.executable)} -c {shlex.quote(code)}", shm=shm, nofile=nofile,
+                     nofile_hard=hard, timeout=timeout)
+
+
 def result_of(proc: subprocess.CompletedProcess) -> dict:
     """The last ``RESULT {json}`` line a scenario printed; the run must have succeeded."""
     import json

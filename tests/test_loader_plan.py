@@ -6,7 +6,11 @@ import pytest
 
 from ms_shm import budget
 from ms_shm.changes import NOFILE
+from ms_shm.engines.mindspore_dataloader import COSTS as MS_COSTS
+from ms_shm.engines.torch import COSTS as TORCH_COSTS
 from ms_shm.engines.torchstyle import arithmetic as model
+from ms_shm.engines.torchstyle import planning, probe
+from ms_shm.engines.torchstyle.engine import LoaderProfile
 from ms_shm.engines.torchstyle.planning import BatchStats, LoaderRequest, plan_loader
 from ms_shm.errors import ShmBudgetError
 
@@ -85,6 +89,121 @@ def test_workers_locked_keep_the_default():
 def test_untimed_batches_take_the_fewest_workers():
     p = plan_loader(stats(per_sample=None), ask(), room())
     assert p.workers == 0
+
+
+# bench_dataloader's workload as the probe sees it: 64 samples of ~8 ms numpy work (~16 ms in the probe's fork,
+# collate included), batches of 8 x 2 MiB float32 (16 MiB, 2 storages)
+BENCH = dict(batch_mb=16, storages=2, per_sample=0.016, samples=64, batch_size=8)
+
+
+@pytest.mark.parametrize("case, costs, shm, change, workers", [
+    # MindSpore: 2 workers ~0.75 s (moving a batch costs 1.7 ms/MiB) vs the main process's ~0.74 s
+    ("mindspore, 64m, idle host", MS_COSTS, 64 * MiB, {}, 0),
+    ("mindspore, ample, idle host", MS_COSTS, 4 * GiB, {}, 0),
+    ("mindspore, ample, 50 ms samples", MS_COSTS, 4 * GiB, {"seconds_per_sample": 0.05}, 2),
+    # torch: the main process reads a CPU-bound sample in 0.55 of a fork's time: on 2 CPUs workers do not pay
+    ("torch, ample, idle host", TORCH_COSTS, 4 * GiB, {}, 0),
+    ("torch, 64m", TORCH_COSTS, 64 * MiB, {}, 0),
+    # ... but samples that mostly wait (I/O) cost the main process as much as a fork: workers overlap them
+    ("torch, ample, samples waiting 50 ms", TORCH_COSTS, 4 * GiB,
+     {"seconds_per_sample": 0.05, "cpu_seconds_per_sample": 0.005}, 2),
+    ("torch, ample, waiting samples, one CPU free: waiting needs none", TORCH_COSTS, 4 * GiB,
+     {"seconds_per_sample": 0.05, "cpu_seconds_per_sample": 0.005, "free_cpus": 1.0}, 2),
+    ("torch, ample, waiting samples, a 0.5 s fork (a large parent)", TORCH_COSTS, 4 * GiB,
+     {"seconds_per_sample": 0.05, "cpu_seconds_per_sample": 0.005, "fork_seconds": 0.5}, 0),
+    ("torch, ample, 4 CPUs free: 3 workers tie 4 (~0.52 s vs ~0.48 s)", TORCH_COSTS, 4 * GiB, {"free_cpus": 4.0}, 3),
+    ("torch, ample, 4 CPUs usable, one free (the host busy)", TORCH_COSTS, 4 * GiB, {"free_cpus": 1.0}, 0),
+])
+def test_workers_priced_from_the_frameworks_measured_costs(case, costs, shm, change, workers):
+    from dataclasses import replace
+
+    s = replace(stats(**BENCH), **change)
+    cpus = 4 if "4 CPUs" in case else 2
+    p = plan_loader(s, ask(usable_cpus=cpus), room(shm), LoaderProfile("x", None, costs=costs))
+    assert p.workers == workers, (case, p.decisions[0].reason)
+
+
+def test_start_prices_the_measured_fork_twice_and_spawn_an_import():
+    s = stats()
+    assert planning.start_seconds(0, s, ask(), TORCH_COSTS) == 0
+    measured = planning.BatchStats(1, 1, 0.01, 8, 1, fork_seconds=0.1)
+    assert planning.start_seconds(2, measured, ask(), TORCH_COSTS) == pytest.approx(
+        TORCH_COSTS.pool_seconds + 2 * (TORCH_COSTS.worker_seconds + 2 * 0.1))
+    unmeasured = planning.start_seconds(1, s, ask(), TORCH_COSTS)
+    assert unmeasured == pytest.approx(TORCH_COSTS.pool_seconds + TORCH_COSTS.worker_seconds
+                                       + 2 * planning.FORK_START_SECONDS)
+    assert planning.start_seconds(1, s, ask(start_method="spawn"), TORCH_COSTS) > 1.0
+
+
+@pytest.mark.parametrize("free, usable, expected", [(None, 2, 2), (1.2, 2, 1.2), (0.3, 2, 1), (3.9, 2, 2)])
+def test_free_cpus_bound_the_usable_ones(free, usable, expected):
+    s = BatchStats(1, 1, 0.01, 8, 1, free_cpus=free)
+    assert planning.cpus_free(s, ask(usable_cpus=usable)) == expected
+
+
+def test_estimates_within_the_tie_fraction_keep_the_default():
+    # a 5% gain from 1 worker is not measured by a few samples: num_workers=0, the default, is kept
+    costs = planning.WorkerCosts(0.0, 0.0, 0.0)
+    s = BatchStats(1 << 20, 1, 0.01, 100, 10, fork_seconds=0.0, free_cpus=1.0)
+    p = plan_loader(s, ask(usable_cpus=1), room(), LoaderProfile("x", None, costs=costs))
+    assert p.workers == 0
+    slow = BatchStats(1 << 20, 1, 0.01, 100, 10, fork_seconds=0.0, free_cpus=2.0)
+    assert plan_loader(slow, ask(), room(), LoaderProfile("x", None, costs=costs)).workers == 2
+
+
+@pytest.mark.parametrize("walls, expected", [
+    ([(0.03, 0.03), (0.012, 0.01), (0.011, 0.011)], (0.011, 0.011)),
+    ([(0.02, 0.001)], (0.02, 0.001)),
+    ([(0.05, 0.04), (0.01, 0.01)], (0.01, 0.01)),
+])
+def test_the_cold_first_sample_is_not_the_samples_time(walls, expected):
+    assert probe.sample_seconds(walls) == expected
+
+
+def test_probe_batch_drops_the_cold_first_sample():
+    import time
+
+    class Cold:
+        def __init__(self):
+            self.reads = 0
+
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            self.reads += 1
+            time.sleep(0.08 if self.reads == 1 else 0.001)
+            return [i]
+
+    s = probe.measure_batch(Cold(), 4, lambda samples: samples, lambda b: (8 * len(b), 1), False)
+    assert s.seconds_per_sample < 0.04 and s.batch_size == 4 and s.samples == 8
+    assert s.cpu_seconds_per_sample < 0.04  # sleeping is not CPU work
+
+
+def test_waiting_samples_cost_the_main_process_what_they_cost_a_fork():
+    costs = planning.WorkerCosts(0.0, 0.0, 0.0, inline_fraction=0.5)
+    busy = BatchStats(1 << 20, 1, 0.01, 100, 10)
+    waiting = BatchStats(1 << 20, 1, 0.01, 100, 10, cpu_seconds_per_sample=0.0)
+    assert planning._seconds(busy, 0, ask(), costs) == pytest.approx(0.5)
+    assert planning._seconds(waiting, 0, ask(), costs) == pytest.approx(1.0)
+
+
+def test_idle_cpus_from_two_readings():
+    from ms_shm import procfs
+
+    assert procfs.idle_cpus((100, 1000, 2), (110, 1020, 2)) == pytest.approx(1.0)
+    assert procfs.idle_cpus((100, 1000, 2), (101, 1004, 2)) is None  # 4 ticks: too coarse
+    assert procfs.idle_cpus(None, (1, 2, 2)) is None
+
+
+def test_cpu_ticks_from_a_fake_proc_stat(tmp_path):
+    from ms_shm import procfs
+
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc" / "stat").write_text("cpu  10 0 5 80 5 0 0 0 0 0\ncpu0 5 0 2 40 3 0 0 0 0 0\n"
+                                            "cpu1 5 0 3 40 2 0 0 0 0 0\nintr 1\n")
+    assert procfs.cpu_ticks(tmp_path) == (85, 100, 2)
+    assert procfs.cpu_ticks(tmp_path / "missing") is None
 
 
 def test_collate_guard_passes_batches_through_and_stops_one_that_outgrew_its_plan():

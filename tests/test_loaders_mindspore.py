@@ -7,7 +7,7 @@ ms_shm refuses explicit workers with the fix and keeps samples in the main proce
 
 from __future__ import annotations
 
-import json
+import functools
 import shlex
 import subprocess
 import sys
@@ -39,17 +39,8 @@ def real_mindspore_module():
     return isolated
 
 
-def run(scenario: str, mode: str, shm: str = "64m", nofile: int | None = None, hard: int | None = None,
-        timeout: float = 600):
-    code = f"from tests.loader_scenarios import run; run('mindspore', {scenario!r}, {mode!r})"
-    return isolated.run_shell(f"exec {shlex.quote(sys.executable)} -c {shlex.quote(code)}", shm=shm,
-                              nofile=nofile, nofile_hard=hard, timeout=timeout)
-
-
-def result(proc) -> dict:
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, isolated.describe(proc)
-    return json.loads(lines[-1][len("RESULT "):])
+run = functools.partial(isolated.run_loader_scenario, "mindspore")
+result = isolated.result_of
 
 
 def numpy1(major: int) -> None:

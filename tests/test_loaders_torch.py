@@ -6,7 +6,7 @@ batch that outgrows its plan. Raw failures are asserted; ms_shm's batches must b
 
 from __future__ import annotations
 
-import json
+import functools
 import shlex
 import subprocess
 import sys
@@ -30,11 +30,8 @@ def real_torch():
     return isolated
 
 
-def run(scenario: str, mode: str, shm: str = "64m", nofile: int | None = None, hard: int | None = None,
-        timeout: float = 600):
-    code = f"from tests.loader_scenarios import run; run('torch', {scenario!r}, {mode!r})"
-    return isolated.run_shell(f"exec {shlex.quote(sys.executable)} -c {shlex.quote(code)}", shm=shm,
-                              nofile=nofile, nofile_hard=hard, timeout=timeout)
+run = functools.partial(isolated.run_loader_scenario, "torch")
+result = isolated.result_of
 
 
 def raw_fails(scenario: str, **kw) -> str:
@@ -46,12 +43,6 @@ def raw_fails(scenario: str, **kw) -> str:
         return "hang"
     assert proc.returncode != 0, isolated.describe(proc)
     return proc.stdout + proc.stderr
-
-
-def result(proc) -> dict:
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, isolated.describe(proc)
-    return json.loads(lines[-1][len("RESULT "):])
 
 
 @pytest.fixture(scope="module")

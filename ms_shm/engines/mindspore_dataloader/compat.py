@@ -4,42 +4,14 @@ DataLoader, collate functions and tensors. Imported on first use; MindSpore itse
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 from ms_shm.changes import Change  # noqa: F401  (undo records, as for the other engines)
+from ms_shm.engines.torchstyle.compat import DataModule
 
-
-def available() -> bool:
-    try:
-        import mindspore.dataset.dataloader  # noqa: F401
-    except Exception:
-        return False
-    return True
-
-
-def loader_class() -> Any:
-    from mindspore.dataset.dataloader import DataLoader
-
-    return DataLoader
-
-
-def owns(dataset: Any) -> bool:
-    data = sys.modules.get("mindspore.dataset.dataloader")
-    return data is not None and isinstance(dataset, (data.Dataset, data.IterableDataset))
-
-
-def is_iterable(dataset: Any) -> bool:
-    from mindspore.dataset.dataloader import IterableDataset
-
-    return isinstance(dataset, IterableDataset)
-
-
-def default_collate(batched: bool) -> Any:
-    from mindspore.dataset.dataloader import default_collate as collate
-    from mindspore.dataset.dataloader import default_convert
-
-    return collate if batched else default_convert
+_DATA = DataModule("mindspore.dataset.dataloader")  # DataLoader, datasets, collate functions, worker info: shared
+available, loader_class, owns = _DATA.available, _DATA.loader_class, _DATA.owns
+is_iterable, default_collate, worker_info = _DATA.is_iterable, _DATA.default_collate, _DATA.worker_info
 
 
 def weigh(batch: Any) -> tuple:
@@ -60,10 +32,6 @@ def weigh(batch: Any) -> tuple:
     return total, count
 
 
-def worker_info() -> Any:
-    from mindspore.dataset.dataloader import get_worker_info
-
-    return get_worker_info()
 
 
 def sharing_strategy() -> str:

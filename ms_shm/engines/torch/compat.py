@@ -1,5 +1,6 @@
 """The only module that imports torch: PyTorch's DataLoader, its collate functions, its tensors' storages, its
-sharing strategy. Imported on first use; ``torch`` itself only when a function is called.
+sharing strategy (what the two DataLoaders share is ``torchstyle.compat.DataModule``, given torch's path). Imported
+on first use; ``torch`` itself only when a function is called.
 """
 
 from __future__ import annotations
@@ -8,44 +9,14 @@ import logging
 from typing import Any
 
 from ms_shm.changes import Change
+from ms_shm.engines.torchstyle.compat import DataModule
 
 log = logging.getLogger(__name__)
 SHARING_STRATEGY = "sharing_strategy"
 
-
-def available() -> bool:
-    try:
-        import torch.utils.data  # noqa: F401
-    except Exception:
-        return False
-    return True
-
-
-def loader_class() -> Any:
-    from torch.utils.data import DataLoader
-
-    return DataLoader
-
-
-def owns(dataset: Any) -> bool:
-    """Whether ``dataset`` is a PyTorch dataset (without importing torch when it is not loaded)."""
-    import sys
-
-    data = sys.modules.get("torch.utils.data")
-    return data is not None and isinstance(dataset, (data.Dataset, data.IterableDataset))
-
-
-def is_iterable(dataset: Any) -> bool:
-    from torch.utils.data import IterableDataset
-
-    return isinstance(dataset, IterableDataset)
-
-
-def default_collate(batched: bool) -> Any:
-    from torch.utils.data import default_collate as collate
-    from torch.utils.data import default_convert
-
-    return collate if batched else default_convert
+_DATA = DataModule("torch.utils.data")  # DataLoader, datasets, collate functions, worker info: shared
+available, loader_class, owns = _DATA.available, _DATA.loader_class, _DATA.owns
+is_iterable, default_collate, worker_info = _DATA.is_iterable, _DATA.default_collate, _DATA.worker_info
 
 
 def weigh(batch: Any) -> tuple:
@@ -69,10 +40,6 @@ def weigh(batch: Any) -> tuple:
     return sum(seen.values()), len(seen)
 
 
-def worker_info() -> Any:
-    from torch.utils.data import get_worker_info
-
-    return get_worker_info()
 
 
 def sharing_strategy() -> str:

@@ -4,12 +4,14 @@ this class with their framework's adapter (``compat``), signatures and leftovers
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Sequence
 
 from ms_shm._results import Result
 from ms_shm.engines.torchstyle import arithmetic
+from ms_shm.engines.torchstyle.planning import DEFAULT_COSTS, WorkerCosts
 
 
 @dataclass(frozen=True)
@@ -21,6 +23,7 @@ class LoaderProfile(Result):
     default_strategy: str = arithmetic.FILE_DESCRIPTOR
     can_switch_strategy: bool = False  # torch.multiprocessing.set_sharing_strategy
     note: str = ""
+    costs: WorkerCosts = DEFAULT_COSTS  # what its workers cost beyond the samples' work, measured per framework
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,7 @@ class LoaderEngine:
         self.name, self._distribution, self._compat_module = name, distribution, compat_module
         self._signatures, self._leftovers, self._profile, self._failure = signatures, leftovers, profile, failure
         self.arithmetic = arithmetic
+        self._version: str | None = None
 
     @property
     def compat(self) -> Any:
@@ -57,10 +61,18 @@ class LoaderEngine:
         return self.compat.available()
 
     def installed_version(self) -> str | None:
-        try:
-            return metadata.version(self._distribution)
-        except metadata.PackageNotFoundError:
-            return None
+        """The framework's version: the imported module's own (a dict look-up), else its package metadata
+        (~5 ms a look-up, and every plan asks), read once."""
+        if self._version is None:
+            module = sys.modules.get(self._distribution)
+            version = getattr(module, "__version__", None)
+            if not isinstance(version, str):
+                try:
+                    version = metadata.version(self._distribution)
+                except metadata.PackageNotFoundError:
+                    return None
+            self._version = str(version)
+        return self._version
 
     def profile(self, version: str | None = None) -> LoaderProfile:
         from dataclasses import replace

@@ -10,7 +10,6 @@ is seeded apart).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from ms_shm import plan, sizes
@@ -21,10 +20,35 @@ from ms_shm.engines.torchstyle import arithmetic as model
 from ms_shm.errors import ShmBudgetError
 from ms_shm.plan import INLINE, PROCESSES, Candidate, Decision, Plan
 
-FORK_START_SECONDS = 0.05  # per worker, fork (measured with torch loaded: 30-60 ms)
+FORK_START_SECONDS = 0.012  # a fork of a process with the framework loaded, where the probe did not time its own
 SPAWN_START_SECONDS = 2.0  # per worker: it imports the framework again
 PER_BATCH_SECONDS = 1e-3  # the main process's cost to receive one batch (unpickle, map its storages)
 PER_STORAGE_SECONDS = 4e-5  # ... and each storage of it (a file descriptor passed and mapped)
+FORKS_PER_WORKER = 2  # a worker's fork, then its exit and join at the epoch's end: each walks the parent's pages
+
+
+@dataclass(frozen=True)
+class WorkerCosts(Result):
+    """What workers cost a framework's DataLoader beyond the samples' own work: per-framework facts, measured
+    (``engines/torch``, ``engines/mindspore_dataloader`` say how), priced here by one rule.
+
+    Attributes:
+        pool_seconds: once per epoch with any workers: the first batch's hand-off and the pool's shutdown.
+        worker_seconds: per worker, beyond its fork and exit (its queues, its loop's set-up, its join).
+        transfer_seconds_per_mib: per MiB of every batch, what moving it from a worker adds (writing its
+            storages to ``/dev/shm`` there, faulting them in here), with the consumer reading every byte.
+        inline_fraction: a sample's CPU work in the main process (``num_workers=0``) takes this fraction of
+            the probe child's (its waiting takes as long): a fresh fork pays copy-on-write and first-touch faults
+            on memory the main process has already made its own (a worker, a fork too, is priced at the child's).
+    """
+
+    pool_seconds: float = 0.04
+    worker_seconds: float = 0.02
+    transfer_seconds_per_mib: float = 1e-3
+    inline_fraction: float = 1.0
+
+
+DEFAULT_COSTS = WorkerCosts()
 
 
 @dataclass(frozen=True)
@@ -38,6 +62,12 @@ class BatchStats(Result):
         samples: samples per epoch (``None``: unknown, an iterable dataset).
         batch_size: samples per batch.
         worker_bytes: a forked worker's own pages after the probe (``None``: not measured).
+        fork_seconds: the probe child's fork to its first instruction (``None``: not measured): a worker's fork
+            costs as much, and grows with the parent's address space.
+        free_cpus: CPUs this loader may count on while the probe ran: its own and the host's idle ones
+            (``None``: not measured; the usable CPUs are assumed free).
+        cpu_seconds_per_sample: of ``seconds_per_sample``, the CPU time (``None``: all of it); waiting (I/O,
+            sleep) costs the main process what it costs a fork.
     """
 
     batch_bytes: int
@@ -46,6 +76,9 @@ class BatchStats(Result):
     samples: int | None
     batch_size: int
     worker_bytes: int | None = None
+    fork_seconds: float | None = None
+    free_cpus: float | None = None
+    cpu_seconds_per_sample: float | None = None
 
 
 @dataclass(frozen=True)
@@ -88,17 +121,46 @@ def _strategy_options(req: LoaderRequest) -> list:
     return [req.strategy, other]
 
 
-def _seconds(stats: BatchStats, workers: int, req: LoaderRequest) -> float | None:
+def start_seconds(workers: int, stats: BatchStats, req: LoaderRequest, costs: WorkerCosts) -> float:
+    """What starting ``workers`` and shutting them down at the epoch's end cost: spawn imports the framework
+    again; fork pays the probe's measured fork, twice (fork, exit), plus the framework's own set-up."""
+    if workers <= 0:
+        return 0.0
+    if req.start_method == "spawn":
+        return costs.pool_seconds + workers * SPAWN_START_SECONDS
+    fork = stats.fork_seconds if stats.fork_seconds is not None else FORK_START_SECONDS
+    return costs.pool_seconds + workers * (costs.worker_seconds + FORKS_PER_WORKER * fork)
+
+
+def cpus_free(stats: BatchStats, req: LoaderRequest) -> float:
+    """CPUs the loader's processes can share: the usable ones, fewer where the probe saw the host busy."""
+    usable = float(max(1, req.usable_cpus))
+    return usable if stats.free_cpus is None else max(1.0, min(usable, stats.free_cpus))
+
+
+def cpu_part(stats: BatchStats) -> float:
+    """A sample's CPU seconds, as the probe measured them (all of its time when not measured)."""
+    cpu = stats.cpu_seconds_per_sample
+    return stats.seconds_per_sample if cpu is None else min(cpu, stats.seconds_per_sample)
+
+
+def _seconds(stats: BatchStats, workers: int, req: LoaderRequest, costs: WorkerCosts) -> float | None:
+    """One epoch: the samples' work in the main process, or spread over the workers (their CPU work over the
+    free CPUs too), with each batch's transfer (a worker's) and receipt (the main process's), and the workers'
+    start and stop."""
     if stats.seconds_per_sample is None:
         return None
     samples = stats.samples or 100 * stats.batch_size
     batches = -(-samples // max(1, stats.batch_size))
     work = samples * stats.seconds_per_sample
     if workers == 0:
-        return work
+        return work - samples * (1 - costs.inline_fraction) * cpu_part(stats)
+    transfer = batches * costs.transfer_seconds_per_mib * stats.batch_bytes / (1 << 20)
+    busy = samples * cpu_part(stats) + transfer  # what needs a CPU; the rest (waiting) overlaps over the workers
     receive = batches * (PER_BATCH_SECONDS + PER_STORAGE_SECONDS * stats.storages)
-    start = workers * (SPAWN_START_SECONDS if req.start_method == "spawn" else FORK_START_SECONDS)
-    return start + max(work / min(workers, max(1, req.usable_cpus)), receive)
+    cpus = cpus_free(stats, req)
+    spread = max((work + transfer) / workers, busy / min(workers, cpus), (busy + receive) / cpus, receive)
+    return start_seconds(workers, stats, req, costs) + spread
 
 
 def _fd_room(budget: Budget, req: LoaderRequest) -> int | None:
@@ -127,7 +189,7 @@ def _why_not(shm: int, fds: int, worker_fds: int, memory: int, budget: Budget, r
     return why
 
 
-def _candidates(stats: BatchStats, req: LoaderRequest, budget: Budget) -> list:
+def _candidates(stats: BatchStats, req: LoaderRequest, budget: Budget, costs: WorkerCosts) -> list:
     out = []
     worker_bytes = stats.worker_bytes if stats.worker_bytes is not None else 32 << 20
     for w in _worker_options(req):
@@ -139,34 +201,40 @@ def _candidates(stats: BatchStats, req: LoaderRequest, budget: Budget) -> list:
                 wfds = model.worker_fds(stats.storages, p, strategy) if w else 0
                 mem = model.memory(stats.batch_bytes, stats.storages, w, p, worker_bytes, req.pin_memory)
                 why = _why_not(shm, fds, wfds, mem, budget, req)
-                out.append((Candidate(PROCESSES if w else INLINE, w, p, shm, fds, _seconds(stats, w, req), not why,
-                                      "; ".join(why), mem), strategy))
+                seconds = _seconds(stats, w, req, costs)
+                out.append((Candidate(PROCESSES if w else INLINE, w, p, shm, fds, seconds, not why, "; ".join(why),
+                                      mem), strategy))
                 if not why:
                     break  # a lower prefetch only adds waiting once this one fits
     return out
 
 
-def _rank(item: tuple, req: LoaderRequest) -> tuple:
-    """Fastest first (estimates within 10% tie), then the request's own strategy, then the framework's
-    defaults (prefetch 2, the fewest workers)."""
+def _rank(item: tuple, req: LoaderRequest, fastest: float | None) -> tuple:
+    """Fastest first, where every estimate within ``plan.TIE_FRACTION`` of the fastest ties (a few probe samples
+    cannot tell them apart); then the request's own strategy, then the framework's defaults: the fewest workers
+    (0: none to start), then prefetch 2."""
     c, strategy = item
-    seconds = max(c.seconds if c.seconds is not None else 0.0, 0.05)
+    seconds = c.seconds if c.seconds is not None else 0.0
+    tied = fastest is None or c.seconds is None or seconds <= fastest * (1 + plan.TIE_FRACTION)
     untimed = c.workers if c.seconds is None else 0  # nothing to gain measured: the framework's default, 0
-    return (round(math.log(seconds) / math.log(1 + plan.TIE_FRACTION)), strategy != req.strategy, untimed,
-            -c.prefetch, c.workers)
+    return (0.0 if tied else seconds, strategy != req.strategy, untimed, c.workers, -c.prefetch)
 
 
 def plan_loader(stats: BatchStats, req: LoaderRequest, budget: Budget, profile: object = None) -> Plan:
     """Pick ``num_workers``, ``prefetch_factor`` and the sharing strategy.
 
+    ``profile`` (the engine's ``LoaderProfile``) carries the framework's measured ``WorkerCosts``; without
+    one, ``DEFAULT_COSTS``.
+
     Raises:
         ShmBudgetError: when nothing that keeps the explicit arguments fits.
     """
-    items = _candidates(stats, req, budget)
+    items = _candidates(stats, req, budget, getattr(profile, "costs", None) or DEFAULT_COSTS)
     fitting = [i for i in items if i[0].fits]
     if not fitting:
         raise ShmBudgetError(_no_fit(items, stats, req, budget))
-    best, strategy = min(fitting, key=lambda i: _rank(i, req))
+    fastest = min((c.seconds for c, _ in fitting if c.seconds is not None), default=None)
+    best, strategy = min(fitting, key=lambda i: _rank(i, req, fastest))
     decisions = [_mode_decision(best, stats, req, fitting)]
     if best.workers and req.prefetch_factor is None and best.prefetch != model.DEFAULT_PREFETCH_FACTOR:
         decisions.append(Decision("prefetch_factor", best.prefetch, model.DEFAULT_PREFETCH_FACTOR,
@@ -200,7 +268,11 @@ def _mode_decision(best: Candidate, stats: BatchStats, req: LoaderRequest, fitti
         rivals = sorted((c for c, _ in fitting if c.workers != best.workers), key=lambda c: c.seconds or 0)
         vs = f" vs {rivals[0].workers} workers ~{rivals[0].seconds:.2f} s" if rivals and rivals[0].seconds else ""
         est = f"~{best.seconds:.2f} s/epoch{vs}; " if best.seconds is not None else ""
-        why = f"fastest that fits: {est}{timing}"
+        tie = rivals and rivals[0].seconds is not None and best.seconds is not None and \
+            rivals[0].seconds < best.seconds
+        lead = (f"within {plan.TIE_FRACTION:.0%} of the fastest, the fewer workers kept"
+                if tie else "fastest that fits")
+        why = f"{lead}: {est}{timing}"
     return Decision("num_workers", best.workers, default, why)
 
 
@@ -245,4 +317,5 @@ def startup_strategy(nofile_hard: int | None, current: str) -> Decision | None:
                     f"(`ms-shm clean` removes the /dev/shm/torch_* files a killed run leaves)")
 
 
-__all__ = ["BatchStats", "LoaderRequest", "plan_loader", "startup_strategy"]
+__all__ = ["BatchStats", "LoaderRequest", "WorkerCosts", "DEFAULT_COSTS", "plan_loader", "start_seconds",
+           "cpus_free", "cpu_part", "startup_strategy"]

@@ -6,6 +6,12 @@ the parent's generators do not move), collates one sample and then two with the 
 framework's default where none was passed), and extrapolates to ``batch_size``: a default collate stacks each
 field into one storage, a ``collate_fn`` that keeps samples apart carries one storage per sample and field, and
 the two sizes tell which. Nothing read there reaches the loader.
+
+A sample's time is the fastest of the samples after the first: the first in a fresh fork pays for the child's
+first touches (its copied-on-write pages, the allocator growing), 2-3x a warm one (measured: 22 ms vs 11-12 ms
+with MindSpore 2.8's DataLoader, 35-44 ms vs 12-20 ms with torch 2.13, on ~8 ms of numpy work), which priced
+workers as if samples were slow. The child's fork-to-ready time is what a worker's fork costs, and the machine's
+idle CPUs while the child ran are what the workers could share.
 """
 
 from __future__ import annotations
@@ -15,10 +21,10 @@ import time
 from dataclasses import replace
 from typing import Any, Callable
 
-from ms_shm import sandbox
+from ms_shm import procfs, sandbox
 from ms_shm.engines.torchstyle.planning import BatchStats
 
-PROBE_SAMPLES = 2
+PROBE_SAMPLES = 3  # the first one cold, then two warm ones: the faster of those is the sample's time
 
 
 def _first_indices(sampler: Any, batch_sampler: Any, count: int) -> list:
@@ -28,16 +34,16 @@ def _first_indices(sampler: Any, batch_sampler: Any, count: int) -> list:
 
 
 def _samples(dataset: Any, iterable: bool, indices: list, count: int) -> tuple:
-    """``(samples, seconds each)``: the first ``count`` of an iterable dataset, else ``dataset[i]``."""
+    """``(samples, (wall, CPU) seconds each)``: the first ``count`` of an iterable dataset, else ``dataset[i]``."""
     out, walls = [], []
     source = iter(dataset) if iterable else None
     for k in range(count):
-        w0 = time.perf_counter()
+        w0, c0 = time.perf_counter(), time.process_time()
         try:
             sample = next(source) if iterable else dataset[indices[k]]
         except (StopIteration, IndexError):
             break
-        walls.append(time.perf_counter() - w0)
+        walls.append((time.perf_counter() - w0, time.process_time() - c0))
         out.append(sample)
     return out, walls
 
@@ -52,22 +58,31 @@ def measure_batch(dataset: Any, batch_size: int | None, collate: Callable, weigh
     samples, walls = _samples(dataset, iterable, indices, count if iterable else len(indices))
     if not samples:
         return "the dataset gave no sample to measure"
-    w0 = time.perf_counter()
     batched = batch_size is not None or first is not None
+    c0 = time.perf_counter()
     one = weigh(collate(samples[:1]) if batched else collate(samples[0]))
-    collate_seconds = time.perf_counter() - w0
+    collates = [time.perf_counter() - c0]
     bytes_at, storages_at = [one[0]], [one[1]]
-    if len(samples) > 1 and (batch_size is not None or first is not None):
+    if len(samples) > 1 and batched:
+        c0 = time.perf_counter()
         two = weigh(collate(samples[:2]))
+        collates.append((time.perf_counter() - c0) / 2)
         bytes_at.append(two[0])
         storages_at.append(two[1])
     per_sample_bytes = bytes_at[-1] - bytes_at[0] if len(bytes_at) > 1 else bytes_at[0]
     per_sample_storages = storages_at[-1] - storages_at[0] if len(storages_at) > 1 else 0
     batch_bytes = bytes_at[0] + max(0, per_sample_bytes) * (size - 1)
     storages = storages_at[0] + max(0, per_sample_storages) * (size - 1)
-    seconds = (sum(walls) + collate_seconds) / len(walls)
+    wall, cpu = sample_seconds(walls)
     length = None if iterable else _length(dataset, sampler, batch_sampler, size)
-    return BatchStats(int(batch_bytes), int(max(1, storages)), seconds, length, size)
+    return BatchStats(int(batch_bytes), int(max(1, storages)), wall + min(collates), length, size,
+                      cpu_seconds_per_sample=min(cpu, wall) + min(collates))
+
+
+def sample_seconds(walls: list) -> tuple:
+    """One sample's ``(wall, CPU)`` seconds from the probe's: the fastest after the first (which ran cold), else
+    the first."""
+    return min(walls[1:]) if len(walls) > 1 else walls[0]
 
 
 def _length(dataset: Any, sampler: Any, batch_sampler: Any, size: int) -> int | None:
@@ -82,14 +97,22 @@ def _length(dataset: Any, sampler: Any, batch_sampler: Any, size: int) -> int | 
 def probe_loader(dataset: Any, batch_size: int | None, collate: Callable, weigh: Callable[[Any], tuple],
                  iterable: bool, sampler: Any = None, batch_sampler: Any = None,
                  worker_pages: bool = False) -> tuple:
-    """``(BatchStats or None, Effects, why not measured)``, measured in a forked child."""
+    """``(BatchStats or None, Effects, why not measured)``, measured in a forked child, with the child's
+    fork-to-ready time and the CPUs free while it ran."""
+    forked = time.perf_counter()  # CLOCK_MONOTONIC: the child reads the same clock
 
     def in_child():
-        return sandbox.watch_effects(
+        ready, cpu = time.perf_counter() - forked, time.process_time()
+        stats, effects = sandbox.watch_effects(
             lambda: measure_batch(dataset, batch_size, collate, weigh, iterable, sampler, batch_sampler),
             [dataset, collate])
+        if isinstance(stats, BatchStats):  # what the child itself kept busy (a collate may use threads)
+            stats = replace(stats, fork_seconds=ready, free_cpus=time.process_time() - cpu)
+        return stats, effects
 
+    ticks, began = procfs.cpu_ticks(), time.perf_counter()
     outcome = sandbox.run_in_fork(in_child, worker_pages=worker_pages)
+    idle, window = procfs.idle_cpus(ticks, procfs.cpu_ticks()), time.perf_counter() - began
     if outcome.unavailable:
         return None, sandbox.Effects(), outcome.unavailable
     if outcome.error is not None:
@@ -98,7 +121,8 @@ def probe_loader(dataset: Any, batch_size: int | None, collate: Callable, weigh:
     stats, effects = outcome.value
     if isinstance(stats, str):
         return None, effects, stats
-    return replace(stats, worker_bytes=outcome.private_bytes), effects, None
+    free = None if idle is None else idle + stats.free_cpus / window  # the child's CPUs, and the idle ones
+    return replace(stats, worker_bytes=outcome.private_bytes, free_cpus=free), effects, None
 
 
-__all__ = ["measure_batch", "probe_loader", "PROBE_SAMPLES"]
+__all__ = ["measure_batch", "probe_loader", "sample_seconds", "PROBE_SAMPLES"]

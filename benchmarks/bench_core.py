@@ -70,6 +70,8 @@ from pathlib import Path
 
 import numpy as np
 
+from _installed import compile_bytecode
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 
@@ -661,6 +663,7 @@ def main(argv: list | None = None) -> int:
         print(f"unknown workload or /dev/shm size: {', '.join(unknown)}", file=sys.stderr)
         return 2
     repeat = 1 if args.quick else args.repeat
+    compile_bytecode(args.ms_shm_from / "ms_shm")
     work = calibrate()[0] if "cpu" in workloads else 0
     row_s = {w: row_cpu(w, work) for w in workloads}
     configs = [RAW, MS_SHM] + grid(args.quick)

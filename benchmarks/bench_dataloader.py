@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from _installed import compile_bytecode
+
 REPO = Path(__file__).resolve().parent.parent
 TAG = "BENCH_DL "
 SHM = {"64m": "64m", "512m": "512m", "ample": "4g"}
@@ -171,6 +173,7 @@ def main(argv: list | None = None) -> int:
         if not Path(python).exists():
             print(f"{framework}: skipped ({python} not found)")
             continue
+        compile_bytecode(REPO / "ms_shm", python)
         for shm in args.shm.split(","):
             cells.append(cell(python, framework, shm, args.repeat, rng))
             print(json.dumps(cells[-1]), flush=True)

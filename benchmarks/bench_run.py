@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from _installed import compile_bytecode
+
 REPO = Path(__file__).resolve().parent.parent
 SCENARIOS = REPO / "tests" / "patch_scenarios"
 # script, its arguments (seed, rows, MiB per row): the patch tests' raw-MindSpore scripts
@@ -38,19 +40,12 @@ def timed(command: str) -> float:
     return elapsed
 
 
-def compile_bytecode() -> None:
-    """Byte-compile ms_shm first, as ``pip install`` does: an editable checkout under PYTHONDONTWRITEBYTECODE (set
-    on these machines) would otherwise recompile ms_shm's sources in every run (~0.1 s), a cost no installed
-    user pays; MindSpore's own bytecode was compiled by pip."""
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "ms_shm")], check=True)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=9)
     args = parser.parse_args()
     py = shlex.quote(sys.executable)
-    compile_bytecode()
+    compile_bytecode(REPO / "ms_shm")
     ratios: dict = {name: [] for name in SCRIPTS}
     times: dict = {(name, way): [] for name in SCRIPTS for way in ("plain", "run")}
     for _ in range(args.rounds):

@@ -69,7 +69,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from _installed import compile_bytecode
 
 HERE = Path(__file__).resolve().parent

@@ -79,6 +79,7 @@ def test_a_failing_probe_is_unknown_and_no_cap(monkeypatch):
 
 def test_the_probe_reads_the_pools_once_until_a_module_is_imported(monkeypatch):
     import sys
+
     import threadpoolctl
 
     calls = []

@@ -1,14 +1,15 @@
 """PyTorch-style DataLoaders: raw (as a user writes it) vs ``ms_shm.build_dataloader`` vs the best of a grid,
 per framework and ``/dev/shm`` size, end to end (construction, probe and ``tune()`` included, then one epoch).
 
-The dataset: 64 samples of 2 MiB float32 with ~8 ms of numpy work each (so workers pay off), batches of 8
-(16 MiB). Raw is ``DataLoader(ds, batch_size=8, num_workers=2)``; ms_shm is ``build_dataloader(ds,
+The dataset: ``--samples`` (default 64) samples of 2 MiB float32 with ~8 ms of numpy work each (so workers pay
+off), batches of 8 (16 MiB). At 64 the epoch is ~0.6 s, so the figure is mostly start-up (ms_shm's import,
+``tune()`` and probe fork are ~0.15 s of it); 256 is an epoch of a few seconds. Raw is ``DataLoader(ds, batch_size=8, num_workers=2)``; ms_shm is ``build_dataloader(ds,
 batch_size=8)``; the grid is num_workers 0/1/2 x prefetch_factor 1/2/4 (x sharing strategy for torch). Every
 run is a fresh process in a private mount namespace with a tmpfs of the cell's size; every batch is checked
 against the digest of a run with room to spare, so a wrong batch counts as a crash. Rounds interleave every
 configuration of a cell (shuffled per round, seeded); the median of ``--repeat`` rounds is reported.
 
-    python benchmarks/bench_dataloader.py --repeat 5 [--frameworks torch,mindspore] [--ms-python PATH]
+    python benchmarks/bench_dataloader.py --repeat 5 [--samples 64] [--frameworks torch,mindspore] [--ms-python PATH]
 
 MindSpore's DataLoader needs NumPy 1.x: ``--ms-python`` names an interpreter with MindSpore 2.8+ and numpy<2
 (default: the release matrix's ``.venv-ms2.8.0``).
@@ -53,7 +54,7 @@ def child(framework: str, config: dict) -> None:
 
     class Samples(Dataset):
         def __len__(self):
-            return 64
+            return config["samples"]
 
         def __getitem__(self, i):
             base = np.random.default_rng(i).random(1 << 19, dtype=np.float32)
@@ -108,10 +109,10 @@ def run_one(python: str, framework: str, config: dict, shm: str) -> dict:
     return json.loads(lines[-1][len(TAG):])
 
 
-def cell(python: str, framework: str, shm: str, repeat: int, rng: random.Random) -> dict:
+def cell(python: str, framework: str, shm: str, repeat: int, rng: random.Random, samples: int) -> dict:
     """Every configuration of one cell, ``repeat`` interleaved rounds; a configuration that crashed stops."""
-    cfgs = configs(framework)
-    reference = run_one(python, framework, {"kind": "grid", "workers": 0}, "4g").get("digest")
+    cfgs = [dict(c, samples=samples) for c in configs(framework)]
+    reference = run_one(python, framework, {"kind": "grid", "workers": 0, "samples": samples}, "4g").get("digest")
     times: dict = {c["name"]: [] for c in cfgs}
     crashes: dict = {}
     for _ in range(repeat):
@@ -162,6 +163,7 @@ def main(argv: list | None = None) -> int:
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--samples", type=int, default=64, help="samples per epoch (batches of 8)")
     parser.add_argument("--frameworks", default="torch,mindspore")
     parser.add_argument("--shm", default=",".join(SHM))
     parser.add_argument("--ms-python", default=str(REPO / ".venv-ms2.8.0" / "bin" / "python"))
@@ -175,9 +177,9 @@ def main(argv: list | None = None) -> int:
             continue
         compile_bytecode(REPO / "ms_shm", python)
         for shm in args.shm.split(","):
-            cells.append(cell(python, framework, shm, args.repeat, rng))
+            cells.append(cell(python, framework, shm, args.repeat, rng, args.samples))
             print(json.dumps(cells[-1]), flush=True)
-    lines = [f"Command: `python benchmarks/bench_dataloader.py --repeat {args.repeat}` ({time.perf_counter() - started:.0f} s)",
+    lines = [f"Command: `python benchmarks/bench_dataloader.py --repeat {args.repeat} --samples {args.samples}` ({time.perf_counter() - started:.0f} s)",
              ""] + table(cells, args.repeat)
     print("\n".join(lines))
     if args.out:

@@ -159,7 +159,10 @@ def test_four_ranks_share_320m(real_mindspore):
     for r in died:
         rc, _, err = raw[r]
         bus = rc == 128 + 15 and BUS_WORKER in err and BUS_MAIN in err
-        assert bus or rc == 128 + 9, (r, rc, err[-3000:])  # 137: hung, killed by the test's timeout
+        # 137: hung, killed by the test's timeout; 1: a worker lost to a sibling's full /dev/shm surfaced as
+        # MindSpore's RuntimeError from its GeneratorOp (seen once in a loaded run)
+        lost = rc == 1 and "RuntimeError" in err and "generator_op" in err
+        assert bus or lost or rc == 128 + 9, (r, rc, err[-3000:])
     assert any(raw[r][0] == 128 + 15 for r in died), "no raw rank died of the bus error"
 
     ours = ranks("ms_shm", 41)

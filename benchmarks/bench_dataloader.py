@@ -147,12 +147,12 @@ def _row(c: dict) -> str:
             f"{int('raw' in crashes)}, {int('ms_shm' in crashes)}, {grid_crashes} |")
 
 
-def table(cells: list, repeat: int) -> list:
+def table(cells: list, repeat: int, samples: int) -> list:
     lines = ["| framework | /dev/shm | raw s | ms_shm s | best grid s (config) | best/ms_shm | ms_shm/raw | "
              "crashes (raw, ms_shm, grid) |", "|---|---|---|---|---|---|---|---|"]
     lines += [_row(c) for c in cells]
     lines.append(f"\nMedian of {repeat} interleaved rounds, end to end (the framework's import excluded; ms_shm's "
-                 f"import, tune, probe, construction and one epoch of 64 samples included).")
+                 f"import, tune, probe, construction and one epoch of {samples} samples included).")
     return lines
 
 
@@ -180,7 +180,7 @@ def main(argv: list | None = None) -> int:
             cells.append(cell(python, framework, shm, args.repeat, rng, args.samples))
             print(json.dumps(cells[-1]), flush=True)
     lines = [f"Command: `python benchmarks/bench_dataloader.py --repeat {args.repeat} --samples {args.samples}` ({time.perf_counter() - started:.0f} s)",
-             ""] + table(cells, args.repeat)
+             ""] + table(cells, args.repeat, args.samples)
     print("\n".join(lines))
     if args.out:
         Path(args.out).write_text("\n".join(lines) + "\n")

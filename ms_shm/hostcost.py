@@ -4,7 +4,7 @@ pipes transport adds to the copies).
 
 The planner's per-row costs (``engines.mindspore.planning.Costs``) were measured end to end on one reference
 machine; their per-MiB parts scale with how fast this host copies and pipes compared with that machine. The
-measurement takes ~15 ms, so it is made (once per process) only where it can change a plan: rows of a MiB or
+measurement takes ~9 ms, so it is made (once per process) only where it can change a plan: rows of a MiB or
 more in an epoch of half a second or more; a failure leaves the reference figures in place, logged.
 """
 
@@ -90,7 +90,7 @@ def measure() -> TransferCosts:
         return TransferCosts(None, None, f"not measured: {type(exc).__name__}: {exc}")
 
 
-MATTERS_FROM_SECONDS = 0.5  # epochs shorter than this: ~15 ms of measuring would cost more than it could save
+MATTERS_FROM_SECONDS = 0.5  # epochs shorter than this: ~9 ms of measuring would cost more than it could save
 
 
 def for_rows(row_bytes: int, epoch_seconds: float | None) -> TransferCosts:

@@ -52,9 +52,8 @@ def reference(real_torch):
 
 
 def test_64m_raw_torch_dies_ms_shm_delivers_every_batch_in_order(reference):
-    raw = run("big", "raw")
-    assert raw.returncode != 0 and ("No space left on device" in raw.stderr or "Bus error" in raw.stderr), \
-        isolated.describe(raw)
+    failed = raw_fails("big")  # ENOSPC or SIGBUS; or a hang: a worker blocked on a full /dev/shm (seen in CI)
+    assert failed == "hang" or "No space left on device" in failed or "Bus error" in failed, failed[-3000:]
     ours = result(run("big", "ms_shm"))
     assert ours["digests"] == reference["big"]
     assert ours["plan"]["shm"] <= 64 << 20

@@ -40,8 +40,6 @@ def weigh(batch: Any) -> tuple:
     return sum(seen.values()), len(seen)
 
 
-
-
 def sharing_strategy() -> str:
     import torch.multiprocessing as mp
 

@@ -4,11 +4,10 @@ this class with their framework's adapter (``compat``), signatures and leftovers
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
-from importlib import metadata
 from typing import Any, Sequence
 
+from ms_shm import host
 from ms_shm._results import Result
 from ms_shm.engines.torchstyle import arithmetic
 from ms_shm.engines.torchstyle.planning import DEFAULT_COSTS, WorkerCosts
@@ -61,17 +60,9 @@ class LoaderEngine:
         return self.compat.available()
 
     def installed_version(self) -> str | None:
-        """The framework's version: the imported module's own (a dict look-up), else its package metadata
-        (~5 ms a look-up, and every plan asks), read once."""
+        """The framework's version (``host.installed_version``), read once: every plan asks."""
         if self._version is None:
-            module = sys.modules.get(self._distribution)
-            version = getattr(module, "__version__", None)
-            if not isinstance(version, str):
-                try:
-                    version = metadata.version(self._distribution)
-                except metadata.PackageNotFoundError:
-                    return None
-            self._version = str(version)
+            self._version = host.installed_version(self._distribution)
         return self._version
 
     def profile(self, version: str | None = None) -> LoaderProfile:

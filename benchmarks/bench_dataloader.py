@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 from _installed import compile_bytecode
@@ -80,7 +81,11 @@ def child(framework: str, config: dict) -> None:
     for data, label in loader:
         h.update(np.asarray(data.asnumpy() if hasattr(data, "asnumpy") else data.numpy()).tobytes())
         h.update(np.asarray(label.asnumpy() if hasattr(label, "asnumpy") else label.numpy()).tobytes())
-    print(TAG + json.dumps({"seconds": time.perf_counter() - started, "digest": h.hexdigest()[:16]}), flush=True)
+    seconds = time.perf_counter() - started
+    chosen = f"W{loader.num_workers}" + (f" P{loader.prefetch_factor}" if loader.num_workers else "")
+    if framework == "torch" and loader.num_workers:
+        chosen += f" {torch.multiprocessing.get_sharing_strategy()[5:]}"
+    print(TAG + json.dumps({"seconds": seconds, "digest": h.hexdigest()[:16], "chosen": chosen}), flush=True)
 
 
 def configs(framework: str) -> list:
@@ -115,6 +120,7 @@ def cell(python: str, framework: str, shm: str, repeat: int, rng: random.Random,
     reference = run_one(python, framework, {"kind": "grid", "workers": 0, "samples": samples}, "4g").get("digest")
     times: dict = {c["name"]: [] for c in cfgs}
     crashes: dict = {}
+    chosen: list = []  # what ms_shm picked, per round
     for _ in range(repeat):
         order = [c for c in cfgs if c["name"] not in crashes]
         rng.shuffle(order)
@@ -124,8 +130,10 @@ def cell(python: str, framework: str, shm: str, repeat: int, rng: random.Random,
                 crashes[c["name"]] = r.get("crash", "wrong batches")
             else:
                 times[c["name"]].append(r["seconds"])
+                if c["kind"] == "ms_shm":
+                    chosen.append(r["chosen"])
     med = {n: statistics.median(t) for n, t in times.items() if t and n not in crashes}
-    return {"framework": framework, "shm": shm, "median": med, "crashes": crashes}
+    return {"framework": framework, "shm": shm, "median": med, "crashes": crashes, "chosen": chosen}
 
 
 def _seconds_or_crash(name: str, med: dict, crashes: dict) -> str:
@@ -142,13 +150,15 @@ def _row(c: dict) -> str:
     ratio = f"{best / ours:.2f}" if ours else "-"
     vs_raw = f"{ours / raw:.2f}" if ours and raw else "-"
     grid_crashes = sum(1 for n in crashes if n not in ("raw", "ms_shm"))
+    picked = ", ".join(f"{n}x {k}" if n > 1 else k for k, n in Counter(c.get("chosen", ())).most_common())
     return (f"| {c['framework']} | {c['shm']} | {_seconds_or_crash('raw', med, crashes)} | "
-            f"{_seconds_or_crash('ms_shm', med, crashes)} | {best:.2f} ({best_name}) | {ratio} | {vs_raw} | "
+            f"{_seconds_or_crash('ms_shm', med, crashes)} ({picked or '-'}) | {best:.2f} ({best_name}) | {ratio} | "
+            f"{vs_raw} | "
             f"{int('raw' in crashes)}, {int('ms_shm' in crashes)}, {grid_crashes} |")
 
 
 def table(cells: list, repeat: int, samples: int) -> list:
-    lines = ["| framework | /dev/shm | raw s | ms_shm s | best grid s (config) | best/ms_shm | ms_shm/raw | "
+    lines = ["| framework | /dev/shm | raw s | ms_shm s (its choice per round) | best grid s (config) | best/ms_shm | ms_shm/raw | "
              "crashes (raw, ms_shm, grid) |", "|---|---|---|---|---|---|---|---|"]
     lines += [_row(c) for c in cells]
     lines.append(f"\nMedian of {repeat} interleaved rounds, end to end (the framework's import excluded; ms_shm's "

@@ -13,7 +13,7 @@ import weakref
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
-from ms_shm import advice, engines, host, hostcost, loaders, measure, rows, sites, sizes, threads
+from ms_shm import advice, engines, host, hostcost, measure, rows, sites, sizes, threads
 from ms_shm import budget as budget_mod
 from ms_shm import changes as changes_mod
 from ms_shm._results import Result, mib
@@ -91,7 +91,7 @@ def tune(dry_run: bool = False, ranks: int | None = None, shm_fraction: float = 
     if config is not None:
         decisions += eng.planning.plan_startup(config, b.shm_bytes, w, row_mb, prefetch, facts.mindspore_version)
     made = () if dry_run else _apply_startup(decisions, eng, raise_nofile)
-    torch_decisions, torch_made = loaders.startup(facts, dry_run)
+    torch_decisions, torch_made = _torch_startup(facts, dry_run)
     decisions, made = decisions + list(torch_decisions), tuple(made) + torch_made
     notes = facts.notes + (() if config else (
         ("mindspore is not importable: only host facts and the open-files limit were handled",) if
@@ -103,6 +103,15 @@ def tune(dry_run: bool = False, ranks: int | None = None, shm_fraction: float = 
     if clean and facts.ranks.local_rank == 0 and not dry_run:
         _clean_leftovers()
     return report
+
+
+def _torch_startup(facts: host.HostFacts, dry_run: bool) -> tuple:
+    """``loaders.startup`` once torch is imported; the DataLoader modules are not loaded for a MindSpore program."""
+    if "torch" not in sys.modules:
+        return (), ()
+    from ms_shm import loaders
+
+    return loaders.startup(facts, dry_run)
 
 
 def _mindspore_in_use() -> bool:

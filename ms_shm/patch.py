@@ -31,7 +31,7 @@ import sys
 import threading
 from typing import Any, Iterator
 
-from ms_shm import api, sites
+from ms_shm import sites
 
 log = logging.getLogger("ms_shm")
 
@@ -39,6 +39,14 @@ _LOCAL = threading.local()
 _LOCK = threading.RLock()
 _STATE: dict = {}  # while patched: the classes, what their dicts held, and strict
 _PIPELINES: list = []  # every pipeline built through the patch: kind, call site, plan
+
+
+def _api() -> Any:
+    """``ms_shm.api``, imported when a patched name is first used: ``ms-shm run`` installs the patch before the
+    script's first line, and the planner's modules cost ~0.1 s that a script building no pipeline never needs."""
+    from ms_shm import api
+
+    return api
 
 
 def _depth() -> int:
@@ -59,11 +67,11 @@ def is_patched() -> bool:
 
 
 def _explicit() -> str:
-    return api.ORDER if _STATE.get("strict") else api.PREFERENCE
+    return _api().ORDER if _STATE.get("strict") else _api().PREFERENCE
 
 
 def _record(kind: str, result: Any, site: str | None) -> None:
-    plan = api.plan_of(result)
+    plan = _api().plan_of(result)
     _PIPELINES.append({"kind": kind, "call_site": site, "plan": plan.to_dict() if plan is not None else None})
 
 
@@ -74,7 +82,7 @@ def _routed(kind: str, call: Any, result: Any = None) -> Any:
     with _inside():
         built = call()
     if result is not None:
-        api._adopt(result, built)
+        _api()._adopt(result, built)
     _record(kind, built if result is None else result, site)
     return built
 
@@ -102,7 +110,7 @@ def _make_init(real: type, real_init: Any) -> Any:
         source, names = given.pop("source", None), given.pop("column_names", None)
         _LOCAL.into = self
         try:
-            shell = _routed("GeneratorDataset", lambda: api.build_dataset(source, names, _explicit=_explicit(),
+            shell = _routed("GeneratorDataset", lambda: _api().build_dataset(source, names, _explicit=_explicit(),
                                                                            **given), self)
         finally:
             _LOCAL.into = None
@@ -127,7 +135,7 @@ def _make_map(real_map: Any) -> Any:
         given.pop(next(iter(sig.parameters)))
         extra = given.pop(varkw, {}) if varkw else {}
         operations = given.pop("operations", None)
-        return _routed("map", lambda: api.map(self, operations, **given, **extra, _explicit=_explicit()))
+        return _routed("map", lambda: _api().map(self, operations, **given, **extra, _explicit=_explicit()))
 
     return map
 
@@ -149,7 +157,7 @@ def _make_batch(real_batch: Any) -> Any:
         if extra.get("per_batch_map") is None or "batch_size" not in given:
             return real_batch(self, *args, **kwargs)
         size = given.pop("batch_size")
-        return _routed("batch", lambda: api.batch(self, size, **given, **extra, _explicit=_explicit()))
+        return _routed("batch", lambda: _api().batch(self, size, **given, **extra, _explicit=_explicit()))
 
     return batch
 
@@ -204,7 +212,7 @@ _ON_IMPORT: list = []  # callbacks run once a framework is imported while patche
 def _patch_mindspore() -> None:
     """Patch ``GeneratorDataset.__init__``, ``Dataset.map`` and ``Dataset.batch`` of the imported MindSpore
     (once; recorded for ``unpatch``)."""
-    gd, dataset_cls = api._engine().compat.patch_targets()
+    gd, dataset_cls = _api()._engine().compat.patch_targets()
     saved = _STATE["saved"]
     if (gd, "__init__") in saved:
         return

@@ -180,6 +180,27 @@ def test_probe_batch_drops_the_cold_first_sample():
     assert s.cpu_seconds_per_sample < 0.04  # sleeping is not CPU work
 
 
+@pytest.mark.parametrize("seconds, reads", [(0.001, 3), (0.02, 2)])
+def test_a_slow_sample_is_read_twice_a_cheap_one_three_times(seconds, reads):
+    import time
+
+    class Counted:
+        def __init__(self):
+            self.reads = 0
+
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            self.reads += 1
+            time.sleep(seconds)
+            return [i]
+
+    dataset = Counted()
+    s = probe.measure_batch(dataset, 4, lambda samples: samples, lambda b: (8 * len(b), 1), False)
+    assert dataset.reads == reads and s.batch_bytes == 32 and s.seconds_per_sample >= seconds
+
+
 def test_waiting_samples_cost_the_main_process_what_they_cost_a_fork():
     costs = planning.WorkerCosts(0.0, 0.0, 0.0, inline_fraction=0.5)
     busy = BatchStats(1 << 20, 1, 0.01, 100, 10)

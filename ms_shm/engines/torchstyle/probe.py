@@ -25,6 +25,10 @@ from ms_shm import procfs, sandbox
 from ms_shm.engines.torchstyle.planning import BatchStats
 
 PROBE_SAMPLES = 3  # the first one cold, then two warm ones: the faster of those is the sample's time
+# ... but the third only while the first two took less than this: a slow sample is timed well enough by one warm
+# reading, and a third would cost the epoch another sample's time (measured: torch 2.13, ~8 ms of numpy work per
+# sample, 15-24 ms each in the probe's fork, the probe 100 ms -> ~80 ms)
+PROBE_SECONDS = 0.03
 
 
 def _first_indices(sampler: Any, batch_sampler: Any, count: int) -> list:
@@ -34,10 +38,13 @@ def _first_indices(sampler: Any, batch_sampler: Any, count: int) -> list:
 
 
 def _samples(dataset: Any, iterable: bool, indices: list, count: int) -> tuple:
-    """``(samples, (wall, CPU) seconds each)``: the first ``count`` of an iterable dataset, else ``dataset[i]``."""
+    """``(samples, (wall, CPU) seconds each)``: the first ``count`` of an iterable dataset, else ``dataset[i]``;
+    after two, none more once they took ``PROBE_SECONDS``."""
     out, walls = [], []
     source = iter(dataset) if iterable else None
     for k in range(count):
+        if k >= 2 and sum(wall for wall, _ in walls) >= PROBE_SECONDS:
+            break
         w0, c0 = time.perf_counter(), time.process_time()
         try:
             sample = next(source) if iterable else dataset[indices[k]]
@@ -125,4 +132,4 @@ def probe_loader(dataset: Any, batch_size: int | None, collate: Callable, weigh:
     return replace(stats, worker_bytes=outcome.private_bytes, free_cpus=free), effects, None
 
 
-__all__ = ["measure_batch", "probe_loader", "sample_seconds", "PROBE_SAMPLES"]
+__all__ = ["measure_batch", "probe_loader", "sample_seconds", "PROBE_SAMPLES", "PROBE_SECONDS"]

@@ -249,7 +249,8 @@ def build_dataset(source: Any, column_names: Sequence[str] | str | None = None, 
         mindspore.dataset.GeneratorDataset: its plan is ``ms_shm.plan_of(dataset)``.
 
     Raises:
-        ms_shm.RowError: a probe row MindSpore cannot carry (names the column, the row and the fix).
+        ms_shm.RowError: a probe row MindSpore cannot carry (names the column, the row and the fix); under
+            ``ms_shm.patch`` it is logged instead, and MindSpore raises its own error while iterating.
         ms_shm.ShmBudgetError: explicit arguments that cannot fit, before any worker starts.
         ms_shm.ProcessesUnavailableError: ``python_multiprocessing=True`` where MindSpore cannot start worker
             processes (no /proc).
@@ -266,7 +267,8 @@ def build_dataset(source: Any, column_names: Sequence[str] | str | None = None, 
         return _build(eng, source, column_names, generator_kwargs, p, config, lineage, "iterable", _explicit)
     blocked = _probe_blocker(source, generator_kwargs, eng)
     probe = measure.StageProbe(None, unmeasured=blocked) if blocked else \
-        measure.probe_random_access(source, names, eng.compat.row_check(), _worker_pages(facts))
+        measure.probe_random_access(source, names, eng.compat.row_check(), _worker_pages(facts),
+                                    defer_row_errors=_explicit is not None)  # patched: MindSpore raises it later
     p = _plan_source(probe, req, generator_kwargs, config, facts, eng)
     if p.python_multiprocessing and p.workers > 1:
         _inspect_copy_on_read(source, p.workers, facts, req.start_method, share_lists)
@@ -515,7 +517,8 @@ def map(dataset: Any, operations: Any = None, input_columns: Sequence[str] | str
     lineage = _input_lineage(dataset, eng)
     ins = _names_list(input_columns) or eng.compat.column_names(dataset)[:1]
     outs = _names_list(output_columns) or ins
-    probe = measure.probe_operations(lineage, operations, ins, outs, _worker_pages(facts))
+    probe = measure.probe_operations(lineage, operations, ins, outs, _worker_pages(facts),
+                                     defer_row_errors=_explicit is not None)
     p = _plan_operations(probe, _request(asked, config, facts, eng, _explicit), config, facts, eng)
     kwargs = _stage_kwargs(map_kwargs, p, num_parallel_workers, config)
     p, fed = threads.cap_operations(p, operations, facts.usable_cpus)  # threads per worker
@@ -561,7 +564,7 @@ def batch(dataset: Any, batch_size: Any, drop_remainder: bool = False, num_paral
     ins = _names_list(batch_kwargs.get("input_columns")) or eng.compat.column_names(dataset)
     outs = _names_list(batch_kwargs.get("output_columns")) or ins
     probe = measure.probe_batch(_input_lineage(dataset, eng), per_batch_map, batch_size, ins, outs,
-                                _worker_pages(facts))
+                                _worker_pages(facts), defer_row_errors=_explicit is not None)
     p = _plan_operations(probe, _request(asked, config, facts, eng, _explicit), config, facts, eng)
     p = replace(p, kind="batch")
     kwargs = _stage_kwargs(batch_kwargs, p, num_parallel_workers, config)

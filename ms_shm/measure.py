@@ -198,11 +198,13 @@ def lineage_of(dataset: Any) -> Lineage | None:
 # --- probing ---------------------------------------------------------------------------------------------
 
 def probe_random_access(source: Any, names: Sequence[str] | None, check: Callable | None,
-                        worker_pages: bool = False) -> StageProbe:
+                        worker_pages: bool = False, defer_row_errors: bool = False) -> StageProbe:
     """Measure a random-access source in a probe child.
 
     Raises:
-        rows.RowError: a probe row the framework cannot carry (an earlier, clearer error than a worker's).
+        rows.RowError: a probe row the framework cannot carry (an earlier, clearer error than a worker's),
+            unless ``defer_row_errors`` (``ms_shm.patch``: MindSpore raises it while iterating, so must the
+            patched code): then it is logged and the stage is left unmeasured.
     """
     blocked = sandbox.holds_open_file(source)
     if blocked:
@@ -217,11 +219,12 @@ def probe_random_access(source: Any, names: Sequence[str] | None, check: Callabl
 
         return sandbox.watch_effects(measured, [source], lambda: stats[0].reread_differs)
 
-    return _outcome(sandbox.run_in_fork(in_child, worker_pages=worker_pages), "source")
+    return _outcome(sandbox.run_in_fork(in_child, worker_pages=worker_pages), "source", defer_row_errors)
 
 
 def probe_operations(lineage: Lineage, operations: Any, input_columns: Sequence[str],
-                     output_columns: Sequence[str], worker_pages: bool = False) -> StageProbe:
+                     output_columns: Sequence[str], worker_pages: bool = False,
+                     defer_row_errors: bool = False) -> StageProbe:
     """Run ``operations`` on a few of the input stage's rows, in a probe child, and measure them."""
     blocked = lineage.why_not()
     if blocked:
@@ -237,7 +240,7 @@ def probe_operations(lineage: Lineage, operations: Any, input_columns: Sequence[
             lambda: time_operations(operations, [[available[c][i] for c in input_columns]
                                                  for i in range(_count(available))]), watched)
 
-    probe = _outcome(sandbox.run_in_fork(in_child, worker_pages=worker_pages), "operations")
+    probe = _outcome(sandbox.run_in_fork(in_child, worker_pages=worker_pages), "operations", defer_row_errors)
     if isinstance(probe.stats, str):  # MindSpore raises on these columns when the pipeline starts
         return StageProbe(None, unmeasured=probe.stats)
     return StageProbe(probe.stats, _random_ops(operations, probe.effects), probe.unmeasured)
@@ -254,7 +257,8 @@ class ProbeBatchInfo:
 
 
 def probe_batch(lineage: Lineage, per_batch_map: Any, batch_size: int, input_columns: Sequence[str],
-                output_columns: Sequence[str], worker_pages: bool = False) -> StageProbe:
+                output_columns: Sequence[str], worker_pages: bool = False,
+                defer_row_errors: bool = False) -> StageProbe:
     """Run ``per_batch_map`` on a probe batch, in a probe child, and measure it as one map row.
 
     The probe batch holds the few rows the input stage's lineage makes (at most ``batch_size``); bytes in and
@@ -272,7 +276,7 @@ def probe_batch(lineage: Lineage, per_batch_map: Any, batch_size: int, input_col
             lambda: time_batch(per_batch_map, [list(available[c]) for c in input_columns], batch_size),
             _operation_objects(per_batch_map))
 
-    probe = _outcome(sandbox.run_in_fork(in_child, worker_pages=worker_pages), "per_batch_map")
+    probe = _outcome(sandbox.run_in_fork(in_child, worker_pages=worker_pages), "per_batch_map", defer_row_errors)
     if isinstance(probe.stats, str):
         return StageProbe(None, unmeasured=probe.stats)
     return probe
@@ -297,10 +301,10 @@ def _nbytes(value: Any) -> int:
     return int(getattr(np.asarray(value), "nbytes", 0))
 
 
-def _outcome(outcome: sandbox.Outcome, what: str) -> StageProbe:
+def _outcome(outcome: sandbox.Outcome, what: str, defer_row_errors: bool = False) -> StageProbe:
     if outcome.unavailable:
         return StageProbe(None, unmeasured=outcome.unavailable)
-    if isinstance(outcome.error, rows.RowError):
+    if isinstance(outcome.error, rows.RowError) and not defer_row_errors:
         raise outcome.error
     if outcome.error is not None:
         why = _error_text(outcome.error, outcome.remote_traceback, what)

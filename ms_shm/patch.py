@@ -27,6 +27,7 @@ import importlib.machinery
 import inspect
 import json
 import logging
+import os
 import sys
 import threading
 from typing import Any, Iterator
@@ -87,6 +88,18 @@ def _routed(kind: str, call: Any, result: Any = None) -> Any:
     return built
 
 
+def _mindspore_checks(kind: str, real: Any, sig: inspect.Signature, args: tuple, kwargs: dict) -> None:
+    """MindSpore's own argument errors, word for word, before ms_shm reads an argument: what raw code raises at
+    the call, patched code raises. One is an explicit setting ms_shm adapts instead, unless strict:
+    ``num_parallel_workers`` above the CPU count (library code written on a bigger machine), which the planner
+    caps at the CPU count with a warning, so it is checked at that count."""
+    bound = sig.bind(None, *args, **kwargs)
+    workers, cpus = bound.arguments.get("num_parallel_workers"), os.cpu_count() or 1
+    if not _STATE.get("strict") and type(workers) is int and workers > cpus:
+        bound.arguments["num_parallel_workers"] = cpus
+    _api()._engine().compat.validate(kind, real, *bound.args[1:], **bound.kwargs)
+
+
 def _make_init(real: type, real_init: Any) -> Any:
     """``GeneratorDataset.__init__``: at the caller's level, ``build_dataset`` decides the arguments and this
     very instance is initialised once, by MindSpore's own ``__init__``, with them (ms_shm's construction is
@@ -106,6 +119,7 @@ def _make_init(real: type, real_init: Any) -> Any:
             given = dict(init_sig.bind(self, *args, **kwargs).arguments)
         except TypeError:
             return real_init(self, *args, **kwargs)  # MindSpore's own TypeError
+        _mindspore_checks("generator", real_init, init_sig, args, kwargs)
         given.pop(first)
         source, names = given.pop("source", None), given.pop("column_names", None)
         _LOCAL.into = self
@@ -135,6 +149,7 @@ def _make_map(real_map: Any) -> Any:
         given.pop(next(iter(sig.parameters)))
         extra = given.pop(varkw, {}) if varkw else {}
         operations = given.pop("operations", None)
+        _mindspore_checks("map", real_map, sig, args, kwargs)
         return _routed("map", lambda: _api().map(self, operations, **given, **extra, _explicit=_explicit()))
 
     return map
@@ -156,6 +171,7 @@ def _make_batch(real_batch: Any) -> Any:
         extra = given.pop(varkw, {}) if varkw else {}
         if extra.get("per_batch_map") is None or "batch_size" not in given:
             return real_batch(self, *args, **kwargs)
+        _mindspore_checks("batch", real_batch, sig, args, kwargs)
         size = given.pop("batch_size")
         return _routed("batch", lambda: _api().batch(self, size, **given, **extra, _explicit=_explicit()))
 

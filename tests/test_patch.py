@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import pickle
 import shlex
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -85,6 +86,96 @@ def test_patch_unpatch_restore_the_originals_exactly(real_mindspore):
     assert all(vars(gd)[k] is v for k, v in before[0].items())
     plain = ds.GeneratorDataset([(np.zeros(2),)], ["x"])
     assert ms_shm.plan_of(plain) is None
+
+
+def _raised(call) -> tuple:
+    try:
+        call()
+    except Exception as exc:  # what raw MindSpore raises, patched code must raise
+        return type(exc), str(exc)
+    return None, None
+
+
+def test_patched_calls_raise_mindspores_own_argument_errors(real_mindspore):
+    """What MindSpore refuses at the call (found by its own unit tests, run through the patch), patched code
+    refuses with the same exception and message, before ms_shm reads the arguments."""
+    import mindspore.dataset as ds
+
+    import ms_shm
+
+    def source():
+        return ds.GeneratorDataset([(np.full(4, i, np.int64),) for i in range(8)], ["x"], shuffle=False)
+
+    calls = [lambda: source().batch(2, per_batch_map=lambda x, info: (x,), input_columns=["x"], output_columns=233),
+             lambda: source().map(lambda x: x, input_columns=5),
+             lambda: ds.GeneratorDataset([(np.zeros(2),)], ["x"], num_parallel_workers=0)]
+    raw = [_raised(call) for call in calls]
+    with ms_shm.patched():
+        patched = [_raised(call) for call in calls]
+    assert all(kind in (TypeError, ValueError) for kind, _ in raw), raw
+    assert patched == raw
+
+
+def test_too_many_workers_are_adapted_under_patch_and_refused_as_mindspore_does_when_strict(real_mindspore,
+                                                                                           caplog):
+    """``num_parallel_workers`` above the CPU count: MindSpore's ValueError raw and under ``strict``; a
+    preference under ``patch()``, capped at the CPU count with a warning (code written for a bigger machine)."""
+    import os
+
+    import mindspore.dataset as ds
+
+    import ms_shm
+
+    rows = [(np.full(4, i, np.int64),) for i in range(8)]
+    many = (os.cpu_count() or 1) + 2
+    raw = _raised(lambda: ds.GeneratorDataset(rows, ["x"], shuffle=False, num_parallel_workers=many))
+    with ms_shm.patched(strict=True):
+        strict = _raised(lambda: ds.GeneratorDataset(rows, ["x"], shuffle=False, num_parallel_workers=many))
+    assert raw[0] is ValueError and strict == raw
+    with ms_shm.patched(), caplog.at_level("WARNING", logger="ms_shm"):
+        built = ds.GeneratorDataset(rows, ["x"], shuffle=False, num_parallel_workers=many)
+        got = [int(r["x"][0]) for r in built.create_dict_iterator(output_numpy=True, num_epochs=1)]
+    assert got == list(range(8)) and "num_parallel_workers" in caplog.text
+
+
+def test_a_bad_row_under_patch_raises_where_mindspore_raises_it(real_mindspore, caplog):
+    """Two column names, rows of one array: raw MindSpore builds the dataset and raises while iterating, so the
+    patched constructor builds it too (ms_shm's clearer reason is logged) and iterating raises what raw does."""
+    import mindspore.dataset as ds
+
+    import ms_shm
+
+    class OneColumn:
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return np.full(3, i, np.int64)
+
+    def epoch(dataset):
+        return [r for r in dataset.create_dict_iterator(output_numpy=True, num_epochs=1)]
+
+    raw = _raised(lambda: epoch(ds.GeneratorDataset(OneColumn(), ["data", "label"], shuffle=False)))
+    with ms_shm.patched(), caplog.at_level("WARNING", logger="ms_shm"):
+        built = ds.GeneratorDataset(OneColumn(), ["data", "label"], shuffle=False)
+        patched = _raised(lambda: epoch(built))
+    assert raw[0] is RuntimeError and patched[0] is raw[0]
+    assert "label" in caplog.text or "column" in caplog.text
+
+
+def test_a_patched_map_keeps_threads_as_mindspore_does_without_a_warning(real_mindspore, caplog):
+    """``map`` and ``batch`` default to threads (``python_multiprocessing=False``): a map asking for workers
+    alone is not "adapted from processes"."""
+    import mindspore.dataset as ds
+
+    import ms_shm
+
+    with ms_shm.patched(), caplog.at_level("WARNING", logger="ms_shm"):
+        built = ds.GeneratorDataset([(np.full(4, i, np.int64),) for i in range(8)], ["x"], shuffle=False)
+        mapped = built.map(lambda x: x * 2, input_columns=["x"], num_parallel_workers=2)
+        got = [int(r["x"][0]) for r in mapped.create_dict_iterator(output_numpy=True, num_epochs=1)]
+    assert got == [2 * i for i in range(8)]
+    assert "adapted map" not in caplog.text, caplog.text
 
 
 def test_patched_context_manager_and_strict(real_mindspore):
@@ -304,6 +395,24 @@ def test_patch_imports_no_framework_and_patches_mindspore_once_imported(real_min
     """)
     res = result_of(run(f"-c {shlex.quote(code)}", shm="1g"))
     assert res == {"before": [], "patched": True, "plain": True}
+
+
+def test_import_and_patch_load_no_planner_until_used():
+    """``import ms_shm`` and ``patch()`` (what ``ms-shm run`` does before the script's first line) leave the
+    planner, the probes and the DataLoader modules unloaded; the first use loads them."""
+    code = textwrap.dedent("""
+        import sys
+        import ms_shm
+        ms_shm.patch()
+        heavy = ("ms_shm.api", "ms_shm.measure", "ms_shm.loaders", "ms_shm.plan", "numpy")
+        before = sorted(m for m in heavy if m in sys.modules)
+        ms_shm.unpatch()
+        tune = ms_shm.tune
+        print("RESULT " + __import__("json").dumps({"before": before, "tune": tune.__module__,
+                                                    "after": "ms_shm.api" in sys.modules}))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result_of(proc) == {"before": [], "tune": "ms_shm.api", "after": True}
 
 
 def test_run_tunes_once_the_script_imports_its_framework_and_imports_no_other(tmp_path):

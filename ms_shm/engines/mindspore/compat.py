@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import types
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -177,6 +178,35 @@ def arguments_fit(kind: str, *args: Any, **kwargs: Any) -> bool:
     return True
 
 
+_VALIDATORS = {"generator": "check_generator_dataset", "map": "check_map", "batch": "check_batch"}
+
+
+def validate(kind: str, real: Any, *args: Any, **kwargs: Any) -> None:
+    """Run MindSpore's own argument checks of ``real`` (``GeneratorDataset.__init__``, ``Dataset.map`` or
+    ``Dataset.batch`` as MindSpore defines them; ``args`` without ``self``) on the caller's arguments, without
+    running the method: what MindSpore refuses (wrong types, ``num_parallel_workers`` above ``os.cpu_count()``,
+    ...) raises MindSpore's own ``TypeError`` / ``ValueError``, word for word, before ms_shm reads any argument.
+    The checker runs on a throw-away ``self`` (``check_map`` sets ``operator_mixed`` on it) and with MindSpore's
+    logger quiet (the real call logs its deprecation warnings once). A release without the checker: nothing."""
+    try:
+        from mindspore.dataset.engine import validators
+        checker = getattr(validators, _VALIDATORS[kind])
+        signature = inspect.signature(inspect.unwrap(real))
+    except (ImportError, AttributeError, KeyError, TypeError, ValueError):
+        return
+
+    def checked_body(*_args: Any, **_kwargs: Any) -> None:
+        return None
+
+    checked_body.__signature__ = signature  # parse_user_args binds the caller's arguments to the real signature
+    try:
+        _quietly(lambda: checker(checked_body)(types.SimpleNamespace(), *args, **kwargs))
+    except (TypeError, ValueError, RuntimeError):
+        raise  # MindSpore's own refusal
+    except Exception as exc:  # the checker wanted more of ``self`` than a stand-in has: MindSpore's call checks
+        log.debug("MindSpore's %s check was left to MindSpore's own call (%s: %s)", kind, type(exc).__name__, exc)
+
+
 def row_check():
     """MindSpore's own conversion of a source row (``_convert_row``), or ``None`` where it cannot be found: the
     probe refuses exactly what the installed release (and NumPy) refuses."""
@@ -279,5 +309,5 @@ def take_rows(dataset: Any, count: int) -> list:
 
 
 __all__ = ["MindSporeConfig", "Change", "available", "arguments_fit", "read_config", "set_prefetch_size", "set_shared_mem", "set_watchdog", "get_nofile",
-           "set_nofile_soft", "undo", "generator_dataset", "map_dataset", "batch_dataset", "patch_targets", "row_check", "rows_come_from",
+           "set_nofile_soft", "undo", "generator_dataset", "map_dataset", "batch_dataset", "patch_targets", "validate", "row_check", "rows_come_from",
            "python_code_in", "network_operators_in", "column_names", "processes_blocker", "take_rows"]

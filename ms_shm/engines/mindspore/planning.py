@@ -317,14 +317,15 @@ def plan_map(in_bytes: int, out_bytes: int, seconds_per_row: float | None, cpu_f
     fitting = [c for c in cands if c.fits]
     if not fitting:
         raise ShmBudgetError(plan.no_fit_message(cands, req, budget, stats, row))
-    best, kept = plan.choose(fitting, req, default_mode(req))
+    own = default_mode(replace(req, multiprocessing=req.multiprocessing is True))  # map's default: threads
+    best, kept = plan.choose(fitting, req, own)
     decisions = []
     if req.workers is not None and req.workers > req.cpu_count:
         decisions.append(Decision("num_parallel_workers", req.cpu_count, req.workers,
                                   f"MindSpore refuses more workers than os.cpu_count()={req.cpu_count}"))
     reason = _mode_reason(best, fitting, req, stats) if seconds_per_row is not None else \
         "operations were not timed: MindSpore's default transport that fits"
-    decisions.append(Decision("mode", best.mode, default_mode(req), reason + kept + plan.unknown_shm(budget)))
+    decisions.append(Decision("mode", best.mode, own, reason + kept + plan.unknown_shm(budget)))
     if best.prefetch != req.prefetch:
         decisions.append(Decision("prefetch_size", best.prefetch, req.prefetch,
                                   f"prefetch {req.prefetch} does not fit ({_why_not_at(cands, best, req.prefetch)}); "

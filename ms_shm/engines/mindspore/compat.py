@@ -178,7 +178,9 @@ def arguments_fit(kind: str, *args: Any, **kwargs: Any) -> bool:
     return True
 
 
-_VALIDATORS = {"generator": "check_generator_dataset", "map": "check_map", "batch": "check_batch"}
+# MindSpore's checker decorating each patched method, by release (2.0: ``check_generatordataset``)
+_VALIDATORS = {"generator": ("check_generator_dataset", "check_generatordataset"), "map": ("check_map",),
+               "batch": ("check_batch",)}
 
 
 def validate(kind: str, real: Any, *args: Any, **kwargs: Any) -> None:
@@ -190,9 +192,9 @@ def validate(kind: str, real: Any, *args: Any, **kwargs: Any) -> None:
     logger quiet (the real call logs its deprecation warnings once). A release without the checker: nothing."""
     try:
         from mindspore.dataset.engine import validators
-        checker = getattr(validators, _VALIDATORS[kind])
+        checker = next(getattr(validators, name) for name in _VALIDATORS[kind] if hasattr(validators, name))
         signature = inspect.signature(inspect.unwrap(real))
-    except (ImportError, AttributeError, KeyError, TypeError, ValueError):
+    except (ImportError, AttributeError, KeyError, StopIteration, TypeError, ValueError):
         return
 
     def checked_body(*_args: Any, **_kwargs: Any) -> None:

@@ -88,16 +88,17 @@ def _routed(kind: str, call: Any, result: Any = None) -> Any:
     return built
 
 
-def _mindspore_checks(kind: str, real: Any, sig: inspect.Signature, args: tuple, kwargs: dict) -> None:
+def _mindspore_checks(kind: str, real: Any, bound: inspect.BoundArguments) -> None:
     """MindSpore's own argument errors, word for word, before ms_shm reads an argument: what raw code raises at
-    the call, patched code raises. One is an explicit setting ms_shm adapts instead, unless strict:
-    ``num_parallel_workers`` above the CPU count (library code written on a bigger machine), which the planner
-    caps at the CPU count with a warning, so it is checked at that count."""
-    bound = sig.bind(None, *args, **kwargs)
-    workers, cpus = bound.arguments.get("num_parallel_workers"), os.cpu_count() or 1
+    the call, patched code raises. ``bound``: the call's arguments, ``self`` first (left as they are). One is an
+    explicit setting ms_shm adapts instead, unless strict: ``num_parallel_workers`` above the CPU count (library
+    code written on a bigger machine), which the planner caps at the CPU count with a warning, so it is checked
+    at that count."""
+    checked = inspect.BoundArguments(bound.signature, dict(bound.arguments))
+    workers, cpus = checked.arguments.get("num_parallel_workers"), os.cpu_count() or 1
     if not _STATE.get("strict") and type(workers) is int and workers > cpus:
-        bound.arguments["num_parallel_workers"] = cpus
-    _api()._engine().compat.validate(kind, real, *bound.args[1:], **bound.kwargs)
+        checked.arguments["num_parallel_workers"] = cpus
+    _api()._engine().compat.validate(kind, real, *checked.args[1:], **checked.kwargs)
 
 
 def _make_init(real: type, real_init: Any) -> Any:
@@ -116,10 +117,11 @@ def _make_init(real: type, real_init: Any) -> Any:
         if type(self) is not real or _depth() or not _STATE:
             return real_init(self, *args, **kwargs)
         try:
-            given = dict(init_sig.bind(self, *args, **kwargs).arguments)
+            bound = init_sig.bind(self, *args, **kwargs)
         except TypeError:
             return real_init(self, *args, **kwargs)  # MindSpore's own TypeError
-        _mindspore_checks("generator", real_init, init_sig, args, kwargs)
+        given = dict(bound.arguments)
+        _mindspore_checks("generator", real_init, bound)
         given.pop(first)
         source, names = given.pop("source", None), given.pop("column_names", None)
         _LOCAL.into = self
@@ -143,13 +145,14 @@ def _make_map(real_map: Any) -> Any:
         if _depth() or not _STATE:
             return real_map(self, *args, **kwargs)
         try:
-            given = dict(sig.bind(self, *args, **kwargs).arguments)
+            bound = sig.bind(self, *args, **kwargs)
         except TypeError:
             return real_map(self, *args, **kwargs)
+        given = dict(bound.arguments)
         given.pop(next(iter(sig.parameters)))
         extra = given.pop(varkw, {}) if varkw else {}
         operations = given.pop("operations", None)
-        _mindspore_checks("map", real_map, sig, args, kwargs)
+        _mindspore_checks("map", real_map, bound)
         return _routed("map", lambda: _api().map(self, operations, **given, **extra, _explicit=_explicit()))
 
     return map
@@ -164,14 +167,15 @@ def _make_batch(real_batch: Any) -> Any:
         if _depth() or not _STATE:
             return real_batch(self, *args, **kwargs)
         try:
-            given = dict(sig.bind(self, *args, **kwargs).arguments)
+            bound = sig.bind(self, *args, **kwargs)
         except TypeError:
             return real_batch(self, *args, **kwargs)
+        given = dict(bound.arguments)
         given.pop(next(iter(sig.parameters)))
         extra = given.pop(varkw, {}) if varkw else {}
         if extra.get("per_batch_map") is None or "batch_size" not in given:
             return real_batch(self, *args, **kwargs)
-        _mindspore_checks("batch", real_batch, sig, args, kwargs)
+        _mindspore_checks("batch", real_batch, bound)
         size = given.pop("batch_size")
         return _routed("batch", lambda: _api().batch(self, size, **given, **extra, _explicit=_explicit()))
 

@@ -160,43 +160,32 @@ def test_the_cold_first_sample_is_not_the_samples_time(walls, expected):
     assert probe.sample_seconds(walls) == expected
 
 
+class Sleepy:
+    """8 samples, each ``[i]``: the first read sleeps ``first`` seconds, the others ``rest``; reads are counted."""
+
+    def __init__(self, first: float, rest: float):
+        self.first, self.rest, self.reads = first, rest, 0
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        import time
+
+        self.reads += 1
+        time.sleep(self.first if self.reads == 1 else self.rest)
+        return [i]
+
+
 def test_probe_batch_drops_the_cold_first_sample():
-    import time
-
-    class Cold:
-        def __init__(self):
-            self.reads = 0
-
-        def __len__(self):
-            return 8
-
-        def __getitem__(self, i):
-            self.reads += 1
-            time.sleep(0.08 if self.reads == 1 else 0.001)
-            return [i]
-
-    s = probe.measure_batch(Cold(), 4, lambda samples: samples, lambda b: (8 * len(b), 1), False)
+    s = probe.measure_batch(Sleepy(0.08, 0.001), 4, lambda samples: samples, lambda b: (8 * len(b), 1), False)
     assert s.seconds_per_sample < 0.04 and s.batch_size == 4 and s.samples == 8
     assert s.cpu_seconds_per_sample < 0.04  # sleeping is not CPU work
 
 
 @pytest.mark.parametrize("seconds, reads", [(0.001, 3), (0.02, 2)])
 def test_a_slow_sample_is_read_twice_a_cheap_one_three_times(seconds, reads):
-    import time
-
-    class Counted:
-        def __init__(self):
-            self.reads = 0
-
-        def __len__(self):
-            return 8
-
-        def __getitem__(self, i):
-            self.reads += 1
-            time.sleep(seconds)
-            return [i]
-
-    dataset = Counted()
+    dataset = Sleepy(seconds, seconds)
     s = probe.measure_batch(dataset, 4, lambda samples: samples, lambda b: (8 * len(b), 1), False)
     assert dataset.reads == reads and s.batch_bytes == 32 and s.seconds_per_sample >= seconds
 

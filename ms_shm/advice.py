@@ -11,12 +11,11 @@ bus error) is worded by the engine from the release's profile, never here.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 from ms_shm import budget as budget_mod
 from ms_shm import engines, sizes
-from ms_shm._results import Result, mib
+from ms_shm._results import Result, mib, record
 from ms_shm.engines.mindspore import arithmetic as model
 from ms_shm.engines.mindspore import profiles
 from ms_shm.sizes import HEADROOM, k8s_size, nofile_target, parse_size
@@ -31,7 +30,7 @@ _HUGE = 1 << 62  # kernel "unlimited" SysV values are near 2**64
 _GiB = 1 << 30
 
 
-@dataclass(frozen=True)
+@record
 class Advice(Result):
     """One finding: what is wrong in numbers, how bad, and the fix for where the process runs.
 
@@ -183,7 +182,7 @@ def _local_ranks(facts: Any) -> int:
     return max(1, int(getattr(getattr(facts, "ranks", None), "local_size", 1) or 1))
 
 
-@dataclass(frozen=True)
+@record
 class Typical(Result):
     """The pipeline the host is judged for: MindSpore's defaults on this host unless the caller says otherwise.
 
@@ -623,7 +622,7 @@ def diagnose(facts: Any, ms_config: Any = None, *, workers: int | None = None,
 # ----------------------------------------------------------------------------------------------- doctor
 
 
-@dataclass(frozen=True)
+@record
 class Recommendation(Result):
     """The /dev/shm to give the host: ``bytes``, ``size`` as in ``--shm-size=`` (``None``: none needed)."""
 
@@ -632,7 +631,7 @@ class Recommendation(Result):
     reason: str
 
 
-@dataclass(frozen=True)
+@record
 class Checkup(Result):
     """``ms-shm doctor``'s answer: the host, MindSpore's config, the typical pipeline, the size and findings.
 

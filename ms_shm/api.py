@@ -10,13 +10,13 @@ from __future__ import annotations
 import logging
 import sys
 import weakref
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Sequence
 
 from ms_shm import advice, engines, host, hostcost, measure, rows, sites, sizes, threads
 from ms_shm import budget as budget_mod
 from ms_shm import changes as changes_mod
-from ms_shm._results import Result, mib
+from ms_shm._results import Result, mib, record
 from ms_shm.errors import ProcessesUnavailableError
 from ms_shm.plan import PIPES, Decision, Plan, Request, ShmBudgetError
 from ms_shm.state import SESSION, Session
@@ -33,7 +33,7 @@ def session() -> Session:
     return SESSION
 
 
-@dataclass(frozen=True)
+@record
 class TuneReport(Result):
     """What ``tune()`` found and changed. ``restore()`` puts every changed setting back."""
 

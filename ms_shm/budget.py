@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import itertools
 import threading
-from dataclasses import dataclass
 
 from ms_shm import sizes
-from ms_shm._results import Result, mib
+from ms_shm._results import Result, mib, record
 
 DEFAULT_FRACTION = sizes.HEADROOM
 
 
-@dataclass(frozen=True)
+@record
 class Budget(Result):
     """This pipeline's share. ``shm_bytes`` is ``None`` when /dev/shm could not be read."""
 
@@ -80,7 +79,7 @@ def memory_may_bind(b: Budget) -> bool:
     return b.memory_bytes is not None and b.memory_bytes < MEASURE_WORKERS_BELOW
 
 
-@dataclass(frozen=True)
+@record
 class Reservation(Result):
     key: int
     label: str

@@ -6,17 +6,16 @@ from __future__ import annotations
 
 import logging
 import resource
-from dataclasses import dataclass
 from typing import Any
 
-from ms_shm._results import Result
+from ms_shm._results import Result, record
 
 log = logging.getLogger(__name__)
 
 NOFILE = "RLIMIT_NOFILE(soft)"
 
 
-@dataclass(frozen=True)
+@record
 class Change(Result):
     """One setting ms_shm changed: enough to undo it."""
 

@@ -41,12 +41,12 @@ import re
 import shutil
 import stat
 import subprocess
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from pathlib import Path
 from typing import Callable
 
 from ms_shm import procfs
-from ms_shm._results import Result, mib
+from ms_shm._results import Result, mib, record
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ _IPC_RMID = 0
 _GONE = "already gone"  # removed by someone else between the scan and our attempt
 
 
-@dataclass(frozen=True)
+@record
 class Leftover(Result):
     """One object a crashed run left behind.
 
@@ -98,7 +98,7 @@ class Leftover(Result):
     error: str | None = None
 
 
-@dataclass(frozen=True)
+@record
 class CleanReport(Result):
     """What ``clean()`` found and did.
 
@@ -239,7 +239,7 @@ class _Processes:
         return self.held.get(host_path)
 
 
-@dataclass
+@record(frozen=False)
 class _Scan:
     """One ``clean()`` pass: where it reads, whose objects it may touch, the engines asked, what it noted."""
 
@@ -265,7 +265,7 @@ class _Scan:
         return next((engine for engine in self.engines if engine.sysv_pair and engine.has_key_shape(key)), None)
 
 
-@dataclass
+@record(frozen=False)
 class _IpcFile:
     """An engine's ftok key file in ``/tmp``: its key names the pipeline's SysV objects."""
 
@@ -363,14 +363,14 @@ def _unlink_regular(path: Path, expected: os.stat_result) -> None:
 # --------------------------------------------------------------------------------------------- deciding
 
 
-@dataclass
+@record(frozen=False)
 class _Candidate:
     leftover: Leftover
     undo: Callable[[], None]
     key: int | None = None  # the SysV key, so a failed removal can keep its /tmp file
 
 
-@dataclass(frozen=True)
+@record
 class _Table:
     """One ``/proc/sysvipc`` table, and the columns that name the processes that used its objects."""
 
@@ -384,7 +384,7 @@ _TABLES = (_Table(KIND_SHM, "shm", "shmid", ("cpid", "lpid")),
            _Table(KIND_MSG, "msg", "msqid", ("lspid", "lrpid")))
 
 
-@dataclass
+@record(frozen=False)
 class _SysvVerdicts:
     """What the SysV pass decided: leftovers, keys whose files must stay, objects whose key file is gone."""
 

@@ -18,12 +18,12 @@ import logging
 import sys
 import types
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from ms_shm._results import Result, mib
+from ms_shm._results import Result, mib, record
 from ms_shm.shared_list import SharedDict, SharedList
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ PICKLE_MECHANISM = "{method}: pickled into each worker"
 Step = tuple
 
 
-@dataclass(frozen=True)
+@record
 class CowFinding(Result):
     """One container in a source that every worker will come to hold its own copy of.
 

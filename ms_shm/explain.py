@@ -9,16 +9,15 @@ same sizes. A new engine brings its own signatures; nothing here changes.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any
 
 from ms_shm import advice, engines
-from ms_shm._results import Result, mib
+from ms_shm._results import Result, mib, record
 from ms_shm.engines.base import Signature
 from ms_shm.sizes import MiB
 
 
-@dataclass(frozen=True)
+@record
 class Explanation(Result):
     """One recognised failure.
 
@@ -49,7 +48,7 @@ class Explanation(Result):
     available: int | None = None
 
 
-@dataclass(frozen=True)
+@record
 class Report(Result):
     """``ms-shm explain``'s answer; ``to_dict()`` is its ``--json`` object without ``schema``."""
 

@@ -11,12 +11,12 @@ import multiprocessing
 import os
 import resource
 import sys
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Mapping
 
 from ms_shm import procfs
-from ms_shm._results import Result, mib
+from ms_shm._results import Result, mib, record
 from ms_shm.logind import LogindFacts, read_logind
 
 log = logging.getLogger(__name__)
@@ -25,7 +25,7 @@ PAGE = 4096
 _UNLIMITED_CGROUP = 1 << 60  # cgroup v1 writes ~2**63 rounded to a page for "no limit"
 
 
-@dataclass(frozen=True)
+@record
 class Ranks(Result):
     """How many training processes share this host's /dev/shm, and which one we are."""
 
@@ -34,7 +34,7 @@ class Ranks(Result):
     source: str  # the variable (or "override", or "default") the numbers came from
 
 
-@dataclass(frozen=True)
+@record
 class HostFacts(Result):
     """What the host offers a data pipeline. ``None`` means "could not determine"; ``notes`` say why."""
 

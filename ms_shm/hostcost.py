@@ -14,11 +14,10 @@ import functools
 import logging
 import pickle
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
-from ms_shm._results import Result
+from ms_shm._results import Result, record
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +29,7 @@ REFERENCE_PIPE_S_PER_MIB = 1.35e-3
 MATTERS_FROM_BYTES = MiB  # rows smaller than this: per-row costs are dominated by the constant part
 
 
-@dataclass(frozen=True)
+@record
 class TransferCosts(Result):
     """Seconds per MiB on this host, and how they compare with the reference machine (1.0: the same)."""
 

@@ -18,10 +18,10 @@ from __future__ import annotations
 import logging
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 
-from ms_shm._results import Result
+from ms_shm._results import Result, record
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ _FALSE = ("0", "no", "n", "false", "f", "off")
 _COMMENTED = re.compile(r"^\s*[#;]\s*RemoveIPC\s*=\s*(\S+)\s*$", re.MULTILINE)
 
 
-@dataclass(frozen=True)
+@record
 class LogindFacts(Result):
     """What systemd-logind will do with this user's IPC objects when the user's last session ends.
 

@@ -20,20 +20,20 @@ import statistics
 import time
 import types
 import weakref
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from ms_shm import parallel, rows, sandbox
-from ms_shm._results import Result
+from ms_shm._results import Result, record
 
 log = logging.getLogger(__name__)
 
 PROBE_ROWS_FOR_MAP = 3
 
 
-@dataclass(frozen=True)
+@record
 class OperationStats(Result):
     """A map stage's operations on a few rows: the largest input and output row, median seconds per row."""
 
@@ -46,7 +46,7 @@ class OperationStats(Result):
     parallel_fraction: float | None = None  # of the CPU work, what ran outside the GIL (``ms_shm.parallel``)
 
 
-@dataclass(frozen=True)
+@record
 class StageProbe(Result):
     """What the probe child saw of one stage, or why it saw nothing.
 
@@ -74,7 +74,7 @@ class Lineage:
         return None
 
 
-@dataclass(frozen=True)
+@record
 class SourceLineage(Lineage):
     source: Any
     names: tuple
@@ -85,7 +85,7 @@ class SourceLineage(Lineage):
                            for i in self.indices[:count]], self.names)
 
 
-@dataclass(frozen=True)
+@record
 class IterableLineage(Lineage):
     source: Any
     names: tuple
@@ -98,7 +98,7 @@ class IterableLineage(Lineage):
         return fresh_iteration_blocker(self.source)
 
 
-@dataclass(frozen=True)
+@record
 class TakenRows(Lineage):
     """Rows already read in the parent (from a pipeline with no Python code, which has no side effects)."""
 
@@ -108,7 +108,7 @@ class TakenRows(Lineage):
         return {k: v[:count] for k, v in self.columns.items()}
 
 
-@dataclass(frozen=True)
+@record
 class MapLineage(Lineage):
     parent: Lineage
     operations: Any
@@ -128,7 +128,7 @@ class MapLineage(Lineage):
         return self.parent.why_not()
 
 
-@dataclass(frozen=True)
+@record
 class Unavailable(Lineage):
     reason: str
 

@@ -7,11 +7,10 @@ request none of whose candidates fits becomes one ``ShmBudgetError`` with the nu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from ms_shm import sizes
-from ms_shm._results import Result, mib
+from ms_shm._results import Result, mib, record
 from ms_shm.budget import Budget
 from ms_shm.errors import ShmBudgetError
 from ms_shm.rows import RowStats
@@ -20,7 +19,7 @@ INLINE, THREADS, PROCESSES, PIPES = "inline", "threads", "processes", "pipes"
 MODES = (INLINE, THREADS, PROCESSES, PIPES)
 
 
-@dataclass(frozen=True)
+@record
 class Decision(Result):
     setting: str
     value: Any
@@ -32,7 +31,7 @@ class Decision(Result):
         return f"{self.setting}={self.value}{changed}: {self.reason}"
 
 
-@dataclass(frozen=True)
+@record
 class Request(Result):
     """What the caller asked for. ``None`` means "not passed": ms_shm may choose."""
 
@@ -49,7 +48,7 @@ class Request(Result):
     explicit: str | None = None  # "preference": explicit settings may be adapted to fit (ms_shm.patch); else kept
 
 
-@dataclass(frozen=True)
+@record
 class Candidate(Result):
     mode: str
     workers: int
@@ -62,7 +61,7 @@ class Candidate(Result):
     memory: int = 0  # host memory it adds to the memory cgroup, its /dev/shm pages included
 
 
-@dataclass(frozen=True)
+@record
 class Plan(Result):
     """The chosen configuration, what it will use, and why."""
 

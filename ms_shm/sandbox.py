@@ -18,6 +18,7 @@ on which process or thread reads them must keep MindSpore's own mode.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import io
 import logging
@@ -31,13 +32,12 @@ import threading
 import time
 import traceback
 import warnings
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from ms_shm import procfs
-from ms_shm._results import Result
+from ms_shm._results import Result, record
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ DEFAULT_TIMEOUT = 60.0  # seconds; a probe that hangs (a lock held at fork) must
 TIMEOUT_ENV = "MS_SHM_PROBE_TIMEOUT"
 
 
-@dataclass(frozen=True)
+@record
 class Effects(Result):
     """What the probe saw in the child: each a reason, or ``None`` for "nothing seen".
 
@@ -67,7 +67,7 @@ class Effects(Result):
         return self.draws_random or self.rereads_differ
 
 
-@dataclass(frozen=True)
+@record
 class Outcome:
     """The child's result, or why there is none.
 
@@ -121,6 +121,10 @@ def run_in_fork(probe: Callable[[], Any], timeout: float | None = None, worker_p
 def _child(probe: Callable[[], Any], fd: int, worker_pages: bool) -> None:  # pragma: no cover - child side
     """Run the probe silently (a source's prints must not appear twice) and leave without cleanup handlers."""
     try:
+        # No garbage collection in a child that lives for a few rows: a full collection walks (and so writes,
+        # copying them) the pages of every object the parent holds, ~70-80 ms with MindSpore loaded, and may be
+        # due at fork (the parent's counts are inherited).
+        gc.disable()
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)

@@ -9,17 +9,18 @@ from __future__ import annotations
 import logging
 import textwrap
 import threading
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import Any, Callable, Sequence
 
 from ms_shm import budget as budget_mod
 from ms_shm import changes as changes_mod
 from ms_shm import host
+from ms_shm._results import record
 
 log = logging.getLogger("ms_shm")
 
 
-@dataclass
+@record(frozen=False)
 class Session:
     facts: host.HostFacts | None = None
     fraction: float = budget_mod.DEFAULT_FRACTION

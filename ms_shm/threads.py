@@ -25,10 +25,10 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Mapping
 
-from ms_shm._results import Result
+from ms_shm._results import Result, record
 from ms_shm.plan import PIPES, PROCESSES, Decision, Plan
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ _MISSING = object()
 _APIS = {"blas": "BLAS/OpenMP", "openmp": "BLAS/OpenMP", "opencv": "OpenCV"}
 
 
-@dataclass(frozen=True)
+@record
 class ThreadPool(Result):
     """One native thread pool loaded in this process.
 
@@ -54,7 +54,7 @@ class ThreadPool(Result):
     num_threads: int
 
 
-@dataclass(frozen=True)
+@record
 class ThreadPools(Result):
     """The pools ``probe()`` found; ``known`` is False when the probe failed (``notes`` say why)."""
 
@@ -67,7 +67,7 @@ class ThreadPools(Result):
         return max(self.pools, key=lambda pool: pool.num_threads, default=None)
 
 
-@dataclass(frozen=True)
+@record
 class ThreadCap(Result):
     """What ``decide()`` chose: ``threads_per_worker`` is ``None`` for no cap, and ``reason`` says why.
 

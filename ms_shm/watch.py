@@ -24,12 +24,12 @@ import os
 import resource
 import threading
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Union
 
 from ms_shm import host, procfs, sizes
-from ms_shm._results import Result, mib
+from ms_shm._results import Result, mib, record
 from ms_shm.errors import UsageError
 
 if TYPE_CHECKING:  # psutil is imported where it is used: at ms_shm's import it cost 60-110 ms
@@ -44,7 +44,7 @@ CSV_COLUMNS = ("timestamp", "shm_used", "shm_total", "sysv_bytes", "sysv_segment
                "workers_uss", "fds", "fd_soft_limit", "worker_fds_max", "epoch", "memory_used", "memory_limit")
 
 
-@dataclass(frozen=True)
+@record
 class Sample(Result):
     """One reading. ``None`` means "could not read" (or, for ``workers_uss``, "not measured this time").
 
@@ -81,7 +81,7 @@ class Sample(Result):
     memory_limit: int | None = None
 
 
-@dataclass(frozen=True)
+@record
 class WorkerGrowth(Result):
     """How one worker's unique memory (USS; RSS where USS was unreadable) moved between epoch marks.
 
@@ -98,7 +98,7 @@ class WorkerGrowth(Result):
     steady: bool = False
 
 
-@dataclass(frozen=True)
+@record
 class WatchSummary(Result):
     """Peaks and trends of one ``watch()``; sizes in bytes, ``None`` where never readable."""
 
@@ -216,7 +216,7 @@ def growth(series: list, epochs: int = 3, min_bytes: int = 8 << 20, min_fraction
 descendants = procfs.descendants
 
 
-@dataclass
+@record(frozen=False)
 class _WorkerReading:
     """One sample's worker figures: sums, per-worker bytes for growth, and the fds of each."""
 

@@ -243,3 +243,19 @@ def test_a_slow_first_call_does_not_set_the_time_per_row(monkeypatch):
 
     stats = rows.measure_random_access(LazyInit(), ["a", "b"], time_fraction=1e9)
     assert stats.probed == 8 and stats.seconds_per_row == 2.0 ** -10  # the median, not the 1 s first call
+
+
+@pytest.mark.parametrize("a, b, same", [
+    (np.full(3, np.nan), np.full(3, np.nan), True),  # a NaN read twice is the same row, to the byte
+    (np.zeros(1), -np.zeros(1), False),  # equal numbers, other bytes
+    (np.arange(200_001, dtype=np.uint8), np.arange(200_001, dtype=np.uint8), True),  # past several steps
+    (np.arange(200_001, dtype=np.uint8), np.r_[np.arange(200_000, dtype=np.uint8), np.uint8(0)], False),
+    (np.arange(12.0).reshape(3, 4).T, np.arange(12.0).reshape(3, 4).T.copy(), True),  # not contiguous
+    (np.arange(4, dtype=np.int32), np.arange(4, dtype=np.int64), False),
+    (np.arange(4), np.arange(4).reshape(2, 2), False),
+    (np.array(["ab", "c"]), np.array(["ab", "c"]), True),
+    (({"k": np.ones(2)},), ({"k": np.ones(2)},), True),
+    (({"k": np.ones(2)},), ({"k": np.zeros(2)},), False),
+])
+def test_a_row_read_twice_is_compared_to_the_byte(a, b, same):
+    assert rows.same_row(a, b) is same

@@ -4,11 +4,13 @@ advice text, sizes) stay framework-free. A ``Protocol``: engines implement it wi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
+from ms_shm._results import record
 
-@dataclass(frozen=True)
+
+@record
 class Signature:
     """One failure a framework prints, as ``ms_shm.explain`` recognises and explains it.
 

@@ -8,9 +8,8 @@ supports is detected in ``compat``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
-from ms_shm._results import Result
+from ms_shm._results import Result, record
 from ms_shm.engines.mindspore.profiles import EngineProfile
 from ms_shm.sizes import FD_MARGIN, PAGE, MiB  # noqa: F401  (re-exported: model's arithmetic is in pages)
 
@@ -105,7 +104,7 @@ def static_rowsize_for(row_bytes: int) -> int:
     return int(row_bytes // MiB) + 1
 
 
-@dataclass(frozen=True)
+@record
 class MapCost(Result):
     """What a map/batch process pool needs, by where it lives."""
 

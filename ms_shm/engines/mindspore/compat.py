@@ -10,16 +10,15 @@ from __future__ import annotations
 import inspect
 import logging
 import types
-from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ms_shm._results import Result
+from ms_shm._results import Result, record
 from ms_shm.changes import Change, get_nofile, set_nofile_soft  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@record
 class MindSporeConfig(Result):
     """MindSpore's global dataset settings as they are now."""
 

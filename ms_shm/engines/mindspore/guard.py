@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ms_shm import procfs, sizes
-from ms_shm._results import Result, mib
+from ms_shm._results import Result, mib, record
 from ms_shm.engines.mindspore import arithmetic as model
 from ms_shm.errors import RowTooLargeError, ShmFullError
 
@@ -33,7 +32,7 @@ log = logging.getLogger(__name__)
 
 
 
-@dataclass(frozen=True)
+@record
 class GuardSpec(Result):
     """What one worker may use: ``slots`` dynamic slots within ``worker_bytes`` of /dev/shm.
 

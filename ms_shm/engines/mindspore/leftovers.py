@@ -19,7 +19,8 @@ Measured on MindSpore 2.10:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+
+from ms_shm._results import record
 
 #: ``proj_id`` MindSpore passes to ``ftok`` (found by experiment, see the module docstring).
 FTOK_PROJ = 0
@@ -30,7 +31,7 @@ IPC_FILE = re.compile(r"^dataset_ipc_(\d+)_(\d+)_(\d+)$")
 DEV_SHM_FILE = re.compile(r"^mindspore_(\d+)_")
 
 
-@dataclass(frozen=True)
+@record
 class LeftoverPatterns:
     """How one engine's leftovers are recognised: what every engine's ``leftover_patterns()`` returns.
 

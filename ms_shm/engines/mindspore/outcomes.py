@@ -10,10 +10,10 @@ profile, not this module.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
-from ms_shm._results import Result, mib
+from ms_shm._results import Result, mib, record
 from ms_shm.engines.mindspore import arithmetic as model
 from ms_shm.engines.mindspore import profiles
 from ms_shm.engines.mindspore.profiles import EngineProfile
@@ -46,7 +46,7 @@ def why_it_fails(profile: EngineProfile) -> str:
             f"the default since 2.4), so the first worker that writes past the end dies ({failure(profile)})")
 
 
-@dataclass(frozen=True)
+@record
 class MapOutcome(Result):
     """What ``map(python_multiprocessing=True)`` with the same workers and rows needs, by where it lives."""
 
@@ -63,7 +63,7 @@ class MapOutcome(Result):
         return f"/dev/shm {mib(self.dev_shm)} (6 slots per worker)"
 
 
-@dataclass(frozen=True)
+@record
 class Outcome(Result):
     """One release's outcome for a GeneratorDataset pipeline at a /dev/shm size (a row of ``ms-shm plan``).
 
@@ -176,7 +176,7 @@ def table_versions(asked: str | None) -> tuple:
 # ------------------------------------------------------------------------------------------- ms-shm plan
 
 
-@dataclass(frozen=True)
+@record
 class PlanInput(Result):
     """The pipeline ``ms-shm plan`` was asked about."""
 
@@ -188,7 +188,7 @@ class PlanInput(Result):
     rows: int | None = None
 
 
-@dataclass(frozen=True)
+@record
 class ShmSeen(Result):
     """The /dev/shm the what-if is judged against, and where its numbers came from."""
 
@@ -197,7 +197,7 @@ class ShmSeen(Result):
     source: str
 
 
-@dataclass(frozen=True)
+@record
 class WhatIf(Result):
     """``ms-shm plan``'s answer: each release's outcome, and the plan ms_shm would build for the asked one."""
 

@@ -10,11 +10,11 @@ says, a static ``max_rowsize`` cannot be pickled for spawn, spawn pools cost sec
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from ms_shm import plan
-from ms_shm._results import Result, mib
+from ms_shm._results import Result, mib, record
 from ms_shm.budget import Budget
 from ms_shm.engines.mindspore import arithmetic as model
 from ms_shm.engines.mindspore.profiles import EngineProfile, profile_for
@@ -25,7 +25,7 @@ from ms_shm.rows import RowStats
 RAGGED_MARGIN = 1.5  # plan ragged rows at 1.5x the largest probe row; the runtime guard covers the rest
 
 
-@dataclass(frozen=True)
+@record
 class Costs(Result):
     """Per-row cost in the main process (seconds = a + b * MiB) and pool start-up, per transport.
 

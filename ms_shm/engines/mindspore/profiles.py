@@ -8,9 +8,8 @@ A contributor adding a release's behaviour adds or changes a branch of ``profile
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
-from ms_shm._results import Result
+from ms_shm._results import Result, record
 
 # Releases whose behaviour ms_shm models, oldest first (``ms-shm plan`` prints one row per release).
 KNOWN_VERSIONS = ("2.3", "2.10")
@@ -21,7 +20,7 @@ KNOWN_VERSIONS = ("2.3", "2.10")
 CARRIED_KINDS = {"b": "bool", "i": "int", "u": "uint", "f": "float", "U": "str", "S": "bytes"}
 
 
-@dataclass(frozen=True)
+@record
 class EngineProfile(Result):
     """How one MindSpore version moves rows between processes. Unknown versions get the newest profile."""
 

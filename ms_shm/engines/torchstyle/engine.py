@@ -4,16 +4,15 @@ this class with their framework's adapter (``compat``), signatures and leftovers
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ms_shm import host
-from ms_shm._results import Result
+from ms_shm._results import Result, record
 from ms_shm.engines.torchstyle import arithmetic
 from ms_shm.engines.torchstyle.planning import DEFAULT_COSTS, WorkerCosts
 
 
-@dataclass(frozen=True)
+@record
 class LoaderProfile(Result):
     """How one framework's DataLoader moves batches."""
 
@@ -25,7 +24,7 @@ class LoaderProfile(Result):
     costs: WorkerCosts = DEFAULT_COSTS  # what its workers cost beyond the samples' work, measured per framework
 
 
-@dataclass(frozen=True)
+@record
 class LoaderOutcome(Result):
     """A typical loader at some free /dev/shm: its peak and whether it fits (what ``doctor`` sizes)."""
 

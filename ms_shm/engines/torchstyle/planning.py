@@ -10,10 +10,8 @@ is seeded apart).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from ms_shm import plan, sizes
-from ms_shm._results import Result, mib
+from ms_shm._results import Result, mib, record
 from ms_shm.budget import Budget
 from ms_shm.changes import NOFILE
 from ms_shm.engines.torchstyle import arithmetic as model
@@ -27,7 +25,7 @@ PER_STORAGE_SECONDS = 4e-5  # ... and each storage of it (a file descriptor pass
 FORKS_PER_WORKER = 2  # a worker's fork, then its exit and join at the epoch's end: each walks the parent's pages
 
 
-@dataclass(frozen=True)
+@record
 class WorkerCosts(Result):
     """What workers cost a framework's DataLoader beyond the samples' own work: per-framework facts, measured
     (``engines/torch``, ``engines/mindspore_dataloader`` say how), priced here by one rule.
@@ -51,7 +49,7 @@ class WorkerCosts(Result):
 DEFAULT_COSTS = WorkerCosts()
 
 
-@dataclass(frozen=True)
+@record
 class BatchStats(Result):
     """What the probe batch showed, scaled to ``batch_size`` samples.
 
@@ -81,7 +79,7 @@ class BatchStats(Result):
     cpu_seconds_per_sample: float | None = None
 
 
-@dataclass(frozen=True)
+@record
 class LoaderRequest(Result):
     """What the call asked for (``None``: not passed, ms_shm may choose) and what cannot change."""
 

@@ -55,6 +55,7 @@ Run (as root: it mounts a tmpfs in a private namespace):
 from __future__ import annotations
 
 import argparse
+import gc
 import io
 import json
 import os
@@ -86,8 +87,8 @@ WORKLOADS = {
     "jpeg": "1024x768 JPEG decode (Pillow, GIL released)",
     "numpy_rng": "8 MiB numpy Generator rows (GIL released)",
 }
-TARGET_RATIO = 0.9  # best grid time / ms_shm time
-TARGET_RAW = 1.10  # ms_shm time / raw time, where raw survives
+TARGET_RATIO = 0.95  # best grid time / ms_shm time (issue 10)
+TARGET_RAW = 1.05  # ms_shm time / raw time, where raw survives (issue 10: never more than 5% slower)
 TARGET_PROBE = 0.05  # build_dataset's probing / one epoch
 # Grid workers: the CPUs this process may run on (MindSpore refuses more workers than os.cpu_count()).
 WORKERS = max(1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
@@ -240,7 +241,9 @@ def _check(row: tuple, expected: int, src: Source) -> str | None:
 
 
 def _build_ms_shm(src: Source, out: dict):
-    """``tune()`` + ``build_dataset``, timed; records ms_shm's plan in ``out``. Returns (dataset, t0, t1)."""
+    """``import ms_shm`` + ``tune()`` + ``build_dataset``, timed; records ms_shm's plan in ``out``. Returns
+    (dataset, t0, t1)."""
+    t0 = time.perf_counter()  # the clock starts before ms_shm's import and tune(): the user's script pays both
     import ms_shm
 
     try:  # where ms_shm builds the GeneratorDataset, to time the construction inside build_dataset
@@ -260,7 +263,6 @@ def _build_ms_shm(src: Source, out: dict):
 
     engine.generator_dataset = timed
     out["ms_shm_from"] = str(Path(ms_shm.__file__).resolve().parent)
-    t0 = time.perf_counter()  # the clock starts before tune(): the user's script pays for it
     ms_shm.tune()
     tuned = time.perf_counter()
     dataset = ms_shm.build_dataset(src, COLUMNS, shuffle=False)
@@ -303,6 +305,10 @@ def child(spec: dict) -> dict:
     import mindspore.dataset  # noqa: F401  (imported before the clock starts: not part of any figure)
 
     src = Source(spec["workload"], spec["work"])  # built before the clock too (the JPEGs are encoded here)
+    # MindSpore's import leaves a full garbage collection due (~70-80 ms here: ~160k objects); whichever code
+    # allocates next pays it, ms_shm's import or the user's first model. It is part of MindSpore's import, so it
+    # is paid here, before the clock, in every configuration alike.
+    gc.collect()
     cfg = spec["config"]
     out: dict = {"ok": True}
     if cfg["kind"] == "ms_shm":

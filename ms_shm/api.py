@@ -268,7 +268,8 @@ def build_dataset(source: Any, column_names: Sequence[str] | str | None = None, 
     blocked = _probe_blocker(source, generator_kwargs, eng)
     probe = measure.StageProbe(None, unmeasured=blocked) if blocked else \
         measure.probe_random_access(source, names, eng.compat.row_check(), _worker_pages(facts),
-                                    defer_row_errors=_explicit is not None)  # patched: MindSpore raises it later
+                                    defer_row_errors=_explicit is not None,  # patched: MindSpore raises it later
+                                    column_dtypes=eng.compat.column_dtypes(generator_kwargs.get("column_types")))
     p = _plan_source(probe, req, generator_kwargs, config, facts, eng)
     if p.python_multiprocessing and p.workers > 1:
         _inspect_copy_on_read(source, p.workers, facts, req.start_method, share_lists)

@@ -198,7 +198,8 @@ def lineage_of(dataset: Any) -> Lineage | None:
 # --- probing ---------------------------------------------------------------------------------------------
 
 def probe_random_access(source: Any, names: Sequence[str] | None, check: Callable | None,
-                        worker_pages: bool = False, defer_row_errors: bool = False) -> StageProbe:
+                        worker_pages: bool = False, defer_row_errors: bool = False,
+                        column_dtypes: tuple | None = None) -> StageProbe:
     """Measure a random-access source in a probe child.
 
     Raises:
@@ -214,7 +215,7 @@ def probe_random_access(source: Any, names: Sequence[str] | None, check: Callabl
         stats: list = []
 
         def measured():
-            stats.append(rows.measure_random_access(source, names, check=check))
+            stats.append(rows.measure_random_access(source, names, check=check, column_dtypes=column_dtypes))
             return stats[0]
 
         return sandbox.watch_effects(measured, [source], lambda: stats[0].reread_differs)

@@ -69,6 +69,9 @@ class FakeCompat:
     def row_check(self):
         return None
 
+    def column_dtypes(self, column_types):
+        return None
+
     def processes_blocker(self):
         return None
 

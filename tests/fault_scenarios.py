@@ -345,10 +345,19 @@ def sc_random_shapes(ds, ms_shm) -> None:
 
 
 # Each case: a row function, the column names, and what every good row must come out as (same dtype, same
-# shape, same values). The cases that are bad at one row are listed in test_faults.BAD_AT.
+# shape, same values), and optionally more GeneratorDataset arguments. The cases that are bad at one row are
+# listed in test_faults.BAD_AT.
 def _cases() -> dict:
+    import mindspore
+
     f4 = np.arange(24, dtype=np.float32).reshape(4, 6)
     return {
+        "column_types_match": (lambda i: (np.arange(3, dtype=np.float16) + i, np.array(i, np.int32)), ["a", "b"],
+                               lambda i: (np.arange(3, dtype=np.float16) + i, np.array(i, np.int32)),
+                               {"column_types": [mindspore.float16, mindspore.int32]}),
+        "column_types_differ": (lambda i: (np.arange(3, dtype=np.float32), np.array(i, np.int32)), ["a", "b"],
+                                lambda i: (np.arange(3, dtype=np.float32), np.array(i, np.int32)),
+                                {"column_types": [mindspore.float32, mindspore.int64]}),
         "list_column": (lambda i: ([1, 2, i], np.array(i)), ["a", "b"],
                         lambda i: (np.array([1, 2, i]), np.array(i))),
         "list_row": (lambda i: [np.arange(3) + i, np.array(i)], ["a", "b"],
@@ -394,8 +403,9 @@ def sc_bad_inputs(ds, ms_shm, raw: bool) -> None:
     """Every case through ms_shm (processes, 2 workers) or through raw MindSpore with the same settings."""
     out = {}
     kwargs = dict(shuffle=False, num_parallel_workers=2, python_multiprocessing=True)
-    for name, (fn, names, expect) in _cases().items():
+    for name, (fn, names, expect, *more) in _cases().items():
         source = Table(fn)
+        arguments = dict(kwargs, **(more[0] if more else {}))
 
         def check(i, row, expect=expect):
             want = expect(i)
@@ -405,9 +415,9 @@ def sc_bad_inputs(ds, ms_shm, raw: bool) -> None:
 
         try:
             if raw:
-                dataset = ds.GeneratorDataset(source, names, **kwargs)
+                dataset = ds.GeneratorDataset(source, names, **arguments)
             else:
-                dataset = ms_shm.build_dataset(source, names, **kwargs)
+                dataset = ms_shm.build_dataset(source, names, **arguments)
         except Exception as exc:
             out[name] = {"rows": 0, "bad": [], "error": error_text(exc), "at": "build"}
             continue

@@ -265,7 +265,7 @@ def test_non_deterministic_shapes_arrive_bit_exact(faults):
     assert_nothing_left(out)
 
 
-GOOD = ["zero_d", "empty", "all_empty_some_rows", "non_contiguous", "strings", "dict_row"]
+GOOD = ["zero_d", "empty", "all_empty_some_rows", "non_contiguous", "strings", "dict_row", "column_types_match"]
 # Cases bad at one row: where ms_shm stops ("build": the probe, before any worker) and what it says, or the
 # row after which MindSpore itself raises, as it does raw (a bad row the probe did not read).
 BAD_AT = {
@@ -281,14 +281,16 @@ REFUSED_AT_BUILD = {
     "numpy_scalar": "MindSpore's row conversion raises ValueError: Unable to avoid copy",
     "ragged_list": "MindSpore's row conversion raises ValueError: Unable to avoid copy",
     "big_endian": "RowError: column 'a' of row 0 has byte order >f4",
+    "column_types_differ": "RowError: column 'b' of row 0 is int32, but column_types gives it Int64",
 }
 # What raw MindSpore 2.10 (NumPy 2) does with the same sources, so the cases above prove something.
 RAW_FAILS = {
     "list_column": "Unable to avoid copy", "python_scalars": "Unable to avoid copy",
     "numpy_scalar": "Unable to avoid copy", "list_row": "inhomogeneous shape",
     "none_at_probe": "Unable to avoid copy",
+    "column_types_differ": "should be same with specified column_types",
 }
-RAW_PASSES = ["zero_d", "empty", "all_empty_some_rows", "non_contiguous", "strings", "dict_row"]
+RAW_PASSES = ["zero_d", "empty", "all_empty_some_rows", "non_contiguous", "strings", "dict_row", "column_types_match"]
 
 
 def test_bad_inputs_are_carried_exactly_or_refused_naming_row_column_and_fix(faults):

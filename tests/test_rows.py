@@ -259,3 +259,31 @@ def test_a_slow_first_call_does_not_set_the_time_per_row(monkeypatch):
 ])
 def test_a_row_read_twice_is_compared_to_the_byte(a, b, same):
     assert rows.same_row(a, b) is same
+
+
+F4, I8 = np.dtype(np.float32), np.dtype(np.int64)
+
+
+@pytest.mark.parametrize("converted, dtypes, refused", [
+    ((np.zeros(2, np.float32), np.array(1, np.int64)), ((F4, "Float32"), (I8, "Int64")), None),
+    ((np.zeros(2, np.float32), np.array(1, np.int32)), ((F4, "Float32"), (I8, "Int64")), "b"),
+    ((np.zeros(2, np.float64),), ((F4, "Float32"),), "a"),
+    ((np.array(["x"]),), ((None, "String"),), None),  # strings: MindSpore's to judge
+    (({"k": np.ones(1)},), ((F4, "Float32"),), None),  # a dict column: not an array
+    ((np.zeros(2, np.float32),), None, None),  # no column_types given
+])
+def test_a_column_whose_dtype_is_not_its_column_type_is_refused_naming_it(converted, dtypes, refused):
+    if refused is None:
+        rows.refuse_column_types(converted, 3, ["a", "b"], dtypes)
+        return
+    with pytest.raises(RowError) as info:
+        rows.refuse_column_types(converted, 3, ["a", "b"], dtypes)
+    assert info.value.column == refused and info.value.row == 3
+    assert f"column '{refused}' of row 3" in str(info.value) and "Fix: return x.astype(np." in str(info.value)
+    assert "mindspore." in str(info.value).split("Fix:")[1]
+
+
+def test_the_probe_refuses_column_types_the_rows_do_not_have():
+    source = [(np.zeros(2, np.float32), np.array(i, np.int32)) for i in range(4)]
+    with pytest.raises(RowError, match="column 'b' of row 0 is int32, but column_types gives it Int64"):
+        rows.measure_random_access(source, ["a", "b"], column_dtypes=((F4, "Float32"), (I8, "Int64")))

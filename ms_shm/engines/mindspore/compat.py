@@ -12,6 +12,8 @@ import logging
 import types
 from typing import Any, Sequence
 
+import numpy as np
+
 from ms_shm._results import Result, record
 from ms_shm.changes import Change, get_nofile, set_nofile_soft  # noqa: F401  (re-exported)
 
@@ -218,6 +220,25 @@ def row_check():
     return _convert_row
 
 
+def column_dtypes(column_types: Any) -> tuple | None:
+    """``GeneratorDataset(column_types=...)`` as ``(numpy dtype or None, MindSpore's name)`` per column, or
+    ``None`` when none were given. ``None`` stands for a type checked here by nothing (strings, or a type NumPy
+    lacks, such as bfloat16): MindSpore alone decides on those."""
+    if not column_types:
+        return None
+    try:
+        from mindspore.common.dtype import dtype_to_nptype
+    except ImportError:
+        return None
+    out = []
+    for t in column_types:
+        try:
+            out.append((np.dtype(dtype_to_nptype(t)), str(t)))
+        except Exception:  # a string type, bfloat16 under this NumPy, or no type at all: not ours to judge
+            out.append((None, str(t)))
+    return tuple(out)
+
+
 def rows_come_from(dataset: Any) -> Any:
     """The stage whose rows ``dataset`` yields unchanged (reordered, repeated or cut), or ``dataset`` itself:
     a ``map`` after ``.shuffle()`` can be measured on the rows of the stage before the shuffle."""
@@ -310,5 +331,5 @@ def take_rows(dataset: Any, count: int) -> list:
 
 
 __all__ = ["MindSporeConfig", "Change", "available", "arguments_fit", "read_config", "set_prefetch_size", "set_shared_mem", "set_watchdog", "get_nofile",
-           "set_nofile_soft", "undo", "generator_dataset", "map_dataset", "batch_dataset", "patch_targets", "validate", "row_check", "rows_come_from",
+           "set_nofile_soft", "undo", "generator_dataset", "map_dataset", "batch_dataset", "patch_targets", "validate", "row_check", "column_dtypes", "rows_come_from",
            "python_code_in", "network_operators_in", "column_names", "processes_blocker", "take_rows"]

@@ -76,13 +76,12 @@ def record(cls: type | None = None, *, frozen: bool = True) -> Any:
     """
     if cls is None:
         return lambda c: record(c, frozen=frozen)
-    cls = dataclasses.dataclass(cls, init=False, repr=False, eq=False, match_args=False)
+    cls = dataclasses.dataclass(cls, init=False, repr=False, eq=False)  # (3.10+ sets ``__match_args__`` too)
     every = dataclasses.fields(cls)
     compared = tuple(f.name for f in every if f.compare)
     cls.__init__ = _init_for(cls, tuple(f for f in every if f.init))
     cls.__repr__ = _repr_for(tuple(f.name for f in every if f.repr))
     cls.__eq__ = _eq_for(compared)
-    cls.__match_args__ = tuple(f.name for f in every if f.init)
     if frozen:
         cls.__setattr__, cls.__delattr__ = _refuse_assignment, _refuse_assignment
         cls.__hash__ = lambda self: hash(tuple(getattr(self, n) for n in compared))

@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ms_shm import parallel, rows, sandbox
+from ms_shm import objects, parallel, rows, sandbox
 from ms_shm._results import Result, record
 
 log = logging.getLogger(__name__)
@@ -142,7 +142,7 @@ def fresh_iteration_blocker(source: Any) -> str | None:
         if inspect.getgeneratorstate(source) != inspect.GEN_CREATED:
             return "the source is a generator that has already started"
         return None
-    if not hasattr(source, "__iter__"):
+    if not objects.has(source, "__iter__"):
         return sandbox.holds_open_file(source)  # a generator function: each call starts afresh
     try:
         fresh = iter(source)
@@ -334,7 +334,7 @@ def _operation_objects(operations: Any) -> list:
     ops = operations if isinstance(operations, (list, tuple)) else [operations]
     out = []
     for op in ops:
-        owner = getattr(op, "__self__", None)
+        owner = objects.attribute(op, "__self__")
         target = owner if owner is not None and not isinstance(owner, types.ModuleType) else op
         if not isinstance(target, (types.FunctionType, types.BuiltinFunctionType)):
             out.append(target)

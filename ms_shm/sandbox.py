@@ -36,7 +36,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ms_shm import procfs
+from ms_shm import objects, procfs
 from ms_shm._results import Result, record
 
 log = logging.getLogger(__name__)
@@ -288,7 +288,7 @@ def _own_generators(objects: Sequence[Any]) -> tuple:
 def holds_open_file(obj: Any) -> str | None:
     """An open file among ``obj``'s attributes: its offset is shared with a forked child, so reading it there
     would move the parent's position."""
-    attrs = getattr(obj, "__dict__", None)
+    attrs = objects.attribute(obj, "__dict__")
     for name, value in (attrs.items() if isinstance(attrs, dict) else ()):
         if isinstance(value, io.IOBase) and not value.closed:
             return f"{type(obj).__name__}.{name} is an open file"

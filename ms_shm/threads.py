@@ -28,6 +28,7 @@ import sys
 from dataclasses import replace
 from typing import Any, Mapping
 
+from ms_shm import objects
 from ms_shm._results import Result, record
 from ms_shm.plan import PIPES, PROCESSES, Decision, Plan
 
@@ -209,7 +210,7 @@ def cap_operations(p: Plan, operations: Any, usable_cpus: int) -> tuple:
 def _plain_callable(op: Any) -> bool:
     """A user's function or callable object: MindSpore wraps it in its ``FuncWrapper`` and runs it in the
     workers as any function. A MindSpore transform (it has ``implementation``) or a class is left as it is."""
-    return (callable(op) and not isinstance(op, type) and not hasattr(op, "implementation")
+    return (callable(op) and not isinstance(op, type) and not objects.has(op, "implementation")
             and not type(op).__module__.startswith("mindspore"))
 
 

@@ -138,6 +138,64 @@ def test_too_many_workers_are_adapted_under_patch_and_refused_as_mindspore_does_
     assert got == list(range(8)) and "num_parallel_workers" in caplog.text
 
 
+def test_a_generator_function_under_patch_is_capped_as_a_random_access_source_and_not_otherwise_adapted(
+        real_mindspore, caplog):
+    """A generator function (no ``__getitem__``) with too many workers: MindSpore's ValueError raw, the same cap
+    as any source under ``patch()``; with workers that fit, no "adapted" warning, since MindSpore itself reads such
+    a source in the main process and ms_shm changes nothing (found with MindSpore's test_skip.py)."""
+    import os
+
+    import mindspore.dataset as ds
+
+    import ms_shm
+
+    def gen():
+        for i in range(5):
+            yield (np.full(2, i, np.int64),)
+
+    def epoch(dataset):
+        return [int(r["x"][0]) for r in dataset.create_dict_iterator(output_numpy=True, num_epochs=1)]
+
+    many = (os.cpu_count() or 1) + 2
+    assert _raised(lambda: ds.GeneratorDataset(gen, ["x"], num_parallel_workers=many))[0] is ValueError
+    with ms_shm.patched(), caplog.at_level("WARNING", logger="ms_shm"):
+        assert epoch(ds.GeneratorDataset(gen, ["x"], num_parallel_workers=many)) == list(range(5))
+        assert "num_parallel_workers" in caplog.text and "os.cpu_count()" in caplog.text
+        caplog.clear()
+        assert epoch(ds.GeneratorDataset(gen, ["x"], num_parallel_workers=min(2, many - 2))) == list(range(5))
+    assert "adapted" not in caplog.text, caplog.text
+
+
+def test_an_operation_whose_getattr_raises_fails_where_mindspore_fails(real_mindspore):
+    """An operation whose ``__getattr__`` raises ``KeyError`` (a dict subclass, from MindSpore's test_iterator.py):
+    raw MindSpore builds the map and raises when the pipeline starts; so must patched code and ``ms_shm.map``,
+    with MindSpore's own error (ms_shm looked up ``__self__`` with ``getattr``, which lets KeyError through)."""
+    import mindspore.dataset as ds
+
+    import ms_shm
+
+    class AttrDict(dict):
+        def __getattr__(self, key):
+            return self[key]
+
+        def __call__(self, x):
+            return x
+
+    def source():
+        return ds.GeneratorDataset([(np.array(i),) for i in range(4)], ["a"], shuffle=False)
+
+    def start(dataset):
+        return list(dataset.create_tuple_iterator(num_epochs=1))
+
+    mapped = source().map(operations=[AttrDict()])
+    raw = _raised(lambda: start(mapped))
+    assert raw[0] is KeyError
+    with ms_shm.patched():
+        mapped = source().map(operations=[AttrDict()])
+    assert _raised(lambda: start(mapped)) == raw
+    assert _raised(lambda: start(ms_shm.map(source(), [AttrDict()]))) == raw
+
+
 def test_a_bad_row_under_patch_raises_where_mindspore_raises_it(real_mindspore, caplog):
     """Two column names, rows of one array: raw MindSpore builds the dataset and raises while iterating, so the
     patched constructor builds it too (ms_shm's clearer reason is logged) and iterating raises what raw does."""

@@ -73,7 +73,8 @@ GENERATOR_CASES = {
         rows(**CPU_HEAVY), ask(workers=1, multiprocessing=True), room(), INLINE, 1),
     "multiprocessing=False, trivial 8 MiB rows": (
         rows(**TRIVIAL_BIG), ask(multiprocessing=False), room(), INLINE, 1),
-    "iterable source": (rows(8 * MiB, random_access=False, length=None), ask(workers=4), room(), INLINE, 4),
+    # 4 workers asked on 2 CPUs: MindSpore would refuse 4 (ValueError), so they are capped at 2 as for any source
+    "iterable source": (rows(8 * MiB, random_access=False, length=None), ask(workers=4), room(), INLINE, 2),
     "untimed rows (what-if)": (RowStats.synthetic(MiB), ask(workers=2), room(), PROCESSES, 2),
     # a 450 MB container, 2 GB /dev/shm, 288 MiB left (x 80% = 230 MiB): at prefetch 16 the slots alone are
     # 288 MiB; at prefetch 3, 5 slots per worker (80 MiB) + 7 rows in flight + 2 workers' pages fit
@@ -462,3 +463,27 @@ def test_close_estimates_keep_mindsporeS_own_choice_and_say_so():
 def test_map_operations_parallel_fraction(free, expected):
     p = planning.plan_map(MiB, 8 * MiB, 0.04, 1.0, 1000, ask(), room(), V210, parallel_fraction=free)
     assert p.mode == expected, p.summary()
+
+
+@pytest.mark.parametrize("build", [
+    lambda req: planning.plan_iterable(req, room(), V210),
+    lambda req: planning.plan_unmeasured(req, room(), V210, "the source holds an open file"),
+    lambda req: planning.plan_generator(rows(**CPU_HEAVY), req, room(), V210),
+])
+def test_more_workers_than_cpus_are_capped_by_every_planner_with_one_decision(build):
+    """MindSpore refuses ``num_parallel_workers`` above ``os.cpu_count()``: every planner caps it there and says
+    so once, whether the source is measured, unmeasured or an iterable (the iterable one kept 4 and MindSpore
+    raised ValueError under ``patch()``)."""
+    p = build(ask(workers=4, cpu_count=2))
+    capped = [d for d in p.decisions if d.setting == "num_parallel_workers" and "os.cpu_count()" in d.reason]
+    assert p.workers <= 2 and len(capped) == 1 and (capped[0].value, capped[0].default) == (2, 4)
+    assert not any(d.setting == "num_parallel_workers" for d in build(ask(workers=2, cpu_count=2)).decisions
+                   if "os.cpu_count()" in d.reason)
+
+
+def test_an_iterable_source_is_read_inline_by_mindspore_itself_not_adapted():
+    """The inline mode of an iterable source is MindSpore's own (not a change ms_shm makes): its decision's value
+    and default agree, so ``patch()`` logs no "adapted" warning for it."""
+    for req in (ask(), ask(workers=2, multiprocessing=True)):
+        decision = mode_decision(planning.plan_iterable(req, room(), V210))
+        assert decision.value == decision.default == INLINE

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ms_shm import objects
 from ms_shm._results import Result, record
 from ms_shm.changes import Change, get_nofile, set_nofile_soft  # noqa: F401  (re-exported)
 
@@ -282,7 +283,7 @@ def python_code_in(dataset: Any) -> str | None:
         ops = getattr(node, "operations", None) or []
         python_ops = [op for op in ops if not isinstance(op, TensorOperation)]
         if python_ops:
-            return f"{type(node).__name__} with the Python operation {getattr(python_ops[0], '__name__', python_ops[0])}"
+            return f"{type(node).__name__} with the Python operation {objects.attribute(python_ops[0], '__name__', python_ops[0])}"
         if getattr(node, "per_batch_map", None) is not None:
             return f"{type(node).__name__} with a per_batch_map"
         stack.extend(getattr(node, "children", []) or [])

@@ -217,10 +217,7 @@ def _planned_row(stats: RowStats, req: Request) -> tuple:
         decisions.append(Decision("row_bytes", row, stats.row_bytes_max,
                                   f"row sizes vary across probe rows ({mib(stats.row_bytes_min)} to "
                                   f"{mib(stats.row_bytes_max)}): planned at {RAGGED_MARGIN}x the largest"))
-    if req.workers is not None and req.workers > req.cpu_count:
-        decisions.append(Decision("num_parallel_workers", req.cpu_count, req.workers,
-                                  f"MindSpore refuses more workers than os.cpu_count()={req.cpu_count}"))
-    return row, decisions
+    return row, decisions + _workers_cap(req)[1]
 
 
 def _setting_decisions(best: Candidate, cands: list, req: Request, budget: Budget) -> list:
@@ -274,12 +271,14 @@ def _mode_reason(best: Candidate, fitting: list, req: Request, stats: RowStats) 
 
 def plan_iterable(req: Request, budget: Budget, profile: EngineProfile) -> Plan:
     """An iterable or generator source: MindSpore reads it in the main process, whatever the arguments."""
-    decision = Decision("mode", INLINE, default_mode(req),
+    workers, capped = _workers_cap(req)
+    # INLINE is MindSpore's own doing here, not a change ms_shm makes: default and value agree (no "adapted")
+    decision = Decision("mode", INLINE, INLINE,
                         "the source has no __getitem__/__len__: MindSpore reads it in the main process and ignores "
                         "num_parallel_workers, so it uses no shared memory; it is passed on untouched")
-    return Plan("generator", INLINE, req.workers or 1, req.prefetch,
+    return Plan("generator", INLINE, workers or 1, req.prefetch,
                 req.multiprocessing if req.multiprocessing is not None else True, req.shared_mem,
-                req.max_rowsize, 0, 0, 0, 0, budget, True, 0, 0, None, profile, (decision,))
+                req.max_rowsize, 0, 0, 0, 0, budget, True, 0, 0, None, profile, (*capped, decision))
 
 
 def plan_unmeasured(req: Request, budget: Budget, profile: EngineProfile, why: str | None,
@@ -287,12 +286,22 @@ def plan_unmeasured(req: Request, budget: Budget, profile: EngineProfile, why: s
     """No measurement: MindSpore's own settings, unchanged; the reason says why and what is unknown."""
     default_mp = kind == "generator"
     mp = req.multiprocessing if req.multiprocessing is not None else default_mp
-    workers = req.workers if req.workers is not None else 1
+    workers, capped = _workers_cap(req)
+    workers = workers if workers is not None else 1
     mode = default_mode(replace(req, workers=workers, multiprocessing=mp))
     decision = Decision("mode", mode, mode, f"not measured ({why}): MindSpore's own settings are kept, and "
                                             f"ms_shm cannot predict their shared memory")
     return Plan(kind, mode, workers, req.prefetch, mp and workers > 1, req.shared_mem, req.max_rowsize, 0, 0, 0,
-                0, budget, True, 0, 0, None, profile, (decision,))
+                0, budget, True, 0, 0, None, profile, (*capped, decision))
+
+
+def _workers_cap(req: Request) -> tuple:
+    """``(workers, decisions)``: the workers asked, at most ``os.cpu_count()``, which MindSpore refuses to exceed
+    (its ValueError, raised under ``patch(strict=True)`` only), and the decision saying so where it capped."""
+    if req.workers is None or req.workers <= req.cpu_count:
+        return req.workers, []
+    return req.cpu_count, [Decision("num_parallel_workers", req.cpu_count, req.workers,
+                                    f"MindSpore refuses more workers than os.cpu_count()={req.cpu_count}")]
 
 
 def plan_map(in_bytes: int, out_bytes: int, seconds_per_row: float | None, cpu_fraction: float | None,
@@ -319,10 +328,7 @@ def plan_map(in_bytes: int, out_bytes: int, seconds_per_row: float | None, cpu_f
         raise ShmBudgetError(plan.no_fit_message(cands, req, budget, stats, row))
     own = default_mode(replace(req, multiprocessing=req.multiprocessing is True))  # map's default: threads
     best, kept = plan.choose(fitting, req, own)
-    decisions = []
-    if req.workers is not None and req.workers > req.cpu_count:
-        decisions.append(Decision("num_parallel_workers", req.cpu_count, req.workers,
-                                  f"MindSpore refuses more workers than os.cpu_count()={req.cpu_count}"))
+    decisions = _workers_cap(req)[1]
     reason = _mode_reason(best, fitting, req, stats) if seconds_per_row is not None else \
         "operations were not timed: MindSpore's default transport that fits"
     decisions.append(Decision("mode", best.mode, own, reason + kept + plan.unknown_shm(budget)))

@@ -1,0 +1,31 @@
+"""``ms_shm.objects``: looking at a user's object never raises, whatever its ``__getattr__`` does."""
+
+from __future__ import annotations
+
+import pytest
+
+from ms_shm import objects
+
+
+class Answers:
+    present = 1
+
+    def __init__(self, error):
+        self.error = error
+
+    def __getattr__(self, name):
+        raise self.error(name)
+
+
+@pytest.mark.parametrize("error", [AttributeError, KeyError, RuntimeError, ValueError])
+def test_a_lookup_that_raises_is_missing(error):
+    obj = Answers(error)
+    assert objects.attribute(obj, "present") == 1 and objects.has(obj, "present")
+    assert objects.attribute(obj, "absent", "default") == "default" and not objects.has(obj, "absent")
+
+
+def test_an_attribute_whose_value_is_none_is_there():
+    class Holder:
+        value = None
+
+    assert objects.has(Holder(), "value") and objects.attribute(Holder(), "value", 5) is None

@@ -18,7 +18,6 @@ on which process or thread reads them must keep MindSpore's own mode.
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import io
 import logging
@@ -119,12 +118,12 @@ def run_in_fork(probe: Callable[[], Any], timeout: float | None = None, worker_p
 
 
 def _child(probe: Callable[[], Any], fd: int, worker_pages: bool) -> None:  # pragma: no cover - child side
-    """Run the probe silently (a source's prints must not appear twice) and leave without cleanup handlers."""
+    """Run the probe silently (a source's prints must not appear twice) and leave without cleanup handlers.
+
+    Garbage collection stays on, as in a forked worker: a collection due at fork walks the parent's objects and
+    copies their pages, and that is part of what each worker adds to a container's memory (measured: with it off
+    here, the 450 MB container test's plan admitted a pipeline that was OOM-killed, 1 run in 2)."""
     try:
-        # No garbage collection in a child that lives for a few rows: a full collection walks (and so writes,
-        # copying them) the pages of every object the parent holds, ~70-80 ms with MindSpore loaded, and may be
-        # due at fork (the parent's counts are inherited).
-        gc.disable()
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)

@@ -90,7 +90,8 @@ def _prefetch_options(current: int) -> list:
 
 def _worker_options(req: Request) -> list:
     cap = max(1, min(req.cpu_count, req.usable_cpus))
-    return [max(1, min(req.workers, req.cpu_count))] if req.workers is not None else list(range(1, cap + 1))
+    asked = _workers_cap(req)[0]
+    return [max(1, asked)] if asked is not None else list(range(1, cap + 1))
 
 
 def _modes(req: Request, notes: list, stats: RowStats | None = None) -> list:
@@ -223,7 +224,8 @@ def _planned_row(stats: RowStats, req: Request) -> tuple:
 def _setting_decisions(best: Candidate, cands: list, req: Request, budget: Budget) -> list:
     """Workers, prefetch and the shared-memory switch where the chosen candidate differs from the request."""
     out = []
-    asked = min(req.workers, req.cpu_count) if req.workers is not None else 1  # the cap is logged already
+    capped = _workers_cap(req)[0]  # the cap's decision is logged already
+    asked = capped if capped is not None else 1
     if best.workers != asked:
         out.append(Decision("num_parallel_workers", best.workers, req.workers or 1,
                             "fastest that fits" if req.workers is None else "capped"))

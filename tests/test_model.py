@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from ms_shm import model
+from ms_shm.engines.mindspore import arithmetic
 
 MiB = model.MiB
 LABEL = 4  # the measured rows carried a 4-byte int32 label column next to the data: one more page per slot
@@ -222,3 +223,18 @@ def test_map_pool_cost(version, workers, out_bytes, dev_shm, sysv):
 def test_map_pool_of_no_workers_costs_nothing():
     assert model.map_pool_cost(model.profile_for("2.10"), 0, MiB, MiB) == model.MapCost(0, 0, 0)
     assert model.map_fds(0) == 0
+
+
+# (mode, prefetch, the largest rss + shmem MiB a 2-worker GeneratorDataset of 48 rows of 8 MiB added in 5-6 runs
+# on MindSpore 2.10, its reader slower than the workers so every queue fills), worker processes' pages 12 MiB each
+MEMORY_PEAKS = [("threads", 2, 315), ("threads", 4, 290), ("threads", 16, 311),
+                ("processes", 2, 152), ("processes", 5, 224), ("processes", 16, 481),
+                ("inline", 2, 57), ("inline", 16, 153)]
+
+
+@pytest.mark.parametrize("mode, prefetch, measured", MEMORY_PEAKS)
+def test_generator_memory_covers_the_measured_peak_with_a_full_queue(mode, prefetch, measured):
+    workers, row = (1 if mode == "inline" else 2), 8 * MiB
+    shm = arithmetic.generator_peak(row, workers, prefetch, 48, None, shared_mem=True) if mode == "processes" else 0
+    predicted = arithmetic.generator_memory(mode, row, workers, prefetch, shm, 12 * MiB, 48) / MiB
+    assert measured * 0.9 <= predicted <= measured * 1.25, predicted

@@ -159,13 +159,16 @@ __all__ = ["DEFAULT_PREFETCH", "SEM_PAGES_PER_POOL", "FD_BASE", "FD_PER_WORKER",
 
 # --- host memory (the memory cgroup) ------------------------------------------------------------------------
 # Rows of a stage's output the process tree holds at once beyond /dev/shm slots (connector queues, rows being
-# copied out of a slot or pickled into a pipe). Measured on MindSpore 2.10 with 2 workers, 2 and 8 MiB rows, as
-# the smallest cgroup v1 memory limit each configuration passes, less the same pipeline with empty rows
-# (`memory.limit_in_bytes` bisected to 16 MiB): inline 20 rows at prefetch 16; threads 40 at prefetch 16 and 28
-# at 4; processes 14 at 16 and 7 at 2 beside their slots; pipes 46 at 16. A map's peak varies more from run to
-# run (the race between its workers and the reader): 25-31 rows in threads, 33-37 in processes (slots and
-# worker pages included), sampled as the cgroup's rss + shmem every 20 ms.
+# copied out of a slot or pickled into a pipe). Measured on MindSpore 2.10 with 2 workers and 8 MiB rows read by
+# a consumer slower than the workers (a sha256 per row, so every queue fills), as the cgroup's rss + shmem
+# sampled every 2 ms over the process before the pipeline, 5-6 runs each: threads 27-39 rows at prefetch 2,
+# 27-36 at 4, 31-39 at 16 (each worker thread's result queue holds 16 rows whatever the prefetch:
+# ``queue.Queue(16)`` in ``_GeneratorWorkerMt``, 2.0 to 2.10); processes 18-19 rows at prefetch 2, 27-28 at 5,
+# 48-60 at 16, slots and worker pages included; inline 5-7 at prefetch 2, 14-19 at 16. A map's peak varies
+# more from run to run (the race between its workers and the reader): 25-31 rows in threads, 33-37 in
+# processes (slots and worker pages included).
 PIPELINE_BYTES = 16 * MiB  # the same pipeline with empty rows, over the process before it was built
+THREAD_RESULT_QUEUE = 16  # rows each of MindSpore's worker threads may hold done (its res_queue)
 WORKER_BYTES_UNMEASURED = 32 * MiB  # a forked worker's own pages when the probe could not say (measured 12-25)
 
 
@@ -174,8 +177,8 @@ def rows_in_flight(mode: str, workers: int, prefetch: int) -> int:
     if mode == "inline":
         return prefetch + 4
     if mode == "threads":
-        return prefetch + 12 * workers
-    held = prefetch // 2 + 6
+        return max(prefetch + 12 * workers, THREAD_RESULT_QUEUE * workers + 8)
+    held = prefetch + 6
     if mode == "pipes":
         held += workers * queue_size(prefetch, workers)
     return held

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import statistics
 import time
 import types
 import weakref
@@ -388,7 +387,7 @@ def time_operations(operations: Any, inputs: list) -> OperationStats:
                    default=0)
     out_bytes = max((sum(int(r.nbytes) for r in result) for result in results), default=0)
     wall = sum(walls)
-    return OperationStats(len(walls), in_bytes, out_bytes, statistics.median(walls) if walls else None,
+    return OperationStats(len(walls), in_bytes, out_bytes, float(np.median(walls)) if walls else None,
                           (sum(cpus) / wall) if wall > 0 else None, parallel_fraction=fraction)
 
 

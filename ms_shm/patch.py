@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.abc
 import importlib.machinery
 import inspect
 import json
@@ -250,10 +249,12 @@ def _patch_imported(module_name: str) -> None:
         _patch_loader(module_name)
 
 
-class _FrameworkImports(importlib.abc.MetaPathFinder):
+class _FrameworkImports:
     """Patches a framework module right after it is imported (``mindspore.dataset``, a DataLoader module), for
     code that imports it after ``patch()`` (``ms-shm run``): ms_shm never imports a framework itself, so a
-    torch script is not made to import MindSpore (seconds) nor the reverse."""
+    torch script is not made to import MindSpore (seconds) nor the reverse. A meta path finder needs only
+    ``find_spec``; not deriving from ``importlib.abc.MetaPathFinder`` spares a MindSpore script that module's
+    import (~10 ms: it loads ``importlib.resources``, which MindSpore does not)."""
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
         watched = name in _LOADERS or name == _MINDSPORE_DATASET or (name in FRAMEWORKS and _ON_IMPORT)

@@ -148,6 +148,27 @@ def test_probe_reads_rows_spread_over_the_source_with_mindspores_index_type():
     assert [c.name for c in stats.columns] == ["a", "b"] and stats.columns[0].varies
 
 
+class Slow(Indexed):
+    """Rows slow enough (4 ms) for the probe to read two of them at once."""
+
+    def __getitem__(self, index):
+        import time
+
+        time.sleep(0.004)
+        return super().__getitem__(index)
+
+
+@pytest.mark.parametrize("length, calls", [
+    (100, [0, 0, 99]),  # the pair is the 2nd and 3rd read: 3 reads > 2% of 100 rows, no middle row
+    (300, [0, 0, 299, 171, 43, 85, 128]),  # 2% of 300 is 6 reads: the pair counts two
+])
+def test_a_slow_source_stops_once_its_reads_pass_two_percent_of_an_epoch(length, calls):
+    src = Slow(length)
+    stats = rows.measure_random_access(src, ["a", "b"])
+    assert sorted(src.calls) == sorted(calls)  # the pair's two reads run on two threads, in either order
+    assert stats.reread_differs is None and stats.indices[:2] == (0, length - 1)
+
+
 def test_the_sources_own_exception_passes_unchanged():
     """MindSpore raises it when the pipeline reads the row: the caller decides, the probe does not wrap it."""
     with pytest.raises(KeyError, match="missing file 18.jpg"):

@@ -21,6 +21,14 @@ from typing import Any, Callable, Sequence
 
 MIN_SECONDS = 2e-3  # rows cheaper than this: starting threads costs as much as the row, the figure is noise
 MIN_CPU_SHARE = 0.5  # below it the row mostly waits: threads overlap the waiting, the CPU share decides
+# A first pair read in a fresh fork runs cold: both threads fault in new pages at once (~4,400 faults for two
+# 1024x768 JPEG decodes, ~10 on the next pair) and queue on the kernel's locks, which reads as the GIL. Measured
+# in probe children (MindSpore 2.10 loaded, 5 forks each, 4 pairs in a row): Pillow decode 0.00-0.85 on the first
+# pair, mostly 0.7-0.9 after; numpy Generator rows 0.47-0.91, then 0.63-0.97; pure-Python rows 0.00-0.30 on every
+# pair. A first pair that came back low although it took less than 1.5x a row read alone did overlap, so it is
+# read once more (it costs less than one more row) and the larger fraction kept; rows that held the GIL took
+# 2.0-2.5x one row for their pair and are not read again.
+WARM_ABOVE, OVERLAPPED_BELOW = 0.8, 1.5
 
 
 def parallel_fraction(cpu_seconds: Sequence[float], wall_together: float, cpu_share: float | None,
@@ -44,6 +52,11 @@ def parallel_fraction(cpu_seconds: Sequence[float], wall_together: float, cpu_sh
     if speedup <= 0:
         return None
     return min(1.0, max(0.0, 2.0 - 2.0 / speedup))
+
+
+def may_have_run_cold(fraction: float | None, together: float, alone: float) -> bool:
+    """Whether a first pair is worth a second (see ``WARM_ABOVE``): it read low but overlapped."""
+    return fraction is not None and fraction < WARM_ABOVE and together < OVERLAPPED_BELOW * alone
 
 
 def usable_cpus() -> int:
@@ -85,4 +98,4 @@ def run_pair(work: Callable[[Any], Any], items: Sequence[Any]) -> tuple:
     return results, walls, cpus, together
 
 
-__all__ = ["parallel_fraction", "run_pair", "usable_cpus", "MIN_SECONDS"]
+__all__ = ["parallel_fraction", "may_have_run_cold", "run_pair", "usable_cpus", "MIN_SECONDS", "WARM_ABOVE", "OVERLAPPED_BELOW"]

@@ -169,6 +169,22 @@ def test_a_slow_source_stops_once_its_reads_pass_two_percent_of_an_epoch(length,
     assert stats.reread_differs is None and stats.indices[:2] == (0, length - 1)
 
 
+@pytest.mark.parametrize("together, calls, kept", [
+    (0.004, [0, 0, 0, 57, 99], 0.85),  # the pair overlapped (1x a row) but read 0.3: read once more, larger kept
+    (0.009, [0, 0, 99], 0.30),  # the pair took 2x a row: the GIL was held, no second pair
+])
+def test_a_first_pair_read_low_that_overlapped_is_read_once_more(monkeypatch, together, calls, kept):
+    from ms_shm import parallel
+
+    fractions = iter([0.30, 0.85])
+    monkeypatch.setattr(parallel, "parallel_fraction", lambda *args: next(fractions))
+    monkeypatch.setattr(parallel, "run_pair", lambda work, items: ([work(i) for i in items], [0.004] * 2,
+                                                                   [0.004] * 2, together))
+    src = Slow(100)
+    stats = rows.measure_random_access(src, ["a", "b"])
+    assert sorted(src.calls) == calls and stats.parallel_fraction == kept
+
+
 def test_the_sources_own_exception_passes_unchanged():
     """MindSpore raises it when the pipeline reads the row: the caller decides, the probe does not wrap it."""
     with pytest.raises(KeyError, match="missing file 18.jpg"):

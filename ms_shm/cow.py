@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
+from ms_shm import objects
 from ms_shm._results import Result, mib, record
 from ms_shm.shared_list import SharedDict, SharedList
 
@@ -419,7 +420,7 @@ def _footprint(obj: Any, depth: int, seen: set[int], fork: bool) -> tuple[float,
     elif _is_container(obj):
         total = len(obj)
         children = list(itertools.islice(iter(obj), _CHILD_SAMPLE))
-    elif hasattr(obj, "__dict__") and not isinstance(obj, _NOT_WALKED):
+    elif isinstance(objects.attribute(obj, "__dict__"), dict) and not isinstance(obj, _NOT_WALKED):
         attributes = vars(obj)
         total = len(attributes) + 1
         children = [attributes, *itertools.islice(attributes.values(), _CHILD_SAMPLE)]

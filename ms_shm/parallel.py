@@ -26,8 +26,9 @@ MIN_CPU_SHARE = 0.5  # below it the row mostly waits: threads overlap the waitin
 # in probe children (MindSpore 2.10 loaded, 5 forks each, 4 pairs in a row): Pillow decode 0.00-0.85 on the first
 # pair, mostly 0.7-0.9 after; numpy Generator rows 0.47-0.91, then 0.63-0.97; pure-Python rows 0.00-0.30 on every
 # pair. A first pair that came back low although it took less than 1.5x a row read alone did overlap, so it is
-# read once more (it costs less than one more row) and the larger fraction kept; rows that held the GIL took
-# 2.0-2.5x one row for their pair and are not read again.
+# read once more (about one more row's time, as its rows overlap) and the larger fraction kept; rows that held
+# the GIL took 1.9-3.2x one row for their pair and are not read again. (A source whose first read was slow for
+# its own reasons, a lazy open, also gets a second pair: it costs two rows there, and the fraction stays low.)
 WARM_ABOVE, OVERLAPPED_BELOW = 0.8, 1.5
 
 
@@ -98,4 +99,5 @@ def run_pair(work: Callable[[Any], Any], items: Sequence[Any]) -> tuple:
     return results, walls, cpus, together
 
 
-__all__ = ["parallel_fraction", "may_have_run_cold", "run_pair", "usable_cpus", "MIN_SECONDS", "WARM_ABOVE", "OVERLAPPED_BELOW"]
+__all__ = ["parallel_fraction", "may_have_run_cold", "run_pair", "usable_cpus", "MIN_SECONDS", "WARM_ABOVE",
+           "OVERLAPPED_BELOW"]

@@ -27,7 +27,7 @@ MIN_CPU_SHARE = 0.5  # below it the row mostly waits: threads overlap the waitin
 # pair, mostly 0.7-0.9 after; numpy Generator rows 0.47-0.91, then 0.63-0.97; pure-Python rows 0.00-0.30 on every
 # pair. A first pair that came back low although it took less than 1.5x a row read alone did overlap, so it is
 # read once more (about one more row's time, as its rows overlap) and the larger fraction kept; rows that held
-# the GIL took 1.9-3.2x one row for their pair and are not read again. (A source whose first read was slow for
+# the GIL took 1.8-3.2x one row for their first pair and are not read again. (A source whose first read was slow for
 # its own reasons, a lazy open, also gets a second pair: it costs two rows there, and the fraction stays low.)
 WARM_ABOVE, OVERLAPPED_BELOW = 0.8, 1.5
 

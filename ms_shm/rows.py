@@ -349,8 +349,11 @@ def measure_random_access(source: Any, names: Sequence[str] | None, max_rows: in
             probe.fetch_pair(source, order[1])  # row 0 again beside row 1: the GIL's share and the re-read
             done, reads = 2, 3
             if parallel.may_have_run_cold(probe.parallel, probe.pair_seconds, probe.walls[0]) and len(order) > 2:
+                first = probe.parallel
                 probe.fetch_pair(source, order[2])  # the larger of the two fractions is the warm one
                 done, reads = 3, 5
+                notes.append(f"the first pair overlapped but read {first:.0%} of the work outside the GIL (a cold "
+                             f"fork): a second pair read, {probe.parallel:.0%} kept")
         else:
             row = probe.fetch(operator.getitem, source, np.int64(order[done]))
             probe.keep(order[done], row)

@@ -183,6 +183,7 @@ def test_a_first_pair_read_low_that_overlapped_is_read_once_more(monkeypatch, to
     src = Slow(100)
     stats = rows.measure_random_access(src, ["a", "b"])
     assert sorted(src.calls) == calls and stats.parallel_fraction == kept
+    assert any("a second pair read, 85% kept" in n for n in stats.notes) is (kept == 0.85)
 
 
 def test_the_sources_own_exception_passes_unchanged():

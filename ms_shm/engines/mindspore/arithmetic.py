@@ -164,7 +164,9 @@ __all__ = ["DEFAULT_PREFETCH", "SEM_PAGES_PER_POOL", "FD_BASE", "FD_PER_WORKER",
 # sampled every 2 ms over the process before the pipeline, 5-6 runs each: threads 27-39 rows at prefetch 2,
 # 27-36 at 4, 31-39 at 16 (each worker thread's result queue holds 16 rows whatever the prefetch:
 # ``queue.Queue(16)`` in ``_GeneratorWorkerMt``, 2.0 to 2.10); processes 18-19 rows at prefetch 2, 27-28 at 5,
-# 48-60 at 16, slots and worker pages included; inline 5-7 at prefetch 2, 14-19 at 16. A map's peak varies
+# 48-60 at 16, slots and worker pages included; inline 5-7 at prefetch 2, 14-19 at 16. Pipes were measured
+# before, as the smallest cgroup limit passed (bisected): 46 rows at prefetch 16; the rule counts 54 there (its
+# base moved with processes' and was not re-measured). A map's peak varies
 # more from run to run (the race between its workers and the reader): 25-31 rows in threads, 33-37 in
 # processes (slots and worker pages included).
 PIPELINE_BYTES = 16 * MiB  # the same pipeline with empty rows, over the process before it was built

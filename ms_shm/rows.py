@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import logging
 import operator
+import resource
 import time
 from dataclasses import field
 from typing import Any, Callable, Sequence
@@ -24,6 +25,15 @@ from ms_shm.errors import RowError
 
 log = logging.getLogger(__name__)
 
+# Rows whose first read took this long outside the kernel are read in a pair at once (row 0 again beside a new row:
+# the GIL's share, and the fidelity re-read overlapped with a new row). Cheaper rows are read alone first and paired
+# only if their warm reads still take ``parallel.MIN_SECONDS``: a first read in a fresh process also pays for new
+# pages (kernel time) and lazy set-up that a pipeline pays once per worker. Measured in probe children (MindSpore
+# 2.10): 8 MiB ``np.full`` rows read 2.3-3.9 ms on the first two reads, up to 33 ms where this VM's first touch of
+# a page is slow, and 0.2-0.7 ms once freed pages are reused; with the first reads setting the time per row, 2 of
+# 6 builds sent them to worker processes or threads, ~6x slower than the main process (after: 14 of 14 inline).
+# Below 8 ms the late pair costs under 2% of a 100-row epoch of such rows.
+PAIR_AT_ONCE_FROM = 8e-3
 
 
 @record
@@ -232,6 +242,8 @@ class _Probe:
     tensors: bool = False
     parallel: float | None = None  # fraction of the rows' CPU work that ran outside the GIL (two at once)
     pair_seconds: float = 0.0  # wall time of the last pair read at once
+    cpu_first: float = 0.0  # CPU seconds of the read that ``walls[0]`` times
+    first_kernel: float = 0.0  # system CPU seconds of the first read (its page faults, mostly)
     first: tuple | None = None  # (index, converted row) of the first row: kept to compare a second read with
     reread: str | None = None  # why the first row read again differs
     compared: bool = False  # the first row was read again
@@ -241,37 +253,78 @@ class _Probe:
         return sum(self.walls)
 
     def fetch(self, fetch: Callable, *args: Any) -> Any:
-        """Call ``fetch(*args)`` and add its wall and CPU time to the probe's account."""
+        """Call ``fetch(*args)`` and add its wall and CPU time to the probe's account (and for the first read,
+        the kernel's share of it: ``first_kernel``)."""
+        first = not self.walls
+        k0 = _kernel_seconds() if first else None
         w0, c0 = time.perf_counter(), time.thread_time()
         row = fetch(*args)
         self.walls.append(time.perf_counter() - w0)
-        self.cpu += time.thread_time() - c0
+        cpu = time.thread_time() - c0
+        self.cpu += cpu
+        if first:
+            self.cpu_first = cpu
+            k1 = _kernel_seconds()
+            self.first_kernel = (k1 - k0) if k0 is not None and k1 is not None else 0.0
         return row
 
-    def fetch_pair(self, source: Any, index: int) -> None:
+    @property
+    def share(self) -> float | None:
+        """CPU seconds over wall seconds of the rows read alone."""
+        return self.cpu / self.wall if self.wall > 0 else None
+
+    def warm_and_busy(self) -> bool:
+        """Whether rows read alone, warm, still take ``parallel.MIN_SECONDS`` of mostly CPU work: what a late
+        pair can tell threads about (rows that mostly wait overlap under threads whatever the GIL does)."""
+        share = self.share
+        return bool(self.walls) and float(np.median(self.walls)) >= parallel.MIN_SECONDS and \
+            share is not None and share >= parallel.MIN_CPU_SHARE
+
+    def first_is_dear(self) -> bool:
+        """Whether the first read, less the kernel time it spent (new pages: a worker's first row pays them
+        once), took ``PAIR_AT_ONCE_FROM``: a row dear enough to read in a pair at once."""
+        return self.walls[0] - self.first_kernel >= PAIR_AT_ONCE_FROM
+
+    def fetch_pair(self, source: Any, index: int, keep: bool = True) -> None:
         """Read the first row again and row ``index`` at once, on two threads: the pair gives the parallel
         fraction, and the second read of the first row the fidelity check (does a row read twice come back the
-        same?) at no extra row's time. The new row is accounted at the time it would take alone (its CPU time
-        over the CPU share of the rows read alone)."""
-        share = self.cpu / self.wall if self.wall > 0 else None
+        same?) at no extra row's time. With ``keep``, the new row is accounted at the time it would take alone
+        (its CPU time over the CPU share of the rows read alone); without, the pair only times the rows' overlap."""
+        share = self.share
         pair = [self.first[0], index]
         try:
             rows, walls, cpus, together = parallel.run_pair(lambda i: source[np.int64(i)], pair)
         except Exception:  # a source that is not safe on two threads: read it as MindSpore's workers would
-            self.keep(index, self.fetch(operator.getitem, source, np.int64(index)))
+            if keep:
+                self.keep(index, self.fetch(operator.getitem, source, np.int64(index)))
             return
         self.compare_first(rows[0])
+        self.first_again(min(walls[0], cpus[0] / share) if share else walls[0], cpus[0])
         self.pair_seconds = together
-        self.walls.append(min(walls[1], cpus[1] / share) if share else walls[1])
-        self.cpu += cpus[1]
-        self.keep(index, rows[1])
+        if keep:
+            self.walls.append(min(walls[1], cpus[1] / share) if share else walls[1])
+            self.cpu += cpus[1]
+            self.keep(index, rows[1])
         fraction = parallel.parallel_fraction(cpus, together, share, parallel.usable_cpus())
         self.parallel = fraction if self.parallel is None or fraction is None else max(self.parallel, fraction)
 
     def reread_first(self, source: Any) -> None:
-        """The fidelity check on its own (rows too cheap to time a pair, or a source unsafe on two threads)."""
+        """The fidelity check on its own (rows too cheap to time a pair, or a source unsafe on two threads).
+
+        Timed: where the second read of the first row is the faster, it stands for that row (a first read in a
+        fresh process also pays for the pages and lazy set-up a worker pays once, see ``PAIR_AT_ONCE_FROM``)."""
         if self.first is not None and not self.compared:
-            self.compare_first(source[np.int64(self.first[0])])
+            w0, c0 = time.perf_counter(), time.thread_time()
+            row = source[np.int64(self.first[0])]
+            wall, cpu = time.perf_counter() - w0, time.thread_time() - c0
+            self.compare_first(row)
+            self.first_again(wall, cpu)
+
+    def first_again(self, wall: float, cpu: float) -> None:
+        """Another read of the first row (alone, or its time alone in a pair): the fastest stands for the row."""
+        if self.walls and wall < self.walls[0]:
+            self.cpu += cpu - self.cpu_first
+            self.walls[0], self.cpu_first = wall, cpu
 
     def compare_first(self, row: Any) -> None:
         index, before = self.first
@@ -313,6 +366,14 @@ class _Probe:
                         parallel_fraction=self.parallel, reread_differs=self.reread)
 
 
+def _kernel_seconds() -> float | None:
+    """System CPU seconds of this thread so far (Linux), or of the process where threads are not told apart."""
+    try:
+        return resource.getrusage(getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)).ru_stime
+    except (OSError, ValueError):
+        return None
+
+
 def is_random_access(source: Any) -> bool:
     """MindSpore takes the multiprocess path only for sources with both ``__getitem__`` and ``__len__``."""
     return hasattr(source, "__getitem__") and hasattr(source, "__len__")
@@ -345,10 +406,11 @@ def measure_random_access(source: Any, names: Sequence[str] | None, max_rows: in
         return probe.stats(True, 0, started, notes)
     order, done, reads = _spread(length, max_rows), 0, 0
     while done < len(order):
-        if done == 1 and probe.walls[0] >= parallel.MIN_SECONDS:
+        if done == 1 and probe.first_is_dear():
+            alone = probe.walls[0]  # as cold as the pair (the pair's faster read of row 0 replaces it)
             probe.fetch_pair(source, order[1])  # row 0 again beside row 1: the GIL's share and the re-read
             done, reads = 2, 3
-            if parallel.may_have_run_cold(probe.parallel, probe.pair_seconds, probe.walls[0]) and len(order) > 2:
+            if parallel.may_have_run_cold(probe.parallel, probe.pair_seconds, alone) and len(order) > 2:
                 first = probe.parallel
                 probe.fetch_pair(source, order[2])  # the larger of the two fractions is the warm one
                 done, reads = 3, 5
@@ -367,6 +429,8 @@ def measure_random_access(source: Any, names: Sequence[str] | None, max_rows: in
                          f"of an epoch")
             break
     probe.reread_first(source)
+    if probe.pair_seconds == 0 and probe.warm_and_busy():
+        probe.fetch_pair(source, probe.indices[-1], keep=False)  # its rows are read and counted already
     return probe.stats(True, length, started, notes)
 
 

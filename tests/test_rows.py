@@ -149,12 +149,12 @@ def test_probe_reads_rows_spread_over_the_source_with_mindspores_index_type():
 
 
 class Slow(Indexed):
-    """Rows slow enough (4 ms) for the probe to read two of them at once."""
+    """Rows slow enough (10 ms) for the probe to read two of them at once, right after the first."""
 
     def __getitem__(self, index):
         import time
 
-        time.sleep(0.004)
+        time.sleep(0.010)
         return super().__getitem__(index)
 
 
@@ -281,6 +281,88 @@ def test_a_slow_first_call_does_not_set_the_time_per_row(monkeypatch):
 
     stats = rows.measure_random_access(LazyInit(), ["a", "b"], time_fraction=1e9)
     assert stats.probed == 8 and stats.seconds_per_row == 2.0 ** -10  # the median, not the 1 s first call
+
+
+class FakeClock:
+    """A probe clock the source advances: exact figures, no wall-clock time asserted on. ``kernel`` is the system
+    CPU time of the thread (``rows._kernel_seconds``)."""
+
+    def __init__(self) -> None:
+        self.now = self.kernel = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    thread_time = perf_counter
+
+
+class Timed:
+    """100 rows whose reads take the times ``costs(call)`` gives, ``(seconds, of which in the kernel)``."""
+
+    def __init__(self, clock: FakeClock, costs) -> None:
+        self.clock, self.costs, self.calls = clock, costs, []
+
+    def __len__(self):
+        return 100
+
+    def __getitem__(self, i):
+        seconds, kernel = self.costs(len(self.calls))
+        self.calls.append(int(i))
+        self.clock.now += seconds
+        self.clock.kernel += kernel
+        return np.zeros(8), np.array(i)
+
+
+def _timed_probe(monkeypatch, costs, pair_row=0.004, together=0.004):
+    """The probe of ``Timed(costs)``; a pair's rows take ``pair_row`` each (wall and CPU), ``together`` in all."""
+    from ms_shm import parallel
+
+    clock, pairs = FakeClock(), []
+    monkeypatch.setattr(rows, "time", clock)
+    monkeypatch.setattr(rows, "_kernel_seconds", lambda: clock.kernel)
+
+    def run_pair(work, items):
+        pairs.append(list(items))
+        return [work(i) for i in items], [pair_row] * 2, [pair_row] * 2, together
+
+    monkeypatch.setattr(parallel, "run_pair", run_pair)
+    src = Timed(clock, costs)
+    return src, rows.measure_random_access(src, ["a", "b"]), pairs
+
+
+def test_a_cheap_row_whose_first_read_faulted_in_pages_is_timed_warm_and_not_paired(monkeypatch):
+    """8 MiB rows read 2.4-33 ms first in a fresh fork (new pages, in the kernel) and 0.3 ms warm: the warm reads
+    set the time per row, and no pair is read (threads cannot help a row that cheap)."""
+    src, stats, pairs = _timed_probe(monkeypatch, lambda call: (2.0 ** -5, 2.0 ** -5 - 2.0 ** -9) if call == 0
+                                            else (2.0 ** -12, 0.0))
+    assert src.calls == [0, 99, 57, 0] and pairs == []  # three rows, then row 0 again (the fidelity re-read)
+    assert stats.seconds_per_row == 2.0 ** -12 and stats.parallel_fraction is None and stats.indices == (0, 99, 57)
+
+
+def test_rows_still_dear_once_warm_get_their_pair_after_the_reads_alone(monkeypatch):
+    """A first read of 7.8 ms (under ``PAIR_AT_ONCE_FROM``) whose warm reads stay at 3.9 ms: the GIL's share matters,
+    so the last row is read again beside row 0, without counting it twice."""
+    src, stats, pairs = _timed_probe(monkeypatch, lambda call: (2.0 ** -7, 0.0) if call == 0 else (2.0 ** -8, 0.0))
+    assert src.calls == [0, 99, 57, 0, 0, 57] and pairs == [[0, 57]]
+    assert stats.indices == (0, 99, 57) and stats.seconds_per_row == 2.0 ** -8 and stats.parallel_fraction == 1.0
+
+
+def test_a_first_read_dear_outside_the_kernel_is_paired_at_once(monkeypatch):
+    src, stats, pairs = _timed_probe(monkeypatch, lambda call: (2.0 ** -5, 2.0 ** -10))
+    assert src.calls == [0, 0, 99] and pairs == [[0, 99]]
+
+
+def test_a_cold_first_read_gives_way_to_row_0_read_faster_in_its_pair(monkeypatch):
+    """Measured: JPEG rows decode in 15-24 ms on a fresh fork's first read and ~7 ms once warm. Row 0's faster time
+    in the pair stands for it; whether the pair ran cold is still judged against the first read, as cold as it."""
+    from ms_shm import parallel
+
+    fractions = iter([0.30, 0.85])
+    monkeypatch.setattr(parallel, "parallel_fraction", lambda *args: next(fractions))
+    src, stats, pairs = _timed_probe(monkeypatch, lambda call: (2.0 ** -5, 2.0 ** -10), pair_row=2.0 ** -7,
+                                     together=1.25 * 2.0 ** -5)
+    assert pairs == [[0, 99], [0, 57]] and stats.parallel_fraction == 0.85  # 1.25x the first read: read again
+    assert stats.seconds_per_row == 2.0 ** -7  # every row at its pair's time, row 0's first read replaced
 
 
 @pytest.mark.parametrize("a, b, same", [

@@ -361,34 +361,46 @@ def run_operations(operations: Any, columns: Sequence[Any]) -> tuple:
 
 
 def time_operations(operations: Any, inputs: list) -> OperationStats:
-    """Sizes (largest input and output row) and median time per row of ``operations`` over ``inputs``; the
-    first row alone, the next two at once on two threads where rows are not trivially cheap (``parallel``)."""
+    """Sizes (largest input and output row) and median time per row of ``operations`` over ``inputs``; with
+    the GIL's share (``parallel``) where rows are not trivially cheap: the first row alone and the next two at
+    once on two threads when the first took ``parallel.PAIR_AT_ONCE_FROM`` outside the kernel; else each row
+    alone, and the last two again at once if they still take ``parallel.MIN_SECONDS`` warm."""
     walls, cpus, results = [], [], []
+    first_kernel = 0.0
     for k, args in enumerate(inputs):
-        if k == 1 and len(inputs) >= 3 and walls[0] >= parallel.MIN_SECONDS:
+        if k == 1 and len(inputs) >= 3 and parallel.pair_at_once(walls[0], first_kernel):
             break
-        w0, c0 = time.perf_counter(), time.thread_time()
-        results.append(run_operations(operations, args))
-        walls.append(time.perf_counter() - w0)
-        cpus.append(time.thread_time() - c0)
+        result, wall, cpu, kernel = parallel.timed_call(run_operations, operations, args)
+        results.append(result)
+        walls.append(wall)
+        cpus.append(cpu)
+        first_kernel = kernel if k == 0 else first_kernel
     fraction = None
-    if len(walls) == 1 and len(inputs) >= 3:
-        share = cpus[0] / walls[0] if walls[0] > 0 else None
-        try:
-            pair, pair_walls, pair_cpus, together = parallel.run_pair(lambda a: run_operations(operations, a),
-                                                                      inputs[1:3])
-        except Exception:  # operations not safe on two threads: measured on the first row alone
-            pair, pair_walls, pair_cpus, together = [], [], [], 0.0
-        results += pair
-        walls += [min(w, c / share) if share else w for w, c in zip(pair_walls, pair_cpus)]
-        cpus += pair_cpus
-        fraction = parallel.parallel_fraction(pair_cpus, together, share, parallel.usable_cpus()) if pair else None
+    if len(inputs) >= 3:
+        share = sum(cpus) / sum(walls) if sum(walls) > 0 else None
+        if len(walls) == 1:  # the next two rows at once, each timed as it would take alone
+            pair, pair_walls, pair_cpus, fraction = _operations_pair(operations, inputs[1:3], share)
+            results += pair
+            walls += [min(w, c / share) if share else w for w, c in zip(pair_walls, pair_cpus)]
+            cpus += pair_cpus
+        elif parallel.worth_a_late_pair(walls, share):
+            fraction = _operations_pair(operations, inputs[-2:], share)[3]
     in_bytes = max((sum(int(a.nbytes) for a in args if hasattr(a, "nbytes")) for args in inputs[:len(results)]),
                    default=0)
     out_bytes = max((sum(int(r.nbytes) for r in result) for result in results), default=0)
     wall = sum(walls)
     return OperationStats(len(walls), in_bytes, out_bytes, float(np.median(walls)) if walls else None,
                           (sum(cpus) / wall) if wall > 0 else None, parallel_fraction=fraction)
+
+
+def _operations_pair(operations: Any, inputs: list, share: float | None) -> tuple:
+    """Two rows' operations at once: ``(results, walls, cpus, parallel fraction)``; nothing where the operations
+    are not safe on two threads (then measured alone)."""
+    try:
+        pair, walls, cpus, together = parallel.run_pair(lambda a: run_operations(operations, a), inputs)
+    except Exception:
+        return [], [], [], None
+    return pair, walls, cpus, parallel.parallel_fraction(cpus, together, share, parallel.usable_cpus())
 
 
 __all__ = ["StageProbe", "OperationStats", "Lineage", "SourceLineage", "IterableLineage", "MapLineage", "TakenRows", "Unavailable",

@@ -15,9 +15,12 @@ per CPU second of the row's own work (``cpu_share``). Pure: numbers in, a fracti
 from __future__ import annotations
 
 import os
+import resource
 import threading
 import time
 from typing import Any, Callable, Sequence
+
+import numpy as np
 
 MIN_SECONDS = 2e-3  # rows cheaper than this: starting threads costs as much as the row, the figure is noise
 MIN_CPU_SHARE = 0.5  # below it the row mostly waits: threads overlap the waiting, the CPU share decides
@@ -30,6 +33,15 @@ MIN_CPU_SHARE = 0.5  # below it the row mostly waits: threads overlap the waitin
 # the GIL took 1.8-3.2x one row for their first pair and are not read again. (A source whose first read was slow for
 # its own reasons, a lazy open, also gets a second pair: it costs two rows there, and the fraction stays low.)
 WARM_ABOVE, OVERLAPPED_BELOW = 0.8, 1.5
+# Rows (or map rows) whose first read took this long outside the kernel are read in a pair at once (beside a new
+# row: the GIL's share, and the re-read overlapped with it). Cheaper ones are read alone first and paired only if
+# their warm reads still take ``MIN_SECONDS`` of mostly CPU work: a first read in a fresh process also pays for new
+# pages (kernel time) and lazy set-up that a pipeline pays once per worker. Measured in probe children (MindSpore
+# 2.10): 8 MiB ``np.full`` rows read 2.3-3.9 ms on the first two reads, up to 33 ms where this VM's first touch of
+# a page is slow, and 0.2-0.7 ms once freed pages are reused; with the first reads setting the time per row, 2 of
+# 6 builds sent them to worker processes or threads, ~6x slower than the main process (after: 14 of 14 inline).
+# Below 8 ms the late pair costs under 2% of a 100-row epoch of such rows.
+PAIR_AT_ONCE_FROM = 8e-3
 
 
 def parallel_fraction(cpu_seconds: Sequence[float], wall_together: float, cpu_share: float | None,
@@ -58,6 +70,37 @@ def parallel_fraction(cpu_seconds: Sequence[float], wall_together: float, cpu_sh
 def may_have_run_cold(fraction: float | None, together: float, alone: float) -> bool:
     """Whether a first pair is worth a second (see ``WARM_ABOVE``): it read low but overlapped."""
     return fraction is not None and fraction < WARM_ABOVE and together < OVERLAPPED_BELOW * alone
+
+
+def pair_at_once(first_wall: float, first_kernel: float) -> bool:
+    """Whether a first read is dear enough, less its kernel time, to be paired at once (``PAIR_AT_ONCE_FROM``)."""
+    return first_wall - first_kernel >= PAIR_AT_ONCE_FROM
+
+
+def worth_a_late_pair(walls: Sequence[float], cpu_share: float | None) -> bool:
+    """Whether reads timed alone, warm, still take ``MIN_SECONDS`` of mostly CPU work: what a pair can tell threads
+    about (rows that mostly wait overlap under threads whatever the GIL does)."""
+    return bool(walls) and float(np.median(walls)) >= MIN_SECONDS and cpu_share is not None and \
+        cpu_share >= MIN_CPU_SHARE
+
+
+def timed_call(work: Callable[..., Any], *args: Any) -> tuple:
+    """``work(*args)`` and what it took: ``(result, wall, CPU, kernel)`` seconds (kernel: its system CPU time,
+    0.0 where unknown)."""
+    k0 = kernel_seconds()
+    w0, c0 = time.perf_counter(), time.thread_time()
+    result = work(*args)
+    wall, cpu = time.perf_counter() - w0, time.thread_time() - c0
+    k1 = kernel_seconds()
+    return result, wall, cpu, (k1 - k0) if k0 is not None and k1 is not None else 0.0
+
+
+def kernel_seconds() -> float | None:
+    """System CPU seconds of this thread so far (Linux; of the process where threads are not told apart)."""
+    try:
+        return resource.getrusage(getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)).ru_stime
+    except (OSError, ValueError):
+        return None
 
 
 def usable_cpus() -> int:
@@ -99,5 +142,5 @@ def run_pair(work: Callable[[Any], Any], items: Sequence[Any]) -> tuple:
     return results, walls, cpus, together
 
 
-__all__ = ["parallel_fraction", "may_have_run_cold", "run_pair", "usable_cpus", "MIN_SECONDS", "WARM_ABOVE",
-           "OVERLAPPED_BELOW"]
+__all__ = ["parallel_fraction", "may_have_run_cold", "pair_at_once", "worth_a_late_pair", "timed_call", "run_pair",
+           "usable_cpus", "MIN_SECONDS", "WARM_ABOVE", "OVERLAPPED_BELOW", "PAIR_AT_ONCE_FROM"]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 import logging
 import operator
-import resource
 import time
 from dataclasses import field
 from typing import Any, Callable, Sequence
@@ -24,16 +23,6 @@ from ms_shm.engines.mindspore.profiles import CARRIED_KINDS
 from ms_shm.errors import RowError
 
 log = logging.getLogger(__name__)
-
-# Rows whose first read took this long outside the kernel are read in a pair at once (row 0 again beside a new row:
-# the GIL's share, and the fidelity re-read overlapped with a new row). Cheaper rows are read alone first and paired
-# only if their warm reads still take ``parallel.MIN_SECONDS``: a first read in a fresh process also pays for new
-# pages (kernel time) and lazy set-up that a pipeline pays once per worker. Measured in probe children (MindSpore
-# 2.10): 8 MiB ``np.full`` rows read 2.3-3.9 ms on the first two reads, up to 33 ms where this VM's first touch of
-# a page is slow, and 0.2-0.7 ms once freed pages are reused; with the first reads setting the time per row, 2 of
-# 6 builds sent them to worker processes or threads, ~6x slower than the main process (after: 14 of 14 inline).
-# Below 8 ms the late pair costs under 2% of a 100-row epoch of such rows.
-PAIR_AT_ONCE_FROM = 8e-3
 
 
 @record
@@ -255,35 +244,17 @@ class _Probe:
     def fetch(self, fetch: Callable, *args: Any) -> Any:
         """Call ``fetch(*args)`` and add its wall and CPU time to the probe's account (and for the first read,
         the kernel's share of it: ``first_kernel``)."""
-        first = not self.walls
-        k0 = _kernel_seconds() if first else None
-        w0, c0 = time.perf_counter(), time.thread_time()
-        row = fetch(*args)
-        self.walls.append(time.perf_counter() - w0)
-        cpu = time.thread_time() - c0
+        row, wall, cpu, kernel = parallel.timed_call(fetch, *args)
+        if not self.walls:
+            self.cpu_first, self.first_kernel = cpu, kernel
+        self.walls.append(wall)
         self.cpu += cpu
-        if first:
-            self.cpu_first = cpu
-            k1 = _kernel_seconds()
-            self.first_kernel = (k1 - k0) if k0 is not None and k1 is not None else 0.0
         return row
 
     @property
     def share(self) -> float | None:
         """CPU seconds over wall seconds of the rows read alone."""
         return self.cpu / self.wall if self.wall > 0 else None
-
-    def warm_and_busy(self) -> bool:
-        """Whether rows read alone, warm, still take ``parallel.MIN_SECONDS`` of mostly CPU work: what a late
-        pair can tell threads about (rows that mostly wait overlap under threads whatever the GIL does)."""
-        share = self.share
-        return bool(self.walls) and float(np.median(self.walls)) >= parallel.MIN_SECONDS and \
-            share is not None and share >= parallel.MIN_CPU_SHARE
-
-    def first_is_dear(self) -> bool:
-        """Whether the first read, less the kernel time it spent (new pages: a worker's first row pays them
-        once), took ``PAIR_AT_ONCE_FROM``: a row dear enough to read in a pair at once."""
-        return self.walls[0] - self.first_kernel >= PAIR_AT_ONCE_FROM
 
     def fetch_pair(self, source: Any, index: int, keep: bool = True) -> None:
         """Read the first row again and row ``index`` at once, on two threads: the pair gives the parallel
@@ -312,11 +283,9 @@ class _Probe:
         """The fidelity check on its own (rows too cheap to time a pair, or a source unsafe on two threads).
 
         Timed: where the second read of the first row is the faster, it stands for that row (a first read in a
-        fresh process also pays for the pages and lazy set-up a worker pays once, see ``PAIR_AT_ONCE_FROM``)."""
+        fresh process also pays for the pages and lazy set-up a worker pays once: ``parallel.PAIR_AT_ONCE_FROM``)."""
         if self.first is not None and not self.compared:
-            w0, c0 = time.perf_counter(), time.thread_time()
-            row = source[np.int64(self.first[0])]
-            wall, cpu = time.perf_counter() - w0, time.thread_time() - c0
+            row, wall, cpu, _ = parallel.timed_call(operator.getitem, source, np.int64(self.first[0]))
             self.compare_first(row)
             self.first_again(wall, cpu)
 
@@ -366,14 +335,6 @@ class _Probe:
                         parallel_fraction=self.parallel, reread_differs=self.reread)
 
 
-def _kernel_seconds() -> float | None:
-    """System CPU seconds of this thread so far (Linux), or of the process where threads are not told apart."""
-    try:
-        return resource.getrusage(getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)).ru_stime
-    except (OSError, ValueError):
-        return None
-
-
 def is_random_access(source: Any) -> bool:
     """MindSpore takes the multiprocess path only for sources with both ``__getitem__`` and ``__len__``."""
     return hasattr(source, "__getitem__") and hasattr(source, "__len__")
@@ -406,7 +367,7 @@ def measure_random_access(source: Any, names: Sequence[str] | None, max_rows: in
         return probe.stats(True, 0, started, notes)
     order, done, reads = _spread(length, max_rows), 0, 0
     while done < len(order):
-        if done == 1 and probe.first_is_dear():
+        if done == 1 and parallel.pair_at_once(probe.walls[0], probe.first_kernel):
             alone = probe.walls[0]  # as cold as the pair (the pair's faster read of row 0 replaces it)
             probe.fetch_pair(source, order[1])  # row 0 again beside row 1: the GIL's share and the re-read
             done, reads = 2, 3
@@ -429,7 +390,7 @@ def measure_random_access(source: Any, names: Sequence[str] | None, max_rows: in
                          f"of an epoch")
             break
     probe.reread_first(source)
-    if probe.pair_seconds == 0 and probe.warm_and_busy():
+    if probe.pair_seconds == 0 and parallel.worth_a_late_pair(probe.walls, probe.share):
         probe.fetch_pair(source, probe.indices[-1], keep=False)  # its rows are read and counted already
     return probe.stats(True, length, started, notes)
 

@@ -122,7 +122,10 @@ def test_a_source_unsafe_on_two_threads_is_read_one_row_at_a_time():
 
 
 class CountedReads(Hashing):
-    """Rows slow enough for the pair; ``drifts``: a row's value depends on how often it was read."""
+    """Rows slow enough for the pair at once (a 32 MiB hash: 16 ms or more even with SHA instructions, over
+    ``parallel.PAIR_AT_ONCE_FROM``); ``drifts``: a row's value depends on how often it was read."""
+
+    data = bytes(32 << 20)
 
     def __init__(self, drifts: bool):
         self.drifts, self.reads = drifts, []
@@ -154,3 +157,60 @@ def test_the_pair_reads_the_first_row_again_for_the_fidelity_check(drifts):
 ])
 def test_a_second_pair_only_where_the_first_overlapped_but_read_low(fraction, together, alone, again):
     assert parallel.may_have_run_cold(fraction, together, alone) is again
+
+
+# ------------------------------------------------------------------------------- map operations
+
+
+def _timed_operations(monkeypatch, costs):
+    """``measure.time_operations`` on three rows of an operation whose calls take ``costs(call)``: ``(wall, of
+    which in the kernel)``, on a fake clock; pairs are recorded, each of their rows taking 4 ms."""
+    from ms_shm import measure
+
+    class Clock:
+        now = kernel = 0.0
+
+        def perf_counter(self):
+            return self.now
+
+        thread_time = perf_counter
+
+    clock, calls, pairs = Clock(), [], []
+
+    def operation(x):
+        seconds, kernel = costs(len(calls))
+        calls.append(int(x[0]))
+        clock.now += seconds
+        clock.kernel += kernel
+        return x
+
+    def run_pair(work, items):
+        pairs.append([int(i[0][0]) for i in items])
+        return [work(i) for i in items], [0.004] * 2, [0.004] * 2, 0.004
+
+    monkeypatch.setattr(parallel, "time", clock)
+    monkeypatch.setattr(parallel, "kernel_seconds", lambda: clock.kernel)
+    monkeypatch.setattr(parallel, "run_pair", run_pair)
+    import numpy as np
+
+    stats = measure.time_operations(operation, [[np.full(4, i)] for i in range(3)])
+    return calls, pairs, stats
+
+
+def test_a_map_whose_first_call_faulted_in_pages_is_timed_warm_and_not_paired(monkeypatch):
+    """An operation that makes an 8 MiB row: its first call in a fresh fork pays for new pages (kernel time)."""
+    calls, pairs, stats = _timed_operations(monkeypatch, lambda k: (2.0 ** -5, 2.0 ** -5 - 2.0 ** -9) if k == 0
+                                            else (2.0 ** -12, 0.0))
+    assert calls == [0, 1, 2] and pairs == [] and stats.seconds_per_row == 2.0 ** -12
+    assert stats.parallel_fraction is None
+
+
+def test_a_map_still_dear_once_warm_is_paired_after_its_rows_alone(monkeypatch):
+    calls, pairs, stats = _timed_operations(monkeypatch, lambda k: (2.0 ** -7, 0.0) if k == 0 else (2.0 ** -8, 0.0))
+    assert pairs == [[1, 2]] and calls == [0, 1, 2, 1, 2] and stats.rows == 3
+    assert stats.seconds_per_row == 2.0 ** -8 and stats.parallel_fraction == 1.0
+
+
+def test_a_map_dear_from_its_first_call_pairs_the_next_two_at_once(monkeypatch):
+    calls, pairs, stats = _timed_operations(monkeypatch, lambda k: (2.0 ** -5, 2.0 ** -10))
+    assert pairs == [[1, 2]] and calls == [0, 1, 2] and stats.rows == 3

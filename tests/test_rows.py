@@ -257,16 +257,11 @@ def test_a_slow_first_call_does_not_set_the_time_per_row(monkeypatch):
     The probe's clock is a fake the source advances (1 s for the first call, 1/1024 s for each other), so the
     figure is exact and no wall-clock time is asserted on.
     """
-    class Clock:
-        now = 0.0
+    from ms_shm import parallel
 
-        def perf_counter(self):
-            return self.now
-
-        thread_time = perf_counter
-
-    clock = Clock()
-    monkeypatch.setattr(rows, "time", clock)
+    clock = FakeClock()
+    monkeypatch.setattr(parallel, "time", clock)
+    monkeypatch.setattr(parallel, "kernel_seconds", lambda: clock.kernel)
 
     class LazyInit:
         ready = False
@@ -285,7 +280,7 @@ def test_a_slow_first_call_does_not_set_the_time_per_row(monkeypatch):
 
 class FakeClock:
     """A probe clock the source advances: exact figures, no wall-clock time asserted on. ``kernel`` is the system
-    CPU time of the thread (``rows._kernel_seconds``)."""
+    CPU time of the thread (``parallel.kernel_seconds``)."""
 
     def __init__(self) -> None:
         self.now = self.kernel = 0.0
@@ -318,8 +313,8 @@ def _timed_probe(monkeypatch, costs, pair_row=0.004, together=0.004):
     from ms_shm import parallel
 
     clock, pairs = FakeClock(), []
-    monkeypatch.setattr(rows, "time", clock)
-    monkeypatch.setattr(rows, "_kernel_seconds", lambda: clock.kernel)
+    monkeypatch.setattr(parallel, "time", clock)
+    monkeypatch.setattr(parallel, "kernel_seconds", lambda: clock.kernel)
 
     def run_pair(work, items):
         pairs.append(list(items))

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import time
 import types
 import weakref
 from dataclasses import replace
@@ -286,9 +285,7 @@ def time_batch(per_batch_map: Any, columns: list, batch_size: int) -> OperationS
     """One call of ``per_batch_map`` on ``columns`` (lists of rows), scaled to a batch of ``batch_size``."""
     k = max(1, min((len(c) for c in columns), default=1))
     copied = [[v.copy() if isinstance(v, np.ndarray) else v for v in c] for c in columns]
-    w0, c0 = time.perf_counter(), time.thread_time()
-    out = per_batch_map(*copied, ProbeBatchInfo())
-    wall, cpu = time.perf_counter() - w0, time.thread_time() - c0
+    out, wall, cpu, _ = parallel.timed_call(per_batch_map, *copied, ProbeBatchInfo())
     scale = batch_size / k
     out = out if isinstance(out, tuple) else (out,)
     return OperationStats(1, int(_nbytes(columns) * scale), int(_nbytes(out) * scale), wall * scale,
@@ -374,14 +371,15 @@ def time_operations(operations: Any, inputs: list) -> OperationStats:
         results.append(result)
         walls.append(wall)
         cpus.append(cpu)
-        first_kernel = kernel if k == 0 else first_kernel
+        if k == 0:
+            first_kernel = kernel
     fraction = None
     if len(inputs) >= 3:
         share = sum(cpus) / sum(walls) if sum(walls) > 0 else None
         if len(walls) == 1:  # the next two rows at once, each timed as it would take alone
             pair, pair_walls, pair_cpus, fraction = _operations_pair(operations, inputs[1:3], share)
             results += pair
-            walls += [min(w, c / share) if share else w for w, c in zip(pair_walls, pair_cpus)]
+            walls += [parallel.time_alone(w, c, share) for w, c in zip(pair_walls, pair_cpus)]
             cpus += pair_cpus
         elif parallel.worth_a_late_pair(walls, share):
             fraction = _operations_pair(operations, inputs[-2:], share)[3]

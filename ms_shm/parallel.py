@@ -84,6 +84,12 @@ def worth_a_late_pair(walls: Sequence[float], cpu_share: float | None) -> bool:
         cpu_share >= MIN_CPU_SHARE
 
 
+def time_alone(wall: float, cpu: float, cpu_share: float | None) -> float:
+    """A row read in a pair, at the time it would take alone: its CPU time over the CPU share of rows read alone
+    (a row that held the GIL waited for its partner; that wait is not its cost), never more than its wall time."""
+    return min(wall, cpu / cpu_share) if cpu_share else wall
+
+
 def timed_call(work: Callable[..., Any], *args: Any) -> tuple:
     """``work(*args)`` and what it took: ``(result, wall, CPU, kernel)`` seconds (kernel: its system CPU time,
     0.0 where unknown)."""
@@ -142,5 +148,6 @@ def run_pair(work: Callable[[Any], Any], items: Sequence[Any]) -> tuple:
     return results, walls, cpus, together
 
 
-__all__ = ["parallel_fraction", "may_have_run_cold", "pair_at_once", "worth_a_late_pair", "timed_call", "run_pair",
+__all__ = ["parallel_fraction", "may_have_run_cold", "pair_at_once", "worth_a_late_pair", "time_alone", "timed_call",
+           "run_pair",
            "usable_cpus", "MIN_SECONDS", "WARM_ABOVE", "OVERLAPPED_BELOW", "PAIR_AT_ONCE_FROM"]

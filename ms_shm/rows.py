@@ -270,10 +270,10 @@ class _Probe:
                 self.keep(index, self.fetch(operator.getitem, source, np.int64(index)))
             return
         self.compare_first(rows[0])
-        self.first_again(min(walls[0], cpus[0] / share) if share else walls[0], cpus[0])
+        self.first_again(parallel.time_alone(walls[0], cpus[0], share), cpus[0])
         self.pair_seconds = together
         if keep:
-            self.walls.append(min(walls[1], cpus[1] / share) if share else walls[1])
+            self.walls.append(parallel.time_alone(walls[1], cpus[1], share))
             self.cpu += cpus[1]
             self.keep(index, rows[1])
         fraction = parallel.parallel_fraction(cpus, together, share, parallel.usable_cpus())
@@ -330,7 +330,7 @@ class _Probe:
         return RowStats(random_access, length, n, tuple(self.indices), tuple(columns),
                         max(self.sizes, default=0), min(self.sizes, default=0),
                         float(np.median(self.walls)) if self.walls else None,
-                        (self.cpu / wall) if (wall := self.wall) > 0 else None,
+                        self.share,
                         time.perf_counter() - started, tuple(notes), self.tensors,
                         parallel_fraction=self.parallel, reread_differs=self.reread)
 

@@ -231,6 +231,14 @@ def test_free_space_margin(free_space, workers, planned, free, ok):
             g[0]
 
 
+def test_a_shortfall_smaller_than_the_shown_precision_is_shown_in_bytes(free_space):
+    """CI printed "needs a new 1.0 MiB slot plus 1.0 MiB ... has only 2.0 MiB free": 1.96 MiB rounds up."""
+    free_space.value = 2 * MiB - 40_960
+    g = GuardedSource(ListSource([row_of(MiB - 8)]), spec(planned=MiB, workers=2))
+    with pytest.raises(ShmFullError, match=r"has only 2,056,192 B free: "):
+        g[0]
+
+
 def test_unreadable_dev_shm_warns_once_and_falls_back_to_the_budget(free_space, caplog):
     free_space.value = PermissionError(13, "Permission denied")
     g = GuardedSource(ListSource([row_of(MiB * (i + 1)) for i in range(3)]), spec(slots=4))

@@ -62,6 +62,12 @@ def _free_bytes(path: str) -> int:
     return procfs.statvfs(path).free
 
 
+def _free_text(free: int, needed: int) -> str:
+    """Free space as the refusal shows it: in bytes when one decimal of MiB would round it up to what is needed
+    (a refusal reading "needs 2.0 MiB, has only 2.0 MiB" names no shortfall)."""
+    return f"{free:,} B" if mib(free) == mib(needed) else mib(free)
+
+
 class GuardedSource:
     """Random-access source wrapper handed to ``GeneratorDataset`` in place of the user's source, only when
     rows go through dynamic shared-memory slots.
@@ -158,8 +164,8 @@ class GuardedSource:
         room = f" plus {mib(margin)} for the other {spec.workers - 1} worker(s)' next slot" if margin else ""
         raise ShmFullError(
             f"row {index} needs a new {mib(size)} shared-memory slot{room}, but {spec.shm_path} has only "
-            f"{mib(free)} free: something else filled it after ms_shm planned this pipeline, and writing the "
-            f"row would end in a bus error. Fix: make room, this pipeline needs {mib(self._need(size))} of "
+            f"{_free_text(free, size + margin)} free: something else filled it after ms_shm planned this "
+            f"pipeline, and writing the row would end in a bus error. Fix: make room, this pipeline needs {mib(self._need(size))} of "
             f"{spec.shm_path} for its slots (find what else uses it: `df -h {spec.shm_path}`; `ms-shm clean` "
             f"removes what crashed runs left), or {spec.fix}")
 

@@ -116,7 +116,7 @@ def prepare(eng: Any, cls: Any, dataset: Any, args: tuple, kwargs: dict, prefere
         log.warning("ms_shm build_dataloader: num_workers=%s: %s", asked["num_workers"], problem)
     facts = SESSION.host_facts()
     b = SESSION.budget(facts)
-    stats, effects, why = _probe(eng, dataset, asked, b)
+    stats, effects, why = _probe(eng, dataset, asked, b, timed=asked.get("num_workers") is None)
     req = _request(eng, asked, facts, _locked(eng, dataset, effects, problem))
     refused = None
     if problem and preferences and req.workers:  # workers cannot work here: samples in the main process
@@ -126,14 +126,16 @@ def prepare(eng: Any, cls: Any, dataset: Any, args: tuple, kwargs: dict, prefere
         log.warning("ms_shm build_dataloader: %s; the DataLoader is built as asked%s", why,
                     f", without workers ({problem})" if refused else "")
         return ({k: v for k, v in asked.items() if k not in _WORKER_ONLY} if refused else asked), None
-    p = _plan(eng, stats, req, b, preferences)
+    p = _plan(eng, stats, req, b, preferences, lambda: _probe(eng, dataset, asked, b, timed=True)[0])
     if refused is not None:
         p = replace(p, decisions=(refused,) + p.decisions)
     _apply(eng, p)
     return _arguments(eng, asked, p, stats, b), p
 
 
-def _plan(eng: Any, stats: Any, req: LoaderRequest, b: Any, preferences: bool) -> Plan:
+def _plan(eng: Any, stats: Any, req: LoaderRequest, b: Any, preferences: bool, timed_stats: Any) -> Plan:
+    """The plan for ``req``; under ``preferences``, explicit arguments that cannot fit give way to the fastest
+    configuration that does, priced from ``timed_stats()`` when the first probe read no timing."""
     try:
         return eng.planning.plan_loader(stats, req, b, eng.profile())
     except ShmBudgetError as exc:
@@ -142,6 +144,8 @@ def _plan(eng: Any, stats: Any, req: LoaderRequest, b: Any, preferences: bool) -
         if not preferences or not asked or (req.workers_locked and req.workers):
             raise
         why = str(exc).split(" Fix:")[0]
+    if stats.seconds_per_sample is None:  # only the explicit workers were priced: now the others are
+        stats = timed_stats() or stats
     p = eng.planning.plan_loader(stats, replace(req, workers=None, prefetch_factor=None), b, eng.profile())
     adapted = Decision("explicit_arguments", "adapted", asked,
                        f"{why}; the call's explicit {asked} are preferences here (ms_shm.patch), so the fastest "
@@ -149,12 +153,13 @@ def _plan(eng: Any, stats: Any, req: LoaderRequest, b: Any, preferences: bool) -
     return replace(p, decisions=(adapted,) + p.decisions)
 
 
-def _probe(eng: Any, dataset: Any, asked: dict, b: Any) -> tuple:
+def _probe(eng: Any, dataset: Any, asked: dict, b: Any, timed: bool) -> tuple:
+    """The probe batch; ``timed``: its samples timed too, where the plan picks ``num_workers`` by them."""
     batched = asked.get("batch_size", 1) is not None or asked.get("batch_sampler") is not None
     collate = asked.get("collate_fn") or eng.compat.default_collate(batched)
     return probe.probe_loader(dataset, asked.get("batch_size", 1), collate, eng.compat.weigh,
                               eng.compat.is_iterable(dataset), asked.get("sampler"), asked.get("batch_sampler"),
-                              budget_mod.memory_may_bind(b))
+                              budget_mod.memory_may_bind(b), timed)
 
 
 def _arguments(eng: Any, asked: dict, p: Plan, stats: Any, b: Any) -> dict:

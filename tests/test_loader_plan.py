@@ -240,3 +240,61 @@ def test_collate_guard_passes_batches_through_and_stops_one_that_outgrew_its_pla
     assert "batch 2 of DataLoader worker 1" in str(err.value) and "Fix: lower batch_size" in str(err.value)
     in_main = GuardedCollate(collate, weigh, lambda: None, 10, 5, 100, "x")
     assert in_main([30, 30]) == [30, 30]  # the main process only calls through
+
+
+def distinct(batch: list) -> tuple:
+    """``(bytes, storages)`` as the frameworks weigh a batch: each object once, 8 bytes each."""
+    return 8 * len({id(x) for x in batch}), len({id(x) for x in batch})
+
+
+def test_with_workers_given_one_sample_is_read_and_weighed_beside_a_copy_untimed():
+    dataset = Sleepy(0.001, 0.001)
+    s = probe.measure_batch(dataset, 4, lambda samples: samples, distinct, False, timed=False)
+    assert dataset.reads == 1 and s.seconds_per_sample is None  # the one sample twice would weigh 8 B, 1 storage
+    assert s.batch_bytes == 32 and s.storages == 4 and s.batch_size == 4 and s.samples == 8
+
+
+class Uncopyable(Sleepy):
+    def __getitem__(self, i):
+        import threading
+
+        super().__getitem__(i)
+        return [threading.Lock()]
+
+
+def test_a_sample_that_cannot_be_copied_is_weighed_beside_the_next_one():
+    dataset = Uncopyable(0.001, 0.001)
+    s = probe.measure_batch(dataset, 4, lambda samples: samples, distinct, False, timed=False)
+    assert dataset.reads == 3 and s.batch_bytes == 32 and s.storages == 4 and s.seconds_per_sample is None
+
+
+class _Engine:
+    """The torch engine's rules, without torch."""
+
+    planning = planning
+
+    @staticmethod
+    def profile():
+        return LoaderProfile("torch", None, costs=TORCH_COSTS)
+
+
+@pytest.mark.parametrize("preferences", [False, True])
+def test_explicit_workers_that_cannot_fit_are_timed_only_to_adapt_them(preferences):
+    from ms_shm import loaders
+
+    timed = []
+
+    def timed_stats():
+        timed.append(1)
+        return stats(per_sample=0.02)
+
+    untimed = stats(per_sample=None)
+    assert loaders._plan(_Engine, untimed, ask(workers=2), room(), preferences, timed_stats).workers == 2
+    if not preferences:
+        with pytest.raises(ShmBudgetError):
+            loaders._plan(_Engine, untimed, ask(workers=2), room(64 * MiB), preferences, timed_stats)
+        assert timed == []
+        return
+    p = loaders._plan(_Engine, untimed, ask(workers=2), room(64 * MiB), preferences, timed_stats)
+    assert timed == [1] and p.workers == 0 and p.decisions[0].setting == "explicit_arguments"
+    assert "ms per sample" in str(p.decisions[1])

@@ -255,9 +255,9 @@ def plan_loader(stats: BatchStats, req: LoaderRequest, budget: Budget, profile: 
 
 def _mode_decision(best: Candidate, stats: BatchStats, req: LoaderRequest, fitting: list) -> Decision:
     default = req.workers if req.workers is not None else 0
-    timing = ("batches were not timed" if stats.seconds_per_sample is None else
-              f"probe batch: {mib(stats.batch_bytes)} in {stats.storages} storage(s), "
-              f"{stats.seconds_per_sample * 1e3:.2f} ms per sample")
+    timing = f"probe batch: {mib(stats.batch_bytes)} in {stats.storages} storage(s), " + (
+        "samples not timed" if stats.seconds_per_sample is None else
+        f"{stats.seconds_per_sample * 1e3:.2f} ms per sample")
     if req.workers is not None:
         why = f"num_workers={req.workers} as passed; {timing}"
     elif req.workers_locked:

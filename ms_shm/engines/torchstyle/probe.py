@@ -7,6 +7,11 @@ framework's default where none was passed), and extrapolates to ``batch_size``: 
 field into one storage, a ``collate_fn`` that keeps samples apart carries one storage per sample and field, and
 the two sizes tell which. Nothing read there reaches the loader.
 
+Where ``num_workers`` was passed, the samples' time decides nothing (the plan keeps the workers and picks the
+largest prefetch and the strategy that fit, by bytes and fds), so one sample is read and collated alone and
+beside a deep copy of itself: what the batch weighs is known, and the epoch is spared the probe's other
+reads (measured: torch 2.13, 8 MiB samples of 25-60 ms each in the fork, ~30-60 ms of a script's start).
+
 A sample's time is the fastest of the samples after the first: the first in a fresh fork pays for the child's
 first touches (its copied-on-write pages, the allocator growing), 2-3x a warm one (measured: 22 ms vs 11-12 ms
 with MindSpore 2.8's DataLoader, 35-44 ms vs 12-20 ms with torch 2.13, on ~8 ms of numpy work), which priced
@@ -16,6 +21,7 @@ idle CPUs while the child ran are what the workers could share.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import time
 from dataclasses import replace
@@ -31,10 +37,18 @@ PROBE_SAMPLES = 3  # the first one cold, then two warm ones: the faster of those
 PROBE_SECONDS = 0.03
 
 
-def _first_indices(sampler: Any, batch_sampler: Any, count: int) -> list:
+def _first_indices(sampler: Any, count: int) -> list:
     if sampler is not None:
         return list(itertools.islice(iter(sampler), count))
     return list(range(count))
+
+
+def _first_samples(dataset: Any, iterable: bool, first: list | None, sampler: Any, count: int) -> tuple:
+    """The first ``count`` samples the loader would read (``first``: its batch sampler's first batch)."""
+    if iterable:
+        return _samples(dataset, True, [], count)
+    indices = list(first[:count]) if first is not None else _first_indices(sampler, count)
+    return _samples(dataset, False, indices, len(indices))
 
 
 def _samples(dataset: Any, iterable: bool, indices: list, count: int) -> tuple:
@@ -56,16 +70,22 @@ def _samples(dataset: Any, iterable: bool, indices: list, count: int) -> tuple:
 
 
 def measure_batch(dataset: Any, batch_size: int | None, collate: Callable, weigh: Callable[[Any], tuple],
-                  iterable: bool, sampler: Any = None, batch_sampler: Any = None) -> BatchStats | str:
-    """In the probe child: the batch's stats, or why there are none (an empty dataset)."""
+                  iterable: bool, sampler: Any = None, batch_sampler: Any = None,
+                  timed: bool = True) -> BatchStats | str:
+    """In the probe child: the batch's stats, or why there are none (an empty dataset). Untimed: one sample,
+    its ``seconds_per_sample`` ``None``."""
     first = next(iter(batch_sampler), None) if batch_sampler is not None else None
     size = len(first) if first is not None else (batch_size or 1)
-    count = min(PROBE_SAMPLES, size)
-    indices = [] if iterable else (list(first[:count]) if first is not None else _first_indices(sampler, None, count))
-    samples, walls = _samples(dataset, iterable, indices, count if iterable else len(indices))
+    samples, walls = _first_samples(dataset, iterable, first, sampler, min(PROBE_SAMPLES if timed else 1, size))
     if not samples:
         return "the dataset gave no sample to measure"
     batched = batch_size is not None or first is not None
+    if not timed and size > 1:
+        twin = _twin(samples[0])
+        if twin is not None:
+            samples.append(twin)
+        else:  # read as the timed probe reads: the first two samples
+            samples, walls = _first_samples(dataset, iterable, first, sampler, 2)
     c0 = time.perf_counter()
     one = weigh(collate(samples[:1]) if batched else collate(samples[0]))
     collates = [time.perf_counter() - c0]
@@ -80,10 +100,22 @@ def measure_batch(dataset: Any, batch_size: int | None, collate: Callable, weigh
     per_sample_storages = storages_at[-1] - storages_at[0] if len(storages_at) > 1 else 0
     batch_bytes = bytes_at[0] + max(0, per_sample_bytes) * (size - 1)
     storages = storages_at[0] + max(0, per_sample_storages) * (size - 1)
-    wall, cpu = sample_seconds(walls)
     length = None if iterable else _length(dataset, sampler, batch_sampler, size)
+    if not timed:
+        return BatchStats(int(batch_bytes), int(max(1, storages)), None, length, size)
+    wall, cpu = sample_seconds(walls)
     return BatchStats(int(batch_bytes), int(max(1, storages)), wall + min(collates), length, size,
                       cpu_seconds_per_sample=min(cpu, wall) + min(collates))
+
+
+def _twin(sample: Any) -> Any:
+    """A copy of ``sample`` with storages of its own: what a second sample adds to a batch, without reading one
+    (the same object twice would share its storages, and a batch of samples kept apart would weigh one sample's
+    fds). ``None`` where it cannot be copied."""
+    try:
+        return copy.deepcopy(sample)
+    except Exception:
+        return None
 
 
 def sample_seconds(walls: list) -> tuple:
@@ -103,7 +135,7 @@ def _length(dataset: Any, sampler: Any, batch_sampler: Any, size: int) -> int | 
 
 def probe_loader(dataset: Any, batch_size: int | None, collate: Callable, weigh: Callable[[Any], tuple],
                  iterable: bool, sampler: Any = None, batch_sampler: Any = None,
-                 worker_pages: bool = False) -> tuple:
+                 worker_pages: bool = False, timed: bool = True) -> tuple:
     """``(BatchStats or None, Effects, why not measured)``, measured in a forked child, with the child's
     fork-to-ready time and the CPUs free while it ran."""
     forked = time.perf_counter()  # CLOCK_MONOTONIC: the child reads the same clock
@@ -111,7 +143,7 @@ def probe_loader(dataset: Any, batch_size: int | None, collate: Callable, weigh:
     def in_child():
         ready, cpu = time.perf_counter() - forked, time.process_time()
         stats, effects = sandbox.watch_effects(
-            lambda: measure_batch(dataset, batch_size, collate, weigh, iterable, sampler, batch_sampler),
+            lambda: measure_batch(dataset, batch_size, collate, weigh, iterable, sampler, batch_sampler, timed),
             [dataset, collate])
         if isinstance(stats, BatchStats):  # what the child itself kept busy (a collate may use threads)
             stats = replace(stats, fork_seconds=ready, free_cpus=time.process_time() - cpu)

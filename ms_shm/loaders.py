@@ -159,7 +159,7 @@ def _probe(eng: Any, dataset: Any, asked: dict, b: Any, timed: bool) -> tuple:
     collate = asked.get("collate_fn") or eng.compat.default_collate(batched)
     return probe.probe_loader(dataset, asked.get("batch_size", 1), collate, eng.compat.weigh,
                               eng.compat.is_iterable(dataset), asked.get("sampler"), asked.get("batch_sampler"),
-                              budget_mod.memory_may_bind(b), timed)
+                              budget_mod.memory_may_bind(b), None if timed else eng.compat.twin)
 
 
 def _arguments(eng: Any, asked: dict, p: Plan, stats: Any, b: Any) -> dict:

@@ -247,25 +247,33 @@ def distinct(batch: list) -> tuple:
     return 8 * len({id(x) for x in batch}), len({id(x) for x in batch})
 
 
-def test_with_workers_given_one_sample_is_read_and_weighed_beside_a_copy_untimed():
+def test_with_workers_given_one_sample_is_read_and_weighed_beside_its_twin_untimed():
     dataset = Sleepy(0.001, 0.001)
-    s = probe.measure_batch(dataset, 4, lambda samples: samples, distinct, False, timed=False)
+    s = probe.measure_batch(dataset, 4, lambda samples: samples, distinct, False, twin=list)
     assert dataset.reads == 1 and s.seconds_per_sample is None  # the one sample twice would weigh 8 B, 1 storage
     assert s.batch_bytes == 32 and s.storages == 4 and s.batch_size == 4 and s.samples == 8
 
 
-class Uncopyable(Sleepy):
-    def __getitem__(self, i):
-        import threading
+def test_a_sample_without_a_twin_is_weighed_beside_the_next_one():
+    def no_twin(sample):
+        raise TypeError("cannot copy")
 
-        super().__getitem__(i)
-        return [threading.Lock()]
-
-
-def test_a_sample_that_cannot_be_copied_is_weighed_beside_the_next_one():
-    dataset = Uncopyable(0.001, 0.001)
-    s = probe.measure_batch(dataset, 4, lambda samples: samples, distinct, False, timed=False)
+    dataset = Sleepy(0.001, 0.001)
+    s = probe.measure_batch(dataset, 4, lambda samples: samples, distinct, False, twin=no_twin)
     assert dataset.reads == 3 and s.batch_bytes == 32 and s.storages == 4 and s.seconds_per_sample is None
+
+
+def test_torchs_twin_copies_owned_storages_and_keeps_views_of_a_shared_one():
+    torch = pytest.importorskip("torch")
+    from ms_shm.engines.torch import compat
+
+    dataset = torch.arange(1 << 20, dtype=torch.float32)  # a TensorDataset's samples are views of this
+    owned, view = torch.ones(4), dataset[8:12]
+    Pair = __import__("collections").namedtuple("Pair", "a b")
+    copy = compat.twin({"x": [owned, view], "y": Pair(owned, 3)})
+    assert copy["x"][0] is not owned and torch.equal(copy["x"][0], owned) and copy["x"][1] is view
+    assert type(copy["y"]) is Pair and copy["y"].a is not owned and copy["y"].b == 3
+    assert compat.weigh([owned, view, copy["x"][0], copy["x"][1]]) == (16 + 4 * (1 << 20) + 16, 3)
 
 
 class _Engine:

@@ -40,6 +40,27 @@ def weigh(batch: Any) -> tuple:
     return sum(seen.values()), len(seen)
 
 
+def twin(sample: Any) -> Any:
+    """A second sample as a batch would carry it, made from ``sample`` without reading one: each tensor that owns
+    its storage copied (a second sample has storages of its own), each view into a larger storage kept (a
+    ``TensorDataset``'s samples share the dataset's storage, sent once; copying it would copy the dataset)."""
+    import torch
+
+    def copy(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            owns = value.untyped_storage().nbytes() <= value.numel() * value.element_size()
+            return value.clone() if owns else value
+        if isinstance(value, dict):
+            return {k: copy(v) for k, v in value.items()}
+        if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
+            return type(value)(*(copy(v) for v in value))
+        if isinstance(value, (list, tuple)):
+            return [copy(v) for v in value] if isinstance(value, list) else tuple(copy(v) for v in value)
+        return value
+
+    return copy(sample)
+
+
 def sharing_strategy() -> str:
     import torch.multiprocessing as mp
 

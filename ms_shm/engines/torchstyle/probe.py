@@ -9,8 +9,8 @@ the two sizes tell which. Nothing read there reaches the loader.
 
 Where ``num_workers`` was passed, the samples' time decides nothing (the plan keeps the workers and picks the
 largest prefetch and the strategy that fit, by bytes and fds), so one sample is read and collated alone and
-beside a deep copy of itself: what the batch weighs is known, and the epoch is spared the probe's other
-reads (measured: torch 2.13, 8 MiB samples of 25-60 ms each in the fork, ~30-60 ms of a script's start).
+beside its twin (the engine's ``twin``: the storages a second sample would bring): what the batch weighs is
+known, and the epoch is spared the probe's other reads (measured: torch 2.13, 8 MiB samples of 25-60 ms each in the fork, ~30-60 ms of a script's start).
 
 A sample's time is the fastest of the samples after the first: the first in a fresh fork pays for the child's
 first touches (its copied-on-write pages, the allocator growing), 2-3x a warm one (measured: 22 ms vs 11-12 ms
@@ -21,7 +21,6 @@ idle CPUs while the child ran are what the workers could share.
 
 from __future__ import annotations
 
-import copy
 import itertools
 import time
 from dataclasses import replace
@@ -71,9 +70,11 @@ def _samples(dataset: Any, iterable: bool, indices: list, count: int) -> tuple:
 
 def measure_batch(dataset: Any, batch_size: int | None, collate: Callable, weigh: Callable[[Any], tuple],
                   iterable: bool, sampler: Any = None, batch_sampler: Any = None,
-                  timed: bool = True) -> BatchStats | str:
-    """In the probe child: the batch's stats, or why there are none (an empty dataset). Untimed: one sample,
-    its ``seconds_per_sample`` ``None``."""
+                  twin: Callable[[Any], Any] | None = None) -> BatchStats | str:
+    """In the probe child: the batch's stats, or why there are none (an empty dataset). With ``twin`` (the
+    framework's second sample made from a first) the samples are not timed: one is read, and its
+    ``seconds_per_sample`` is ``None``."""
+    timed = twin is None
     first = next(iter(batch_sampler), None) if batch_sampler is not None else None
     size = len(first) if first is not None else (batch_size or 1)
     samples, walls = _first_samples(dataset, iterable, first, sampler, min(PROBE_SAMPLES if timed else 1, size))
@@ -81,10 +82,9 @@ def measure_batch(dataset: Any, batch_size: int | None, collate: Callable, weigh
         return "the dataset gave no sample to measure"
     batched = batch_size is not None or first is not None
     if not timed and size > 1:
-        twin = _twin(samples[0])
-        if twin is not None:
-            samples.append(twin)
-        else:  # read as the timed probe reads: the first two samples
+        try:
+            samples.append(twin(samples[0]))
+        except Exception:  # a sample the framework's copy cannot make: read the second one
             samples, walls = _first_samples(dataset, iterable, first, sampler, 2)
     c0 = time.perf_counter()
     one = weigh(collate(samples[:1]) if batched else collate(samples[0]))
@@ -108,16 +108,6 @@ def measure_batch(dataset: Any, batch_size: int | None, collate: Callable, weigh
                       cpu_seconds_per_sample=min(cpu, wall) + min(collates))
 
 
-def _twin(sample: Any) -> Any:
-    """A copy of ``sample`` with storages of its own: what a second sample adds to a batch, without reading one
-    (the same object twice would share its storages, and a batch of samples kept apart would weigh one sample's
-    fds). ``None`` where it cannot be copied."""
-    try:
-        return copy.deepcopy(sample)
-    except Exception:
-        return None
-
-
 def sample_seconds(walls: list) -> tuple:
     """One sample's ``(wall, CPU)`` seconds from the probe's: the fastest after the first (which ran cold), else
     the first."""
@@ -135,7 +125,7 @@ def _length(dataset: Any, sampler: Any, batch_sampler: Any, size: int) -> int | 
 
 def probe_loader(dataset: Any, batch_size: int | None, collate: Callable, weigh: Callable[[Any], tuple],
                  iterable: bool, sampler: Any = None, batch_sampler: Any = None,
-                 worker_pages: bool = False, timed: bool = True) -> tuple:
+                 worker_pages: bool = False, twin: Callable[[Any], Any] | None = None) -> tuple:
     """``(BatchStats or None, Effects, why not measured)``, measured in a forked child, with the child's
     fork-to-ready time and the CPUs free while it ran."""
     forked = time.perf_counter()  # CLOCK_MONOTONIC: the child reads the same clock
@@ -143,7 +133,7 @@ def probe_loader(dataset: Any, batch_size: int | None, collate: Callable, weigh:
     def in_child():
         ready, cpu = time.perf_counter() - forked, time.process_time()
         stats, effects = sandbox.watch_effects(
-            lambda: measure_batch(dataset, batch_size, collate, weigh, iterable, sampler, batch_sampler, timed),
+            lambda: measure_batch(dataset, batch_size, collate, weigh, iterable, sampler, batch_sampler, twin),
             [dataset, collate])
         if isinstance(stats, BatchStats):  # what the child itself kept busy (a collate may use threads)
             stats = replace(stats, fork_seconds=ready, free_cpus=time.process_time() - cpu)

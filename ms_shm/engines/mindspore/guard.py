@@ -165,8 +165,8 @@ class GuardedSource:
         raise ShmFullError(
             f"row {index} needs a new {mib(size)} shared-memory slot{room}, but {spec.shm_path} has only "
             f"{_free_text(free, size + margin)} free: something else filled it after ms_shm planned this "
-            f"pipeline, and writing the row would end in a bus error. Fix: make room, this pipeline needs {mib(self._need(size))} of "
-            f"{spec.shm_path} for its slots (find what else uses it: `df -h {spec.shm_path}`; `ms-shm clean` "
+            f"pipeline, and writing the row would end in a bus error. Fix: make room, this pipeline needs "
+            f"{mib(self._need(size))} of {spec.shm_path} for its slots (find what else uses it: `df -h {spec.shm_path}`; `ms-shm clean` "
             f"removes what crashed runs left), or {spec.fix}")
 
     def _need(self, size: int) -> int:

@@ -1,0 +1,44 @@
+"""``ms_shm.sandbox``: what a probe's reads changed in the process. Pure (torch where installed)."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ms_shm import sandbox
+
+
+def draw_random():
+    return random.random()
+
+
+def draw_numpy():
+    return np.random.random()
+
+
+def own_generator():
+    return np.random.default_rng(3).random()  # a generator of its own: the same rows in any worker
+
+
+@pytest.mark.parametrize("run, draws", [(draw_random, True), (draw_numpy, True), (own_generator, False)])
+def test_draws_from_the_global_generators_are_seen_and_a_local_generator_is_not(run, draws):
+    _, effects = sandbox.watch_effects(run, [])
+    assert bool(effects.order_dependent) == draws, effects
+
+
+def test_draws_from_torchs_global_generator_are_seen():
+    torch = pytest.importorskip("torch")
+    _, effects = sandbox.watch_effects(lambda: torch.rand(1), [])
+    assert effects.order_dependent, effects
+
+
+def test_numpy_random_is_imported_in_the_parent_once_not_in_every_fork():
+    """NumPy 2 imports numpy.random on first use (11-22 ms) and the child reads its state: the parent imports it."""
+    code = ("import sys; from ms_shm import sandbox; before = 'numpy.random' in sys.modules; "
+            "sandbox.run_in_fork(lambda: 1); print(before, 'numpy.random' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out[1] == "True", out

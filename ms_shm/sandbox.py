@@ -215,9 +215,9 @@ def rng_state() -> tuple:
 
 
 def _load_numpy_random() -> None:
-    """Import ``numpy.random`` here, before forking: NumPy 2 imports it on first use, and the child reads its
-    global state, so a parent that had not (torch does not) paid 11-22 ms of import in every probe fork
-    (measured: torch 2.13, NumPy 2.4). Paid here once; MindSpore imports it itself."""
+    """Import ``numpy.random`` here, before forking: NumPy 2 imports it on first use and the child reads its
+    global state, so every probe fork of a program that had not imported it (torch does not) paid 11-22 ms for
+    the import (measured: torch 2.13, NumPy 2.4). Paid here once; MindSpore imports it itself."""
     if "numpy.random" not in sys.modules:
         import numpy.random  # noqa: F401
 

@@ -9,7 +9,8 @@ CPU seconds they burned with the wall time they took: two GIL-bound rows take as
 For two rows of CPU work ``t`` each, of which a fraction ``f`` runs outside the GIL, the pair takes
 ``T = (2 - f) t`` on two cores, and burns ``2 t`` of CPU: ``S = 2t / T`` and so ``f = 2 - 2 / S``. Time spent
 waiting (I/O, sleep) overlaps under threads whatever the GIL does and is priced by the CPU share, so ``S`` is taken
-per CPU second of the row's own work (``cpu_share``). Pure: numbers in, a fraction out.
+per CPU second of the row's own work (``cpu_share``). The rules are pure (numbers in, a fraction or a yes/no
+out); ``run_pair`` and ``timed_call`` are the only timing, and every probe read goes through one of them.
 """
 
 from __future__ import annotations
@@ -149,5 +150,4 @@ def run_pair(work: Callable[[Any], Any], items: Sequence[Any]) -> tuple:
 
 
 __all__ = ["parallel_fraction", "may_have_run_cold", "pair_at_once", "worth_a_late_pair", "time_alone", "timed_call",
-           "run_pair",
-           "usable_cpus", "MIN_SECONDS", "WARM_ABOVE", "OVERLAPPED_BELOW", "PAIR_AT_ONCE_FROM"]
+           "run_pair", "usable_cpus", "MIN_SECONDS", "WARM_ABOVE", "OVERLAPPED_BELOW", "PAIR_AT_ONCE_FROM"]

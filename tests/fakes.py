@@ -138,3 +138,27 @@ def logind_facts(**overrides: Any) -> LogindFacts:
                 system_user=False, sys_uid_max=999, linger=False, at_risk=True, reason="RemoveIPC=yes", notes=())
     base.update(overrides)
     return LogindFacts(**base)
+
+
+class FakeClock:
+    """A probe clock the code under test advances: exact figures, no wall-clock time asserted on. ``kernel`` is
+    the system CPU time of the thread (``parallel.kernel_seconds``)."""
+
+    def __init__(self) -> None:
+        self.now = self.kernel = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    thread_time = perf_counter
+
+
+def fake_probe_clock(monkeypatch: Any) -> FakeClock:
+    """Every probe read is timed through ``parallel.timed_call``: this clock in place of its wall, CPU and kernel
+    time."""
+    from ms_shm import parallel
+
+    clock = FakeClock()
+    monkeypatch.setattr(parallel, "time", clock)
+    monkeypatch.setattr(parallel, "kernel_seconds", lambda: clock.kernel)
+    return clock

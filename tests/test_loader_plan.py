@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+
 import pytest
 
 from ms_shm import budget
@@ -269,7 +271,7 @@ def test_torchs_twin_copies_owned_storages_and_keeps_views_of_a_shared_one():
 
     dataset = torch.arange(1 << 20, dtype=torch.float32)  # a TensorDataset's samples are views of this
     owned, view = torch.ones(4), dataset[8:12]
-    Pair = __import__("collections").namedtuple("Pair", "a b")
+    Pair = collections.namedtuple("Pair", "a b")
     copy = compat.twin({"x": [owned, view], "y": Pair(owned, 3)})
     assert copy["x"][0] is not owned and torch.equal(copy["x"][0], owned) and copy["x"][1] is view
     assert type(copy["y"]) is Pair and copy["y"].a is not owned and copy["y"].b == 3

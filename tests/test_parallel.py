@@ -8,6 +8,7 @@ import time
 import pytest
 
 from ms_shm import parallel, rows
+from tests.fakes import fake_probe_clock
 
 T = 0.010
 
@@ -167,15 +168,7 @@ def _timed_operations(monkeypatch, costs):
     which in the kernel)``, on a fake clock; pairs are recorded, each of their rows taking 4 ms."""
     from ms_shm import measure
 
-    class Clock:
-        now = kernel = 0.0
-
-        def perf_counter(self):
-            return self.now
-
-        thread_time = perf_counter
-
-    clock, calls, pairs = Clock(), [], []
+    clock, calls, pairs = fake_probe_clock(monkeypatch), [], []
 
     def operation(x):
         seconds, kernel = costs(len(calls))
@@ -188,8 +181,6 @@ def _timed_operations(monkeypatch, costs):
         pairs.append([int(i[0][0]) for i in items])
         return [work(i) for i in items], [0.004] * 2, [0.004] * 2, 0.004
 
-    monkeypatch.setattr(parallel, "time", clock)
-    monkeypatch.setattr(parallel, "kernel_seconds", lambda: clock.kernel)
     monkeypatch.setattr(parallel, "run_pair", run_pair)
     import numpy as np
 

@@ -12,6 +12,7 @@ import pytest
 
 from ms_shm import rows
 from ms_shm.rows import RowError
+from tests.fakes import FakeClock, fake_probe_clock
 
 # ---------------------------------------------------------------------------------------- _spread
 
@@ -257,11 +258,7 @@ def test_a_slow_first_call_does_not_set_the_time_per_row(monkeypatch):
     The probe's clock is a fake the source advances (1 s for the first call, 1/1024 s for each other), so the
     figure is exact and no wall-clock time is asserted on.
     """
-    from ms_shm import parallel
-
-    clock = FakeClock()
-    monkeypatch.setattr(parallel, "time", clock)
-    monkeypatch.setattr(parallel, "kernel_seconds", lambda: clock.kernel)
+    clock = fake_probe_clock(monkeypatch)
 
     class LazyInit:
         ready = False
@@ -276,19 +273,6 @@ def test_a_slow_first_call_does_not_set_the_time_per_row(monkeypatch):
 
     stats = rows.measure_random_access(LazyInit(), ["a", "b"], time_fraction=1e9)
     assert stats.probed == 8 and stats.seconds_per_row == 2.0 ** -10  # the median, not the 1 s first call
-
-
-class FakeClock:
-    """A probe clock the source advances: exact figures, no wall-clock time asserted on. ``kernel`` is the system
-    CPU time of the thread (``parallel.kernel_seconds``)."""
-
-    def __init__(self) -> None:
-        self.now = self.kernel = 0.0
-
-    def perf_counter(self) -> float:
-        return self.now
-
-    thread_time = perf_counter
 
 
 class Timed:
@@ -312,9 +296,7 @@ def _timed_probe(monkeypatch, costs, pair_row=0.004, together=0.004):
     """The probe of ``Timed(costs)``; a pair's rows take ``pair_row`` each (wall and CPU), ``together`` in all."""
     from ms_shm import parallel
 
-    clock, pairs = FakeClock(), []
-    monkeypatch.setattr(parallel, "time", clock)
-    monkeypatch.setattr(parallel, "kernel_seconds", lambda: clock.kernel)
+    clock, pairs = fake_probe_clock(monkeypatch), []
 
     def run_pair(work, items):
         pairs.append(list(items))

@@ -143,6 +143,17 @@ def test_free_cpus_bound_the_usable_ones(free, usable, expected):
     assert planning.cpus_free(s, ask(usable_cpus=usable)) == expected
 
 
+@pytest.mark.parametrize("idle, probe_cpu, window, expected", [
+    (0.9, 0.09, 0.1, 1.8),  # an idle host of 2: the probe's own CPU (child and parent) is free for workers too
+    (0.0, 0.05, 0.1, 0.5),  # every other CPU busy with another program: half of one, the probe's
+    (None, 0.05, 0.1, None),  # /proc/stat unreadable: unknown
+    (0.5, 0.05, 0.0, None),  # no window measured: unknown
+])
+def test_free_cpus_count_the_idle_ones_and_the_probes_own(idle, probe_cpu, window, expected):
+    got = probe.free_cpus(idle, probe_cpu, window)
+    assert (got is None) if expected is None else (got == pytest.approx(expected))
+
+
 def test_estimates_within_the_tie_fraction_keep_the_default():
     # a 5% gain from 1 worker is not measured by a few samples: num_workers=0, the default, is kept
     costs = planning.WorkerCosts(0.0, 0.0, 0.0)

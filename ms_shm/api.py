@@ -269,7 +269,8 @@ def build_dataset(source: Any, column_names: Sequence[str] | str | None = None, 
     probe = measure.StageProbe(None, unmeasured=blocked) if blocked else \
         measure.probe_random_access(source, names, eng.compat.row_check(), _worker_pages(facts),
                                     defer_row_errors=_explicit is not None,  # patched: MindSpore raises it later
-                                    column_dtypes=eng.compat.column_dtypes(generator_kwargs.get("column_types")))
+                                    column_dtypes=eng.compat.column_dtypes(generator_kwargs.get("column_types")),
+                                    meanwhile=_beside_probe(facts))
     p = _plan_source(probe, req, generator_kwargs, config, facts, eng)
     if p.python_multiprocessing and p.workers > 1:
         _inspect_copy_on_read(source, p.workers, facts, req.start_method, share_lists)
@@ -373,6 +374,12 @@ def _set_if_changed(kwargs: dict, key: str, value: Any, default: Any) -> None:
 
 def _worker_pages(facts: host.HostFacts) -> bool:
     return budget_mod.memory_may_bind(SESSION.budget(facts))
+
+
+def _beside_probe(facts: host.HostFacts) -> Any:
+    """What this process reads while a probe child runs: the native thread pools (``threads.probe``, kept for the
+    plan's cap), on a CPU the child leaves idle; with one usable CPU, nothing (it would slow the child's reads)."""
+    return threads.probe if facts.usable_cpus >= 2 else None
 
 
 def _register(dataset: Any, p: Plan, lineage: measure.Lineage, label: str) -> None:
@@ -519,7 +526,7 @@ def map(dataset: Any, operations: Any = None, input_columns: Sequence[str] | str
     ins = _names_list(input_columns) or eng.compat.column_names(dataset)[:1]
     outs = _names_list(output_columns) or ins
     probe = measure.probe_operations(lineage, operations, ins, outs, _worker_pages(facts),
-                                     defer_row_errors=_explicit is not None)
+                                     defer_row_errors=_explicit is not None, meanwhile=_beside_probe(facts))
     p = _plan_operations(probe, _request(asked, config, facts, eng, _explicit), config, facts, eng)
     kwargs = _stage_kwargs(map_kwargs, p, num_parallel_workers, config)
     p, fed = threads.cap_operations(p, operations, facts.usable_cpus)  # threads per worker
@@ -565,7 +572,8 @@ def batch(dataset: Any, batch_size: Any, drop_remainder: bool = False, num_paral
     ins = _names_list(batch_kwargs.get("input_columns")) or eng.compat.column_names(dataset)
     outs = _names_list(batch_kwargs.get("output_columns")) or ins
     probe = measure.probe_batch(_input_lineage(dataset, eng), per_batch_map, batch_size, ins, outs,
-                                _worker_pages(facts), defer_row_errors=_explicit is not None)
+                                _worker_pages(facts), defer_row_errors=_explicit is not None,
+                                meanwhile=_beside_probe(facts))
     p = _plan_operations(probe, _request(asked, config, facts, eng, _explicit), config, facts, eng)
     p = replace(p, kind="batch")
     kwargs = _stage_kwargs(batch_kwargs, p, num_parallel_workers, config)

@@ -197,7 +197,7 @@ def lineage_of(dataset: Any) -> Lineage | None:
 
 def probe_random_access(source: Any, names: Sequence[str] | None, check: Callable | None,
                         worker_pages: bool = False, defer_row_errors: bool = False,
-                        column_dtypes: tuple | None = None) -> StageProbe:
+                        column_dtypes: tuple | None = None, meanwhile: Callable | None = None) -> StageProbe:
     """Measure a random-access source in a probe child.
 
     Raises:
@@ -218,12 +218,13 @@ def probe_random_access(source: Any, names: Sequence[str] | None, check: Callabl
 
         return sandbox.watch_effects(measured, [source], lambda: stats[0].reread_differs)
 
-    return _outcome(sandbox.run_in_fork(in_child, worker_pages=worker_pages), "source", defer_row_errors)
+    return _outcome(sandbox.run_in_fork(in_child, worker_pages=worker_pages, meanwhile=meanwhile), "source",
+                    defer_row_errors)
 
 
 def probe_operations(lineage: Lineage, operations: Any, input_columns: Sequence[str],
                      output_columns: Sequence[str], worker_pages: bool = False,
-                     defer_row_errors: bool = False) -> StageProbe:
+                     defer_row_errors: bool = False, meanwhile: Callable | None = None) -> StageProbe:
     """Run ``operations`` on a few of the input stage's rows, in a probe child, and measure them."""
     blocked = lineage.why_not()
     if blocked:
@@ -239,7 +240,8 @@ def probe_operations(lineage: Lineage, operations: Any, input_columns: Sequence[
             lambda: time_operations(operations, [[available[c][i] for c in input_columns]
                                                  for i in range(_count(available))]), watched)
 
-    probe = _outcome(sandbox.run_in_fork(in_child, worker_pages=worker_pages), "operations", defer_row_errors)
+    probe = _outcome(sandbox.run_in_fork(in_child, worker_pages=worker_pages, meanwhile=meanwhile), "operations",
+                     defer_row_errors)
     if isinstance(probe.stats, str):  # MindSpore raises on these columns when the pipeline starts
         return StageProbe(None, unmeasured=probe.stats)
     return StageProbe(probe.stats, _random_ops(operations, probe.effects), probe.unmeasured)
@@ -257,7 +259,7 @@ class ProbeBatchInfo:
 
 def probe_batch(lineage: Lineage, per_batch_map: Any, batch_size: int, input_columns: Sequence[str],
                 output_columns: Sequence[str], worker_pages: bool = False,
-                defer_row_errors: bool = False) -> StageProbe:
+                defer_row_errors: bool = False, meanwhile: Callable | None = None) -> StageProbe:
     """Run ``per_batch_map`` on a probe batch, in a probe child, and measure it as one map row.
 
     The probe batch holds the few rows the input stage's lineage makes (at most ``batch_size``); bytes in and
@@ -275,7 +277,8 @@ def probe_batch(lineage: Lineage, per_batch_map: Any, batch_size: int, input_col
             lambda: time_batch(per_batch_map, [list(available[c]) for c in input_columns], batch_size),
             _operation_objects(per_batch_map))
 
-    probe = _outcome(sandbox.run_in_fork(in_child, worker_pages=worker_pages), "per_batch_map", defer_row_errors)
+    probe = _outcome(sandbox.run_in_fork(in_child, worker_pages=worker_pages, meanwhile=meanwhile),
+                     "per_batch_map", defer_row_errors)
     if isinstance(probe.stats, str):
         return StageProbe(None, unmeasured=probe.stats)
     return probe

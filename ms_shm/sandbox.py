@@ -89,10 +89,17 @@ def timeout_seconds() -> float:
         return DEFAULT_TIMEOUT
 
 
-def run_in_fork(probe: Callable[[], Any], timeout: float | None = None, worker_pages: bool = False) -> Outcome:
+def run_in_fork(probe: Callable[[], Any], timeout: float | None = None, worker_pages: bool = False,
+                meanwhile: Callable[[], Any] | None = None) -> Outcome:
     """``probe()`` in a forked child; its return value (pickled) or its exception comes back, and with
     ``worker_pages`` the memory the child held alone at the end (``Outcome.private_bytes``; reading it walks
     the whole address space, ~20 ms with MindSpore loaded, so only where memory may bind).
+
+    ``meanwhile()`` runs here while the child starts and reads its first rows alone, on a CPU the child leaves
+    idle (a read of the host the plan needs next, such as the native thread pools: ~28 ms with MindSpore
+    loaded, which the caller would otherwise pay after the child). The child holds its reads of two rows at
+    once (``wait_for_parent``) until it returns, so they never share the CPUs with it. Its result is not
+    returned, and what it raises is logged: the caller asks again for what it needs.
 
     Never raises for the child's sake: a fork that fails, a child that dies or hangs past ``timeout`` gives an
     ``Outcome`` with ``unavailable`` set, and the caller plans without a measurement.
@@ -102,19 +109,57 @@ def run_in_fork(probe: Callable[[], Any], timeout: float | None = None, worker_p
     timeout = timeout_seconds() if timeout is None else timeout
     _load_numpy_random()
     read_end, write_end = os.pipe()
+    gate = os.pipe() if meanwhile is not None else ()
     try:
         with warnings.catch_warnings():  # 3.12+ warns on fork in a threaded process; MindSpore forks the same way
             warnings.simplefilter("ignore", DeprecationWarning)
             pid = os.fork()
     except OSError as exc:
-        os.close(read_end)
-        os.close(write_end)
+        for fd in (read_end, write_end, *gate):
+            os.close(fd)
         return Outcome(unavailable=f"fork failed ({type(exc).__name__}: {exc})")
     if pid == 0:  # pragma: no cover - runs in the child, reported through the pipe
         os.close(read_end)
+        _hold_at_gate(gate)
         _child(probe, write_end, worker_pages)
     os.close(write_end)
+    if gate:
+        os.close(gate[0])
+        _run_meanwhile(meanwhile, gate[1])
     return _collect(pid, read_end, timeout)
+
+
+_gate: int | None = None  # in a probe child: the pipe the parent closes once its ``meanwhile`` has returned
+GATE_SECONDS = 5.0  # the longest a child waits for it: a parent's read of the host is tens of milliseconds
+
+
+def _hold_at_gate(gate: tuple) -> None:  # pragma: no cover - child side
+    global _gate
+    if gate:
+        os.close(gate[1])
+        _gate = gate[0]
+
+
+def _run_meanwhile(meanwhile: Callable[[], Any], gate: int) -> None:
+    try:
+        meanwhile()
+    except Exception as exc:  # the caller's own read, which it will make again: never the probe's failure
+        log.debug("ms_shm probe: %r beside the probe child raised %s: %s", meanwhile, type(exc).__name__, exc)
+    finally:
+        os.close(gate)  # the child's wait_for_parent returns
+
+
+def wait_for_parent() -> None:
+    """In a probe child started with ``meanwhile``: wait (at most ``GATE_SECONDS``) until the parent's work is
+    done, before timing work that needs every CPU; elsewhere, return at once. Once per child."""
+    global _gate
+    if _gate is None:
+        return
+    fd, _gate = _gate, None
+    try:
+        select.select([fd], [], [], GATE_SECONDS)
+    finally:
+        os.close(fd)
 
 
 def _child(probe: Callable[[], Any], fd: int, worker_pages: bool) -> None:  # pragma: no cover - child side
@@ -299,4 +344,5 @@ def holds_open_file(obj: Any) -> str | None:
     return None
 
 
-__all__ = ["Effects", "Outcome", "run_in_fork", "watch_effects", "holds_open_file", "rng_state", "state_of"]
+__all__ = ["Effects", "Outcome", "run_in_fork", "wait_for_parent", "watch_effects", "holds_open_file", "rng_state",
+           "state_of"]

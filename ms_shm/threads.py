@@ -99,9 +99,10 @@ def probe() -> ThreadPools:
     """The native pools loaded in this process now, read once per state of the process: ``threadpool_info()``
     walks every loaded library (~20 ms with MindSpore loaded), and a pipeline's stages ask in a row. A native
     library arrives with an import (numpy, cv2, torch...), so the number of imported modules stands for the
-    libraries loaded. A pool resized between two stages (``threadpool_limits``) keeps its first reading: the cap
-    then set is at most one the pools already meet. A failing probe is an unknown, never an error."""
-    key = (os.getpid(), len(sys.modules))
+    libraries loaded (ms_shm's own modules, imported lazily between the probe and the plan, load none). A pool
+    resized between two stages (``threadpool_limits``) keeps its first reading: the cap then set is at most one
+    the pools already meet. A failing probe is an unknown, never an error."""
+    key = (os.getpid(), sum(1 for name in list(sys.modules) if not name.startswith("ms_shm")))
     if key not in _probed:
         _probed.clear()
         _probed[key] = _read_pools()

@@ -42,3 +42,40 @@ def test_numpy_random_is_imported_in_the_parent_once_not_in_every_fork():
             "sandbox.run_in_fork(lambda: 1); print(before, 'numpy.random' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out[1] == "True", out
+
+
+def test_the_child_holds_its_pair_until_the_parents_meanwhile_returns():
+    """The parent's read of the host runs beside the child's first reads; a pair of threads timed at once must not
+    share the CPUs with it, so ``wait_for_parent`` returns only once it is done (one clock: CLOCK_MONOTONIC)."""
+    import time
+
+    done = []
+
+    def meanwhile():
+        time.sleep(0.2)
+        done.append(time.monotonic())
+
+    def child():
+        started = time.monotonic()
+        sandbox.wait_for_parent()
+        return started, time.monotonic()
+
+    outcome = sandbox.run_in_fork(child, meanwhile=meanwhile)
+    started, released = outcome.value
+    assert done and released >= done[0] > started, (started, released, done)
+
+
+def test_a_failing_meanwhile_does_not_fail_the_probe_and_without_one_the_child_never_waits():
+    import time
+
+    def broken():
+        raise OSError("no /proc")
+
+    def child():
+        t0 = time.monotonic()
+        sandbox.wait_for_parent()
+        return time.monotonic() - t0
+
+    assert sandbox.run_in_fork(child, meanwhile=broken).error is None
+    waited = sandbox.run_in_fork(child).value
+    assert waited < 1.0, waited  # no gate: at once (GATE_SECONDS is 5)

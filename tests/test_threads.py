@@ -77,7 +77,7 @@ def test_a_failing_probe_is_unknown_and_no_cap(monkeypatch):
     assert decide(2, pools, 2).threads_per_worker is None
 
 
-def test_the_probe_reads_the_pools_once_until_a_module_is_imported(monkeypatch):
+def test_the_probe_reads_the_pools_once_until_a_module_other_than_ms_shms_is_imported(monkeypatch):
     import sys
 
     import threadpoolctl
@@ -87,7 +87,10 @@ def test_the_probe_reads_the_pools_once_until_a_module_is_imported(monkeypatch):
     monkeypatch.setattr(threads, "_probed", {})
     threads.probe(), threads.probe()
     assert len(calls) == 1
-    monkeypatch.setitem(sys.modules, "ms_shm_test_new_native_module", object())
+    monkeypatch.setitem(sys.modules, "ms_shm.a_lazily_imported_module", object())  # ms_shm's own: no library
+    threads.probe()
+    assert len(calls) == 1
+    monkeypatch.setitem(sys.modules, "a_new_native_module", object())
     threads.probe()
     assert len(calls) == 2
 

@@ -371,12 +371,8 @@ def measure_random_access(source: Any, names: Sequence[str] | None, max_rows: in
             alone = probe.walls[0]  # as cold as the pair (the pair's faster read of row 0 replaces it)
             probe.fetch_pair(source, order[1])  # row 0 again beside row 1: the GIL's share and the re-read
             done, reads = 2, 3
-            if parallel.may_have_run_cold(probe.parallel, probe.pair_seconds, alone) and len(order) > 2:
-                first = probe.parallel
-                probe.fetch_pair(source, order[2])  # the larger of the two fractions is the warm one
+            if len(order) > 2 and _second_pair_if_cold(probe, source, order[2], alone, True, notes):
                 done, reads = 3, 5
-                notes.append(f"the first pair overlapped but read {first:.0%} of the work outside the GIL (a cold "
-                             f"fork): a second pair read, {probe.parallel:.0%} kept")
         else:
             row = probe.fetch(operator.getitem, source, np.int64(order[done]))
             probe.keep(order[done], row)
@@ -392,7 +388,22 @@ def measure_random_access(source: Any, names: Sequence[str] | None, max_rows: in
     probe.reread_first(source)
     if probe.pair_seconds == 0 and parallel.worth_a_late_pair(probe.walls, probe.share):
         probe.fetch_pair(source, probe.indices[-1], keep=False)  # its rows are read and counted already
+        if len(probe.indices) > 1:
+            _second_pair_if_cold(probe, source, probe.indices[-2], float(np.median(probe.walls)), False, notes)
     return probe.stats(True, length, started, notes)
+
+
+def _second_pair_if_cold(probe: _Probe, source: Any, index: int, alone: float, keep: bool, notes: list) -> bool:
+    """Read a second pair where the first overlapped but read low (``parallel.may_have_run_cold``): the larger of
+    the two fractions is the warm one. The same rule for a pair read at once and a late one: JPEG rows of 6.5-9 ms
+    (bench_core) fall on either side of ``PAIR_AT_ONCE_FROM``, and their late pairs read 5-87% outside the GIL."""
+    if not parallel.may_have_run_cold(probe.parallel, probe.pair_seconds, alone):
+        return False
+    first = probe.parallel
+    probe.fetch_pair(source, index, keep=keep)
+    notes.append(f"the first pair overlapped but read {first:.0%} of the work outside the GIL (a cold fork): a "
+                 f"second pair read, {probe.parallel:.0%} kept")
+    return True
 
 
 def checked_row(row: Any, index: Any, names: Sequence[str] | None, check: Callable[[Any], Any] | None) -> tuple:

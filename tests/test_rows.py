@@ -324,6 +324,23 @@ def test_rows_still_dear_once_warm_get_their_pair_after_the_reads_alone(monkeypa
     assert stats.indices == (0, 99, 57) and stats.seconds_per_row == 2.0 ** -8 and stats.parallel_fraction == 1.0
 
 
+@pytest.mark.parametrize("together, pairs_read, kept", [
+    (0.004, [[0, 57], [0, 99]], 0.85),  # overlapped (about one row's time) but read 0.3: read once more
+    (0.5, [[0, 57]], 0.30),  # far longer than a row alone (the GIL was held): no second pair
+])
+def test_a_late_pair_read_low_that_overlapped_is_read_once_more(monkeypatch, together, pairs_read, kept):
+    """JPEG rows of 6.5-9 ms fall on both sides of ``PAIR_AT_ONCE_FROM``: a late pair gets the same second chance."""
+    from ms_shm import parallel
+
+    fractions = iter([0.30, 0.85])
+    monkeypatch.setattr(parallel, "parallel_fraction", lambda *args: next(fractions))
+    src, stats, pairs = _timed_probe(monkeypatch, lambda call: (2.0 ** -7, 0.0) if call == 0 else (2.0 ** -8, 0.0),
+                                     together=together)
+    assert pairs == pairs_read and stats.parallel_fraction == kept
+    assert stats.indices == (0, 99, 57) and stats.seconds_per_row == 2.0 ** -8  # pairs' rows not counted again
+    assert any("a second pair read, 85% kept" in n for n in stats.notes) is (kept == 0.85)
+
+
 def test_a_first_read_dear_outside_the_kernel_is_paired_at_once(monkeypatch):
     src, stats, pairs = _timed_probe(monkeypatch, lambda call: (2.0 ** -5, 2.0 ** -10))
     assert src.calls == [0, 0, 99] and pairs == [[0, 99]]

@@ -396,7 +396,7 @@ def measure_random_access(source: Any, names: Sequence[str] | None, max_rows: in
 def _second_pair_if_cold(probe: _Probe, source: Any, index: int, alone: float, keep: bool, notes: list) -> bool:
     """Read a second pair where the first overlapped but read low (``parallel.may_have_run_cold``): the larger of
     the two fractions is the warm one. The same rule for a pair read at once and a late one: JPEG rows of 6.5-9 ms
-    (bench_core) fall on either side of ``PAIR_AT_ONCE_FROM``, and their late pairs read 5-87% outside the GIL."""
+    (bench_core) fall on either side of ``PAIR_AT_ONCE_FROM``; their pairs read 5-87% outside the GIL across builds."""
     if not parallel.may_have_run_cold(probe.parallel, probe.pair_seconds, alone):
         return False
     first = probe.parallel

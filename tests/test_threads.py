@@ -90,7 +90,7 @@ def test_the_probe_reads_the_pools_once_until_a_module_other_than_ms_shms_is_imp
     monkeypatch.setitem(sys.modules, "ms_shm.a_lazily_imported_module", object())  # ms_shm's own: no library
     threads.probe()
     assert len(calls) == 1
-    monkeypatch.setitem(sys.modules, "a_new_native_module", object())
+    monkeypatch.setitem(sys.modules, "ms_shm_lookalike", object())  # somebody else's module, however named
     threads.probe()
     assert len(calls) == 2
 

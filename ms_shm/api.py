@@ -215,6 +215,18 @@ def _probe_blocker(source: Any, kwargs: dict, eng: Any) -> str | None:
     return None
 
 
+def _state_stays_here(req: Request, effects: Any, default_multiprocessing: bool) -> tuple:
+    """``(request, decisions)``: a source or operation that keeps state per read (a counter, a cache) is read
+    in this process (inline or threads) unless the caller asked for processes: a worker process would change its
+    own copy, and the program's object would not show it."""
+    if not effects.state_per_read or effects.order_dependent or req.multiprocessing is not None:
+        return req, []
+    return replace(req, multiprocessing=False), [Decision(
+        "python_multiprocessing", False, default_multiprocessing,
+        f"{effects.state_per_read}: worker processes would change copies of it that the program never sees, so rows "
+        f"are read in this process (inline or threads, which share it)")]
+
+
 def _lock_mode(req: Request, why: str, default_workers: int, default_multiprocessing: bool) -> tuple:
     """Rows that depend on which worker reads them keep MindSpore's own mode and workers."""
     workers = req.workers if req.workers is not None else default_workers
@@ -289,6 +301,8 @@ def _plan_source(probe: measure.StageProbe, req: Request, kwargs: dict, config: 
     if probe.effects.order_dependent:
         req, locked = _lock_mode(req, probe.effects.order_dependent, 1, True)
         decisions.append(locked)
+    req, kept_here = _state_stays_here(req, probe.effects, True)
+    decisions += kept_here
     blocker = eng.compat.processes_blocker() if config is not None else None
     if blocker:
         req = _without_processes(req, blocker)
@@ -427,17 +441,21 @@ def _apply_globals(p: Plan, config: Any, eng: Any, quiet: bool = False) -> list:
         return []
     wanted = []
     if config.prefetch_size and p.prefetch < config.prefetch_size:
-        wanted.append(("prefetch_size", p.prefetch, next((d.reason for d in p.decisions
-                                                          if d.setting == "prefetch_size"), "plan")))
+        wanted.append(("prefetch_size", p.prefetch, _reason(p, "prefetch_size", "plan")))
     if p.mode == PIPES and config.shared_mem:
-        wanted.append(("shared_mem", False, "rows go through pipes: shared-memory slots would not fit; this also "
-                                            "applies to pipelines launched later in this process"))
+        wanted.append(("shared_mem", False, _reason(p, "shared_mem", "rows go through pipes")
+                       + "; this also applies to pipelines launched later in this process"))
     wanted += [(d.setting, d.value, d.reason) for d in p.decisions if d.setting == "enable_watchdog"]
     made = SESSION.record([eng.apply_setting(*w) for w in wanted], eng.undo)
     for change in made:
         log.log(logging.INFO if quiet else logging.WARNING, "ms_shm changed MindSpore's global %s from %s to %s: %s", change.setting, change.old,
                     change.new, change.reason)
     return made
+
+
+def _reason(p: Plan, setting: str, fallback: str) -> str:
+    """The plan's own reason for ``setting``: a global change says why the plan made it, in its words."""
+    return next((d.reason for d in p.decisions if d.setting == setting), fallback)
 
 
 _STAGE_NAMES = {"generator": "GeneratorDataset", "map": "map", "batch": "batch(per_batch_map=...)"}
@@ -597,6 +615,7 @@ def _plan_operations(probe: measure.StageProbe, req: Request, config: Any, facts
     if why:
         req = replace(req, workers=req.workers if req.workers is not None else _map_default_workers(config),
                       multiprocessing=bool(req.multiprocessing))
+    req, kept_here = _state_stays_here(req, probe.effects, False)
     if probe.stats is None:
         p = eng.planning.plan_unmeasured(req, b, profile, probe.unmeasured, kind="map")
     else:
@@ -608,7 +627,7 @@ def _plan_operations(probe: measure.StageProbe, req: Request, config: Any, facts
                                                  worker_bytes=st.worker_bytes, costs=costs,
                                                  parallel_fraction=st.parallel_fraction), req, bool(why))
     if not why:
-        return p
+        return replace(p, decisions=tuple(kept_here) + p.decisions)
     return replace(p, decisions=(Decision("mode_locked", True, False,
                                           f"{why}: MindSpore's own map settings are kept"),) + p.decisions)
 

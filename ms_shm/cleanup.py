@@ -58,7 +58,7 @@ KIND_DEV_SHM = "dev-shm"
 _KIND_TEXT = {
     KIND_SHM: "SysV shared memory segment",
     KIND_MSG: "SysV message queue",
-    KIND_IPC_FILE: "SysV key file",
+    KIND_IPC_FILE: "/tmp/dataset_ipc file",  # MindSpore's ftok key files, named as in the README
     KIND_DEV_SHM: "/dev/shm file",
 }
 
@@ -71,6 +71,7 @@ _UNOWNED_PID_FILES = (
 _MP_SEM = re.compile(r"^sem\.mp-[A-Za-z0-9_]+$")
 
 _IPC_RMID = 0
+_KEY_FILES_SHOWN = 3  # /tmp/dataset_ipc files listed one per line before the rest are summed up in one
 _GONE = "already gone"  # removed by someone else between the scan and our attempt
 
 
@@ -121,29 +122,47 @@ class CleanReport(Result):
         return tuple(item for item in self.leftovers if item.error and item.error != _GONE)
 
     def lines(self) -> list:
-        """Human lines for ``ms-shm clean``: one per object, a total, then the notes."""
+        """Human lines for ``ms-shm clean``: one per object (key files, which every pipeline leaves by the
+        hundred, grouped past a few), a total, then the notes."""
         out = []
         verb = "would remove" if self.dry_run else "removed"
         if not self.leftovers:
             out.append("nothing to clean: no leftovers of dead MindSpore/PyTorch runs found")
+        key_files = [item for item in self.leftovers if item.kind == KIND_IPC_FILE]
+        shown = key_files if len(key_files) <= _KEY_FILES_SHOWN + 1 else key_files[:_KEY_FILES_SHOWN]
         for item in self.leftovers:
-            if self.dry_run:
-                state = "would remove"
-            elif item.removed:
-                state = "removed"
-            elif item.error == _GONE:
-                state = "already gone"
-            else:
-                state = f"FAILED ({item.error})"
-            pid = f"pid {item.owner_pid}" if item.owner_pid else "no pid"
-            out.append(f"{state}: {_KIND_TEXT.get(item.kind, item.kind)} {item.name} "
-                       f"({mib(item.size_bytes)}, {pid}): {item.reason}")
+            if item.kind != KIND_IPC_FILE or item in shown:
+                out.append(self._line(item))
+        if len(shown) < len(key_files):
+            out.append(self._key_files_summary(key_files[len(shown):]))
         if self.leftovers:
             count = sum(1 for item in self.leftovers if self.dry_run or item.removed)
             out.append(f"{verb} {count} object(s), {mib(self.bytes_freed)} freed"
                        + (" if run with --yes" if self.dry_run else ""))
         out.extend(f"note: {note}" for note in self.notes)
         return out
+
+    def _state(self, item: Leftover) -> str:
+        if self.dry_run:
+            return "would remove"
+        if item.removed:
+            return "removed"
+        return "already gone" if item.error == _GONE else f"FAILED ({item.error})"
+
+    def _line(self, item: Leftover) -> str:
+        pid = f"pid {item.owner_pid}" if item.owner_pid else "no pid"
+        return (f"{self._state(item)}: {_KIND_TEXT.get(item.kind, item.kind)} {item.name} "
+                f"({mib(item.size_bytes)}, {pid}): {item.reason}")
+
+    def _key_files_summary(self, rest: list) -> str:
+        """One line for the key files past the first few: how many, per outcome, and of how many dead pids."""
+        states: dict = {}
+        for item in rest:
+            states[self._state(item)] = states.get(self._state(item), 0) + 1
+        pids = {item.owner_pid for item in rest if item.owner_pid}
+        outcome = ", ".join(f"{state}: {n}" for state, n in states.items())
+        return (f"... and {len(rest)} more {_KIND_TEXT[KIND_IPC_FILE]}s ({outcome}; "
+                f"{mib(sum(item.size_bytes for item in rest))}, {len(pids)} dead pid(s)); --json lists each")
 
     def __str__(self) -> str:
         return "\n".join(self.lines())

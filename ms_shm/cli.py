@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
+import re
 import sys
 import textwrap
 from typing import Any
@@ -20,6 +22,7 @@ from typing import Any
 from ms_shm import advice as advice_mod
 from ms_shm import engines, host, sizes
 from ms_shm._results import mib
+from ms_shm.cli_run import cmd_run, split_run_argv
 
 SCHEMA = 1  # bumped when a key of the --json output changes meaning or goes away
 EXIT_OK, EXIT_NOTHING, EXIT_CRASH = 0, 1, 2
@@ -263,8 +266,9 @@ def plan_lines(report: Any) -> list:
     return lines
 
 
-def loader_plan_lines(args: argparse.Namespace, facts: host.HostFacts) -> tuple:
-    """``ms-shm plan --framework torch|mindspore-dataloader``: the batches in flight, and what ms_shm picks."""
+def loader_what_if(args: argparse.Namespace, facts: host.HostFacts) -> tuple:
+    """``ms-shm plan --framework torch|mindspore-dataloader``: the budget, the plan ms_shm would pick (``None``
+    when nothing fits as asked) and why not, for the batches in flight."""
     from ms_shm.budget import compute
     from ms_shm.engines.torchstyle.planning import BatchStats, LoaderRequest
     from ms_shm.errors import ShmBudgetError
@@ -276,19 +280,37 @@ def loader_plan_lines(args: argparse.Namespace, facts: host.HostFacts) -> tuple:
     req = LoaderRequest(args.framework, args.workers, args.prefetch_factor, eng.profile().default_strategy,
                         eng.profile().can_switch_strategy, usable_cpus=facts.usable_cpus,
                         nofile_soft=facts.nofile_soft, nofile_hard=facts.nofile_hard)
-    lines = [f"ms-shm plan: {args.framework} DataLoader, {args.workers} workers, batches of {args.batch_mb:g} MiB in "
-             f"{args.storages} storage(s); this pipeline's budget: {mib(b.shm_bytes)} of /dev/shm ({b.reason}), "
-             f"{b.fds if b.fds is not None else 'unlimited'} fds", ""]
     try:
-        p = eng.planning.plan_loader(stats, req, b, eng.profile())
+        return b, eng.planning.plan_loader(stats, req, b, eng.profile()), None
     except ShmBudgetError as exc:
-        return lines + _wrap(str(exc), "") + ["", "Result: does NOT fit as asked."], False
-    lines += _wrap(f"ms_shm would pick: num_workers={p.workers}, prefetch_factor={p.prefetch}: /dev/shm "
-                   f"{mib(p.predicted_shm)} ({p.workers} x {p.prefetch} + 1 batches in flight), {p.predicted_fds} "
-                   f"fds in the main process", "")
-    for d in p.decisions:
+        return b, None, str(exc)
+
+
+def loader_plan_lines(args: argparse.Namespace, budget: Any, chosen: Any, note: str | None) -> list:
+    lines = [f"ms-shm plan: {args.framework} DataLoader, {args.workers} workers, batches of {args.batch_mb:g} MiB in "
+             f"{args.storages} storage(s); this pipeline's budget: {mib(budget.shm_bytes)} of /dev/shm "
+             f"({budget.reason}), {budget.fds if budget.fds is not None else 'unlimited'} fds", ""]
+    if chosen is None:
+        return lines + _wrap(note or "", "") + ["", "Result: does NOT fit as asked."]
+    lines += _wrap(f"ms_shm would pick: num_workers={chosen.workers}, prefetch_factor={chosen.prefetch}: /dev/shm "
+                   f"{mib(chosen.predicted_shm)} ({chosen.workers} x {chosen.prefetch} + 1 batches in flight), "
+                   f"{chosen.predicted_fds} fds in the main process", "")
+    for d in chosen.decisions:
         lines += _wrap(str(d), "    ", "- ")
-    return lines + ["", "Result: fits."], True
+    return lines + ["", "Result: fits."]
+
+
+def loader_plan_dict(args: argparse.Namespace, facts: host.HostFacts, budget: Any, chosen: Any,
+                     note: str | None) -> dict:
+    """``--json`` of a DataLoader plan, in the shape of GeneratorDataset's (``input``, ``shm``, ``plan``,
+    ``plan_note``, ``fits``) plus the pipeline's ``budget``."""
+    shm = ({"total": args.shm, "free": args.shm, "source": "given with --shm"} if args.shm is not None else
+           {"total": facts.shm_total, "free": facts.shm_free, "source": f"this host's {facts.shm_path}"})
+    return {"input": {"framework": args.framework, "batch_bytes": int(args.batch_mb * sizes.MiB),
+                      "storages": args.storages, "workers": args.workers, "prefetch_factor": args.prefetch_factor,
+                      "ranks": budget.ranks},
+            "shm": shm, "budget": budget.to_dict(), "plan": chosen.to_dict() if chosen is not None else None,
+            "plan_note": note, "fits": chosen is not None and bool(chosen.fits)}
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -296,8 +318,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.framework != "mindspore":
         if args.batch_mb is None:
             raise SystemExit("ms-shm plan: --framework torch / mindspore-dataloader needs --batch-mb")
-        lines, _ = loader_plan_lines(args, facts)
-        print("\n".join(lines))
+        budget, chosen, note = loader_what_if(args, facts)
+        if args.json:
+            print(json.dumps({"schema": SCHEMA, **loader_plan_dict(args, facts, budget, chosen, note)}, indent=2,
+                             default=str))
+        else:
+            print("\n".join(loader_plan_lines(args, budget, chosen, note)))
         return EXIT_OK
     if args.row_mb is None:
         raise SystemExit("ms-shm plan: --row-mb is required for GeneratorDataset (--framework mindspore)")
@@ -344,7 +370,11 @@ def cmd_explain(args: argparse.Namespace) -> int:
     try:
         text = _read_log(args.file)
     except OSError as exc:
-        print(f"ms-shm explain: cannot read {args.file}: {exc}", file=sys.stderr)
+        if args.json:  # a pipeline reading --json gets JSON whatever happens
+            print(json.dumps({"schema": SCHEMA, "source": args.file, "error": f"cannot read {args.file}: {exc}"},
+                             indent=2))
+        else:
+            print(f"ms-shm explain: cannot read {args.file}: {exc}", file=sys.stderr)
         return EXIT_CRASH
     facts = host.probe()
     found = explain_mod.explain(text, facts)
@@ -401,13 +431,33 @@ def _positive_int(text: str) -> int:
 
 
 def _positive_float(text: str) -> float:
+    """A size in MiB: a finite number above 0 (``inf`` would reach ``int()`` as an OverflowError)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number of MiB: {text}")
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be positive: {text}")
     return value
+
+
+# The MindSpore releases ``plan --mindspore`` knows: the span ``engines.mindspore.profiles`` models
+_MINDSPORE_MINORS = range(0, 11)
+
+
+def _mindspore_version(text: str) -> str:
+    """``--mindspore``: a release the profiles model (2.0 to 2.10, with or without a patch number); anything else
+    would silently be planned as the newest release."""
+    from ms_shm.engines.mindspore.profiles import parse_version
+
+    known = ", ".join(f"2.{minor}" for minor in _MINDSPORE_MINORS)
+    parsed = parse_version(text)
+    if not re.fullmatch(r"\d+\.\d+(\.\d+)?", text) or parsed is None or parsed[0] != 2 \
+            or parsed[1] not in _MINDSPORE_MINORS:
+        raise argparse.ArgumentTypeError(f"unknown MindSpore version {text!r}: known releases are {known}")
+    return text
 
 
 def _add_doctor(sub: Any) -> None:
@@ -441,7 +491,8 @@ def _add_plan(sub: Any) -> None:
     plan.add_argument("--prefetch", type=_positive_int, default=default_prefetch,
                       help=f"ds.config prefetch size (default {default_prefetch})")
     plan.add_argument("--ranks", type=_positive_int, help="ranks on one host (default: from the launcher, else 1)")
-    plan.add_argument("--mindspore", metavar="VERSION", help="MindSpore version, e.g. 2.3 or 2.10 (default: installed)")
+    plan.add_argument("--mindspore", metavar="VERSION", type=_mindspore_version,
+                      help="MindSpore release 2.0 to 2.10, e.g. 2.3 or 2.10 (default: installed)")
     plan.add_argument("--shm", type=_size_arg, metavar="SIZE",
                       help="assume a /dev/shm of this size, e.g. 64m or 2g (default: this host's free space)")
     plan.add_argument("--rows", type=_positive_int, help="rows per epoch (small datasets create fewer slots)")
@@ -483,69 +534,6 @@ def _add_run(sub: Any) -> None:
     run.set_defaults(func=cmd_run)
 
 
-def _run_target(args: argparse.Namespace) -> tuple:
-    """What to run and the ``sys.argv`` plain ``python`` would give it."""
-    if args.module:
-        return None, args.module, [args.module] + list(args.argv)
-    if not args.argv:
-        raise SystemExit("ms-shm run: give a SCRIPT or -m MODULE")
-    return args.argv[0], None, list(args.argv)
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    """``ms-shm run``: patch, then the script as ``__main__``, tuned once it has imported its framework. A
-    ``SystemExit`` of the script passes through as is; any other exception prints its traceback from the
-    script's first frame, exit 1."""
-    import atexit
-    import logging
-    import os
-    import runpy
-    import traceback
-
-    from ms_shm.patch import on_framework_import, patch, write_report
-
-    script, module, argv = _run_target(args)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
-    logger = logging.getLogger("ms_shm")
-    logger.addHandler(handler)
-    logger.setLevel(args.log_level)
-    logger.propagate = False  # ms-shm run shows ms_shm's messages once, even if the script configures logging
-    if args.report:
-        atexit.register(write_report, args.report)
-    patch(strict=args.strict)
-    on_framework_import(_tune_at_import)  # the script imports its framework: ms_shm imports none itself
-    sys.argv = argv
-    sys.path.insert(0, os.path.dirname(os.path.abspath(script)) if script else os.getcwd())
-    try:
-        if module:
-            runpy.run_module(module, run_name="__main__", alter_sys=True)
-        else:
-            runpy.run_path(script, run_name="__main__")
-    except (SystemExit, KeyboardInterrupt):
-        raise
-    except BaseException as exc:
-        traceback.print_exception(type(exc), exc, _from_script(exc.__traceback__))
-        return 1
-    return EXIT_OK
-
-
-def _tune_at_import(framework: str) -> None:
-    """``tune()`` once the script has imported ``framework``, before it builds any pipeline: tuned before the
-    script ran, a torch script would import MindSpore (seconds) and torch's own settings would be skipped."""
-    from ms_shm.api import tune
-
-    tune()
-
-
-def _from_script(tb: Any) -> Any:
-    """The traceback from the first frame outside ms_shm and runpy, as ``python SCRIPT`` would print it."""
-    first = tb
-    while tb is not None and tb.tb_frame.f_globals.get("__name__", "").split(".")[0] in ("ms_shm", "runpy"):
-        tb = tb.tb_next
-    return tb or first
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ms-shm",
@@ -559,29 +547,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _split_run_module(argv: list) -> tuple:
-    """``run [OPTIONS] -m MODULE ARGS...``: the module's ARGS are its own, whatever they look like, as with
-    ``python -m``; argparse alone would read them as ms-shm's. Returns (ms-shm's argv, module, its args)."""
-    i = 1
-    while argv[:1] == ["run"] and i < len(argv):
-        token = argv[i]
-        if token == "-m" and i + 1 < len(argv):
-            return argv[:i], argv[i + 1], argv[i + 2:]
-        if token in ("--report", "--log-level"):
-            i += 2
-        elif token.startswith("-") and token != "-":
-            i += 1
-        else:
-            break
-    return argv, None, None
-
-
 def main(argv: list | None = None) -> int:
     """Entry point of ``ms-shm`` and ``python -m ms_shm``; returns the exit code."""
-    argv, module, module_args = _split_run_module(list(sys.argv[1:] if argv is None else argv))
+    argv, module, target = split_run_argv(list(sys.argv[1:] if argv is None else argv))
     args = build_parser().parse_args(argv)
-    if module is not None:
-        args.module, args.argv = module, module_args
+    if target is not None:
+        args.module, args.argv = module, target
     try:
         return args.func(args)
     except BrokenPipeError:  # `ms-shm doctor | head`

@@ -24,7 +24,8 @@ class Explanation(Result):
     Attributes:
         kind: stable identifier: ``bus-error``, ``insufficient-shm``, ``shm-full``, ``no-space``,
             ``too-many-open-files``, ``pytorch-bus-error``, ``pytorch-shm``, ``row-too-big``, ``worker-killed``,
-            ``worker-exited``, ``worker-died``, ``ipc-removed``.
+            ``worker-exited``, ``worker-died``, ``ipc-removed``; ms_shm's own errors: ``shm-budget-error``,
+            ``row-too-large-error``, ``shm-full-error``.
         severity: as ``Advice.severity``.
         line: the first line of the log that matched, trimmed.
         cause: why it happened, with this host's numbers.
@@ -60,9 +61,59 @@ class Report(Result):
 _INTS = ("pid", "required", "available")
 
 
+def _own_words(default_fix: str) -> Any:
+    """``words`` of ms_shm's own errors: the fix their message carries ("... Fix: ..."), else ``default_fix``."""
+    def words(fields: dict) -> dict:
+        return {"detail": (fields.get("detail") or "").strip(), "own_fix": fields.get("own_fix") or default_fix}
+
+    return words
+
+
+def _own_error(name: str) -> str:
+    """One line of an ms_shm error, as a traceback ends with it (``ms_shm.errors.X: message Fix: ...``); the same
+    class re-raised by MindSpore in the main process names the module of the worker's copy (``ms_shm.guard``)."""
+    return (r"(?m)\b(?:ms_shm\.[\w.]+\.)?" + name +
+            r": (?P<detail>[^\n]*?)(?:\s*Fix: (?P<own_fix>[^\n]*))?$")
+
+
+# ms_shm's own errors: raised instead of the bus error the settings would end in (``ms_shm.errors``). Their
+# messages carry the sizes and the fix worked out for the pipeline, so no host snippet of a typical pipeline's
+# size is added to contradict them.
+OWN_SIGNATURES = (
+    Signature(
+        "shm-budget-error", "ms_shm's ShmBudgetError (settings insisted on that cannot fit)",
+        _own_error("ShmBudgetError"), "crash",
+        "ms_shm refused, before any worker started, settings the code insisted on (explicit arguments under "
+        "`ms-shm run --strict` / `patch(strict=True)`, or given to ms_shm as orders): they cannot fit this rank's "
+        "/dev/shm or fd budget, and running them would end in a bus error. {detail} {shm_state}",
+        "{own_fix}", engine="ms_shm",
+        words=_own_words("drop the explicit python_multiprocessing / num_parallel_workers / max_rowsize (or run "
+                         "without --strict) so ms_shm can choose what fits, or give the container a bigger "
+                         "/dev/shm (`ms-shm doctor` says how much)")),
+    Signature(
+        "row-too-large-error", "ms_shm's RowTooLargeError (a row larger than planned, stopped in the worker)",
+        _own_error("RowTooLargeError"), "crash",
+        "A worker read a row larger than the shared-memory slots ms_shm planned from the probe rows, and ms_shm "
+        "stopped it before the write, which would have ended in a bus error: the rows grow after the first ones. "
+        "{detail}",
+        "{own_fix}", engine="ms_shm",
+        words=_own_words("give /dev/shm room for the largest row, lower num_parallel_workers, or pass "
+                         "python_multiprocessing=False")),
+    Signature(
+        "shm-full-error", "ms_shm's ShmFullError (/dev/shm filled by something else while running)",
+        _own_error("ShmFullError"), "crash",
+        "/dev/shm filled up under the running pipeline (something else wrote to it after ms_shm planned), and "
+        "ms_shm stopped the worker before its row's write, which would have ended in a bus error. {detail}",
+        "{own_fix}", engine="ms_shm", snippets=(("shell", "df -h /dev/shm\nms-shm clean --dry-run"),),
+        words=_own_words("make room in /dev/shm (`df -h /dev/shm`; `ms-shm clean` removes what crashed runs "
+                         "left), lower num_parallel_workers, or pass python_multiprocessing=False")),
+)
+
+
 def signatures(facts: Any = None) -> tuple:
-    """What every engine prints when it fails, worded for the host's release of each framework."""
-    found: list = []
+    """What ms_shm itself and every engine print when they fail, the engines' worded for the host's release of
+    each framework."""
+    found: list = list(OWN_SIGNATURES)
     for engine in engines.all_engines():
         found += engine.signatures(getattr(facts, f"{engine.name}_version", None))
     return tuple(found)
@@ -81,8 +132,8 @@ def _line_at(text: str, pos: int) -> str:
 
 
 def _hit(sig: Signature, text: str) -> tuple | None:
-    """``(position, signature, fields)`` when ``sig`` is in ``text``: the first match's position, and for each
-    named group the first value any match gave."""
+    """``(positions, signature, fields)`` when ``sig`` is in ``text``: every match's position, and for each named
+    group the first value any match gave."""
     if sig.near and not any(n in text for n in sig.near):
         return None
     if sig.not_near and any(n in text for n in sig.not_near):
@@ -95,7 +146,39 @@ def _hit(sig: Signature, text: str) -> tuple | None:
         for name, value in m.groupdict().items():
             if value is not None and fields.get(name) is None:
                 fields[name] = int(value) if name in _INTS else value
-    return matches[0].start(), sig, fields
+    return [m.start() for m in matches], sig, fields
+
+
+# A record ms_shm logged (``ms-shm run``'s "LEVEL: message", or logging's default "LEVEL:ms_shm:message"): its
+# predictions quote the failures they prevent ("fails with 'recommended shm size is at least 5 GB'"), and are none
+_OWN_RECORD = re.compile(r"^(?:DEBUG|INFO|WARNING)(?:: |:ms_shm(?:\.[\w.]+)?:)")
+
+
+def without_own_records(text: str) -> str:
+    """``text`` with the records ms_shm logged, and the indented lines that continue them (their snippets),
+    blanked: explaining ms_shm's own warnings as crashes would send the reader after a failure that never was.
+    Lines stay where they were, so positions still name the log's lines."""
+    lines, own = text.split("\n"), False
+    for number, line in enumerate(lines):
+        own = bool(_OWN_RECORD.match(line)) or (own and line[:1] in (" ", "\t"))
+        if own:
+            lines[number] = ""
+    return "\n".join(lines)
+
+
+def _one_per_line(hits: list, text: str) -> list:
+    """Each hit at its first match on a line no earlier hit took (hits in signature order): two signatures that
+    match the same line explain it once, by the first (the more specific)."""
+    taken: set = set()
+    placed = []
+    for positions, sig, fields in hits:
+        for pos in positions:
+            line = text.rfind("\n", 0, pos) + 1
+            if line not in taken:
+                taken.add(line)
+                placed.append((pos, sig, fields))
+                break
+    return placed
 
 
 def _shm_state(facts: Any) -> str:
@@ -211,7 +294,7 @@ def explain(text: str, facts: Any) -> tuple:
     """Every known failure found in ``text``, in the order it first appears, with cause and fix for this host.
 
     A failure that is only the consequence of another (``Signature.alone``: a worker's exit) is reported when
-    nothing else is recognised.
+    nothing else is recognised; a line is explained once, and the records ms_shm itself logged are not read.
 
     Args:
         text: a log, a traceback, or a whole job's output.
@@ -220,12 +303,13 @@ def explain(text: str, facts: Any) -> tuple:
     Returns:
         ``Explanation`` tuple; empty when nothing is recognised.
     """
+    text = without_own_records(text)
     hits = [h for h in (_hit(sig, text) for sig in signatures(facts)) if h is not None]
     kinds = {sig.kind for _, sig, _ in hits}
     hits = [h for h in hits if not set(h[1].yields_to) & kinds]
     hits = [h for h in hits if not h[1].alone] or hits
-    hits.sort(key=lambda h: h[0])
-    return tuple(_explanation(text, facts, *h) for h in hits)
+    placed = sorted(_one_per_line(hits, text), key=lambda h: h[0])
+    return tuple(_explanation(text, facts, *h) for h in placed)
 
 
-__all__ = ["Explanation", "Report", "explain", "known", "signatures"]
+__all__ = ["OWN_SIGNATURES", "Explanation", "Report", "explain", "known", "signatures", "without_own_records"]

@@ -22,7 +22,7 @@ from ms_shm import budget as budget_mod
 from ms_shm import changes as changes_mod
 from ms_shm import engines, measure
 from ms_shm._results import mib
-from ms_shm.engines.torchstyle import arithmetic, probe
+from ms_shm.engines.torchstyle import arithmetic, codescan, probe
 from ms_shm.engines.torchstyle.guard import GuardedCollate
 from ms_shm.engines.torchstyle.planning import LoaderRequest
 from ms_shm.errors import ShmBudgetError, UsageError
@@ -35,7 +35,8 @@ FRAMEWORKS = ("torch", "mindspore-dataloader")
 _ALIASES = {"torch": "torch", "pytorch": "torch", "mindspore": "mindspore-dataloader",
             "mindspore-dataloader": "mindspore-dataloader"}
 _FIX = "lower batch_size or prefetch_factor, or give /dev/shm more room"
-_WORKER_ONLY = ("num_workers", "prefetch_factor", "persistent_workers")  # refused by the framework without workers
+# meant for workers: torch and MindSpore refuse (or, MindSpore's timeout, ignore) them with num_workers=0
+_WORKER_ONLY = ("num_workers", "prefetch_factor", "persistent_workers", "timeout", "multiprocessing_context")
 
 
 def _engine_for(dataset: Any, framework: str | None) -> Any:
@@ -68,13 +69,54 @@ def _request(eng: Any, asked: dict, facts: Any, locked: str | None) -> LoaderReq
                          facts.usable_cpus, facts.nofile_soft, facts.nofile_hard)
 
 
-def _locked(eng: Any, dataset: Any, effects: Any, problem: str | None) -> str | None:
-    """Why ``num_workers`` must stay as asked: what arrives would change with it."""
+def _asked_lock(eng: Any, dataset: Any, asked: dict) -> str | None:
+    """Why ``num_workers`` must stay as asked, from the call and the code alone (before any probe): what
+    arrives would change with workers, or the framework's own check of an argument must see its default."""
     if eng.compat.is_iterable(dataset):
         return "an iterable dataset (each worker iterates its own copy)"
-    if effects.order_dependent:
-        return f"{effects.order_dependent} (each worker is seeded apart)"
-    return problem
+    if asked.get("worker_init_fn") is not None:
+        return "worker_init_fn is passed (it runs in each worker, and only there)"
+    used = codescan.worker_info_use(dataset, asked.get("collate_fn"))
+    if used:
+        return used
+    if asked.get("num_workers") is not None:
+        return None
+    only = _worker_only(asked)
+    if only:
+        return (f"{only} passed without num_workers (meant for workers: the framework's own check sees them "
+                f"with its default num_workers, as it would without ms_shm)")
+    if not asked.get("in_order", True):
+        return "in_order=False (workers would deliver batches in the order they finish)"
+    return None
+
+
+def _worker_only(asked: dict) -> str:
+    """The arguments passed that only mean something with workers, as passed (``timeout=0`` and
+    ``persistent_workers=False`` are the defaults, so not among them)."""
+    return ", ".join(f"{name}={asked[name]!r}" for name in _WORKER_ONLY[1:] if _given(name, asked.get(name)))
+
+
+def _given(name: str, value: Any) -> bool:
+    if value is None:
+        return False
+    try:
+        return bool(value > 0) if name == "timeout" else bool(value) if name == "persistent_workers" else True
+    except TypeError:  # a value the framework refuses: its own check must see it, as without ms_shm
+        return True
+
+
+def _locked(asked_lock: str | None, effects: Any) -> str | None:
+    """Why ``num_workers`` must stay as asked: the call or the code says so, or the probe saw samples that
+    depend on who reads them."""
+    if asked_lock:
+        return asked_lock
+    if effects.draws_random:
+        return f"{effects.draws_random} (each worker is seeded apart)"
+    if effects.rereads_differ:
+        return f"{effects.rereads_differ} (each worker would read it from its own copy)"
+    if effects.state_per_read:  # workers are processes: their copies would change, the program's object not
+        return f"{effects.state_per_read} (workers would change their own copies, never the program's object)"
+    return None
 
 
 def build_dataloader(dataset: Any, *args: Any, framework: str | None = None, **kwargs: Any) -> Any:
@@ -83,9 +125,12 @@ def build_dataloader(dataset: Any, *args: Any, framework: str | None = None, **k
     A probe batch is read and collated in a forked child (the parent's samplers and generators do not move):
     its bytes, tensor storages (one shared-memory file and fd each) and seconds per sample. ``num_workers`` and
     ``prefetch_factor`` passed explicitly are kept; otherwise ms_shm picks the fastest that fits ``/dev/shm``,
-    the open-files limit and memory, keeping ``num_workers=0`` where workers would change what arrives (an
-    iterable dataset, samples that draw random numbers). With torch, the sharing strategy becomes
-    ``file_system`` where the fds of ``file_descriptor`` cannot fit.
+    the open-files limit and memory, keeping the framework's ``num_workers=0`` where workers would change what
+    arrives (an iterable dataset, samples that draw random numbers or read back different, a ``worker_init_fn``,
+    code that calls ``get_worker_info()``, ``in_order=False``) or where arguments meant for workers were passed
+    without them (``persistent_workers``, ``prefetch_factor``, ``timeout``, ``multiprocessing_context``: the
+    framework's own error or behaviour arrives unchanged); those are not probed. With torch, the sharing
+    strategy becomes ``file_system`` where the fds of ``file_descriptor`` cannot fit.
 
     Raises:
         ms_shm.ShmBudgetError: explicit arguments that cannot fit, before any worker starts.
@@ -111,17 +156,22 @@ def prepare(eng: Any, cls: Any, dataset: Any, args: tuple, kwargs: dict, prefere
         cls(dataset, *args, **kwargs)  # the framework's own error
         raise
     asked = dict(bound.arguments)
-    problem = eng.compat.numpy_problem()
-    if problem and asked.get("num_workers") and not preferences:  # MindSpore accepts it: said, then as asked
-        log.warning("ms_shm build_dataloader: num_workers=%s: %s", asked["num_workers"], problem)
     facts = SESSION.host_facts()
     b = SESSION.budget(facts)
+    asked_lock, problem = _asked_lock(eng, dataset, asked), eng.compat.numpy_problem()
+    kept = asked_lock or problem
+    if kept and asked.get("num_workers") is None:  # workers stay at the framework's default: nothing to size
+        return asked, eng.planning.kept_plan(_request(eng, asked, facts, kept), b, eng.profile())
     stats, effects, why = _probe(eng, dataset, asked, b, timed=asked.get("num_workers") is None)
-    req = _request(eng, asked, facts, _locked(eng, dataset, effects, problem))
+    locked = _locked(asked_lock, effects)
+    req = _request(eng, asked, facts, locked or problem)
     refused = None
-    if problem and preferences and req.workers:  # workers cannot work here: samples in the main process
+    if problem and preferences and req.workers and not locked:  # workers cannot work here: samples inline
         req, refused = replace(req, workers=None, prefetch_factor=None), Decision(
-            "explicit_arguments", "adapted", f"num_workers={asked['num_workers']}", problem)
+            "explicit_arguments", "num_workers=0", f"num_workers={asked['num_workers']}", problem)
+    elif problem and asked.get("num_workers"):  # MindSpore accepts it: said, then as asked
+        log.warning("ms_shm build_dataloader: num_workers=%s: %s%s", asked["num_workers"], problem,
+                    f" (kept: {locked})" if preferences else "")
     if stats is None:
         log.warning("ms_shm build_dataloader: %s; the DataLoader is built as asked%s", why,
                     f", without workers ({problem})" if refused else "")
@@ -147,7 +197,8 @@ def _plan(eng: Any, stats: Any, req: LoaderRequest, b: Any, preferences: bool, t
     if stats.seconds_per_sample is None:  # only the explicit workers were priced: now the others are
         stats = timed_stats() or stats
     p = eng.planning.plan_loader(stats, replace(req, workers=None, prefetch_factor=None), b, eng.profile())
-    adapted = Decision("explicit_arguments", "adapted", asked,
+    now = f"num_workers={p.workers}" + (f", prefetch_factor={p.prefetch}" if p.workers else "")
+    adapted = Decision("explicit_arguments", now, asked,
                        f"{why}; the call's explicit {asked} are preferences here (ms_shm.patch), so the fastest "
                        f"configuration that fits and yields the same batches is used instead")
     return replace(p, decisions=(adapted,) + p.decisions)
@@ -159,7 +210,8 @@ def _probe(eng: Any, dataset: Any, asked: dict, b: Any, timed: bool) -> tuple:
     collate = asked.get("collate_fn") or eng.compat.default_collate(batched)
     return probe.probe_loader(dataset, asked.get("batch_size", 1), collate, eng.compat.weigh,
                               eng.compat.is_iterable(dataset), asked.get("sampler"), asked.get("batch_sampler"),
-                              budget_mod.memory_may_bind(b), None if timed else eng.compat.twin)
+                              budget_mod.memory_may_bind(b), None if timed else eng.compat.twin,
+                              eng.compat.tensor_bytes)
 
 
 def _arguments(eng: Any, asked: dict, p: Plan, stats: Any, b: Any) -> dict:

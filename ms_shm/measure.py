@@ -216,7 +216,11 @@ def probe_random_access(source: Any, names: Sequence[str] | None, check: Callabl
             stats.append(rows.measure_random_access(source, names, check=check, column_dtypes=column_dtypes))
             return stats[0]
 
-        return sandbox.watch_effects(measured, [source], lambda: stats[0].reread_differs)
+        def again():
+            if stats[0].indices:
+                source[np.int64(stats[0].indices[0])]
+
+        return sandbox.watch_effects(measured, [source], lambda: stats[0].reread_differs, again)
 
     return _outcome(sandbox.run_in_fork(in_child, worker_pages=worker_pages, meanwhile=meanwhile), "source",
                     defer_row_errors)
@@ -236,9 +240,11 @@ def probe_operations(lineage: Lineage, operations: Any, input_columns: Sequence[
         missing = [c for c in input_columns if c not in available]
         if missing:
             return f"input column(s) {missing} are not among the input's columns {sorted(available)}", None
-        return sandbox.watch_effects(
-            lambda: time_operations(operations, [[available[c][i] for c in input_columns]
-                                                 for i in range(_count(available))]), watched)
+        inputs = [[available[c][i] for c in input_columns] for i in range(_count(available))]
+        first: list = []
+        return sandbox.watch_effects(lambda: time_operations(operations, inputs, first), watched,
+                                     lambda: _reread(first, lambda: run_operations(operations, inputs[0]),
+                                                     "the operations"))
 
     probe = _outcome(sandbox.run_in_fork(in_child, worker_pages=worker_pages, meanwhile=meanwhile), "operations",
                      defer_row_errors)
@@ -273,9 +279,11 @@ def probe_batch(lineage: Lineage, per_batch_map: Any, batch_size: int, input_col
         missing = [c for c in input_columns if c not in available]
         if missing:
             return f"input column(s) {missing} are not among the input's columns {sorted(available)}", None
-        return sandbox.watch_effects(
-            lambda: time_batch(per_batch_map, [list(available[c]) for c in input_columns], batch_size),
-            _operation_objects(per_batch_map))
+        columns, first = [list(available[c]) for c in input_columns], []
+        return sandbox.watch_effects(lambda: time_batch(per_batch_map, columns, batch_size, first),
+                                     _operation_objects(per_batch_map),
+                                     lambda: _reread(first, lambda: _call_batch(per_batch_map, columns),
+                                                     "per_batch_map"))
 
     probe = _outcome(sandbox.run_in_fork(in_child, worker_pages=worker_pages, meanwhile=meanwhile),
                      "per_batch_map", defer_row_errors)
@@ -284,15 +292,34 @@ def probe_batch(lineage: Lineage, per_batch_map: Any, batch_size: int, input_col
     return probe
 
 
-def time_batch(per_batch_map: Any, columns: list, batch_size: int) -> OperationStats:
-    """One call of ``per_batch_map`` on ``columns`` (lists of rows), scaled to a batch of ``batch_size``."""
+def time_batch(per_batch_map: Any, columns: list, batch_size: int, keep: list | None = None) -> OperationStats:
+    """One call of ``per_batch_map`` on ``columns`` (lists of rows), scaled to a batch of ``batch_size``; its
+    output appended to ``keep`` (for ``_reread``)."""
     k = max(1, min((len(c) for c in columns), default=1))
-    copied = [[v.copy() if isinstance(v, np.ndarray) else v for v in c] for c in columns]
-    out, wall, cpu, _ = parallel.timed_call(per_batch_map, *copied, ProbeBatchInfo())
+    out, wall, cpu, _ = parallel.timed_call(_call_batch, per_batch_map, columns)
+    if keep is not None:
+        keep.append(out)
     scale = batch_size / k
     out = out if isinstance(out, tuple) else (out,)
     return OperationStats(1, int(_nbytes(columns) * scale), int(_nbytes(out) * scale), wall * scale,
                           (cpu / wall) if wall > 0 else None)
+
+
+def _call_batch(per_batch_map: Any, columns: list) -> Any:
+    """``per_batch_map`` on copies of ``columns``: one that works in place must not alter a later call's input."""
+    return per_batch_map(*[[v.copy() if isinstance(v, np.ndarray) else v for v in c] for c in columns],
+                         ProbeBatchInfo())
+
+
+def _reread(first: list, call: Callable[[], Any], what: str) -> str | None:
+    """Why ``call()``, the first probe input computed again, differs from the first result, or ``None``: a
+    counter or a generator the probe could not see (a closure's, a C library's) gives each worker other
+    outputs."""
+    if not first:
+        return None
+    if rows.same_row(first[0], call()):
+        return None
+    return f"{what} gave another output for the same input row computed again"
 
 
 def _nbytes(value: Any) -> int:
@@ -329,24 +356,39 @@ def _error_text(exc: BaseException, remote_traceback: str, what: str) -> str:
 
 
 def _operation_objects(operations: Any) -> list:
-    """The objects whose state an operation may keep: callable instances and bound methods' owners."""
+    """The objects whose state an operation may keep: callable instances, bound methods' owners, and functions
+    (their closures and globals may hold a generator: ``sandbox._generators``)."""
     ops = operations if isinstance(operations, (list, tuple)) else [operations]
     out = []
     for op in ops:
         owner = objects.attribute(op, "__self__")
         target = owner if owner is not None and not isinstance(owner, types.ModuleType) else op
-        if not isinstance(target, (types.FunctionType, types.BuiltinFunctionType)):
+        if not isinstance(target, types.BuiltinFunctionType):
             out.append(target)
     return out
 
 
 def _random_ops(operations: Any, effects: sandbox.Effects) -> sandbox.Effects:
     """MindSpore's random transforms draw from the pipeline's seed per worker, whatever the global RNG shows."""
-    ops = operations if isinstance(operations, (list, tuple)) else [operations]
-    named = next((type(op).__name__ for op in ops if type(op).__name__.startswith("Random")), None)
+    named = _random_transform(operations)
     if named and effects.draws_random is None:
-        return sandbox.Effects(f"{named} draws random numbers", effects.mutates_state)
+        return replace(effects, draws_random=f"{named} draws random numbers")
     return effects
+
+
+def _random_transform(operations: Any, depth: int = 0) -> str | None:
+    """The name of a random transform among ``operations``, inside ``Compose`` / ``RandomApply`` /
+    ``RandomChoice`` / ``RandomOrder`` too (their ``transforms``)."""
+    ops = operations if isinstance(operations, (list, tuple)) else [operations]
+    for op in ops:
+        if type(op).__name__.startswith("Random"):
+            return type(op).__name__
+        inner = objects.attribute(op, "transforms")
+        if depth < 4 and isinstance(inner, (list, tuple)):
+            named = _random_transform(inner, depth + 1)
+            if named:
+                return f"{named} (in {type(op).__name__})"
+    return None
 
 
 def run_operations(operations: Any, columns: Sequence[Any]) -> tuple:
@@ -360,7 +402,7 @@ def run_operations(operations: Any, columns: Sequence[Any]) -> tuple:
     return tuple(np.asarray(v.asnumpy() if hasattr(v, "asnumpy") else v) for v in values)
 
 
-def time_operations(operations: Any, inputs: list) -> OperationStats:
+def time_operations(operations: Any, inputs: list, keep: list | None = None) -> OperationStats:
     """Sizes (largest input and output row) and median time per row of ``operations`` over ``inputs``; with
     the GIL's share (``parallel``) where rows are not trivially cheap: the first row alone and the next two at
     once on two threads when the first took ``parallel.PAIR_AT_ONCE_FROM`` outside the kernel; else each row
@@ -386,6 +428,8 @@ def time_operations(operations: Any, inputs: list) -> OperationStats:
             cpus += pair_cpus
         elif parallel.worth_a_late_pair(walls, share):
             fraction = _operations_pair(operations, inputs[-2:], share)[3]
+    if keep is not None and results:
+        keep.append(results[0])  # the first input's result, for ``_reread``
     in_bytes = max((sum(int(a.nbytes) for a in args if hasattr(a, "nbytes")) for args in inputs[:len(results)]),
                    default=0)
     out_bytes = max((sum(int(r.nbytes) for r in result) for result in results), default=0)

@@ -25,3 +25,37 @@ _MISSING = object()
 def has(obj: Any, name: str) -> bool:
     """``hasattr(obj, name)``, false for any exception the lookup raises."""
     return attribute(obj, name, _MISSING) is not _MISSING
+
+
+OWN_PREFIX = "_ms_shm_"
+
+
+class Transparent:
+    """Base of the wrappers MindSpore holds in place of the user's object (``dataset.source``, a map operation):
+    to whoever reads or writes its attributes it is the user's object. Names it lacks are read from the wrapped
+    object, and every assignment or deletion lands there too (``dataset.source.scale = 2`` between epochs must
+    reach the rows), except the wrapper's own state, kept under ``_ms_shm_`` names so that no name of the user's
+    is shadowed (a source with its own ``source`` or ``spec`` attribute). Subclasses set ``_ms_shm_wrapped``."""
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called for names the wrapper lacks. Before __dict__ is filled (unpickling, copy) there is nothing
+        # to forward to: no recursion, and pickle's ``__setstate__`` lookup finds none.
+        wrapped = self.__dict__.get(OWN_PREFIX + "wrapped", _MISSING)
+        if wrapped is _MISSING:
+            raise AttributeError(name)
+        return getattr(wrapped, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name.startswith(OWN_PREFIX):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.__dict__[OWN_PREFIX + "wrapped"], name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if name.startswith(OWN_PREFIX):
+            object.__delattr__(self, name)
+        else:
+            delattr(self.__dict__[OWN_PREFIX + "wrapped"], name)
+
+    def __repr__(self) -> str:
+        return repr(self.__dict__.get(OWN_PREFIX + "wrapped"))

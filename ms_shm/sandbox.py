@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 import traceback
+import types
 import warnings
 from typing import Any, Callable, Sequence
 
@@ -49,15 +50,20 @@ class Effects(Result):
 
     Attributes:
         draws_random: reading advanced the global ``random`` / ``numpy.random`` state, or a generator the
-            source or an operation holds.
+            source or an operation holds (at any depth: ``_generators``).
         rereads_differ: the same row, read again, came back different.
-        mutates_state: reading changed the objects' own attributes (a counter, a cache, lazy set-up): noted
-            only, since a row that reads back the same does not depend on who reads it.
+        mutates_state: reading changed the objects' own attributes (a counter, a cache, lazy set-up).
+        state_per_read: the objects' attributes changed again on a later read, not only on the first (lazy
+            set-up): a counter, a cache, a list of what was read. Worker processes would change their own
+            copies and the program's object would not see it (its counter stays 0), so rows are not read in
+            processes the caller did not ask for; threads share the object. Rows that depend on that state
+            read back differently (``rereads_differ``).
     """
 
     draws_random: str | None = None
     rereads_differ: str | None = None
     mutates_state: str | None = None
+    state_per_read: str | None = None
 
     @property
     def order_dependent(self) -> str | None:
@@ -311,27 +317,132 @@ def changed_attributes(before: tuple, after: tuple, objects: Sequence[Any]) -> s
     return None
 
 
-def watch_effects(run: Callable[[], Any], objects: Sequence[Any],
-                  reread: Callable[[], str | None] | None = None) -> tuple[Any, Effects]:
+def watch_effects(run: Callable[[], Any], objects: Sequence[Any], reread: Callable[[], str | None] | None = None,
+                  again: Callable[[], Any] | None = None) -> tuple[Any, Effects]:
     """``run()`` and what it changed, then ``reread()`` (why a row read again differs, or ``None``): meant for
-    the child, where the changes are thrown away."""
-    rng0, state0, own0 = rng_state(), state_of(objects), _own_generators(objects)
+    the child, where the changes are thrown away.
+
+    Where ``run()`` changed the objects' attributes, one more read tells lazy set-up (changed once, on the first
+    read) from state kept per read (changed again): whatever ``reread`` read, or else ``again()``, one read."""
+    generators = _generators(objects)
+    rng0, state0, own0 = rng_state(), state_of(objects), _states(generators)
     value = run()
     draws = None
     if rng_state() != rng0:
         draws = "rows draw from the global random / numpy.random state"
-    elif _own_generators(objects) != own0:
-        draws = "rows draw from a random generator the source or operation holds"
+    elif _states(generators) != own0:
+        draws = f"rows draw from a random generator the source or operation holds ({_moved(generators, own0)})"
+    state1 = state_of(objects)
     differs = reread() if reread is not None and draws is None else None
-    return value, Effects(draws, differs, changed_attributes(state0, state_of(objects), objects))
+    mutated = changed_attributes(state0, state1, objects)
+    per_read = None
+    if mutated and draws is None and differs is None:
+        state2 = state_of(objects)
+        if state2 == state1 and again is not None:
+            again()
+            state2 = state_of(objects)
+        changed = changed_attributes(state1, state2, objects)
+        per_read = f"{changed} on every read, not only the first" if changed else None
+    return value, Effects(draws, differs, mutated, per_read)
 
 
-def _own_generators(objects: Sequence[Any]) -> tuple:
-    """The states of the random generators held as attributes of ``objects``."""
-    kinds = (np.random.Generator, np.random.RandomState, random.Random)
-    return tuple(_cell(v) for obj in objects
-                 for v in (vars(obj).values() if isinstance(getattr(obj, "__dict__", None), dict) else ())
-                 if isinstance(v, kinds))
+_WALK_DEPTH = 4  # attributes of attributes...: a dataset's transform's generator is 2-3 levels down
+_WALK_OBJECTS = 400  # objects looked at, at most: the walk costs well under a millisecond
+_WALK_ITEMS = 64  # a longer list or dict is data (file names, labels), not where generators are kept
+_SKIP = (type(None), bool, int, float, complex, str, bytes, bytearray, np.ndarray, np.generic, type)
+
+
+def _generator_kinds() -> tuple:
+    kinds = [np.random.Generator, np.random.RandomState, random.Random]
+    torch = sys.modules.get("torch")  # never imported here
+    generator = getattr(torch, "Generator", None) if torch is not None else None
+    if isinstance(generator, type):
+        kinds.append(generator)
+    return tuple(kinds)
+
+
+def _generators(objects: Sequence[Any]) -> list:
+    """``(where, generator)`` for the random generators ``objects`` hold at any depth: in attributes, in short
+    lists and dicts, in the closures of functions, and in the module globals their code (and their classes'
+    ``__getitem__`` / ``__call__`` / ``__iter__``) names. A generator a worker process copies draws the same
+    numbers in every worker, so these decide as the global RNG does. Bounded (``_WALK_*``); never raises."""
+    kinds, found, seen = _generator_kinds(), [], set()
+    stack = [(obj, type(obj).__name__, 0) for obj in objects]
+    while stack and len(seen) < _WALK_OBJECTS:
+        obj, where, depth = stack.pop()
+        if id(obj) in seen or isinstance(obj, _SKIP) or isinstance(obj, types.ModuleType):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, kinds):
+            found.append((where, obj))
+        elif depth < _WALK_DEPTH:
+            try:
+                stack.extend((child, f"{where}.{name}", depth + 1) for name, child in _children(obj))
+            except Exception:  # an object that cannot be looked into: what it holds stays unseen
+                continue
+    return found
+
+
+def _children(obj: Any) -> list:
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [(f"[{i}]", v) for i, v in enumerate(obj)] if len(obj) <= _WALK_ITEMS else []
+    if isinstance(obj, dict):
+        return [(f"[{k!r}]", v) for k, v in obj.items()] if len(obj) <= _WALK_ITEMS else []
+    if isinstance(obj, types.MethodType):
+        return [("__self__", obj.__self__), ("__func__", obj.__func__)]
+    if isinstance(obj, types.FunctionType):
+        return _function_children(obj)
+    out = []
+    attrs = objects.attribute(obj, "__dict__")
+    if isinstance(attrs, dict) and len(attrs) <= 4 * _WALK_ITEMS:
+        out += list(attrs.items())
+    for name in getattr(type(obj), "__slots__", ()):
+        value = objects.attribute(obj, name, _NOTHING)
+        if value is not _NOTHING:
+            out.append((name, value))
+    for method in ("__getitem__", "__call__", "__iter__"):
+        function = getattr(type(obj), method, None)
+        if isinstance(function, types.FunctionType):
+            out.append((method, function))
+    return out
+
+
+_NOTHING = object()
+
+
+def _function_children(function: types.FunctionType) -> list:
+    """A function's closure cells and the module globals its code names (nested code included)."""
+    out = [(f"<closure {name}>", cell.cell_contents) for name, cell in
+           zip(function.__code__.co_freevars, function.__closure__ or ()) if _filled(cell)]
+    names, codes = set(), [function.__code__]
+    while codes:
+        code = codes.pop()
+        names.update(code.co_names)
+        codes.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+    scope = function.__globals__
+    return out + [(f"<global {name}>", scope[name]) for name in sorted(names) if name in scope]
+
+
+def _filled(cell: Any) -> bool:
+    """A closure cell holds a value (an empty one raises ``ValueError``: its variable is not yet bound)."""
+    return objects.has(cell, "cell_contents")
+
+
+def _states(generators: list) -> tuple:
+    return tuple(_generator_state(g) for _, g in generators)
+
+
+def _generator_state(generator: Any) -> Any:
+    if isinstance(generator, (np.random.Generator, np.random.RandomState, random.Random)):
+        return _cell(generator)
+    try:  # torch.Generator
+        return bytes(generator.get_state().numpy())
+    except Exception:  # a generator whose state cannot be read: its identity only
+        return id(generator)
+
+
+def _moved(generators: list, before: tuple) -> str:
+    return next((where for (where, g), b in zip(generators, before) if _generator_state(g) != b), "?")
 
 
 def holds_open_file(obj: Any) -> str | None:

@@ -36,7 +36,6 @@ log = logging.getLogger(__name__)
 
 OPT_OUT = "MS_SHM_THREAD_CAP"  # "0": never cap
 SETTING = "num_threads"
-_MISSING = object()
 _APIS = {"blas": "BLAS/OpenMP", "openmp": "BLAS/OpenMP", "opencv": "OpenCV"}
 
 
@@ -233,32 +232,21 @@ def limit_this_process(n: int) -> None:
             log.warning("ms_shm threads: cv2.setNumThreads(%d) failed (%s: %s)", n, type(exc).__name__, exc)
 
 
-class _Capped:
-    """Shared by both wrappers: the cap, the pid that built the plan, and attribute reads forwarded to the
-    wrapped object, so ``dataset.source.x`` and MindSpore's own ``getattr`` checks see the user's object."""
+class _Capped(objects.Transparent):
+    """Shared by both wrappers: the cap and the pid that built the plan, kept under ``_ms_shm_`` names; every
+    other attribute is the wrapped object's (``objects.Transparent``), so ``dataset.source.x`` and MindSpore's
+    own ``getattr`` checks see the user's object."""
 
-    _wrapped_name = "source"
+    def __init__(self, wrapped: Any, threads: int):
+        self._ms_shm_wrapped = wrapped
+        self._ms_shm_threads = threads
+        self._ms_shm_plan_pid = os.getpid()
+        self._ms_shm_pending = True  # cleared in a worker only: a forked or unpickled copy starts pending again
 
-    def __init__(self, threads: int):
-        self.threads = threads
-        self.plan_pid = os.getpid()
-        self._pending = True  # cleared in a worker only: a forked or unpickled copy starts pending again
-
-    def _enter(self) -> None:
-        if os.getpid() != self.plan_pid:  # in a worker process: once, before its first row
-            self._pending = False
-            limit_this_process(self.threads)
-
-    def __getattr__(self, name: str) -> Any:
-        # Only called for names the wrapper lacks. Before __dict__ is filled (unpickling, copy) there is nothing
-        # to forward to: no recursion.
-        wrapped = self.__dict__.get(self._wrapped_name, _MISSING)
-        if wrapped is _MISSING:
-            raise AttributeError(name)
-        return getattr(wrapped, name)
-
-    def __repr__(self) -> str:
-        return repr(self.__dict__.get(self._wrapped_name))
+    def _ms_shm_enter(self) -> None:
+        if os.getpid() != self._ms_shm_plan_pid:  # in a worker process: once, before its first row
+            self._ms_shm_pending = False
+            limit_this_process(self._ms_shm_threads)
 
 
 class CappedSource(_Capped):
@@ -268,17 +256,13 @@ class CappedSource(_Capped):
     unchanged, forwards attributes and ``len``; copies nothing.
     """
 
-    def __init__(self, source: Any, threads: int):
-        super().__init__(threads)
-        self.source = source
-
     def __len__(self) -> int:
-        return len(self.source)
+        return len(self._ms_shm_wrapped)
 
     def __getitem__(self, index: Any) -> Any:
-        if self._pending:
-            self._enter()
-        return self.source[index]
+        if self._ms_shm_pending:
+            self._ms_shm_enter()
+        return self._ms_shm_wrapped[index]
 
 
 class CappedCall(_Capped):
@@ -286,17 +270,15 @@ class CappedCall(_Capped):
     operation returns; ``__wrapped__`` lets ``inspect.signature`` (MindSpore checks ``per_batch_map``'s) see the
     operation's own signature."""
 
-    _wrapped_name = "operation"
-
-    def __init__(self, operation: Any, threads: int):
-        super().__init__(threads)
-        self.operation = operation
-        self.__wrapped__ = operation
+    @property
+    def __wrapped__(self) -> Any:
+        return self._ms_shm_wrapped
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self._pending:
-            self._enter()
-        return self.operation(*args, **kwargs)
+        if self._ms_shm_pending:
+            self._ms_shm_enter()
+        return self._ms_shm_wrapped(*args, **kwargs)
+
 
 __all__ = ["ThreadPool", "ThreadPools", "ThreadCap", "probe", "decide", "enabled", "plan_cap", "cap_source",
            "cap_operations", "CappedSource", "CappedCall", "limit_this_process", "OPT_OUT"]

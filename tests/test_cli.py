@@ -253,3 +253,226 @@ def test_console_script_declared():
 def test_main_in_process(capsys):
     assert cli.main(["plan", "--row-mb", "1", "--workers", "2", "--shm", "1g"]) == 0
     assert "fits" in capsys.readouterr().out
+
+
+def test_plan_rejects_non_finite_sizes():
+    for args in (("plan", "--row-mb", "inf", "--workers", "2"), ("doctor", "--row-mb", "nan"),
+                 ("plan", "--framework", "torch", "--batch-mb", "inf", "--workers", "2")):
+        r = run(*args)
+        assert r.returncode == 2 and "must be a finite number of MiB" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_plan_rejects_an_unknown_mindspore_version_and_names_the_known_ones():
+    r = run("plan", "--row-mb", "8", "--workers", "2", "--shm", "1g", "--mindspore", "banana")
+    assert r.returncode == 2 and "unknown MindSpore version 'banana'" in r.stderr and "2.3" in r.stderr, r.stderr
+    assert "2.10" in r.stderr
+    ok = run("plan", "--row-mb", "8", "--workers", "2", "--shm", "1g", "--mindspore", "2.7.1", "--json")
+    assert ok.returncode == 0 and json.loads(ok.stdout)["input"]["mindspore"] == "2.7.1"
+
+
+def test_plan_of_a_dataloader_prints_json_under_json():
+    r = run("plan", "--framework", "torch", "--batch-mb", "8", "--workers", "2", "--shm", "1g", "--json")
+    data = json.loads(r.stdout)
+    assert r.returncode == 0 and data["schema"] == 1 and data["fits"] is True
+    assert data["input"]["framework"] == "torch" and data["input"]["batch_bytes"] == 8 * MiB
+    assert data["shm"]["source"] == "given with --shm" and data["plan"]["workers"] == 2
+    tight = json.loads(run("plan", "--framework", "mindspore-dataloader", "--batch-mb", "8", "--workers", "2",
+                           "--shm", "1m", "--json").stdout)
+    assert tight["fits"] is False and tight["plan"] is None and "honouring" in tight["plan_note"]
+
+
+def test_explain_json_on_an_unreadable_file_is_a_json_error():
+    r = run("explain", str(LOGS / "no-such.log"), "--json")
+    data = json.loads(r.stdout)
+    assert r.returncode == 2 and data["schema"] == 1 and "cannot read" in data["error"]
+
+
+# ------------------------------------------------------------------------------------------- run, exactly as python
+
+INTROSPECT = '''\
+import json, sys
+print(json.dumps({"argv": sys.argv, "name": __name__, "file": globals().get("__file__"),
+                  "path0": sys.path[0], "path1": sys.path[1], "package": __package__,
+                  "spec": getattr(__spec__, "name", None), "loader": type(__loader__).__name__,
+                  "builtins": type(__builtins__).__name__, "cached": globals().get("__cached__", "absent"),
+                  "main_is_me": sys.modules["__main__"].__dict__ is globals()}))
+'''
+
+
+def python_and_run(*target: str, cwd, run_options: tuple = ()) -> tuple:
+    """``python TARGET...`` and ``python -m ms_shm run [OPTIONS] TARGET...`` from ``cwd``: (plain, ours)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    both = [[sys.executable, *target], [sys.executable, "-m", "ms_shm", "run", *run_options, *target]]
+    return tuple(subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(cwd), timeout=120)
+                 for cmd in both)
+
+
+def assert_same(plain, ours) -> None:
+    assert (ours.returncode, ours.stdout, ours.stderr) == (plain.returncode, plain.stdout, plain.stderr), \
+        f"plain:\n{isolated.describe(plain)}\nrun:\n{isolated.describe(ours)}"
+
+
+def test_run_gives_the_script_pythons_main_module_absolute_file_and_path0(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "intro.py").write_text(INTROSPECT)
+    plain, ours = python_and_run("sub/intro.py", "--strict", "x", cwd=tmp_path)
+    assert_same(plain, ours)
+    facts = json.loads(ours.stdout)
+    assert facts["file"] == str(tmp_path / "sub" / "intro.py") and facts["argv"][0] == "sub/intro.py"
+    assert facts["path0"] == str(tmp_path / "sub") and facts["path1"] != str(tmp_path)  # replaced, not inserted
+    assert facts["package"] is None and facts["loader"] == "SourceFileLoader" and facts["builtins"] == "module"
+
+
+def test_run_keeps_the_scripts_file_usable_after_chdir_and_prints_absolute_paths(tmp_path):
+    (tmp_path / "data.txt").write_text("payload\n")
+    (tmp_path / "chdir.py").write_text("import os, warnings\nos.chdir('/')\n"
+                                       "print(open(os.path.join(os.path.dirname(__file__), 'data.txt')).read())\n"
+                                       "warnings.warn('careful')\n"
+                                       "def inner():\n    raise ValueError('boom')\n"
+                                       "try:\n    inner()\nexcept ValueError as e:\n"
+                                       "    raise RuntimeError('w') from e\n")
+    plain, ours = python_and_run("chdir.py", cwd=tmp_path)
+    assert_same(plain, ours)
+    assert "payload" in ours.stdout and f'{tmp_path / "chdir.py"}:4: UserWarning: careful' in ours.stderr
+    assert f'File "{tmp_path / "chdir.py"}", line 6, in inner' in ours.stderr and "ms_shm" not in ours.stderr
+
+
+def test_run_of_a_symlinked_script_puts_the_real_directory_on_sys_path(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "links").mkdir()
+    (tmp_path / "real" / "sibling.py").write_text("VALUE = 'sibling'\n")
+    (tmp_path / "real" / "linked.py").write_text("import sys, sibling\nprint(sys.path[0], sibling.VALUE)\n")
+    (tmp_path / "links" / "linked.py").symlink_to(tmp_path / "real" / "linked.py")
+    plain, ours = python_and_run("links/linked.py", cwd=tmp_path)
+    assert_same(plain, ours)
+    assert ours.stdout == f"{tmp_path / 'real'} sibling\n"
+
+
+def test_run_of_a_directory_or_zip_runs_its_main_with_itself_on_sys_path(tmp_path):
+    import zipfile
+
+    (tmp_path / "appdir").mkdir()
+    body = "import sys; print(__name__, sys.argv, sys.path[0], __file__)\n"
+    (tmp_path / "appdir" / "__main__.py").write_text(body)
+    with zipfile.ZipFile(tmp_path / "app.zip", "w") as z:
+        z.writestr("__main__.py", body)
+    for target in ("appdir", "app.zip"):
+        plain, ours = python_and_run(target, "a", cwd=tmp_path)
+        assert_same(plain, ours)
+        assert ours.stdout.startswith(f"__main__ ['{target}', 'a'] {tmp_path / target} ")
+
+
+def test_run_keeps_the_script_as_main_for_atexit_and_deletes_file_as_python_does(tmp_path):
+    (tmp_path / "late.py").write_text(
+        "import atexit, pickle, sys\nclass C: pass\n"
+        "def at_end():\n"
+        "    main = sys.modules['__main__']\n"
+        "    print('pickled', len(pickle.dumps(C())) > 0, hasattr(main, 'C'), '__file__' in vars(main))\n"
+        "atexit.register(at_end)\nprint('done')\n")
+    plain, ours = python_and_run("late.py", cwd=tmp_path)
+    assert_same(plain, ours)
+    assert ours.stdout == "done\npickled True True False\n"
+
+
+def test_run_with_spawned_processes_reimports_the_script(tmp_path):
+    (tmp_path / "spawner.py").write_text(
+        "import multiprocessing as mp\nclass K:\n    pass\ndef square(x):\n    return x * x\n"
+        "if __name__ == '__main__':\n    mp.set_start_method('spawn')\n"
+        "    with mp.Pool(2) as pool:\n        print(pool.map(square, range(4)))\n")
+    plain, ours = python_and_run("spawner.py", cwd=tmp_path)
+    assert_same(plain, ours)
+    assert ours.stdout == "[0, 1, 4, 9]\n"
+
+
+def test_run_uses_the_scripts_excepthook(tmp_path):
+    (tmp_path / "hook.py").write_text(
+        "import sys\nsys.excepthook = lambda t, v, tb: print('HOOK', t.__name__, v, file=sys.stderr)\n"
+        "raise ValueError('x')\n")
+    plain, ours = python_and_run("hook.py", cwd=tmp_path)
+    assert_same(plain, ours)
+    assert ours.returncode == 1 and ours.stderr == "HOOK ValueError x\n"
+
+
+def test_run_keyboard_interrupt_and_syntax_error_show_no_ms_shm_frames(tmp_path):
+    (tmp_path / "kbi.py").write_text("raise KeyboardInterrupt\n")
+    (tmp_path / "syntax.py").write_text("x = 1\ndef (:\n")
+    for script in ("kbi.py", "syntax.py"):
+        plain, ours = python_and_run(script, cwd=tmp_path)
+        assert_same(plain, ours)
+        assert "ms_shm" not in ours.stderr and "runpy" not in ours.stderr
+    assert ours.stderr.startswith(f'  File "{tmp_path / "syntax.py"}", line 2')
+    plain, ours = python_and_run("kbi.py", cwd=tmp_path)
+    assert ours.returncode == -2  # killed by SIGINT, as python ends an uncaught KeyboardInterrupt
+
+
+def test_run_missing_script_or_module_is_pythons_one_line(tmp_path):
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    plain, ours = python_and_run("nope.py", cwd=tmp_path)
+    assert_same(plain, ours)
+    assert ours.returncode == 2 and ours.stderr.count("\n") == 1 and f"'{tmp_path / 'nope.py'}'" in ours.stderr
+    plain, ours = python_and_run("-m", "mypkg.nope", cwd=tmp_path)
+    assert_same(plain, ours)
+    assert ours.returncode == 1 and ours.stderr.endswith(": No module named mypkg.nope\n")
+
+
+def test_run_module_forms_and_a_leading_double_dash(tmp_path):
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "mypkg" / "tool.py").write_text(INTROSPECT)
+    (tmp_path / "argv.py").write_text("import sys; print(sys.argv)\n")
+    plain, ours = python_and_run("-m", "mypkg.tool", "--strict", "--report", "r", cwd=tmp_path)
+    assert_same(plain, ours)
+    facts = json.loads(ours.stdout)
+    assert facts["argv"] == [str(tmp_path / "mypkg" / "tool.py"), "--strict", "--report", "r"]
+    assert facts["path0"] == str(tmp_path) and facts["spec"] == "mypkg.tool" and facts["main_is_me"]
+    attached = subprocess.run([sys.executable, "-m", "ms_shm", "run", "-mmypkg.tool", "--strict"],
+                              capture_output=True, text=True, cwd=str(tmp_path), timeout=120,
+                              env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert json.loads(attached.stdout)["argv"][1:] == ["--strict"], attached.stderr
+    plain, ours = python_and_run("argv.py", "--strict", cwd=tmp_path, run_options=("--",))
+    assert_same(plain, ours)
+
+
+def test_run_report_is_resolved_at_start_and_checked_before_the_script(tmp_path):
+    (tmp_path / "away.py").write_text("import os\nos.chdir('/')\nprint('ran')\n")
+    _, ours = python_and_run("away.py", cwd=tmp_path, run_options=("--report", "r.json"))
+    assert ours.returncode == 0 and json.loads((tmp_path / "r.json").read_text())["schema"] == 1
+    _, bad = python_and_run("away.py", cwd=tmp_path, run_options=("--report", str(tmp_path / "no" / "r.json")))
+    assert bad.returncode == 2 and "ran" not in bad.stdout, bad.stderr
+    assert bad.stderr.startswith(f"ms-shm run: cannot write report {tmp_path / 'no' / 'r.json'}")
+    assert bad.stderr.count("\n") == 1
+
+
+def test_run_report_that_cannot_be_written_at_exit_is_one_line_and_keeps_the_exit_code(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (tmp_path / "rm.py").write_text(f"import shutil, sys\nshutil.rmtree({str(out)!r})\nsys.exit(3)\n")
+    ours = subprocess.run([sys.executable, "-m", "ms_shm", "run", "--report", str(out / "r.json"), "rm.py"],
+                          capture_output=True, text=True, cwd=str(tmp_path), timeout=120,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert ours.returncode == 3 and "Traceback" not in ours.stderr
+    assert ours.stderr == f"ms-shm run: cannot write report {out / 'r.json'}: No such file or directory\n"
+
+
+def test_clean_groups_many_dataset_ipc_files_in_its_text():
+    from ms_shm.cleanup import KIND_IPC_FILE, KIND_SHM, CleanReport, Leftover
+
+    files = [Leftover(KIND_IPC_FILE, f"/tmp/dataset_ipc_{100 + i % 3}_1_{i}", 0, 100 + i % 3, "pid dead")
+             for i in range(10)]
+    lines = CleanReport((Leftover(KIND_SHM, "shmid 2 key 0x1", MiB, 7, "dead"), *files), MiB, True).lines()
+    assert sum(line.startswith("would remove: /tmp/dataset_ipc file ") for line in lines) == 3
+    assert "... and 7 more /tmp/dataset_ipc files (would remove: 7; 0 B, 3 dead pid(s))" in lines[4]
+    assert lines[5] == "would remove 11 object(s), 1.0 MiB freed if run with --yes"
+    few = CleanReport(tuple(files[:4]), 0, True).lines()
+    assert sum("/tmp/dataset_ipc file" in line for line in few) == 4
+
+
+def test_run_module_errors_print_as_python_m_prints_them(tmp_path):
+    """Under ``-m`` python itself shows runpy's frames; ``run -m`` shows the same, and none of ms_shm's."""
+    (tmp_path / "pk").mkdir()
+    (tmp_path / "pk" / "__init__.py").write_text("")
+    (tmp_path / "pk" / "bad.py").write_text("raise ValueError('in module')\n")
+    plain, ours = python_and_run("-m", "pk.bad", cwd=tmp_path)
+    assert_same(plain, ours)
+    assert ours.returncode == 1 and "ms_shm" not in ours.stderr

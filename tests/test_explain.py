@@ -208,7 +208,7 @@ def test_every_signature_template_formats():
     from ms_shm import explain as explain_mod
 
     samples = {"pid": "12", "signal": "Killed", "code": "1", "required": "400000000", "available": "60000000",
-               "slot_mb": "4.0", "row_mb": "4.0", "gb": "5"}
+               "slot_mb": "4.0", "row_mb": "4.0", "gb": "5", "detail": "row 5 is 12.0 MiB", "own_fix": "give more"}
     for version in ("2.0.0", "2.3.0", "2.10.0", None):
         f = facts(mindspore_version=version)
         for sig in explain_mod.signatures(f):
@@ -313,3 +313,48 @@ def test_dataloader_failures_are_told_apart(line, kind):
 def test_mindspore_dataloader_bus_error_is_not_read_as_generator_dataset():
     e = only("RuntimeError: DataLoader worker (pid: 4242) was killed by signal: Bus error.\n")
     assert "DataLoader" in e.cause and "GeneratorDataset" not in e.cause
+
+
+# ------------------------------------------------------------------------------------------- ms_shm's own output
+
+# What ``ms-shm run`` printed under a full 64 KiB /dev/shm (tune's prediction, its snippet), then a --strict refusal
+TUNE_WARNING = (
+    "WARNING: /dev/shm is full: 64.0 KiB free of 64.0 KiB (0 B used). MindSpore cannot even create its semaphores "
+    "(76.0 KiB for 1 rank(s)): GeneratorDataset fails with 'recommended shm size is at least 5 GB', map with "
+    "'[Errno 28] No space left on device' Fix: free /dev/shm\n"
+    "  shell:\n"
+    "    df -h /dev/shm\n")
+BUDGET = ("ms_shm.errors.ShmBudgetError: No configuration honouring num_parallel_workers=2 fits: rows of 8.0 MiB. "
+          "Fix: drop the explicit num_parallel_workers=2 / python_multiprocessing=True so ms_shm can choose threads "
+          "or pipes; or give /dev/shm at least 95.0 KiB (docker run --shm-size=64m).\n")
+ROW_TOO_LARGE = ("ms_shm.guard.RowTooLargeError: row 5 is 12.0 MiB, ms_shm planned rows of 1.0 MiB: this worker's 18 "
+                 "shared-memory slots would grow to 36.0 MiB. Fix: give /dev/shm at least 540.1 MiB for rows of "
+                 "12.0 MiB\n")
+SHM_FULL = ("ms_shm.guard.ShmFullError: row 7 needs a new 1.0 MiB shared-memory slot, but /dev/shm has only 948.0 "
+            "KiB free. Fix: make room, this pipeline needs 36.1 MiB of /dev/shm for its slots\n")
+
+
+def test_ms_shms_own_logged_predictions_are_not_crashes():
+    assert explain(TUNE_WARNING, facts()) == ()
+    assert explain(TUNE_WARNING.replace("WARNING: ", "WARNING:ms_shm.api:"), facts()) == ()
+    assert explain("INFO: ms_shm generator: mode=pipes workers=2 (Bus error when /dev/shm fills)\n", facts()) == ()
+    # the same words from MindSpore itself, after ms_shm's warning, are still explained
+    mindspore_said = "OSError: [Errno 28] No space left on device\n  File synchronize.py\n"
+    assert only(TUNE_WARNING + mindspore_said).kind == "no-space"
+
+
+def test_a_line_two_signatures_match_is_explained_once():
+    line = "RuntimeError: recommended shm size is at least 5 GB: [Errno 28] No space left on device (SemLock)\n"
+    assert only(line).kind == "shm-full"
+
+
+@pytest.mark.parametrize("text, kind, fix", [
+    (BUDGET, "shm-budget-error", "drop the explicit num_parallel_workers=2"),
+    (ROW_TOO_LARGE, "row-too-large-error", "give /dev/shm at least 540.1 MiB for rows of 12.0 MiB"),
+    (SHM_FULL, "shm-full-error", "make room, this pipeline needs 36.1 MiB"),
+])
+def test_ms_shms_own_errors_are_recognised_with_their_own_fix(text, kind, fix):
+    e = only(TUNE_WARNING + "Traceback (most recent call last):\n  File \"train.py\", line 6, in <module>\n" + text)
+    assert e.kind == kind and e.severity == "crash" and e.fix.startswith(fix), e
+    assert "Fix:" not in e.cause and text.split(": ", 1)[1].split(" Fix:")[0] in e.cause
+    assert kind in [x.kind for x in explain(text.split(" Fix:")[0] + "\n", facts())]  # no Fix: the default one

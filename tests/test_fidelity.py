@@ -372,6 +372,60 @@ def test_map_with_state_or_randomness_matches(ds, make_op, kwargs):
         assert ops[0].calls == ops[1].calls == 10
 
 
+def closure_rng_op():
+    rng = np.random.default_rng(5)  # held in the closure: every worker process would draw the same numbers
+
+    def jitter(a):
+        return a + rng.integers(0, 100, a.shape).astype(a.dtype)
+    return jitter
+
+
+def compose_random_op():
+    from mindspore.dataset import transforms, vision
+
+    return transforms.Compose([lambda a: a.reshape(1, -1, 1).astype(np.uint8), vision.RandomHorizontalFlip(0.5)])
+
+
+def multiscale_batch(counter):
+    """A per_batch_map whose output depends on its own batch counter (multi-scale training)."""
+    def per_batch_map(a, b, info):
+        counter.append(1)
+        return [x * len(counter) for x in a], b
+    return per_batch_map
+
+
+@pytest.mark.parametrize("make_op", [closure_rng_op, compose_random_op])
+def test_map_operations_that_draw_out_of_sight_keep_mindspores_mode(ds, make_op):
+    """A generator in a closure, a random transform inside Compose: the probe sees them, the mode is locked."""
+    import ms_shm
+
+    out = []
+    ds.config.set_num_parallel_workers(1)  # raw: one thread, deterministic; ms_shm would be free to pick more
+    for build, mapper in ((ds.GeneratorDataset, lambda d, op: d.map(op, input_columns=["a"])),
+                          (ms_shm.build_dataset, lambda d, op: ms_shm.map(d, op, input_columns=["a"]))):
+        ds.config.set_seed(13)
+        mapped = mapper(build(Plain(10), ["a", "b"], shuffle=False), make_op())
+        out.append(rows_of(mapped))
+    assert_same(*out, 10)
+    locked = [d for d in ms_shm.plan_of(mapped).decisions if d.setting == "mode_locked"]
+    assert locked and ("rng" in locked[0].reason or "Random" in locked[0].reason), locked
+
+
+def test_a_per_batch_map_whose_output_follows_its_own_counter_keeps_mindspores_mode(ds):
+    import ms_shm
+
+    out = []
+    ds.config.set_num_parallel_workers(1)  # raw: one thread, deterministic; ms_shm would be free to pick more
+    for build, batcher in ((ds.GeneratorDataset, lambda d, f: d.batch(2, per_batch_map=f, input_columns=["a", "b"])),
+                           (ms_shm.build_dataset,
+                            lambda d, f: ms_shm.batch(d, 2, per_batch_map=f, input_columns=["a", "b"]))):
+        batched = batcher(build(Plain(10), ["a", "b"], shuffle=False), multiscale_batch([]))
+        out.append(rows_of(batched))
+    assert_same(*out, 5)
+    locked = [d for d in ms_shm.plan_of(batched).decisions if d.setting == "mode_locked"]
+    assert locked and "computed again" in locked[0].reason, locked
+
+
 def test_map_after_a_self_iterator(ds):
     import ms_shm
 
@@ -404,7 +458,8 @@ def test_iterators_do_not_copy_the_source(ds):
 
 
 class LazyIndex(Plain):
-    """Keeps a cache and a call counter that its rows do not depend on: not a reason to keep MindSpore's mode."""
+    """Keeps a cache and a call counter that its rows do not depend on: not a reason to keep MindSpore's mode,
+    but a reason to read rows in this process, where the program's object sees them."""
 
     def __init__(self):
         super().__init__(n=12)
@@ -419,9 +474,15 @@ class LazyIndex(Plain):
 def test_state_that_rows_do_not_depend_on_leaves_the_choice_free(ds):
     import ms_shm
 
-    p = ms_shm.plan_of(ms_shm.build_dataset(LazyIndex(), ["a", "b"], shuffle=False))
+    source = LazyIndex()
+    dataset = ms_shm.build_dataset(source, ["a", "b"], shuffle=False)
+    p = ms_shm.plan_of(dataset)
     assert "mode_locked" not in {d.setting for d in p.decisions}
+    assert not p.python_multiprocessing, p.summary()  # worker processes would count in their own copies
     assert_same(*both(ds, LazyIndex, ["a", "b"], shuffle=False), 12)
+    for _ in dataset.create_tuple_iterator(num_epochs=1):
+        pass
+    assert source.calls == 12 and len(source.cache) == 12  # as raw MindSpore leaves the program's object
 
 
 def test_rows_that_depend_on_the_call_count_lock_the_mode(ds):

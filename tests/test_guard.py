@@ -113,11 +113,11 @@ def test_slot_accounting_matches_mindspores_round_robin(seed, slots, free_space)
     for i, row in enumerate(rows):
         g[i]
         ms.put(row)
-        assert g._slots == ms.sizes, f"after row {i}"
-        assert g._next_slot % slots == ms.seg_pos
-    assert g._total == sum(model.pages(s) for s in ms.sizes)
+        assert g._ms_shm_guard._slots == ms.sizes, f"after row {i}"
+        assert g._ms_shm_guard._next_slot % slots == ms.seg_pos
+    assert g._ms_shm_guard._total == sum(model.pages(s) for s in ms.sizes)
     assert free_space.calls == ms.created  # statvfs exactly when MindSpore creates a file, never otherwise
-    assert g.rows_checked == len(rows)
+    assert g._ms_shm_guard.rows_checked == len(rows)
 
 
 def test_rows_without_bytes_do_not_take_a_slot(free_space):
@@ -125,7 +125,8 @@ def test_rows_without_bytes_do_not_take_a_slot(free_space):
     g = GuardedSource(ListSource([empty, row_of(10), empty, row_of(10)]), spec(slots=4))
     for i in range(4):
         g[i]
-    assert g._slots == [18, 18] and g._next_slot == 2 and g.rows_checked == 4
+    guard = g._ms_shm_guard
+    assert guard._slots == [18, 18] and guard._next_slot == 2 and guard.rows_checked == 4
 
 
 def test_a_dict_row_is_pickled_not_shared(free_space):
@@ -133,7 +134,7 @@ def test_a_dict_row_is_pickled_not_shared(free_space):
     g = GuardedSource(ListSource([{"a": np.arange(1000)}]), spec())
     out = g[0]
     assert isinstance(out, dict) and list(out) == ["a"]
-    assert g._slots == [] and free_space.calls == 0
+    assert g._ms_shm_guard._slots == [] and free_space.calls == 0
 
 
 def test_growth_is_checked_once_then_steady_rows_are_free(free_space):
@@ -141,7 +142,7 @@ def test_growth_is_checked_once_then_steady_rows_are_free(free_space):
     for i in range(40):
         g[i]
     assert free_space.calls == 4  # one per slot created, none for the 36 rows that reuse them
-    g.source.rows.append(row_of(2 * MiB))
+    g.rows.append(row_of(2 * MiB))  # the source's own attribute, through the wrapper
     g[40]
     assert free_space.calls == 5  # a bigger row re-creates its slot
 
@@ -151,10 +152,10 @@ def test_a_fresh_worker_starts_with_no_slots(free_space):
     g = GuardedSource(ListSource([row_of(MiB)] * 4), spec(slots=4, worker_bytes=5 * MiB))
     for i in range(4):
         g[i]
-    assert g._total > 4 * MiB
-    g._pid = -1  # as seen from a forked child
+    assert g._ms_shm_guard._total > 4 * MiB
+    g._ms_shm_guard._pid = -1  # as seen from a forked child
     g[0]
-    assert g._slots == [MiB + 8] and g._pid == os.getpid()
+    assert g._ms_shm_guard._slots == [MiB + 8] and g._ms_shm_guard._pid == os.getpid()
 
 
 def test_the_guard_survives_pickling_for_spawn(free_space):
@@ -162,9 +163,9 @@ def test_the_guard_survives_pickling_for_spawn(free_space):
     g = GuardedSource(ListSource([row_of(100)] * 3), spec())
     g[0]
     copy = pickle.loads(pickle.dumps(g))
-    copy._pid = -1
+    copy._ms_shm_guard._pid = -1
     copy[1]
-    assert copy._slots == [108]
+    assert copy._ms_shm_guard._slots == [108]
 
 
 # ------------------------------------------------------------------------------------------ budget
@@ -183,15 +184,15 @@ def test_a_row_over_the_workers_share_is_refused_naming_row_size_plan_and_fix(fr
         "to 36.0 MiB, over its 25.6 MiB share of /dev/shm, which would end in a bus error. Fix: give /dev/shm "
         f"at least {need / MiB:.1f} MiB for rows of 12.0 MiB (docker run --shm-size=1g, or a "
         "Kubernetes emptyDir with medium: Memory and that sizeLimit), or lower num_parallel_workers")
-    assert g._slots == [12 * MiB, 12 * MiB]  # the refused row took nothing: MindSpore never saw it
-    assert g._next_slot == 2
+    assert g._ms_shm_guard._slots == [12 * MiB, 12 * MiB]  # the refused row took nothing: MindSpore never saw it
+    assert g._ms_shm_guard._next_slot == 2
 
 
 def test_a_budget_exactly_full_is_allowed(free_space):
     g = GuardedSource(ListSource([row_of(PAGE - 8)] * 5), spec(slots=4, worker_bytes=4 * PAGE))
     for i in range(5):
         g[i]  # the 5th reuses slot 0
-    assert g._total == 4 * PAGE
+    assert g._ms_shm_guard._total == 4 * PAGE
 
 
 # ------------------------------------------------------------------------------------ free space
@@ -210,7 +211,7 @@ def test_a_full_dev_shm_is_refused_naming_row_need_free_and_fix(free_space):
         f"writing the row would end in a bus error. Fix: make room, this pipeline needs {need / MiB:.1f} MiB of "
         "/dev/shm for its slots (find what else uses it: `df -h /dev/shm`; `ms-shm clean` removes what crashed "
         "runs left), or lower num_parallel_workers")
-    assert g._slots == []
+    assert g._ms_shm_guard._slots == []
 
 
 @pytest.mark.parametrize("workers, planned, free, ok", [
@@ -247,7 +248,7 @@ def test_unreadable_dev_shm_warns_once_and_falls_back_to_the_budget(free_space, 
             g[i]
     warnings = [r for r in caplog.records if "statvfs(/dev/shm) failed" in r.getMessage()]
     assert len(warnings) == 1 and "PermissionError" in warnings[0].getMessage()
-    assert free_space.calls == 1 and len(g._slots) == 3
+    assert free_space.calls == 1 and len(g._ms_shm_guard._slots) == 3
 
 
 def test_the_real_statvfs_is_read():

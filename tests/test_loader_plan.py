@@ -319,3 +319,195 @@ def test_explicit_workers_that_cannot_fit_are_timed_only_to_adapt_them(preferenc
     p = loaders._plan(_Engine, untimed, ask(workers=2), room(64 * MiB), preferences, timed_stats)
     assert timed == [1] and p.workers == 0 and p.decisions[0].setting == "explicit_arguments"
     assert "ms per sample" in str(p.decisions[1])
+    assert p.decisions[0].value == "num_workers=0" and p.decisions[0].default == "num_workers=2"
+
+
+def test_adapted_explicit_workers_state_their_new_num_workers_and_prefetch():
+    waiting = BatchStats(8 * MiB, 2, 0.2, 64, 4, 16 * MiB, cpu_seconds_per_sample=0.0)  # workers pay off
+    p = loaders_mod()._plan(_Engine, waiting, ask(workers=2, prefetch_factor=4), room(48 * MiB), True, lambda: None)
+    assert p.workers >= 1 and p.decisions[0].value == f"num_workers={p.workers}, prefetch_factor={p.prefetch}"
+    assert p.decisions[0].default == "num_workers=2, prefetch_factor=4"
+
+
+def loaders_mod():
+    from ms_shm import loaders
+
+    return loaders
+
+
+class _Compat:
+    @staticmethod
+    def is_iterable(dataset):
+        return isinstance(dataset, Stream)
+
+
+class _LockEngine:
+    compat = _Compat
+
+
+class Stream:
+    def __iter__(self):
+        return iter(range(3))
+
+
+class Plain:
+    def __len__(self):
+        return 3
+
+    def __getitem__(self, i):
+        return i
+
+
+@pytest.mark.parametrize("asked, locked", [
+    ({}, None),
+    ({"in_order": False}, "in_order=False"),
+    ({"in_order": False, "num_workers": 2}, None),  # explicit workers: their order is the caller's choice
+    ({"worker_init_fn": print}, "worker_init_fn"),
+    ({"worker_init_fn": print, "num_workers": 2}, "worker_init_fn"),  # under patch: kept, never adapted to 0
+    ({"persistent_workers": True}, "persistent_workers=True"),
+    ({"persistent_workers": False, "timeout": 0}, None),  # the defaults, passed
+    ({"prefetch_factor": 4}, "prefetch_factor=4"),
+    ({"timeout": 5}, "timeout=5"),
+    ({"timeout": "5"}, "timeout='5'"),  # a value the framework refuses: its own check must see it
+    ({"multiprocessing_context": "spawn"}, "multiprocessing_context='spawn'"),
+    ({"persistent_workers": True, "num_workers": 2}, None),
+])
+def test_arguments_that_tie_samples_to_workers_or_mean_workers_lock_num_workers(asked, locked):
+    why = loaders_mod()._asked_lock(_LockEngine, Plain(), asked)
+    assert (why is None) if locked is None else (locked in why), why
+    assert "iterable" in loaders_mod()._asked_lock(_LockEngine, Stream(), {})
+
+
+def test_locked_explicit_workers_that_cannot_fit_raise_under_patch_instead_of_adapting():
+    why = loaders_mod()._asked_lock(_LockEngine, Plain(), {"worker_init_fn": print, "num_workers": 2})
+    with pytest.raises(ShmBudgetError):
+        loaders_mod()._plan(_Engine, stats(per_sample=None), ask(workers=2, workers_locked=why), room(64 * MiB),
+                            True, lambda: stats())
+
+
+def test_a_locked_loader_without_num_workers_gets_the_frameworks_default_unprobed():
+    p = planning.kept_plan(ask(workers_locked="in_order=False (why)"), room(), LoaderProfile("torch", None))
+    assert p.workers == 0 and p.predicted_shm == 0 and p.fits
+    assert "in_order=False" in p.decisions[0].reason and "not probed" in p.decisions[0].reason
+
+
+def worker_id():
+    from torch.utils.data import get_worker_info
+
+    info = get_worker_info()
+    return -1 if info is None else info.id
+
+
+class Tagged(Plain):
+    def __getitem__(self, i):
+        return i, self._tag()
+
+    def _tag(self):
+        return worker_id()  # a module function that calls it: followed
+
+
+class Shard(Plain):
+    def __getitem__(self, i):
+        import torch.utils.data as data
+
+        return [i for _ in (data.get_worker_info(),)]  # inside a comprehension: nested code
+
+
+class Wrapper:
+    """A Subset-like wrapper: the dataset it holds is read too."""
+
+    def __init__(self, dataset):
+        self.dataset, self.indices = dataset, [0, 1]
+
+    def __getitem__(self, i):
+        return self.dataset[self.indices[i]]
+
+
+class TagCollate:
+    def __call__(self, samples):
+        return samples, worker_id()
+
+
+def tag_collate(samples, extra=None):
+    return samples, worker_id()
+
+
+def test_code_that_calls_get_worker_info_is_found_through_helpers_wrappers_and_collates():
+    import functools
+
+    from ms_shm.engines.torchstyle import codescan
+
+    assert "Tagged.__getitem__" in codescan.worker_info_use(Tagged())
+    assert "Shard.__getitem__" in codescan.worker_info_use(Shard())
+    assert "Tagged.__getitem__" in codescan.worker_info_use(Wrapper(Tagged()))
+    assert "collate_fn" in codescan.worker_info_use(Plain(), tag_collate)
+    assert "collate_fn" in codescan.worker_info_use(Plain(), TagCollate())
+    assert "collate_fn" in codescan.worker_info_use(Plain(), functools.partial(tag_collate, extra=1))
+    assert codescan.worker_info_use(Plain(), lambda samples: samples) is None
+    assert codescan.worker_info_use(Wrapper(Plain())) is None
+
+
+def test_the_frameworks_own_collate_is_not_read():
+    torch = pytest.importorskip("torch")  # its collate asks for the worker only to place a batch in shared memory
+    from ms_shm.engines.torchstyle import codescan
+
+    subset = torch.utils.data.Subset(torch.utils.data.TensorDataset(torch.zeros(4)), [0, 1])
+    assert codescan.worker_info_use(subset, torch.utils.data.default_collate) is None
+
+
+Point = collections.namedtuple("Point", "x y")
+
+
+def test_two_reads_of_a_sample_compared_byte_for_byte():
+    import numpy as np
+
+    same = {"a": [np.arange(3), (1.5, float("nan"))], "p": Point(np.zeros(2), "s"), "o": np.array([1, "x"], object)}
+    again = {"a": [np.arange(3), (1.5, float("nan"))], "p": Point(np.zeros(2), "s"), "o": np.array([1, "x"], object)}
+    none = probe.difference(same, again, lambda v: None, "sample")
+    assert none is None, none
+    assert probe.difference({"a": [np.arange(3)]}, {"a": [np.arange(3) + 1]}, lambda v: None, "s") == "s['a'][0]"
+    assert probe.difference(np.arange(3), np.arange(3).astype(np.int32), lambda v: None, "s") == "s"
+    assert probe.difference(Point(1, 2), (1, 2), lambda v: None, "s") == "s"
+    assert probe.difference([1, 2], [1, 3], lambda v: None, "s") == "s[1]"
+
+
+def test_two_reads_of_a_torch_sample_compared_by_dtype_shape_and_bytes():
+    torch = pytest.importorskip("torch")
+    from ms_shm.engines.torch import compat
+
+    x = torch.arange(6, dtype=torch.bfloat16).reshape(2, 3)
+    assert probe.difference((x, 1), (x.clone(), 1), compat.tensor_bytes, "s") is None
+    assert probe.difference(x, x.reshape(3, 2), compat.tensor_bytes, "s") == "s"
+    assert probe.difference(x, x.float(), compat.tensor_bytes, "s") == "s"
+    assert probe.difference(x, x + 1, compat.tensor_bytes, "s") == "s"
+    assert probe.difference(x, [1], compat.tensor_bytes, "s") == "s"
+
+
+class Counting(Plain):
+    """Deterministic samples from a sampler that draws: the draws are the sampler's, not the samples'."""
+
+    def __getitem__(self, i):
+        return i * 2
+
+
+class DrawingSampler:
+    def __iter__(self):
+        import random
+
+        order = list(range(3))
+        random.shuffle(order)
+        return iter(order)
+
+    def __len__(self):
+        return 3
+
+
+def test_the_samplers_own_draws_are_not_the_samples():
+    from ms_shm import sandbox
+
+    kept = []
+    first = probe.first_batch(2, DrawingSampler(), None, probe.PROBE_SAMPLES)
+    _, effects = sandbox.watch_effects(
+        lambda: probe.measure_batch(Counting(), 2, lambda s: s, distinct, False, first=first, keep=kept),
+        [Counting()], lambda: probe.reread_differs(Counting(), first[0], kept, lambda v: None))
+    assert effects.order_dependent is None and kept == [first[0][0] * 2] and first[1] == 2

@@ -7,13 +7,24 @@ batch that outgrows its plan. Raw failures are asserted; ms_shm's batches must b
 from __future__ import annotations
 
 import functools
+import itertools
+import logging
+import os
 import shlex
 import subprocess
 import sys
+import time
 
 import pytest
 
+import ms_shm
 from tests import isolated
+
+try:
+    import torch
+    from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+except ImportError:  # the tests needing it skip (fresh_torch, real_torch) and say why
+    torch = DataLoader = Dataset = IterableDataset = get_worker_info = None
 
 pytestmark = [pytest.mark.torch, pytest.mark.privileged]
 
@@ -98,3 +109,176 @@ def test_a_batch_that_outgrows_its_plan_meets_the_guard(real_torch):
     assert proc.returncode != 0 and "RowTooLargeError" in text and "planned" in text and "Fix:" in text, \
         isolated.describe(proc)
     assert "unable to allocate shared memory" not in text and "killed by signal" not in text
+
+
+# --- what arrives must not change: ms_shm's num_workers where the caller passed none (in this process, real forks)
+
+COUNT = itertools.count()  # a module-level stream the probe's watch of generators does not see
+
+
+class Numbers(Dataset if Dataset is not None else object):
+    """Deterministic samples; ``scale`` is what a ``worker_init_fn`` may set in a worker."""
+
+    scale = 1.0
+
+    def __init__(self, n: int = 12, delay: float = 0.0):
+        self.n, self.delay = n, delay
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self.delay and i % 3 == 0:
+            time.sleep(self.delay)
+        return torch.full((2,), float(i) * self.scale)
+
+
+class Tagged(Numbers):
+    def __getitem__(self, i):
+        info = get_worker_info()
+        return super().__getitem__(i), -1 if info is None else info.id
+
+
+class Counted(Numbers):
+    def __getitem__(self, i):
+        return super().__getitem__(i) + next(COUNT)
+
+
+class GlobalDraw(Numbers):
+    def __getitem__(self, i):
+        return super().__getitem__(i) + torch.rand(1)
+
+
+class Lines(IterableDataset if IterableDataset is not None else object):
+    def __init__(self, handle):
+        self.handle = handle
+
+    def __iter__(self):
+        return (int(line) for line in self.handle)
+
+
+def double_scale(worker_id):
+    get_worker_info().dataset.scale = 2.0
+
+
+def batches(loader) -> list:
+    return [[t.tolist() if hasattr(t, "tolist") else t for t in (b if isinstance(b, (list, tuple)) else [b])]
+            for b in loader]
+
+
+@pytest.fixture
+def fresh_torch():
+    if torch is None:
+        pytest.skip("torch is not installed: pip install 'ms_shm[torch]'")
+    torch.manual_seed(0)
+    return torch
+
+
+def test_in_order_false_without_num_workers_keeps_the_frameworks_order(fresh_torch):
+    ds = Numbers(12, delay=0.02)
+    loader = ms_shm.build_dataloader(ds, batch_size=1, in_order=False)
+    assert loader.num_workers == 0 and "in_order=False" in str(ms_shm.plan_of(loader).decisions[0])
+    assert batches(loader) == batches(DataLoader(ds, batch_size=1, in_order=False))
+
+
+def test_worker_init_fn_without_num_workers_is_never_called(fresh_torch):
+    ds = Numbers(8)
+    loader = ms_shm.build_dataloader(ds, batch_size=2, worker_init_fn=double_scale)
+    assert loader.num_workers == 0 and batches(loader) == batches(DataLoader(ds, batch_size=2))
+
+
+def test_a_dataset_that_asks_for_its_worker_keeps_the_default(fresh_torch):
+    ds = Tagged(8, delay=0.02)
+    loader = ms_shm.build_dataloader(ds, batch_size=2)
+    assert loader.num_workers == 0 and "get_worker_info" in str(ms_shm.plan_of(loader).decisions[0])
+    assert batches(loader) == batches(DataLoader(ds, batch_size=2))
+
+
+@pytest.mark.parametrize("arguments", [dict(persistent_workers=True), dict(prefetch_factor=4),
+                                       dict(multiprocessing_context="spawn"), dict(timeout=5)])
+def test_arguments_meant_for_workers_without_num_workers_meet_the_frameworks_own_error(fresh_torch, arguments):
+    def error(make):
+        try:
+            list(make(Numbers(4), batch_size=2, **arguments))
+        except Exception as exc:
+            return type(exc), str(exc)
+        return None
+
+    raw = error(DataLoader)
+    assert raw is not None and error(ms_shm.build_dataloader) == raw
+
+
+@pytest.mark.parametrize("sampling", ["batch_sampler", "weighted"])
+def test_a_samplers_own_draws_do_not_lock_a_deterministic_dataset(fresh_torch, sampling):
+    from torch.utils.data import BatchSampler, RandomSampler, WeightedRandomSampler
+
+    from ms_shm.engines.torch import compat
+    from ms_shm.engines.torchstyle import probe
+
+    def measured(ds, **kw):
+        return probe.probe_loader(ds, kw.get("batch_size"), torch.utils.data.default_collate, compat.weigh, False,
+                                  kw.get("sampler"), kw.get("batch_sampler"), tensor_bytes=compat.tensor_bytes)
+
+    kw = dict(batch_sampler=BatchSampler(RandomSampler(range(12)), 4, False)) if sampling == "batch_sampler" \
+        else dict(sampler=WeightedRandomSampler([1.0] * 6 + [3.0] * 6, 12), batch_size=4)
+    stats, effects, why = measured(Numbers(12), **kw)
+    assert stats is not None and effects.order_dependent is None, (effects, why)
+    assert measured(GlobalDraw(12), **kw)[1].draws_random  # the samples' own draws still count
+
+
+def test_a_sample_that_reads_back_different_keeps_the_default(fresh_torch):
+    ds = Counted(8, delay=0.02)
+    loader = ms_shm.build_dataloader(ds, batch_size=2)
+    assert loader.num_workers == 0
+    why = str(ms_shm.plan_of(loader).decisions[0])
+    assert "different" in why or "draw" in why, why
+
+
+def test_the_probe_leaves_an_open_files_offset_and_a_pipes_bytes_to_the_loader(fresh_torch, tmp_path, caplog):
+    path = tmp_path / "lines.txt"
+    path.write_text("".join(f"{i}\n" for i in range(300)))
+    with open(path) as handle:  # explicit num_workers: the probe reads the file in its child
+        loader = ms_shm.build_dataloader(Lines(handle), batch_size=10, num_workers=0)
+        assert os.lseek(handle.fileno(), 0, os.SEEK_CUR) == 0
+        assert sum(len(b[0]) for b in batches(loader)) == 300
+    read, write = os.pipe()
+    os.write(write, "".join(f"{i}\n" for i in range(300)).encode())
+    os.close(write)
+    with open(read) as pipe, caplog.at_level(logging.WARNING, logger="ms_shm"):
+        loader = ms_shm.build_dataloader(Lines(pipe), batch_size=10, num_workers=0)
+        assert sum(len(b[0]) for b in batches(loader)) == 300
+    assert "pipe" in caplog.text
+
+
+def test_an_iterable_dataset_without_num_workers_is_not_probed(fresh_torch, tmp_path):
+    path = tmp_path / "lines.txt"
+    path.write_text("".join(f"{i}\n" for i in range(50)))
+    with open(path) as handle:
+        loader = ms_shm.build_dataloader(Lines(handle), batch_size=10)
+        assert loader.num_workers == 0 and "not probed" in str(ms_shm.plan_of(loader).decisions[0])
+        assert sum(len(b[0]) for b in batches(loader)) == 50
+
+
+def test_a_dataset_that_counts_its_reads_keeps_num_workers_0():
+    """Workers would count in their own copies; raw torch (num_workers=0) counts in the program's object."""
+    torch = pytest.importorskip("torch")
+    import ms_shm
+
+    class Counting(torch.utils.data.Dataset):
+        def __init__(self):
+            self.calls = 0
+
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            self.calls += 1
+            return torch.full((4,), float(i))
+
+    dataset = Counting()
+    loader = ms_shm.build_dataloader(dataset, batch_size=2)
+    assert loader.num_workers == 0
+    assert [b[:, 0].tolist() for b in loader] == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0], [6.0, 7.0]]
+    assert dataset.calls == 8
+    locked = ms_shm.plan_of(loader).decisions
+    assert any("calls" in d.reason and "own copies" in d.reason for d in locked), locked

@@ -487,3 +487,31 @@ def test_an_iterable_source_is_read_inline_by_mindspore_itself_not_adapted():
     for req in (ask(), ask(workers=2, multiprocessing=True)):
         decision = mode_decision(planning.plan_iterable(req, room(), V210))
         assert decision.value == decision.default == INLINE
+
+
+def test_the_global_shared_mem_change_gives_the_plans_own_reason():
+    # A pipes plan chosen because slots are not faster must not log that they "would not fit".
+    from types import SimpleNamespace
+
+    from ms_shm import api
+    from ms_shm.changes import Change
+
+    p = _plan("fd-starved (40), CPU-heavy rows")
+    made = []
+
+    class Engine:
+        def apply_setting(self, setting, value, reason):
+            made.append(Change(setting, True, value, reason))
+            return made[-1]
+
+        def undo(self, changes):
+            pass
+
+    config = SimpleNamespace(prefetch_size=0, shared_mem=True)
+    try:
+        api._apply_globals(p, config, Engine(), quiet=True)
+    finally:
+        api.SESSION.restore(made)  # Engine.undo: nothing to put back
+    reason = next(d.reason for d in p.decisions if d.setting == "shared_mem")
+    assert [c.setting for c in made] == ["shared_mem"]
+    assert made[0].reason.startswith(reason) and "later in this process" in made[0].reason

@@ -79,3 +79,107 @@ def test_a_failing_meanwhile_does_not_fail_the_probe_and_without_one_the_child_n
     assert sandbox.run_in_fork(child, meanwhile=broken).error is None
     waited = sandbox.run_in_fork(child).value
     assert waited < 1.0, waited  # no gate: at once (GATE_SECONDS is 5)
+
+
+# --- generators held at any depth, and state kept per read -------------------------------------------------
+
+MODULE_RNG = np.random.default_rng(7)  # a module-level generator, as a script keeps one
+
+
+class Flip:
+    def __init__(self, seed):
+        self.rng = np.random.default_rng(seed)
+
+    def __call__(self, x):
+        return x[::-1] if self.rng.random() < 0.5 else x
+
+
+class Augmented:
+    """A dataset whose generator is two levels down: ``self.transforms[0].rng``."""
+
+    def __init__(self):
+        self.transforms = [Flip(1)]
+
+    def __getitem__(self, i):
+        return self.transforms[0](np.arange(4) + i)
+
+
+class Wrapper:  # torch's Subset: the dataset that draws is an attribute of the one the loader holds
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __getitem__(self, i):
+        return self.dataset[i]
+
+
+class ModuleDrawing:
+    def __getitem__(self, i):
+        return MODULE_RNG.random() + i
+
+
+def closure_drawing():
+    rng = np.random.default_rng(5)
+
+    def op(x):
+        return x + rng.random()
+    return op
+
+
+@pytest.mark.parametrize("make, where", [
+    (lambda: Augmented(), "transforms"),
+    (lambda: Wrapper(Augmented()), "dataset.transforms"),
+    (lambda: ModuleDrawing(), "MODULE_RNG"),
+    (lambda: closure_drawing(), "rng"),
+])
+def test_a_generator_held_at_any_depth_is_seen(make, where):
+    obj = make()
+    read = (lambda: obj(1.0)) if callable(obj) and not hasattr(obj, "__getitem__") else (lambda: obj[1])
+    _, effects = sandbox.watch_effects(read, [obj])
+    assert effects.draws_random and where in effects.draws_random, effects
+
+
+def test_a_torch_generator_held_by_the_dataset_is_seen():
+    torch = pytest.importorskip("torch")
+
+    class TorchDrawing:
+        def __init__(self):
+            self.g = torch.Generator().manual_seed(123)
+
+        def __getitem__(self, i):
+            return torch.rand(2, generator=self.g)
+
+    obj = TorchDrawing()
+    _, effects = sandbox.watch_effects(lambda: obj[0], [obj])
+    assert effects.draws_random and ".g" in effects.draws_random, effects
+
+
+def test_a_big_list_is_data_and_not_walked():
+    big = [np.random.default_rng(k) for k in range(sandbox._WALK_ITEMS + 1)]
+    assert sandbox._generators([big]) == []
+
+
+class Counter:
+    def __init__(self):
+        self.calls = 0
+
+    def __getitem__(self, i):
+        self.calls += 1
+        return i
+
+
+class Lazy:
+    def __init__(self):
+        self.table = None
+
+    def __getitem__(self, i):
+        if self.table is None:
+            self.table = list(range(10))
+        return self.table[i]
+
+
+@pytest.mark.parametrize("cls, per_read", [(Counter, True), (Lazy, False)])
+def test_state_changed_on_every_read_is_told_from_lazy_set_up(cls, per_read):
+    obj = cls()
+    _, effects = sandbox.watch_effects(lambda: [obj[i] for i in range(3)], [obj], again=lambda: obj[0])
+    assert effects.mutates_state and not effects.order_dependent, effects
+    assert bool(effects.state_per_read) == per_read, effects

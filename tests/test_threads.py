@@ -134,7 +134,7 @@ def test_only_the_first_plain_python_operation_is_wrapped(monkeypatch):
 
     first, second, t = (lambda x: x), (lambda x: x), Transform()
     _, ops = threads.cap_operations(plan(), [t, first, second], 2)
-    assert ops[0] is t and type(ops[1]) is CappedCall and ops[1].operation is first and ops[2] is second
+    assert ops[0] is t and type(ops[1]) is CappedCall and ops[1]._ms_shm_wrapped is first and ops[2] is second
     _, single = threads.cap_operations(plan(), first, 2)
     assert type(single) is CappedCall
     _, untouched = threads.cap_operations(plan(), [t], 2)
@@ -164,7 +164,7 @@ def test_wrappers_return_pass_and_raise_exactly_what_the_wrapped_object_does():
     wrapped = CappedSource(src, 1)
     index = np.int64(1)  # MindSpore's sampler passes numpy integers: the very object reaches the source
     row = wrapped[index]
-    assert row is src.rows[1] and len(wrapped) == 2 and wrapped.extra == "attr" and wrapped.source is src
+    assert row is src.rows[1] and len(wrapped) == 2 and wrapped.extra == "attr" and wrapped._ms_shm_wrapped is src
     with pytest.raises(KeyError) as exc:
         wrapped[9]
     assert exc.value.args == ("no row 9",)
@@ -181,7 +181,7 @@ def test_wrappers_pickle_and_copy_without_recursion_and_start_pending():
 
     wrapped = CappedSource(Source(), 3)
     for clone in (pickle.loads(pickle.dumps(wrapped)), copy.deepcopy(wrapped), copy.copy(wrapped)):
-        assert clone.threads == 3 and clone[0] == b"a" and clone.extra == "attr"
+        assert clone._ms_shm_threads == 3 and clone[0] == b"a" and clone.extra == "attr"
     call = pickle.loads(pickle.dumps(CappedCall(per_batch, 2)))
     assert call(1, 2, None) == (1, 2)
 
@@ -191,11 +191,11 @@ def test_the_main_process_never_applies_the_cap(monkeypatch):
     monkeypatch.setattr(threads, "limit_this_process", applied.append)
     wrapped = CappedSource(Source(), 1)
     wrapped[0]
-    assert applied == [] and wrapped._pending
-    wrapped.plan_pid = -1  # as a worker sees it: another pid built the plan
+    assert applied == [] and wrapped._ms_shm_pending
+    wrapped._ms_shm_plan_pid = -1  # as a worker sees it: another pid built the plan
     wrapped[0]
     wrapped[1]
-    assert applied == [1] and not wrapped._pending  # once per worker
+    assert applied == [1] and not wrapped._ms_shm_pending  # once per worker
 
 
 WORKERS_SCRIPT = r"""
@@ -265,3 +265,29 @@ def test_real_workers_are_capped_while_the_main_process_keeps_its_pools():
     assert r["decision"] == {"setting": "num_threads", "value": cap, "default": pool, "reason": reason}
     assert r["map_decision"]["reason"] == reason
     assert f"ms_shm.threads num_threads: {reason}" in proc.stderr
+
+
+def test_the_wrappers_attributes_are_the_users_to_read_and_write():
+    """``dataset.source.scale = 2`` between epochs reaches the user's object, and the user's own ``source``,
+    ``threads`` or ``spec`` attribute is not shadowed by the wrapper's state."""
+    from ms_shm.engines.mindspore.guard import GuardedSource, GuardSpec
+
+    class Named:
+        def __init__(self):
+            self.source, self.threads, self.spec, self.scale = "train.txt", 4, {"aug": "none"}, 1
+
+        def __len__(self):
+            return 1
+
+        def __getitem__(self, i):
+            return (np.full(2, self.scale),)
+
+    user = Named()
+    guarded = GuardedSource(user, GuardSpec(slots=4, worker_bytes=1 << 30, planned_row_bytes=16, fix="-"))
+    for wrapped in (CappedSource(user, 1), CappedSource(guarded, 1), guarded):
+        assert (wrapped.source, wrapped.threads, wrapped.spec) == ("train.txt", 4, {"aug": "none"})
+        wrapped.scale = 3
+        assert user.scale == 3 and wrapped[0][0].tolist() == [3, 3]
+        del wrapped.scale
+        assert not hasattr(user, "scale")
+        user.scale = 1

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ms_shm import procfs, sizes
+from ms_shm import objects, procfs, sizes
 from ms_shm._results import Result, mib, record
 from ms_shm.engines.mindspore import arithmetic as model
 from ms_shm.errors import RowTooLargeError, ShmFullError
@@ -68,9 +68,10 @@ def _free_text(free: int, needed: int) -> str:
     return f"{free:,} B" if mib(free) == mib(needed) else mib(free)
 
 
-class GuardedSource:
+class GuardedSource(objects.Transparent):
     """Random-access source wrapper handed to ``GeneratorDataset`` in place of the user's source, only when
-    rows go through dynamic shared-memory slots.
+    rows go through dynamic shared-memory slots. Its attributes are the source's (``objects.Transparent``); the
+    accounting lives in a ``SlotGuard`` beside it.
 
     Args:
         source: The user's random-access source.
@@ -78,7 +79,22 @@ class GuardedSource:
     """
 
     def __init__(self, source: Any, spec: GuardSpec):
-        self.source = source
+        self._ms_shm_wrapped = source
+        self._ms_shm_guard = SlotGuard(spec)
+
+    def __len__(self) -> int:
+        return len(self._ms_shm_wrapped)
+
+    def __getitem__(self, index: Any) -> Any:
+        row = self._ms_shm_wrapped[index]
+        self._ms_shm_guard.check(row_nbytes(row), index)
+        return row
+
+
+class SlotGuard:
+    """One worker's account of its dynamic shared-memory slots, checked row by row (``check``)."""
+
+    def __init__(self, spec: GuardSpec):
         self.spec = spec
         self._slots: list = []
         self._total = 0
@@ -87,21 +103,7 @@ class GuardedSource:
         self._free_unknown = False
         self.rows_checked = 0
 
-    def __len__(self) -> int:
-        return len(self.source)
-
-    def __getitem__(self, index: Any) -> Any:
-        row = self.source[index]
-        self._check(row_nbytes(row), index)
-        return row
-
-    def __getattr__(self, name: str) -> Any:
-        # Only called for names this wrapper lacks: the user's own attributes, as on the source itself.
-        if name == "source":  # not set yet (unpickling): no recursion
-            raise AttributeError(name)
-        return getattr(self.source, name)
-
-    def _check(self, size: int, index: Any) -> None:
+    def check(self, size: int, index: Any) -> None:
         """Mirror MindSpore's ``_SharedQueue.put``: a row with bytes takes slot ``seg_pos`` then advances it.
 
         Slots keep MindSpore's raw byte sizes (a slot is re-created when a row is larger by even one byte);

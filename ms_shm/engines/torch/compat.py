@@ -61,6 +61,17 @@ def twin(sample: Any) -> Any:
     return copy(sample)
 
 
+def tensor_bytes(value: Any) -> tuple | None:
+    """``(dtype, shape, bytes as a uint8 array)`` of a tensor (what the probe compares two reads of a sample by),
+    else ``None``: any dtype, bfloat16 included, viewed (not copied, where contiguous on the CPU) as bytes."""
+    import torch
+
+    if not isinstance(value, torch.Tensor):
+        return None
+    flat = value.detach().cpu().contiguous().reshape(-1)
+    return str(value.dtype), tuple(value.shape), flat.view(torch.uint8).numpy()
+
+
 def sharing_strategy() -> str:
     import torch.multiprocessing as mp
 

@@ -4,8 +4,9 @@ Each candidate (``num_workers`` x ``prefetch_factor`` x sharing strategy) is pri
 (``/dev/shm``, the main process's fds, each worker's fds under the same soft limit, memory) and timed from the
 probe batch. Arguments passed explicitly are kept: when nothing that keeps them fits, ``ShmBudgetError`` before
 any worker starts. ``num_workers`` is chosen only where changing it cannot change what arrives: not for an
-iterable dataset (each worker iterates its own copy) and not where the samples draw random numbers (each worker
-is seeded apart).
+iterable dataset (each worker iterates its own copy), not where the samples draw random numbers (each worker
+is seeded apart), nor where the call or the code ties samples to workers (``LoaderRequest.workers_locked``, set
+by ``loaders``).
 """
 
 from __future__ import annotations
@@ -253,6 +254,15 @@ def plan_loader(stats: BatchStats, req: LoaderRequest, budget: Budget, profile: 
                 tuple(decisions), (), tuple(c for c, _ in items if c is not best)[:6], best.memory)
 
 
+def kept_plan(req: LoaderRequest, budget: Budget, profile: object = None) -> Plan:
+    """The plan of a loader whose ``num_workers`` was not passed and must stay the framework's default
+    (``req.workers_locked`` says why): no workers, so no batch in shared memory and nothing to size; the probe
+    is not run (it could only cost time, and read from what the dataset streams)."""
+    why = f"{req.workers_locked}: the framework's default num_workers=0 is kept; not probed (nothing to size)"
+    return Plan("dataloader", INLINE, 0, 0, False, True, None, 0, 0, 0, 0, budget, True, 0, 0, None, profile,
+                (Decision("num_workers", 0, 0, why),))
+
+
 def _mode_decision(best: Candidate, stats: BatchStats, req: LoaderRequest, fitting: list) -> Decision:
     default = req.workers if req.workers is not None else 0
     timing = f"probe batch: {mib(stats.batch_bytes)} in {stats.storages} storage(s), " + (
@@ -315,5 +325,5 @@ def startup_strategy(nofile_hard: int | None, current: str) -> Decision | None:
                     f"(`ms-shm clean` removes the /dev/shm/torch_* files a killed run leaves)")
 
 
-__all__ = ["BatchStats", "LoaderRequest", "WorkerCosts", "DEFAULT_COSTS", "plan_loader", "start_seconds",
+__all__ = ["BatchStats", "LoaderRequest", "WorkerCosts", "DEFAULT_COSTS", "plan_loader", "kept_plan", "start_seconds",
            "cpus_free", "cpu_part", "startup_strategy"]

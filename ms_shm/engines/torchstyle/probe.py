@@ -7,6 +7,12 @@ framework's default where none was passed), and extrapolates to ``batch_size``: 
 field into one storage, a ``collate_fn`` that keeps samples apart carries one storage per sample and field, and
 the two sizes tell which. Nothing read there reaches the loader.
 
+What the samples depend on is watched (``sandbox.watch_effects``) over the dataset's reads and the collates only:
+the sampler's first indices are taken before (a ``RandomSampler`` draws from torch's generator, which says
+nothing of the samples), and the first sample of a map-style dataset is read once more and compared byte for
+byte, for a generator the watch does not see. The child's descriptors are guarded (``fdguard``): a file the
+dataset reads is rewound after, a pipe reads as empty, so the program's own reads find every byte.
+
 Where ``num_workers`` was passed, the samples' time decides nothing (the plan keeps the workers and picks the
 largest prefetch and the strategy that fit, by bytes and fds), so one sample is read and collated alone and
 beside its twin (the engine's ``twin``: the storages a second sample would bring): what the batch weighs is
@@ -27,7 +33,9 @@ import time
 from dataclasses import replace
 from typing import Any, Callable
 
-from ms_shm import procfs, sandbox
+import numpy as np
+
+from ms_shm import fdguard, procfs, rows, sandbox
 from ms_shm.engines.torchstyle.planning import BatchStats
 
 PROBE_SAMPLES = 3  # the first one cold, then two warm ones: the faster of those is the sample's time
@@ -43,12 +51,22 @@ def _first_indices(sampler: Any, count: int) -> list:
     return list(range(count))
 
 
-def _first_samples(dataset: Any, iterable: bool, first: list | None, sampler: Any, count: int) -> tuple:
-    """The first ``count`` samples the loader would read (``first``: its batch sampler's first batch)."""
+def first_batch(batch_size: int | None, sampler: Any, batch_sampler: Any, count: int) -> tuple:
+    """``(indices, size)``: the first ``count`` indices the loader would read and its batch's size, from its
+    sampler or batch sampler. Taken in the child before its reads are watched: a ``RandomSampler`` draws from
+    torch's global generator (or its own), which says nothing of the samples."""
+    first = next(iter(batch_sampler), None) if batch_sampler is not None else None
+    size = len(first) if first is not None else (batch_size or 1)
+    indices = list(first[:count]) if first is not None else _first_indices(sampler, min(count, size))
+    return indices, size
+
+
+def _first_samples(dataset: Any, iterable: bool, indices: list, count: int) -> tuple:
+    """The first ``count`` samples the loader would read (``indices``: its first ones, for a map-style
+    dataset)."""
     if iterable:
         return _samples(dataset, True, [], count)
-    indices = list(first[:count]) if first is not None else _first_indices(sampler, count)
-    return _samples(dataset, False, indices, len(indices))
+    return _samples(dataset, False, indices, min(count, len(indices)))
 
 
 def _samples(dataset: Any, iterable: bool, indices: list, count: int) -> tuple:
@@ -71,22 +89,26 @@ def _samples(dataset: Any, iterable: bool, indices: list, count: int) -> tuple:
 
 def measure_batch(dataset: Any, batch_size: int | None, collate: Callable, weigh: Callable[[Any], tuple],
                   iterable: bool, sampler: Any = None, batch_sampler: Any = None,
-                  twin: Callable[[Any], Any] | None = None) -> BatchStats | str:
+                  twin: Callable[[Any], Any] | None = None, first: tuple | None = None,
+                  keep: list | None = None) -> BatchStats | str:
     """In the probe child: the batch's stats, or why there are none (an empty dataset). With ``twin`` (the
     framework's second sample made from a first) the samples are not timed: one is read, and its
-    ``seconds_per_sample`` is ``None``."""
+    ``seconds_per_sample`` is ``None``. ``first``: ``first_batch``'s ``(indices, size)``, taken beforehand (else
+    here); ``keep``: the first sample read is appended to it (for ``reread_differs``)."""
     timed = twin is None
-    first = next(iter(batch_sampler), None) if batch_sampler is not None else None
-    size = len(first) if first is not None else (batch_size or 1)
-    samples, walls = _first_samples(dataset, iterable, first, sampler, min(PROBE_SAMPLES if timed else 1, size))
+    indices, size = first if first is not None else first_batch(batch_size, sampler, batch_sampler,
+                                                                PROBE_SAMPLES)
+    samples, walls = _first_samples(dataset, iterable, indices, min(PROBE_SAMPLES if timed else 1, size))
     if not samples:
         return "the dataset gave no sample to measure"
-    batched = batch_size is not None or first is not None
+    if keep is not None:
+        keep.append(samples[0])
+    batched = batch_size is not None or batch_sampler is not None
     if not timed and size > 1:
         try:
             samples.append(twin(samples[0]))
         except Exception:  # a sample the framework's copy cannot make: read the second one
-            samples, walls = _first_samples(dataset, iterable, first, sampler, 2)
+            samples, walls = _first_samples(dataset, iterable, indices, 2)
     c0 = time.perf_counter()
     one = weigh(collate(samples[:1]) if batched else collate(samples[0]))
     collates = [time.perf_counter() - c0]
@@ -126,18 +148,29 @@ def _length(dataset: Any, sampler: Any, batch_sampler: Any, size: int) -> int | 
 
 def probe_loader(dataset: Any, batch_size: int | None, collate: Callable, weigh: Callable[[Any], tuple],
                  iterable: bool, sampler: Any = None, batch_sampler: Any = None,
-                 worker_pages: bool = False, twin: Callable[[Any], Any] | None = None) -> tuple:
+                 worker_pages: bool = False, twin: Callable[[Any], Any] | None = None,
+                 tensor_bytes: Callable[[Any], tuple | None] = lambda value: None) -> tuple:
     """``(BatchStats or None, Effects, why not measured)``, measured in a forked child, with the child's
-    fork-to-ready time and the CPUs free while it ran."""
+    fork-to-ready time and the CPUs free while it ran. The child's reads cannot move what the parent reads
+    through shared descriptors (``fdguard``), and the first sample of a map-style dataset is read twice
+    (``tensor_bytes``: a tensor's dtype, shape and bytes) to tell samples that draw from a generator the watch
+    cannot see."""
     forked = time.perf_counter()  # CLOCK_MONOTONIC: the child reads the same clock
 
     def in_child():
         ready = time.perf_counter() - forked
-        stats, effects = sandbox.watch_effects(
-            lambda: measure_batch(dataset, batch_size, collate, weigh, iterable, sampler, batch_sampler, twin),
-            [dataset, collate])
+        first = first_batch(batch_size, sampler, batch_sampler, PROBE_SAMPLES)  # unwatched: the sampler's draws
+        kept: list = []
+        reread = None if iterable else lambda: reread_differs(dataset, first[0], kept, tensor_bytes)
+        with fdguard.kept() as blinded:
+            stats, effects = sandbox.watch_effects(
+                lambda: measure_batch(dataset, batch_size, collate, weigh, iterable, sampler, batch_sampler, twin,
+                                      first, kept),
+                [dataset, collate], reread)
         if isinstance(stats, BatchStats):  # the CPU the child kept busy since its fork (a collate may use threads)
             stats = replace(stats, fork_seconds=ready, free_cpus=time.process_time())
+        elif blinded:
+            stats += f" (the probe reads no pipe or terminal the program holds: {', '.join(blinded)})"
         return stats, effects
 
     ticks, began, own = procfs.cpu_ticks(), time.perf_counter(), time.process_time()
@@ -156,6 +189,66 @@ def probe_loader(dataset: Any, batch_size: int | None, collate: Callable, weigh:
     return replace(stats, worker_bytes=outcome.private_bytes, free_cpus=free), effects, None
 
 
+def reread_differs(dataset: Any, indices: list, kept: list,
+                   tensor_bytes: Callable[[Any], tuple | None]) -> str | None:
+    """In the child, after the probe's reads: the first sample read again, compared byte for byte with the
+    first read; why they differ, or ``None``. One more read: a sample that draws from a generator held where the
+    watch does not look (a transform's, a module's, a ``torch.Generator``) changes between reads, and workers,
+    each with its own copy of that generator, would give other samples than the main process."""
+    if not kept or not indices:
+        return None
+    try:
+        again = dataset[indices[0]]
+    except Exception as exc:  # it read once: a second read that fails cannot be what a worker would see
+        return f"sample {indices[0]!r} read again raised {type(exc).__name__}"
+    where = difference(kept[0], again, tensor_bytes, "sample")
+    return None if where is None else f"sample {indices[0]!r} read twice came back different ({where})"
+
+
+def difference(a: Any, b: Any, tensor_bytes: Callable[[Any], tuple | None], where: str) -> str | None:
+    """Where ``a`` and ``b`` differ (``where`` extended: ``sample['img'][0]``), or ``None``: tensors and arrays
+    by dtype, shape and bytes, dicts key by key, lists and tuples (namedtuples too) item by item and by type,
+    other values with ``==`` (a NaN equals a NaN; a value ``==`` cannot answer for counts as the same)."""
+    try:
+        ta, tb = tensor_bytes(a), tensor_bytes(b)
+    except Exception:  # a tensor the framework cannot show as bytes: not comparable, so not counted as differing
+        return None
+    if ta is not None or tb is not None:
+        same = ta is not None and tb is not None and ta[:2] == tb[:2] and rows.same_row(ta[2], tb[2])
+        return None if same else where
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return None if _same_array(a, b, tensor_bytes) else where
+    if isinstance(a, dict) and isinstance(b, dict):
+        if a.keys() != b.keys():
+            return where
+        return next((d for k in a if (d := difference(a[k], b[k], tensor_bytes, f"{where}[{k!r}]"))), None)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        if type(a) is not type(b) or len(a) != len(b):
+            return where
+        return next((d for i, (x, y) in enumerate(zip(a, b))
+                     if (d := difference(x, y, tensor_bytes, f"{where}[{i}]"))), None)
+    return None if _same_value(a, b) else where
+
+
+def _same_array(a: Any, b: Any, tensor_bytes: Callable) -> bool:
+    if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)) or a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.dtype == object:  # the bytes are pointers: compare the objects
+        return difference(a.tolist(), b.tolist(), tensor_bytes, "") is None
+    return rows.same_row(a, b)  # by bytes, in small steps: no temporary as large as the sample
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float) and a != a:
+        return b != b
+    try:
+        return bool(a == b)
+    except Exception:  # an == that gives no truth value: not comparable, so not counted as differing
+        return True
+
+
 def free_cpus(idle: float | None, probe_cpu_seconds: float, window: float) -> float | None:
     """CPUs the loader's processes could share: the idle ones plus the ones the probe kept busy itself, the child
     and this process (its fork): on an idle host, all of them. Counting the child alone read 1.3-1.5 of 2 idle CPUs
@@ -165,4 +258,5 @@ def free_cpus(idle: float | None, probe_cpu_seconds: float, window: float) -> fl
     return idle + probe_cpu_seconds / window
 
 
-__all__ = ["measure_batch", "probe_loader", "sample_seconds", "free_cpus", "PROBE_SAMPLES", "PROBE_SECONDS"]
+__all__ = ["measure_batch", "probe_loader", "first_batch", "reread_differs", "difference", "sample_seconds",
+           "free_cpus", "PROBE_SAMPLES", "PROBE_SECONDS"]

@@ -64,12 +64,13 @@ def _blind(fd: int) -> None:
 
 
 @contextlib.contextmanager
-def kept() -> Iterator[list]:
-    """In a forked child: readable files rewound on exit, pipes and terminals read as empty meanwhile. Yields
-    the blinded descriptors, described (``"fd 0 (a pipe)"``), for the caller's log."""
+def kept(spare: tuple = ()) -> Iterator[list]:
+    """In a forked child: readable files rewound on exit, pipes and terminals read as empty meanwhile, but for
+    the descriptors in ``spare`` (the child's own). Yields the blinded descriptors, described
+    (``"fd 0 (a pipe)"``), for the caller's log."""
     offsets, blinded = {}, []
     for fd in _open_fds():
-        if not _readable(fd):
+        if fd in spare or not _readable(fd):
             continue
         try:
             offsets[fd] = os.lseek(fd, 0, os.SEEK_CUR)

@@ -141,14 +141,14 @@ def fresh_iteration_blocker(source: Any) -> str | None:
             return "the source is a generator that has already started"
         return None
     if not objects.has(source, "__iter__"):
-        return sandbox.holds_open_file(source)  # a generator function: each call starts afresh
+        return None  # a generator function: each call starts afresh (a file it reads is rewound: ``fdguard``)
     try:
         fresh = iter(source)
     except Exception as exc:  # MindSpore itself will raise this when it iterates
         return f"iter(source) raises {type(exc).__name__}"
     if fresh is source:
         return "the source is its own iterator (iter(source) is source): reading ahead would consume it"
-    return sandbox.holds_open_file(source)
+    return None
 
 
 def _by_column(converted: list, names: Sequence[str]) -> dict:
@@ -205,10 +205,6 @@ def probe_random_access(source: Any, names: Sequence[str] | None, check: Callabl
             unless ``defer_row_errors`` (``ms_shm.patch``: MindSpore raises it while iterating, so must the
             patched code): then it is logged and the stage is left unmeasured.
     """
-    blocked = sandbox.holds_open_file(source)
-    if blocked:
-        return StageProbe(None, unmeasured=f"{blocked}: reading rows in a probe would move its position")
-
     def in_child():
         stats: list = []
 

@@ -7,8 +7,8 @@ changes there (Python objects, RNG states, iterators) is thrown away with it. On
 picklable result, comes back through a pipe. The child is also what a forked MindSpore worker is, so its
 timings are a worker's.
 
-What a fork cannot isolate: the outside world (files written, sockets, an open file's shared offset). The
-callers check for open files before they fork (``holds_open_file``).
+What a fork cannot isolate: the outside world (files written, sockets). An open file's offset, shared with
+the parent, is rewound in the child after the probe, and a pipe it inherited reads as empty (``fdguard``).
 
 The child also reports whether the probe changed state the pipeline depends on (``Effects``): the global
 ``random`` / ``numpy.random`` states, and the shallow state of the objects it was given (a counter, a cache,
@@ -35,7 +35,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ms_shm import objects, procfs
+from ms_shm import fdguard, objects, procfs
 from ms_shm._results import Result, record
 
 log = logging.getLogger(__name__)
@@ -168,8 +168,20 @@ def wait_for_parent() -> None:
         os.close(fd)
 
 
+_BLINDED: list = []  # in a probe child: the parent's pipes and terminals it reads as empty (``fdguard``)
+
+
+def blinded() -> list:
+    """In a probe child: the descriptors the probe reads as empty, described, for a message naming them."""
+    return list(_BLINDED)
+
+
 def _child(probe: Callable[[], Any], fd: int, worker_pages: bool) -> None:  # pragma: no cover - child side
     """Run the probe silently (a source's prints must not appear twice) and leave without cleanup handlers.
+
+    The descriptors the child shares with the parent are guarded (``fdguard``): a file the source reads through
+    an attribute, a global or ``sys.stdin`` is rewound after the probe, and a pipe reads as empty, so the
+    program's own reads find every byte.
 
     Garbage collection stays on, as in a forked worker: a collection due at fork walks the parent's objects and
     copies their pages, and that is part of what each worker adds to a container's memory (measured: with it off
@@ -180,7 +192,9 @@ def _child(probe: Callable[[], Any], fd: int, worker_pages: bool) -> None:  # pr
         os.dup2(devnull, 2)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
         try:
-            value = probe()
+            with fdguard.kept(spare=(fd, _gate)) as blinded:  # a file the source reads is the parent's too
+                _BLINDED[:] = blinded
+                value = probe()
             payload = ("ok", value, procfs.private_bytes() if worker_pages else None)
         except BaseException as exc:  # the parent decides what an exception means
             payload = ("error", exc, "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
@@ -445,15 +459,5 @@ def _moved(generators: list, before: tuple) -> str:
     return next((where for (where, g), b in zip(generators, before) if _generator_state(g) != b), "?")
 
 
-def holds_open_file(obj: Any) -> str | None:
-    """An open file among ``obj``'s attributes: its offset is shared with a forked child, so reading it there
-    would move the parent's position."""
-    attrs = objects.attribute(obj, "__dict__")
-    for name, value in (attrs.items() if isinstance(attrs, dict) else ()):
-        if isinstance(value, io.IOBase) and not value.closed:
-            return f"{type(obj).__name__}.{name} is an open file"
-    return None
-
-
-__all__ = ["Effects", "Outcome", "run_in_fork", "wait_for_parent", "watch_effects", "holds_open_file", "rng_state",
+__all__ = ["Effects", "Outcome", "run_in_fork", "wait_for_parent", "watch_effects", "blinded", "rng_state",
            "state_of"]

@@ -491,3 +491,30 @@ def test_rows_that_depend_on_the_call_count_lock_the_mode(ds):
     p = ms_shm.plan_of(ms_shm.build_dataset(Counting(), ["x"], shuffle=False))
     locked = [d for d in p.decisions if d.setting == "mode_locked"]
     assert locked and "read twice differs" in locked[0].reason
+
+
+class FileRecords:
+    """Fixed-size records read from a file opened once, in ``__init__``: the common binary-blob source."""
+
+    def __init__(self, path, n=16):
+        self.handle, self.n = open(path, "rb"), n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, index):
+        self.handle.seek(int(index) * 64)
+        return (np.frombuffer(self.handle.read(64), np.uint8).copy(),)
+
+
+def test_a_source_reading_an_open_file_is_measured_and_keeps_its_offset(ds, tmp_path):
+    import ms_shm
+
+    path = tmp_path / "records.bin"
+    path.write_bytes(np.random.default_rng(3).integers(0, 256, 16 * 64, dtype=np.uint8).tobytes())
+    source = FileRecords(path)
+    source.handle.seek(5)
+    dataset = ms_shm.build_dataset(source, ["x"], shuffle=False)
+    assert source.handle.tell() == 5
+    assert ms_shm.plan_of(dataset).row_bytes == 64, ms_shm.plan_of(dataset).summary()
+    assert_same(*both(ds, lambda: FileRecords(path), ["x"], shuffle=False), 16)

@@ -183,3 +183,31 @@ def test_state_changed_on_every_read_is_told_from_lazy_set_up(cls, per_read):
     _, effects = sandbox.watch_effects(lambda: [obj[i] for i in range(3)], [obj], again=lambda: obj[0])
     assert effects.mutates_state and not effects.order_dependent, effects
     assert bool(effects.state_per_read) == per_read, effects
+
+
+def test_a_probe_child_leaves_the_parents_files_and_pipes_as_they_were(tmp_path):
+    """A file read in the child shares its offset with the parent: rewound after; a pipe reads as empty there."""
+    import os
+
+    path = tmp_path / "blob"
+    path.write_bytes(bytes(range(256)) * 16)
+    handle = open(path, "rb")
+    handle.read(10)
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"for the parent")
+
+    def probe():
+        handle.seek(1000)
+        return len(handle.read(100)), os.read(read_end, 100), sandbox.blinded()
+
+    try:
+        outcome = sandbox.run_in_fork(probe)
+        assert outcome.error is None, outcome.remote_traceback
+        got, piped, blinded = outcome.value
+        assert got == 100 and piped == b"" and any("pipe" in b for b in blinded), outcome.value
+        assert handle.tell() == 10 and os.lseek(handle.fileno(), 0, os.SEEK_CUR) == len(path.read_bytes())
+        assert os.read(read_end, 100) == b"for the parent"
+    finally:
+        handle.close()
+        os.close(read_end)
+        os.close(write_end)

@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ms_shm import fdguard, procfs, rows, sandbox
+from ms_shm import procfs, rows, sandbox
 from ms_shm.engines.torchstyle.planning import BatchStats
 
 PROBE_SAMPLES = 3  # the first one cold, then two warm ones: the faster of those is the sample's time
@@ -152,7 +152,7 @@ def probe_loader(dataset: Any, batch_size: int | None, collate: Callable, weigh:
                  tensor_bytes: Callable[[Any], tuple | None] = lambda value: None) -> tuple:
     """``(BatchStats or None, Effects, why not measured)``, measured in a forked child, with the child's
     fork-to-ready time and the CPUs free while it ran. The child's reads cannot move what the parent reads
-    through shared descriptors (``fdguard``), and the first sample of a map-style dataset is read twice
+    through shared descriptors (``sandbox``'s ``fdguard``), and the first sample of a map-style dataset is read twice
     (``tensor_bytes``: a tensor's dtype, shape and bytes) to tell samples that draw from a generator the watch
     cannot see."""
     forked = time.perf_counter()  # CLOCK_MONOTONIC: the child reads the same clock
@@ -162,15 +162,14 @@ def probe_loader(dataset: Any, batch_size: int | None, collate: Callable, weigh:
         first = first_batch(batch_size, sampler, batch_sampler, PROBE_SAMPLES)  # unwatched: the sampler's draws
         kept: list = []
         reread = None if iterable else lambda: reread_differs(dataset, first[0], kept, tensor_bytes)
-        with fdguard.kept() as blinded:
-            stats, effects = sandbox.watch_effects(
-                lambda: measure_batch(dataset, batch_size, collate, weigh, iterable, sampler, batch_sampler, twin,
-                                      first, kept),
-                [dataset, collate], reread)
+        stats, effects = sandbox.watch_effects(
+            lambda: measure_batch(dataset, batch_size, collate, weigh, iterable, sampler, batch_sampler, twin,
+                                  first, kept),
+            [dataset, collate], reread)
         if isinstance(stats, BatchStats):  # the CPU the child kept busy since its fork (a collate may use threads)
             stats = replace(stats, fork_seconds=ready, free_cpus=time.process_time())
-        elif blinded:
-            stats += f" (the probe reads no pipe or terminal the program holds: {', '.join(blinded)})"
+        elif sandbox.blinded():
+            stats += f" (the probe reads no pipe or terminal the program holds: {', '.join(sandbox.blinded())})"
         return stats, effects
 
     ticks, began, own = procfs.cpu_ticks(), time.perf_counter(), time.process_time()

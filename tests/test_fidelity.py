@@ -518,3 +518,23 @@ def test_a_source_reading_an_open_file_is_measured_and_keeps_its_offset(ds, tmp_
     assert source.handle.tell() == 5
     assert ms_shm.plan_of(dataset).row_bytes == 64, ms_shm.plan_of(dataset).summary()
     assert_same(*both(ds, lambda: FileRecords(path), ["x"], shuffle=False), 16)
+
+
+def test_a_batch_ms_shm_does_not_plan_still_caps_workers_at_the_cpu_count(ds, caplog):
+    """A callable batch size is passed on unplanned; the one rule every planner applies still holds: MindSpore
+    refuses more workers than os.cpu_count(), ms_shm caps them, with a warning."""
+    import os
+
+    import ms_shm
+
+    def copy(a, b, info):
+        return a, b
+
+    too_many = (os.cpu_count() or 1) + 2
+    raw = rows_of(ds.GeneratorDataset(Plain(6), ["a", "b"], shuffle=False).batch(
+        lambda info: 2, per_batch_map=copy, num_parallel_workers=os.cpu_count() or 1))
+    with caplog.at_level("WARNING", logger="ms_shm"):
+        ours = rows_of(ms_shm.batch(ds.GeneratorDataset(Plain(6), ["a", "b"], shuffle=False), lambda info: 2,
+                                    per_batch_map=copy, num_parallel_workers=too_many))
+    assert_same(raw, ours, 3)
+    assert f"num_parallel_workers {too_many} -> {os.cpu_count()}" in caplog.text

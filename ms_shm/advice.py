@@ -117,13 +117,14 @@ def shm_fixes(size_bytes: int, container: str | None, memory_limit: int | None =
     return (host, docker, compose, kube)
 
 
-def nofile_fixes(n: int, container: str | None = None) -> tuple:
-    """Ways to raise the open-files limit to at least ``n`` (rounded up to 1024, 4096, 65536...).
+def nofile_fixes(n: int, container: str | None = None, hard: int | None = None) -> tuple:
+    """Ways to raise the open-files limit to at least ``n`` (rounded up to 1024, 4096, 65536..., but not past a
+    ``hard`` limit that already allows ``n``: ``ulimit -n`` above it fails).
 
     The soft limit can be raised by the process itself up to the hard limit; the hard limit only by root,
     the container runtime (``--ulimit``) or PAM (``limits.conf``) at login.
     """
-    target = nofile_target(n)
+    target = nofile_target(n) if hard is None or hard < n else min(nofile_target(n), hard)
     shell = ("shell", f"ulimit -n {target}   # before starting training; cannot exceed the hard limit (ulimit -Hn)")
     limits = ("limits.conf", f"# /etc/security/limits.conf (new logins):\n*  soft  nofile  {target}\n"
                              f"*  hard  nofile  {target}")
@@ -395,13 +396,14 @@ def _nofile_findings(facts: Any, t: Typical) -> list:
     out = []
     if soft is not None and soft < need:
         can_raise = hard is None or hard >= need
+        target = nofile_target(need) if not can_raise or hard is None else min(nofile_target(need), hard)
         out.append(Advice(
             f"open-files soft limit is {soft}, but a typical {t.workers}-worker pipeline (prefetch {t.prefetch}) "
             f"needs about {need} fds in the main process (one per shared-memory slot plus pipes, "
             f"{facts.open_fds or 0} open now): it fails with 'Too many open files' (errno 24)",
-            "crash", f"raise the soft limit to {nofile_target(need)}"
+            "crash", f"raise the soft limit to {target}"
                      + (" (the hard limit allows it)" if can_raise else f"; the hard limit {hard} must go up first"),
-            nofile_fixes(need, facts.container), "nofile-soft"))
+            nofile_fixes(need, facts.container, hard), "nofile-soft"))
     two = fds_needed(facts, t.workers, t.prefetch, pipelines=2)  # a train and an eval pipeline alive together
     if hard is not None and hard < two:
         out.append(Advice(

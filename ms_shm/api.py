@@ -98,12 +98,18 @@ def tune(dry_run: bool = False, ranks: int | None = None, shm_fraction: float = 
         ("mindspore is not importable: only host facts and the open-files limit were handled",) if
         _mindspore_in_use() else ("a torch program that has not imported mindspore: MindSpore's settings were not "
                                   "read (importing it would cost seconds)",)))
-    report = TuneReport(facts, config, b, tuple(decisions), tuple(made), tuple(advice.diagnose(facts, config)),
-                        dry_run, tuple(notes))
+    report = TuneReport(facts, config, b, tuple(decisions), tuple(made),
+                        tuple(advice.diagnose(_as_changed(facts, made), config)), dry_run, tuple(notes))
     _log_tune(report)
     if clean and facts.ranks.local_rank == 0 and not dry_run:
         _clean_leftovers()
     return report
+
+
+def _as_changed(facts: host.HostFacts, made: Sequence[Any]) -> host.HostFacts:
+    """The host as ``tune()`` left it: advice about an open-files soft limit it has just raised would be stale."""
+    raised = [c.new for c in made if c.setting == changes_mod.NOFILE and isinstance(c.new, int)]
+    return replace(facts, nofile_soft=raised[-1]) if raised else facts
 
 
 def _torch_startup(facts: host.HostFacts, dry_run: bool) -> tuple:

@@ -168,7 +168,7 @@ def no_fit_message(cands: list, req: Request, budget: Budget, stats: RowStats, r
                      f"{sizes.shm_size_flag(host_need)})")
     if budget.fds is not None and smallest.fds > budget.fds:
         fixes.append("raise `ulimit -n`")
-    fixes.append(_memory_fix(least_memory, budget))
+    fixes.append(memory_fix(least_memory, budget))
     return (f"No configuration honouring {', '.join(asked) or 'the request'} fits: rows of {mib(row)}; the "
             f"smallest needs {mib(smallest.shm)} of /dev/shm against {mib(budget.shm_bytes)} ({budget.reason}), "
             f"{smallest.fds} fds against {budget.fds if budget.fds is not None else 'unlimited'}{memory}. "
@@ -184,7 +184,7 @@ def _reasons(cands: list) -> list:
     return list(last.values())
 
 
-def _memory_fix(least: int, budget: Budget) -> str:
+def memory_fix(least: int, budget: Budget) -> str:
     """The container fix when memory binds: tmpfs pages count against the container's memory limit."""
     if budget.memory_bytes is None or least <= budget.memory_bytes:
         return ""
@@ -195,4 +195,5 @@ def _memory_fix(least: int, budget: Budget) -> str:
 
 
 __all__ = ["Plan", "Decision", "Request", "Candidate", "ShmBudgetError", "rank", "choose", "top", "no_fit_message",
+           "memory_fix",
            "unknown_shm", "MODES", "INLINE", "THREADS", "PROCESSES", "PIPES"]

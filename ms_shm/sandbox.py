@@ -18,6 +18,7 @@ on which process or thread reads them must keep MindSpore's own mode.
 
 from __future__ import annotations
 
+import ctypes
 import io
 import logging
 import os
@@ -195,7 +196,7 @@ def _child(probe: Callable[[], Any], fd: int, worker_pages: bool) -> None:  # pr
             with fdguard.kept(spare=(fd, _gate)) as blinded:  # a file the source reads is the parent's too
                 _BLINDED[:] = blinded
                 value = probe()
-            payload = ("ok", value, procfs.private_bytes() if worker_pages else None)
+            payload = ("ok", value, _worker_pages() if worker_pages else None)
         except BaseException as exc:  # the parent decides what an exception means
             payload = ("error", exc, "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
         try:
@@ -207,6 +208,17 @@ def _child(probe: Callable[[], Any], fd: int, worker_pages: bool) -> None:  # pr
             out.write(data)
     finally:
         os._exit(0)
+
+
+def _worker_pages() -> int | None:  # pragma: no cover - child side
+    """What the child holds alone, its freed heap given back first (``malloc_trim``): the probe's rows, freed
+    but kept by the allocator, made the reading swing by a row or two from one build to the next (12 MiB rows:
+    32-44 MiB), which flipped plans in a container. The row a worker is building is priced by the caller."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: the reading keeps what the allocator kept
+        pass
+    return procfs.private_bytes()
 
 
 def _collect(pid: int, fd: int, timeout: float) -> Outcome:

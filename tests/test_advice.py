@@ -382,3 +382,11 @@ def test_mindspore_dataloader_under_numpy2_is_a_finding_with_the_fix():
     assert advice._loader_findings(facts(mindspore_version="2.7.2"), "2.4.6") == []
     found = advice._loader_findings(facts(mindspore_version="2.10.0"), "2.4.6")
     assert found[0].code == "msloader-numpy2" and "numpy<2" in found[0].fix
+
+
+def test_low_soft_nofile_under_a_hard_limit_that_allows_it_suggests_what_ulimit_takes():
+    f = facts(nofile_soft=40, nofile_hard=20000)
+    found = {a.code: a for a in advice.diagnose(f)}
+    soft = found["nofile-soft"]
+    assert "raise the soft limit to 20000 (the hard limit allows it)" in soft.fix, soft.fix
+    assert "ulimit -n 20000" in dict(soft.snippets)["shell"]

@@ -511,3 +511,15 @@ def test_the_samplers_own_draws_are_not_the_samples():
         lambda: probe.measure_batch(Counting(), 2, lambda s: s, distinct, False, first=first, keep=kept),
         [Counting()], lambda: probe.reread_differs(Counting(), first[0], kept, lambda v: None))
     assert effects.order_dependent is None and kept == [first[0][0] * 2] and first[1] == 2
+
+
+def test_without_workers_three_batches_count_against_a_container_and_the_fix_names_its_memory():
+    # torch 2.13, 96 MiB batches: the main process grew ~210 MB without workers; a 241 MiB share admitted two
+    # batches' pricing (192 MiB) and the process was OOM-killed. Three batches (288 MiB) do not fit: an error
+    # naming the container's memory, not /dev/shm (2 GiB free) nor the fd limit.
+    assert model.memory(96 * MiB, 1, 0, 2, 0, False) == 3 * 96 * MiB
+    tight = budget.compute(2 * GiB, 1, 65536, 10, memory_left=int(241 * MiB / budget.DEFAULT_FRACTION))
+    with pytest.raises(ShmBudgetError) as err:
+        plan_loader(stats(96), ask(), tight)
+    text = str(err.value)
+    assert "docker run --memory" in text and "--shm-size" not in text and "ulimit" not in text, text

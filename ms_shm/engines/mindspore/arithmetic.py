@@ -189,13 +189,15 @@ def rows_in_flight(mode: str, workers: int, prefetch: int) -> int:
 def generator_memory(mode: str, row_bytes: int, workers: int, prefetch: int, shm_bytes: int,
                      worker_bytes: int | None, rows: int | None = None) -> int:
     """Host memory one GeneratorDataset adds to this process's memory cgroup: its /dev/shm pages (tmpfs pages
-    are charged to the writer), the rows in flight, and each forked worker's own pages."""
+    are charged to the writer), the rows in flight, and each forked worker's own pages plus the row it is
+    reading (``worker_bytes`` is measured with the probe's freed rows given back)."""
     held = rows_in_flight(mode, workers, prefetch)
     if rows is not None:
         held = min(held, max(1, rows))
     memory = PIPELINE_BYTES + shm_bytes + held * max(0, row_bytes)
     if mode in ("processes", "pipes") and workers > 1:
-        memory += workers * (worker_bytes if worker_bytes is not None else WORKER_BYTES_UNMEASURED)
+        own = worker_bytes + max(0, row_bytes) if worker_bytes is not None else WORKER_BYTES_UNMEASURED
+        memory += workers * own
     return memory
 
 

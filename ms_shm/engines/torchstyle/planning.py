@@ -300,15 +300,22 @@ def _no_fit(items: list, stats: BatchStats, req: LoaderRequest, budget: Budget) 
     asked = [f"{k}={v}" for k, v in (("num_workers", req.workers), ("prefetch_factor", req.prefetch_factor))
              if v is not None]
     least = min((c for c, _ in items), key=lambda c: (c.shm, c.fds))
+    least_memory = min((c.memory for c, _ in items), default=0)
     reasons = sorted({f"{c.workers} workers, prefetch {c.prefetch}: {c.why_not}" for c, _ in items})
     need = int(least.shm * budget.ranks / budget.fraction) + 1
+    memory = "" if budget.memory_bytes is None else (
+        f", {mib(least_memory)} of memory against {mib(budget.memory_bytes)} left for it ({budget.memory_reason})")
+    fixes = [f"drop the explicit {' / '.join(asked)} so ms_shm can choose" if asked else ""]
+    if budget.shm_bytes is not None and least.shm > budget.shm_bytes:  # only the limits that bind
+        fixes.append(f"give /dev/shm at least {mib(need)} (docker run --shm-size={sizes.shm_size_flag(need)})")
+    if budget.fds is not None and least.fds > budget.fds:
+        fixes.append("raise `ulimit -n`")
+    fixes += [plan.memory_fix(least_memory, budget), "a smaller batch_size"]
     return (f"No DataLoader configuration honouring {', '.join(asked) or 'the request'} fits: batches of "
             f"{mib(stats.batch_bytes)} in {stats.storages} storage(s); the smallest needs {mib(least.shm)} of /dev/shm "
             f"against {mib(budget.shm_bytes)} and {least.fds} fds against "
-            f"{budget.fds if budget.fds is not None else 'unlimited'}. Why: {' | '.join(reasons)[:600]}. Fix: drop "
-            f"the explicit {' / '.join(asked) or 'settings'} so ms_shm can choose, or give /dev/shm at least "
-            f"{mib(need)} (docker run --shm-size={sizes.shm_size_flag(need)}), or raise `ulimit -n`, or a smaller "
-            f"batch_size.")
+            f"{budget.fds if budget.fds is not None else 'unlimited'}{memory}. Why: {' | '.join(reasons)[:600]}. "
+            f"Fix: {'; or '.join(f for f in fixes if f)}.")
 
 
 FILE_SYSTEM_BELOW_HARD = 4096  # a hard open-files limit this low cannot carry a loader's batches as fds

@@ -28,6 +28,12 @@ FRAMEWORKS = frozenset({"torch", "mindspore", "numpy", "ms_shm", "builtins"})
 MAX_CODES = 300  # code objects read at most: a dataset's own code is tens
 HELD_DEPTH = 2  # objects held by the dataset, and by those: a Subset of a dataset holding a transform
 HELD_ITEMS = 8  # of a held list or tuple (ConcatDataset's datasets), the first ones only
+# the standard library's top-level modules (``sys.stdlib_module_names`` arrived in Python 3.10; before it, the
+# modules a dataset's code commonly reaches)
+STDLIB = getattr(sys, "stdlib_module_names", None) or frozenset({
+    "abc", "collections", "contextlib", "copy", "dataclasses", "enum", "functools", "io", "itertools", "json",
+    "math", "multiprocessing", "operator", "os", "pathlib", "pickle", "queue", "random", "re", "threading",
+    "typing"})
 
 
 def worker_info_use(dataset: Any, collate_fn: Any = None) -> str | None:
@@ -44,7 +50,7 @@ def _user(fn: Any) -> bool:
     if not isinstance(fn, types.FunctionType):
         return False
     top = (getattr(fn, "__module__", None) or "").split(".")[0]
-    return top not in FRAMEWORKS and top not in sys.stdlib_module_names
+    return top not in FRAMEWORKS and top not in STDLIB
 
 
 def _function(value: Any) -> Any:

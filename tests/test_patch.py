@@ -349,7 +349,7 @@ def test_explicit_arguments_that_cannot_fit_are_adapted_or_refused_with_strict(r
     strict = run(f"-m ms_shm run --strict {script} 81 6 8", shm="64k")
     assert strict.returncode == 1 and "ms_shm.errors.ShmBudgetError" in strict.stderr, isolated.describe(strict)
     assert f'File "{script}", line {line_of(script, "ds.GeneratorDataset(")}' in strict.stderr
-    assert "ms_shm/cli.py" not in strict.stderr.split("Traceback (most recent call last):")[1].splitlines()[1]
+    assert "ms_shm/cli" not in strict.stderr.split("Traceback (most recent call last):")[1].splitlines()[1]
     proc = run(f"-m ms_shm run {script} 81 6 8", shm="64k")
     assert_rows(result_of(proc), 81, 6, 8 * MiB)
     warnings = adapted_warnings(proc)

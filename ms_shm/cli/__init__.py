@@ -22,7 +22,7 @@ from typing import Any
 from ms_shm import advice as advice_mod
 from ms_shm import engines, host, sizes
 from ms_shm._results import mib
-from ms_shm.cli_run import cmd_run, split_run_argv
+from ms_shm.cli.run import cmd_run, split_run_argv
 
 SCHEMA = 1  # bumped when a key of the --json output changes meaning or goes away
 EXIT_OK, EXIT_NOTHING, EXIT_CRASH = 0, 1, 2

@@ -42,3 +42,12 @@ def test_plan_map_refuses_processes_the_2_7_precheck_would_stop():
         planning.plan_map(MiB, MiB, None, None, 64, req, budget, profile_for("2.7.2"))
     p = planning.plan_map(MiB, MiB, None, None, 64, req, budget, profile_for("2.10.0"))
     assert p.mode == "processes"
+
+
+@pytest.mark.parametrize("version, modeled", [("2.0", True), ("2.7.1", True), ("2.10", True), ("2.11", False),
+                                              ("1.8", False), ("banana", False), ("2.10.0.1", False)])
+def test_the_modeled_releases_are_one_span_kept_by_the_profiles(version, modeled):
+    from ms_shm.engines.mindspore import profiles
+
+    assert profiles.is_modeled(version) is modeled
+    assert profiles.modeled_releases()[0] == "2.0" and profiles.modeled_releases()[-1] == "2.10"

@@ -14,7 +14,6 @@ import argparse
 import json
 import math
 import platform
-import re
 import sys
 import textwrap
 from typing import Any
@@ -443,20 +442,14 @@ def _positive_float(text: str) -> float:
     return value
 
 
-# The MindSpore releases ``plan --mindspore`` knows: the span ``engines.mindspore.profiles`` models
-_MINDSPORE_MINORS = range(0, 11)
-
-
 def _mindspore_version(text: str) -> str:
     """``--mindspore``: a release the profiles model (2.0 to 2.10, with or without a patch number); anything else
     would silently be planned as the newest release."""
-    from ms_shm.engines.mindspore.profiles import parse_version
+    from ms_shm.engines.mindspore import profiles
 
-    known = ", ".join(f"2.{minor}" for minor in _MINDSPORE_MINORS)
-    parsed = parse_version(text)
-    if not re.fullmatch(r"\d+\.\d+(\.\d+)?", text) or parsed is None or parsed[0] != 2 \
-            or parsed[1] not in _MINDSPORE_MINORS:
-        raise argparse.ArgumentTypeError(f"unknown MindSpore version {text!r}: known releases are {known}")
+    if not profiles.is_modeled(text):
+        raise argparse.ArgumentTypeError(f"unknown MindSpore version {text!r}: known releases are "
+                                         f"{', '.join(profiles.modeled_releases())}")
     return text
 
 

@@ -48,6 +48,23 @@ def parse_version(version: str | None) -> tuple[int, int] | None:
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
+# The releases ``profile_for`` models, first and last: outside them a version is planned as the nearest one
+MODELED = ((2, 0), (2, 10))
+
+
+def modeled_releases() -> tuple:
+    """``("2.0", ..., "2.10")``: every minor release ``profile_for`` was measured across."""
+    (major, first), (_, last) = MODELED
+    return tuple(f"{major}.{minor}" for minor in range(first, last + 1))
+
+
+def is_modeled(version: str) -> bool:
+    """``version`` (``2.7`` or ``2.7.1``) is a release ``profile_for`` models, not one it would silently plan as
+    another."""
+    return bool(re.fullmatch(r"\d+\.\d+(\.\d+)?", version)) and \
+        MODELED[0] <= (parse_version(version) or (0, 0)) <= MODELED[1]
+
+
 def profile_for(version: str | None) -> EngineProfile:
     """The transport rules of a MindSpore version (facts sheet section 6)."""
     v = parse_version(version)
@@ -77,4 +94,5 @@ def profile_for(version: str | None) -> EngineProfile:
                          "2.8+: dynamic Generator slots; map/batch through SysV")
 
 
-__all__ = ["EngineProfile", "profile_for", "parse_version", "KNOWN_VERSIONS", "CARRIED_KINDS"]
+__all__ = ["EngineProfile", "profile_for", "parse_version", "is_modeled", "modeled_releases", "MODELED",
+           "KNOWN_VERSIONS", "CARRIED_KINDS"]

@@ -32,6 +32,7 @@ the open-file scan cannot see it either. Run the cleaner where the pipelines ran
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import ctypes.util
 import errno
@@ -156,9 +157,7 @@ class CleanReport(Result):
 
     def _key_files_summary(self, rest: list) -> str:
         """One line for the key files past the first few: how many, per outcome, and of how many dead pids."""
-        states: dict = {}
-        for item in rest:
-            states[self._state(item)] = states.get(self._state(item), 0) + 1
+        states = collections.Counter(self._state(item) for item in rest)
         pids = {item.owner_pid for item in rest if item.owner_pid}
         outcome = ", ".join(f"{state}: {n}" for state, n in states.items())
         return (f"... and {len(rest)} more {_KIND_TEXT[KIND_IPC_FILE]}s ({outcome}; "

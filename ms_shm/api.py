@@ -520,16 +520,20 @@ def _asked(kwargs: dict, num_parallel_workers: int | None) -> dict:
     return dict(kwargs, **({} if num_parallel_workers is None else {"num_parallel_workers": num_parallel_workers}))
 
 
-def _cap_unplanned(asked: dict, explicit: str | None) -> dict:
+def _cap_unplanned(asked: dict, explicit: str | None, eng: Any) -> dict:
     """A call ms_shm passes on unplanned (a batch without ``per_batch_map``, or with a callable batch size) keeps
-    the one rule every planner applies: ``num_parallel_workers`` above ``os.cpu_count()``, which MindSpore refuses,
-    is capped there with a warning, unless the caller's settings are orders (``patch(strict=True)``)."""
-    workers, cpus = asked.get("num_parallel_workers"), os.cpu_count() or 1
-    if explicit == ORDER or type(workers) is not int or workers <= cpus:
+    the one rule every planner applies (``planning.cap_workers``): ``num_parallel_workers`` above
+    ``os.cpu_count()``, which MindSpore refuses, is capped there with a warning, unless the caller's settings are
+    orders (``patch(strict=True)``)."""
+    asked_workers = asked.get("num_parallel_workers")
+    if explicit == ORDER or type(asked_workers) is not int:  # another type is MindSpore's own error to raise
         return asked
-    log.warning("ms_shm batch: num_parallel_workers %d -> %d (MindSpore refuses more workers than "
-                "os.cpu_count()=%d)%s", workers, cpus, cpus, f" at {sites.call_site()}" if explicit else "")
-    return dict(asked, num_parallel_workers=cpus)
+    workers, capped = eng.planning.cap_workers(asked_workers, os.cpu_count() or 1)
+    if not capped:
+        return asked
+    log.warning("ms_shm batch: num_parallel_workers %d -> %d (%s)%s", capped[0].default, workers, capped[0].reason,
+                f" at {sites.call_site()}" if explicit else "")
+    return dict(asked, num_parallel_workers=workers)
 
 
 def _names_list(columns: Any) -> list | None:
@@ -604,7 +608,7 @@ def batch(dataset: Any, batch_size: Any, drop_remainder: bool = False, num_paral
     per_batch_map = batch_kwargs.get("per_batch_map")
     if per_batch_map is None or isinstance(batch_size, bool) or not isinstance(batch_size, int) or \
             not eng.compat.arguments_fit("batch", dataset, batch_size, drop_remainder, **asked):
-        return eng.compat.batch_dataset(dataset, batch_size, drop_remainder, _cap_unplanned(asked, _explicit))
+        return eng.compat.batch_dataset(dataset, batch_size, drop_remainder, _cap_unplanned(asked, _explicit, eng))
     facts, config = SESSION.host_facts(), eng.read_config()
     ins = _names_list(batch_kwargs.get("input_columns")) or eng.compat.column_names(dataset)
     outs = _names_list(batch_kwargs.get("output_columns")) or ins

@@ -298,12 +298,17 @@ def plan_unmeasured(req: Request, budget: Budget, profile: EngineProfile, why: s
 
 
 def _workers_cap(req: Request) -> tuple:
+    return cap_workers(req.workers, req.cpu_count)
+
+
+def cap_workers(workers: int | None, cpu_count: int) -> tuple:
     """``(workers, decisions)``: the workers asked, at most ``os.cpu_count()``, which MindSpore refuses to exceed
-    (its ValueError, raised under ``patch(strict=True)`` only), and the decision saying so where it capped."""
-    if req.workers is None or req.workers <= req.cpu_count:
-        return req.workers, []
-    return req.cpu_count, [Decision("num_parallel_workers", req.cpu_count, req.workers,
-                                    f"MindSpore refuses more workers than os.cpu_count()={req.cpu_count}")]
+    (its ValueError, raised under ``patch(strict=True)`` only), and the decision saying so where it capped. Also
+    for a stage ms_shm passes on unplanned (``api._cap_unplanned``)."""
+    if workers is None or workers <= cpu_count:
+        return workers, []
+    return cpu_count, [Decision("num_parallel_workers", cpu_count, workers,
+                                f"MindSpore refuses more workers than os.cpu_count()={cpu_count}")]
 
 
 def plan_map(in_bytes: int, out_bytes: int, seconds_per_row: float | None, cpu_fraction: float | None,

@@ -177,18 +177,60 @@ def row_bytes(columns: tuple) -> int:
 
 
 def same_row(a: Any, b: Any) -> bool:
-    """Equal to the byte: arrays by dtype, shape and bytes (a NaN read twice is the same row); dict columns key
-    by key."""
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype
-                and a.shape == b.shape and _same_bytes(a, b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(same_row(a[k], b[k]) for k in a)
-    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):  # a per_batch_map returns lists of rows
-        return type(a) is type(b) and len(a) == len(b) and all(same_row(x, y) for x, y in zip(a, b))
+    """``a`` and ``b``, one row (or operation output) computed twice, are the same (``difference``)."""
+    return difference(a, b) is None
+
+
+def difference(a: Any, b: Any, where: str = "row", tensor_bytes: Callable[[Any], tuple | None] | None = None
+               ) -> str | None:
+    """Where ``a`` and ``b``, one row or sample read twice, differ (``where`` extended: ``sample['img'][0]``),
+    or ``None`` when they are the same to the byte: the one rule for every surface.
+
+    Arrays, and tensors (``tensor_bytes``: an engine's view of its framework's tensor as ``(dtype, shape,
+    array)``, ``None`` for anything else), by dtype, shape and bytes (a NaN read twice is the same; 0.0 and -0.0
+    are not); object arrays by their objects; dicts key by key; lists and tuples (namedtuples too) by type and
+    item by item; a float NaN equals a NaN; other values by ``==``. A value ``==`` gives no answer for (a tensor
+    no engine reads, a table) and a tensor that cannot be read differ: not known to be the same, so the rows
+    are read in one place, as the program would read them."""
     try:
-        return type(a) is type(b) and bool(a == b)
-    except Exception:  # no truth value (a framework tensor, an odd type): not known to be the same
+        ta = tb = None
+        if tensor_bytes is not None:
+            ta, tb = tensor_bytes(a), tensor_bytes(b)
+    except Exception:  # a tensor the framework cannot show as bytes: not known to be the same
+        return where
+    if ta is not None or tb is not None:
+        same = ta is not None and tb is not None and ta[:2] == tb[:2] and _same_array(ta[2], tb[2], None)
+        return None if same else where
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return None if _same_array(a, b, tensor_bytes) else where
+    if isinstance(a, dict) and isinstance(b, dict):
+        if a.keys() != b.keys():
+            return where
+        return next((d for k in a if (d := difference(a[k], b[k], f"{where}[{k!r}]", tensor_bytes))), None)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):  # a per_batch_map returns lists of rows
+        if type(a) is not type(b) or len(a) != len(b):
+            return where
+        return next((d for i, (x, y) in enumerate(zip(a, b))
+                     if (d := difference(x, y, f"{where}[{i}]", tensor_bytes))), None)
+    return None if _same_value(a, b) else where
+
+
+def _same_array(a: Any, b: Any, tensor_bytes: Callable | None) -> bool:
+    if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)) or a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.dtype == object:  # the bytes are pointers: compare the objects
+        return difference(a.tolist(), b.tolist(), "", tensor_bytes) is None
+    return _same_bytes(a, b)
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float) and a != a:
+        return b != b
+    try:
+        return bool(a == b)
+    except Exception:  # no truth value (a framework's tensor, a table): not known to be the same
         return False
 
 

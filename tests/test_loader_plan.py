@@ -455,34 +455,6 @@ def test_the_frameworks_own_collate_is_not_read():
     assert codescan.worker_info_use(subset, torch.utils.data.default_collate) is None
 
 
-Point = collections.namedtuple("Point", "x y")
-
-
-def test_two_reads_of_a_sample_compared_byte_for_byte():
-    import numpy as np
-
-    same = {"a": [np.arange(3), (1.5, float("nan"))], "p": Point(np.zeros(2), "s"), "o": np.array([1, "x"], object)}
-    again = {"a": [np.arange(3), (1.5, float("nan"))], "p": Point(np.zeros(2), "s"), "o": np.array([1, "x"], object)}
-    none = probe.difference(same, again, lambda v: None, "sample")
-    assert none is None, none
-    assert probe.difference({"a": [np.arange(3)]}, {"a": [np.arange(3) + 1]}, lambda v: None, "s") == "s['a'][0]"
-    assert probe.difference(np.arange(3), np.arange(3).astype(np.int32), lambda v: None, "s") == "s"
-    assert probe.difference(Point(1, 2), (1, 2), lambda v: None, "s") == "s"
-    assert probe.difference([1, 2], [1, 3], lambda v: None, "s") == "s[1]"
-
-
-def test_two_reads_of_a_torch_sample_compared_by_dtype_shape_and_bytes():
-    torch = pytest.importorskip("torch")
-    from ms_shm.engines.torch import compat
-
-    x = torch.arange(6, dtype=torch.bfloat16).reshape(2, 3)
-    assert probe.difference((x, 1), (x.clone(), 1), compat.tensor_bytes, "s") is None
-    assert probe.difference(x, x.reshape(3, 2), compat.tensor_bytes, "s") == "s"
-    assert probe.difference(x, x.float(), compat.tensor_bytes, "s") == "s"
-    assert probe.difference(x, x + 1, compat.tensor_bytes, "s") == "s"
-    assert probe.difference(x, [1], compat.tensor_bytes, "s") == "s"
-
-
 class Counting(Plain):
     """Deterministic samples from a sampler that draws: the draws are the sampler's, not the samples'."""
 

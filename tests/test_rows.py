@@ -7,6 +7,8 @@ duplicate a row, in the first epoch or any later one.
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 import pytest
 
@@ -370,6 +372,8 @@ def test_a_cold_first_read_gives_way_to_row_0_read_faster_in_its_pair(monkeypatc
     (np.array(["ab", "c"]), np.array(["ab", "c"]), True),
     (({"k": np.ones(2)},), ({"k": np.ones(2)},), True),
     (({"k": np.ones(2)},), ({"k": np.zeros(2)},), False),
+    (np.array([1, "x"], object), np.array([1, "x"], object), True),  # by the objects, not their addresses
+    ((float("nan"), 2), (float("nan"), 2), True),
 ])
 def test_a_row_read_twice_is_compared_to_the_byte(a, b, same):
     assert rows.same_row(a, b) is same
@@ -401,3 +405,46 @@ def test_the_probe_refuses_column_types_the_rows_do_not_have():
     source = [(np.zeros(2, np.float32), np.array(i, np.int32)) for i in range(4)]
     with pytest.raises(RowError, match="column 'b' of row 0 is int32, but column_types gives it Int64"):
         rows.measure_random_access(source, ["a", "b"], column_dtypes=((F4, "Float32"), (I8, "Int64")))
+
+
+Point = collections.namedtuple("Point", "x y")
+
+
+def test_two_reads_of_a_sample_compared_byte_for_byte():
+    same = {"a": [np.arange(3), (1.5, float("nan"))], "p": Point(np.zeros(2), "s"), "o": np.array([1, "x"], object)}
+    again = {"a": [np.arange(3), (1.5, float("nan"))], "p": Point(np.zeros(2), "s"), "o": np.array([1, "x"], object)}
+    none = rows.difference(same, again, "sample")
+    assert none is None, none
+    assert rows.difference({"a": [np.arange(3)]}, {"a": [np.arange(3) + 1]}, "s") == "s['a'][0]"
+    assert rows.difference(np.arange(3), np.arange(3).astype(np.int32), "s") == "s"
+    assert rows.difference(Point(1, 2), (1, 2), "s") == "s"
+    assert rows.difference([1, 2], [1, 3], "s") == "s[1]"
+
+
+class NoTruth:
+    """A value whose ``==`` gives no answer (a framework's tensor, a table)."""
+
+    def __eq__(self, other):
+        return self
+
+    def __bool__(self):
+        raise ValueError("ambiguous")
+
+
+def test_a_value_eq_cannot_answer_for_is_not_known_to_be_the_same():
+    assert rows.difference([1, NoTruth()], [1, NoTruth()], "s") == "s[1]"
+    assert not rows.same_row((NoTruth(),), (NoTruth(),))
+    unreadable = rows.difference(1, 1, "s", tensor_bytes=lambda v: 1 / 0)
+    assert unreadable == "s"  # a tensor that cannot be read as bytes: not known to be the same
+
+
+def test_two_reads_of_a_torch_sample_compared_by_dtype_shape_and_bytes():
+    torch = pytest.importorskip("torch")
+    from ms_shm.engines.torch import compat
+
+    x = torch.arange(6, dtype=torch.bfloat16).reshape(2, 3)
+    assert rows.difference((x, 1), (x.clone(), 1), "s", compat.tensor_bytes) is None
+    assert rows.difference(x, x.reshape(3, 2), "s", compat.tensor_bytes) == "s"
+    assert rows.difference(x, x.float(), "s", compat.tensor_bytes) == "s"
+    assert rows.difference(x, x + 1, "s", compat.tensor_bytes) == "s"
+    assert rows.difference(x, [1], "s", compat.tensor_bytes) == "s"

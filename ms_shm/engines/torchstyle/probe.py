@@ -33,8 +33,6 @@ import time
 from dataclasses import replace
 from typing import Any, Callable
 
-import numpy as np
-
 from ms_shm import procfs, rows, sandbox
 from ms_shm.engines.torchstyle.planning import BatchStats
 
@@ -200,52 +198,8 @@ def reread_differs(dataset: Any, indices: list, kept: list,
         again = dataset[indices[0]]
     except Exception as exc:  # it read once: a second read that fails cannot be what a worker would see
         return f"sample {indices[0]!r} read again raised {type(exc).__name__}"
-    where = difference(kept[0], again, tensor_bytes, "sample")
+    where = rows.difference(kept[0], again, "sample", tensor_bytes)
     return None if where is None else f"sample {indices[0]!r} read twice came back different ({where})"
-
-
-def difference(a: Any, b: Any, tensor_bytes: Callable[[Any], tuple | None], where: str) -> str | None:
-    """Where ``a`` and ``b`` differ (``where`` extended: ``sample['img'][0]``), or ``None``: tensors and arrays
-    by dtype, shape and bytes, dicts key by key, lists and tuples (namedtuples too) item by item and by type,
-    other values with ``==`` (a NaN equals a NaN; a value ``==`` cannot answer for counts as the same)."""
-    try:
-        ta, tb = tensor_bytes(a), tensor_bytes(b)
-    except Exception:  # a tensor the framework cannot show as bytes: not comparable, so not counted as differing
-        return None
-    if ta is not None or tb is not None:
-        same = ta is not None and tb is not None and ta[:2] == tb[:2] and rows.same_row(ta[2], tb[2])
-        return None if same else where
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return None if _same_array(a, b, tensor_bytes) else where
-    if isinstance(a, dict) and isinstance(b, dict):
-        if a.keys() != b.keys():
-            return where
-        return next((d for k in a if (d := difference(a[k], b[k], tensor_bytes, f"{where}[{k!r}]"))), None)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        if type(a) is not type(b) or len(a) != len(b):
-            return where
-        return next((d for i, (x, y) in enumerate(zip(a, b))
-                     if (d := difference(x, y, tensor_bytes, f"{where}[{i}]"))), None)
-    return None if _same_value(a, b) else where
-
-
-def _same_array(a: Any, b: Any, tensor_bytes: Callable) -> bool:
-    if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)) or a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    if a.dtype == object:  # the bytes are pointers: compare the objects
-        return difference(a.tolist(), b.tolist(), tensor_bytes, "") is None
-    return rows.same_row(a, b)  # by bytes, in small steps: no temporary as large as the sample
-
-
-def _same_value(a: Any, b: Any) -> bool:
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, float) and a != a:
-        return b != b
-    try:
-        return bool(a == b)
-    except Exception:  # an == that gives no truth value: not comparable, so not counted as differing
-        return True
 
 
 def free_cpus(idle: float | None, probe_cpu_seconds: float, window: float) -> float | None:
@@ -257,5 +211,5 @@ def free_cpus(idle: float | None, probe_cpu_seconds: float, window: float) -> fl
     return idle + probe_cpu_seconds / window
 
 
-__all__ = ["measure_batch", "probe_loader", "first_batch", "reread_differs", "difference", "sample_seconds",
+__all__ = ["measure_batch", "probe_loader", "first_batch", "reread_differs", "sample_seconds",
            "free_cpus", "PROBE_SAMPLES", "PROBE_SECONDS"]

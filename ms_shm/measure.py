@@ -313,7 +313,7 @@ def _reread(first: list, call: Callable[[], Any], what: str) -> str | None:
     outputs."""
     if not first:
         return None
-    if rows.same_row(first[0], call()):
+    if rows.same_row(first[0], first[1] if len(first) > 1 else call()):  # a pair may have computed it again
         return None
     return f"{what} gave another output for the same input row computed again"
 
@@ -400,38 +400,48 @@ def run_operations(operations: Any, columns: Sequence[Any]) -> tuple:
 
 def time_operations(operations: Any, inputs: list, keep: list | None = None) -> OperationStats:
     """Sizes (largest input and output row) and median time per row of ``operations`` over ``inputs``; with
-    the GIL's share (``parallel``) where rows are not trivially cheap: the first row alone and the next two at
-    once on two threads when the first took ``parallel.PAIR_AT_ONCE_FROM`` outside the kernel; else each row
-    alone, and the last two again at once if they still take ``parallel.MIN_SECONDS`` warm."""
-    walls, cpus, results = [], [], []
-    first_kernel = 0.0
-    for k, args in enumerate(inputs):
-        if k == 1 and len(inputs) >= 3 and parallel.pair_at_once(walls[0], first_kernel):
-            break
+    the GIL's share (``parallel``) where rows are not trivially cheap (``parallel.pair_now``): the first row
+    alone and the next two at once on two threads when the first was dear; else the first two alone and, where
+    the second still was, the first again beside the third (that second output is the re-run ``_reread``
+    compares: no run only for it). ``keep`` gets the first input's output, and its second where a pair made one.
+    """
+    walls, cpus, results, again = [], [], [], []
+
+    def alone(args: Any) -> float:
         result, wall, cpu, kernel = parallel.timed_call(run_operations, operations, args)
         results.append(result)
         walls.append(wall)
         cpus.append(cpu)
-        if k == 0:
-            first_kernel = kernel
+        return kernel
+
+    n = min(len(inputs), PROBE_ROWS_FOR_MAP)
+    first_kernel = alone(inputs[0]) if n else 0.0
+    while len(walls) < n and not (n == 3 and parallel.pair_now(walls, first_kernel, _share(walls, cpus))):
+        alone(inputs[len(walls)])
     fraction = None
-    if len(inputs) >= 3:
-        share = sum(cpus) / sum(walls) if sum(walls) > 0 else None
-        if len(walls) == 1:  # the next two rows at once, each timed as it would take alone
-            pair, pair_walls, pair_cpus, fraction = _operations_pair(operations, inputs[1:3], share)
-            results += pair
-            walls += [parallel.time_alone(w, c, share) for w, c in zip(pair_walls, pair_cpus)]
-            cpus += pair_cpus
-        elif parallel.worth_a_late_pair(walls, share):
-            fraction = _operations_pair(operations, inputs[-2:], share)[3]
+    if len(walls) < n:  # a pair: the next two rows at once (after one alone), or the first and the third
+        share, late = _share(walls, cpus), len(walls) == 2
+        pair, pair_walls, pair_cpus, fraction = _operations_pair(operations, [inputs[0], inputs[2]] if late
+                                                                 else inputs[1:3], share)
+        if late and pair:
+            again, pair, pair_walls, pair_cpus = [pair[0]], pair[1:], pair_walls[1:], pair_cpus[1:]
+        results += pair
+        walls += [parallel.time_alone(w, c, share) for w, c in zip(pair_walls, pair_cpus)]
+        cpus += pair_cpus
+        for args in inputs[len(results):n]:  # operations not safe on two threads: run alone, as in a worker
+            alone(args)
     if keep is not None and results:
-        keep.append(results[0])  # the first input's result, for ``_reread``
+        keep += [results[0], *again]  # the first input's output, and its second where a pair made one
     in_bytes = max((sum(int(a.nbytes) for a in args if hasattr(a, "nbytes")) for args in inputs[:len(results)]),
                    default=0)
     out_bytes = max((sum(int(r.nbytes) for r in result) for result in results), default=0)
     wall = sum(walls)
     return OperationStats(len(walls), in_bytes, out_bytes, float(np.median(walls)) if walls else None,
                           (sum(cpus) / wall) if wall > 0 else None, parallel_fraction=fraction)
+
+
+def _share(walls: list, cpus: list) -> float | None:
+    return sum(cpus) / sum(walls) if sum(walls) > 0 else None
 
 
 def _operations_pair(operations: Any, inputs: list, share: float | None) -> tuple:

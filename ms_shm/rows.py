@@ -412,12 +412,14 @@ def measure_random_access(source: Any, names: Sequence[str] | None, max_rows: in
         return probe.stats(True, 0, started, notes)
     order, done, reads = _spread(length, max_rows), 0, 0
     while done < len(order):
-        if done == 1 and parallel.pair_at_once(probe.walls[0], probe.first_kernel):
-            alone = probe.walls[0]  # as cold as the pair (the pair's faster read of row 0 replaces it)
-            probe.fetch_pair(source, order[1])  # row 0 again beside row 1: the GIL's share and the re-read
-            done, reads = 2, 3
-            if len(order) > 2 and _second_pair_if_cold(probe, source, order[2], alone, True, notes):
-                done, reads = 3, 5
+        if probe.pair_seconds == 0 and parallel.pair_now(probe.walls, probe.first_kernel, probe.share):
+            # As cold as the pair: the first read for a pair at once (the pair's faster read of row 0 replaces
+            # it), the warm reads for a late one.
+            alone = probe.walls[0] if done == 1 else float(np.median(probe.walls[1:]))
+            probe.fetch_pair(source, order[done])  # row 0 again beside a new row: the GIL's share and the re-read
+            done, reads = done + 1, reads + 2
+            if len(order) > done and _second_pair_if_cold(probe, source, order[done], alone, True, notes):
+                done, reads = done + 1, reads + 2
         else:
             row = probe.fetch(operator.getitem, source, np.int64(order[done]))
             probe.keep(order[done], row)
@@ -430,12 +432,11 @@ def measure_random_access(source: Any, names: Sequence[str] | None, max_rows: in
             notes.append(f"stopped after {done} rows ({reads} reads): probing is capped at {time_fraction:.0%} "
                          f"of an epoch")
             break
-    probe.reread_first(source)
-    if probe.pair_seconds == 0 and parallel.worth_a_late_pair(probe.walls, probe.share):
-        probe.fetch_pair(source, probe.indices[-1], keep=False)  # its rows are read and counted already
-        if len(probe.indices) > 1:
-            _second_pair_if_cold(probe, source, probe.indices[-2], float(np.median(probe.walls)), False, notes)
+    if probe.pair_seconds == 0 and len(order) == 2 and parallel.worth_a_late_pair(probe.walls[1:], probe.share):
+        probe.fetch_pair(source, order[1], keep=False)  # two rows, both read and counted already
+    probe.reread_first(source)  # where no pair re-read the first row
     return probe.stats(True, length, started, notes)
+
 
 
 def _second_pair_if_cold(probe: _Probe, source: Any, index: int, alone: float, keep: bool, notes: list) -> bool:

@@ -165,7 +165,7 @@ def test_a_second_pair_only_where_the_first_overlapped_but_read_low(fraction, to
 
 def _timed_operations(monkeypatch, costs):
     """``measure.time_operations`` on three rows of an operation whose calls take ``costs(call)``: ``(wall, of
-    which in the kernel)``, on a fake clock; pairs are recorded, each of their rows taking 4 ms."""
+    which in the kernel)``, on a fake clock; pairs are recorded, each of their rows taking 2 ** -8 s, as the pair."""
     from ms_shm import measure
 
     clock, calls, pairs = fake_probe_clock(monkeypatch), [], []
@@ -179,29 +179,31 @@ def _timed_operations(monkeypatch, costs):
 
     def run_pair(work, items):
         pairs.append([int(i[0][0]) for i in items])
-        return [work(i) for i in items], [0.004] * 2, [0.004] * 2, 0.004
+        return [work(i) for i in items], [2.0 ** -8] * 2, [2.0 ** -8] * 2, 2.0 ** -8
 
     monkeypatch.setattr(parallel, "run_pair", run_pair)
     import numpy as np
 
-    stats = measure.time_operations(operation, [[np.full(4, i)] for i in range(3)])
-    return calls, pairs, stats
+    kept: list = []
+    stats = measure.time_operations(operation, [[np.full(4, i)] for i in range(3)], kept)
+    return calls, pairs, stats, [int(k[0][0]) for k in kept]  # and the outputs kept for ``_reread``, by input
 
 
 def test_a_map_whose_first_call_faulted_in_pages_is_timed_warm_and_not_paired(monkeypatch):
     """An operation that makes an 8 MiB row: its first call in a fresh fork pays for new pages (kernel time)."""
-    calls, pairs, stats = _timed_operations(monkeypatch, lambda k: (2.0 ** -5, 2.0 ** -5 - 2.0 ** -9) if k == 0
+    calls, pairs, stats, kept = _timed_operations(monkeypatch, lambda k: (2.0 ** -5, 2.0 ** -5 - 2.0 ** -9) if k == 0
                                             else (2.0 ** -12, 0.0))
     assert calls == [0, 1, 2] and pairs == [] and stats.seconds_per_row == 2.0 ** -12
     assert stats.parallel_fraction is None
 
 
-def test_a_map_still_dear_once_warm_is_paired_after_its_rows_alone(monkeypatch):
-    calls, pairs, stats = _timed_operations(monkeypatch, lambda k: (2.0 ** -7, 0.0) if k == 0 else (2.0 ** -8, 0.0))
-    assert pairs == [[1, 2]] and calls == [0, 1, 2, 1, 2] and stats.rows == 3
+def test_a_map_still_dear_once_warm_runs_its_first_row_again_beside_the_third(monkeypatch):
+    """Four calls for three rows: the pair's second output of row 0 is the re-run ``_reread`` compares."""
+    calls, pairs, stats, kept = _timed_operations(monkeypatch, lambda k: (2.0 ** -7, 0.0) if k == 0 else (2.0 ** -8, 0.0))
+    assert pairs == [[0, 2]] and calls == [0, 1, 0, 2] and stats.rows == 3 and kept == [0, 0]
     assert stats.seconds_per_row == 2.0 ** -8 and stats.parallel_fraction == 1.0
 
 
 def test_a_map_dear_from_its_first_call_pairs_the_next_two_at_once(monkeypatch):
-    calls, pairs, stats = _timed_operations(monkeypatch, lambda k: (2.0 ** -5, 2.0 ** -10))
+    calls, pairs, stats, kept = _timed_operations(monkeypatch, lambda k: (2.0 ** -5, 2.0 ** -10))
     assert pairs == [[1, 2]] and calls == [0, 1, 2] and stats.rows == 3

@@ -319,15 +319,16 @@ def test_a_cheap_row_whose_first_read_faulted_in_pages_is_timed_warm_and_not_pai
 
 
 def test_rows_still_dear_once_warm_get_their_pair_after_the_reads_alone(monkeypatch):
-    """A first read of 7.8 ms (under ``PAIR_AT_ONCE_FROM``) whose warm reads stay at 3.9 ms: the GIL's share matters,
-    so the last row is read again beside row 0, without counting it twice."""
-    src, stats, pairs = _timed_probe(monkeypatch, lambda call: (2.0 ** -7, 0.0) if call == 0 else (2.0 ** -8, 0.0))
-    assert src.calls == [0, 99, 57, 0, 0, 57] and pairs == [[0, 57]]
+    """A first read of 7.8 ms (under ``PAIR_AT_ONCE_FROM``) whose warm read stays at 3.9 ms: the GIL's share matters,
+    so the third row is read beside row 0 (its re-read): four reads, not three alone and a pair of rows read."""
+    src, stats, pairs = _timed_probe(monkeypatch, lambda call: (2.0 ** -7, 0.0) if call == 0 else (2.0 ** -8, 0.0),
+                                     pair_row=2.0 ** -8, together=2.0 ** -8)
+    assert src.calls == [0, 99, 0, 57] and pairs == [[0, 57]]
     assert stats.indices == (0, 99, 57) and stats.seconds_per_row == 2.0 ** -8 and stats.parallel_fraction == 1.0
 
 
 @pytest.mark.parametrize("together, pairs_read, kept", [
-    (0.004, [[0, 57], [0, 99]], 0.85),  # overlapped (about one row's time) but read 0.3: read once more
+    (0.004, [[0, 57], [0, 14]], 0.85),  # overlapped (about one row's time) but read 0.3: read once more
     (0.5, [[0, 57]], 0.30),  # far longer than a row alone (the GIL was held): no second pair
 ])
 def test_a_late_pair_read_low_that_overlapped_is_read_once_more(monkeypatch, together, pairs_read, kept):
@@ -337,9 +338,10 @@ def test_a_late_pair_read_low_that_overlapped_is_read_once_more(monkeypatch, tog
     fractions = iter([0.30, 0.85])
     monkeypatch.setattr(parallel, "parallel_fraction", lambda *args: next(fractions))
     src, stats, pairs = _timed_probe(monkeypatch, lambda call: (2.0 ** -7, 0.0) if call == 0 else (2.0 ** -8, 0.0),
-                                     together=together)
+                                     pair_row=2.0 ** -8, together=together)
     assert pairs == pairs_read and stats.parallel_fraction == kept
-    assert stats.indices == (0, 99, 57) and stats.seconds_per_row == 2.0 ** -8  # pairs' rows not counted again
+    assert stats.indices == tuple(dict.fromkeys([0, 99] + [i for _, i in pairs_read]))  # each pair reads a new row
+    assert stats.seconds_per_row == 2.0 ** -8
     assert any("a second pair read, 85% kept" in n for n in stats.notes) is (kept == 0.85)
 
 

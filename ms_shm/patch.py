@@ -29,6 +29,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from typing import Any, Iterator
 
 from ms_shm import sites
@@ -38,7 +39,8 @@ log = logging.getLogger("ms_shm")
 _LOCAL = threading.local()
 _LOCK = threading.RLock()
 _STATE: dict = {}  # while patched: the classes, what their dicts held, and strict
-_PIPELINES: list = []  # every pipeline built through the patch: kind, call site, plan
+_PIPELINES: list = []  # every pipeline built through the patch: kind, call site, plan, seconds
+_TUNES: list = []  # seconds each ``tune()`` of ``ms-shm run`` took
 
 
 def _api() -> Any:
@@ -70,20 +72,28 @@ def _explicit() -> str:
     return _api().ORDER if _STATE.get("strict") else _api().PREFERENCE
 
 
-def _record(kind: str, result: Any, site: str | None) -> None:
+def _record(kind: str, result: Any, site: str | None, seconds: float) -> None:
+    """One pipeline for the report; ``seconds``: what building it took here (ms_shm's probe and plan, and the
+    framework's construction), the part of a run's time ms_shm can add."""
     plan = _api().plan_of(result)
-    _PIPELINES.append({"kind": kind, "call_site": site, "plan": plan.to_dict() if plan is not None else None})
+    _PIPELINES.append({"kind": kind, "call_site": site, "plan": plan.to_dict() if plan is not None else None,
+                       "seconds": round(seconds, 6)})
+
+
+def record_tune(seconds: float) -> None:
+    """``ms-shm run``'s ``tune()`` took ``seconds``: in the report beside the pipelines."""
+    _TUNES.append(round(seconds, 6))
 
 
 def _routed(kind: str, call: Any, result: Any = None) -> Any:
     """``call()`` inside ms_shm (every patched name is the original there), recorded with the caller's site;
     ``result`` is what the caller gets when it is not what ``call()`` returns (an initialised instance)."""
-    site = sites.call_site()
+    site, started = sites.call_site(), time.perf_counter()
     with _inside():
         built = call()
     if result is not None:
         _api()._adopt(result, built)
-    _record(kind, built if result is None else result, site)
+    _record(kind, built if result is None else result, site, time.perf_counter() - started)
     return built
 
 
@@ -195,7 +205,7 @@ def _make_loader_init(cls: type, real_init: Any, engine: str) -> Any:
             return real_init(self, dataset, *args, **kwargs)
         from ms_shm import engines, loaders
 
-        site = sites.call_site()
+        site, started = sites.call_site(), time.perf_counter()
         with _inside():
             arguments, plan = loaders.prepare(engines.get(engine), cls, dataset, args, kwargs,
                                               preferences=not _STATE.get("strict"))
@@ -206,7 +216,7 @@ def _make_loader_init(cls: type, real_init: Any, engine: str) -> Any:
             if any(d.setting == "explicit_arguments" for d in changed):
                 log.warning("ms_shm adapted DataLoader at %s: %s", site or "?", "; ".join(
                     f"{d.setting} {d.default} -> {d.value} ({d.reason})" for d in changed))
-        _record("DataLoader", self, site)
+        _record("DataLoader", self, site, time.perf_counter() - started)
         return None
 
     return __init__
@@ -362,9 +372,10 @@ def pipelines() -> list:
 
 
 def write_report(path: str) -> None:
-    """``ms-shm run --report``: the pipelines as JSON (schema 1)."""
+    """``ms-shm run --report``: the pipelines as JSON (schema 1), and the seconds ``tune()`` took."""
     with open(path, "w", encoding="utf-8") as fh:
-        json.dump({"schema": 1, "pipelines": pipelines()}, fh, indent=2, default=str)
+        json.dump({"schema": 1, "pipelines": pipelines(), "tune_seconds": list(_TUNES)}, fh, indent=2,
+                  default=str)
 
 
 __all__ = ["patch", "unpatch", "patched", "is_patched", "pipelines", "write_report"]

@@ -266,8 +266,11 @@ def test_generator_with_explicit_processes_dies_raw_and_runs_through_ms_shm(real
     warnings = adapted_warnings(proc)
     assert len(warnings) == 1, proc.stderr
     assert f"{script}:{line_of(script, 'ds.GeneratorDataset(')}" in warnings[0]
-    pipelines = json.loads(report.read_text())["pipelines"]
+    data = json.loads(report.read_text())
+    pipelines = data["pipelines"]
     assert [p["kind"] for p in pipelines] == ["GeneratorDataset"]
+    assert len(data["tune_seconds"]) == 1 and 0 < data["tune_seconds"][0] < 60  # what ms_shm added, for bench_run
+    assert 0 < pipelines[0]["seconds"] < 60
     assert pipelines[0]["call_site"].endswith(f"gen_explicit.py:{line_of(script, 'ds.GeneratorDataset(')}")
     assert pipelines[0]["plan"]["predicted_shm"] <= pipelines[0]["plan"]["budget"]["shm_bytes"]
 

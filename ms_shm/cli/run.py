@@ -25,6 +25,7 @@ import os
 import pkgutil
 import runpy
 import sys
+import time
 import types
 from typing import Any
 
@@ -106,8 +107,11 @@ def _tune_at_import(framework: str) -> None:
     """``tune()`` once the script has imported ``framework``, before it builds any pipeline: tuned before the
     script ran, a torch script would import MindSpore (seconds) and torch's own settings would be skipped."""
     from ms_shm.api import tune
+    from ms_shm.patch import record_tune
 
+    started = time.perf_counter()
     tune()
+    record_tune(time.perf_counter() - started)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -405,13 +405,19 @@ def time_operations(operations: Any, inputs: list, keep: list | None = None) -> 
     the second still was, the first again beside the third (that second output is the re-run ``_reread``
     compares: no run only for it). ``keep`` gets the first input's output, and its second where a pair made one.
     """
-    walls, cpus, results, again = [], [], [], []
+    walls, cpus, out_sizes, first, again = [], [], [], [], []
+
+    def account(result: tuple, wall: float, cpu: float) -> None:
+        """Only the first output is kept (``_reread`` compares it): an operation making rows of a GB (MindSpore's
+        UT ``test_map_and_generatordataset_with_multiprocessing``: 0.95 GB) must not hold three in the probe."""
+        out_sizes.append(sum(int(r.nbytes) for r in result))
+        first[:] = first or [result]
+        walls.append(wall)
+        cpus.append(cpu)
 
     def alone(args: Any) -> float:
         result, wall, cpu, kernel = parallel.timed_call(run_operations, operations, args)
-        results.append(result)
-        walls.append(wall)
-        cpus.append(cpu)
+        account(result, wall, cpu)
         return kernel
 
     n = min(len(inputs), PROBE_ROWS_FOR_MAP)
@@ -425,19 +431,19 @@ def time_operations(operations: Any, inputs: list, keep: list | None = None) -> 
                                                                  else inputs[1:3], share)
         if late and pair:
             again, pair, pair_walls, pair_cpus = [pair[0]], pair[1:], pair_walls[1:], pair_cpus[1:]
-        results += pair
-        walls += [parallel.time_alone(w, c, share) for w, c in zip(pair_walls, pair_cpus)]
-        cpus += pair_cpus
-        for args in inputs[len(results):n]:  # operations not safe on two threads: run alone, as in a worker
+        for k in range(len(pair)):
+            account(pair[k], parallel.time_alone(pair_walls[k], pair_cpus[k], share), pair_cpus[k])
+        del pair  # the pair's outputs: freed before any other run
+        for args in inputs[len(walls):n]:  # operations not safe on two threads: run alone, as in a worker
             alone(args)
-    if keep is not None and results:
-        keep += [results[0], *again]  # the first input's output, and its second where a pair made one
-    in_bytes = max((sum(int(a.nbytes) for a in args if hasattr(a, "nbytes")) for args in inputs[:len(results)]),
+    if keep is not None:
+        keep += first + again  # the first input's output, and its second where a pair made one
+    in_bytes = max((sum(int(a.nbytes) for a in args if hasattr(a, "nbytes")) for args in inputs[:len(walls)]),
                    default=0)
-    out_bytes = max((sum(int(r.nbytes) for r in result) for result in results), default=0)
     wall = sum(walls)
-    return OperationStats(len(walls), in_bytes, out_bytes, float(np.median(walls)) if walls else None,
-                          (sum(cpus) / wall) if wall > 0 else None, parallel_fraction=fraction)
+    return OperationStats(len(walls), in_bytes, max(out_sizes, default=0),
+                          float(np.median(walls)) if walls else None, (sum(cpus) / wall) if wall > 0 else None,
+                          parallel_fraction=fraction)
 
 
 def _share(walls: list, cpus: list) -> float | None:

@@ -71,6 +71,12 @@ GENERATOR_CASES = {
         rows(**CPU_HEAVY), ask(workers=1, multiprocessing=False), room(), INLINE, 1),
     "W=1, multiprocessing=True explicit (MindSpore runs W=1 in its own thread)": (
         rows(**CPU_HEAVY), ask(workers=1, multiprocessing=True), room(), INLINE, 1),
+    # MindSpore's UT test_generator_19: python_multiprocessing=True, workers left out (MindSpore's default, 1: its
+    # own thread), 10 rows of 0.02 ms; two worker processes made it 25-30x slower
+    "multiprocessing=True, workers left out, tiny cheap rows": (
+        rows(64 * KiB, 0.02e-3, 1.0, length=10), ask(multiprocessing=True), room(), INLINE, 1),
+    "multiprocessing=True, workers left out, CPU-heavy rows": (
+        rows(**CPU_HEAVY), ask(multiprocessing=True), room(), PROCESSES, 2),
     "multiprocessing=False, trivial 8 MiB rows": (
         rows(**TRIVIAL_BIG), ask(multiprocessing=False), room(), INLINE, 1),
     # 4 workers asked on 2 CPUs: MindSpore would refuse 4 (ValueError), so they are capped at 2 as for any source
@@ -268,7 +274,7 @@ def test_uniform_rows_are_planned_as_measured():
 def test_no_room_for_semaphores_with_explicit_processes_raises_with_numbers_and_fix():
     b = room(64 * KiB)  # 51.2 KiB budget; 2 workers' semaphores alone are 19 pages = 76 KiB
     with pytest.raises(ShmBudgetError) as err:
-        planning.plan_generator(rows(**CPU_HEAVY), ask(multiprocessing=True), b, V210)
+        planning.plan_generator(rows(**CPU_HEAVY), ask(workers=2, multiprocessing=True), b, V210)
     msg = str(err.value)
     assert "python_multiprocessing=True" in msg
     assert "76.0 KiB" in msg and "51.2 KiB" in msg
@@ -277,7 +283,7 @@ def test_no_room_for_semaphores_with_explicit_processes_raises_with_numbers_and_
 
 def test_explicit_processes_with_unknown_shm_raise():
     with pytest.raises(ShmBudgetError, match="unknown"):
-        planning.plan_generator(rows(**CPU_HEAVY), ask(multiprocessing=True), room(None), V210)
+        planning.plan_generator(rows(**CPU_HEAVY), ask(workers=2, multiprocessing=True), room(None), V210)
 
 
 def test_four_ranks_share_the_host():

@@ -175,12 +175,26 @@ def prepare(eng: Any, cls: Any, dataset: Any, args: tuple, kwargs: dict, prefere
     if stats is None:
         log.warning("ms_shm build_dataloader: %s; the DataLoader is built as asked%s", why,
                     f", without workers ({problem})" if refused else "")
-        return ({k: v for k, v in asked.items() if k not in _WORKER_ONLY} if refused else asked), None
+        return _warned(eng, asked, {k: v for k, v in asked.items() if k not in _WORKER_ONLY} if refused
+                       else asked), None
     p = _plan(eng, stats, req, b, preferences, lambda: _probe(eng, dataset, asked, b, timed=True)[0])
     if refused is not None:
         p = replace(p, decisions=(refused,) + p.decisions)
     _apply(eng, p)
-    return _arguments(eng, asked, p, stats, b), p
+    return _warned(eng, asked, _arguments(eng, asked, p, stats, b)), p
+
+
+def _warned(eng: Any, asked: dict, arguments: dict) -> dict:
+    """``arguments``, after the framework's own warning about the workers the call asked for where they differ
+    (``compat.warn_as_asked``): raw code gets it at construction, so does the same code under ms_shm."""
+    workers = asked.get("num_workers")
+    if type(workers) is int and workers > 0 and arguments.get("num_workers") != workers:
+        try:
+            eng.compat.warn_as_asked(workers)
+        except Exception as exc:  # the framework's check, on a value it would have checked itself: never ours
+            log.debug("ms_shm build_dataloader: the framework's worker check raised %s: %s", type(exc).__name__,
+                      exc)
+    return arguments
 
 
 def _plan(eng: Any, stats: Any, req: LoaderRequest, b: Any, preferences: bool, timed_stats: Any) -> Plan:

@@ -82,6 +82,9 @@ class SourceLineage(Lineage):
         return _by_column([rows.convert_row(self.source[np.int64(i)], i, self.names)
                            for i in self.indices[:count]], self.names)
 
+    def why_not(self) -> str | None:
+        return sandbox.shared_with_processes([self.source])
+
 
 @record
 class IterableLineage(Lineage):
@@ -93,7 +96,7 @@ class IterableLineage(Lineage):
         return _by_column([rows.convert_row(r, i, self.names) for i, r in enumerate(head)], self.names)
 
     def why_not(self) -> str | None:
-        return fresh_iteration_blocker(self.source)
+        return fresh_iteration_blocker(self.source) or sandbox.shared_with_processes([self.source])
 
 
 @record
@@ -123,7 +126,7 @@ class MapLineage(Lineage):
         return out
 
     def why_not(self) -> str | None:
-        return self.parent.why_not()
+        return self.parent.why_not() or sandbox.shared_with_processes(_operation_objects(self.operations))
 
 
 @record
@@ -205,6 +208,10 @@ def probe_random_access(source: Any, names: Sequence[str] | None, check: Callabl
             unless ``defer_row_errors`` (``ms_shm.patch``: MindSpore raises it while iterating, so must the
             patched code): then it is logged and the stage is left unmeasured.
     """
+    shared = sandbox.shared_with_processes([source])
+    if shared:
+        return StageProbe(None, unmeasured=shared)
+
     def in_child():
         stats: list = []
 
@@ -230,6 +237,9 @@ def probe_operations(lineage: Lineage, operations: Any, input_columns: Sequence[
     if blocked:
         return StageProbe(None, unmeasured=f"the input rows cannot be read ahead: {blocked}")
     watched = _operation_objects(operations)
+    shared = sandbox.shared_with_processes(watched)
+    if shared:
+        return StageProbe(None, unmeasured=shared)
 
     def in_child():
         available = lineage.rows(PROBE_ROWS_FOR_MAP)
@@ -269,6 +279,9 @@ def probe_batch(lineage: Lineage, per_batch_map: Any, batch_size: int, input_col
     blocked = lineage.why_not()
     if blocked:
         return StageProbe(None, unmeasured=f"the input rows cannot be read ahead: {blocked}")
+    shared = sandbox.shared_with_processes(_operation_objects(per_batch_map))
+    if shared:
+        return StageProbe(None, unmeasured=shared)
 
     def in_child():
         available = lineage.rows(min(batch_size, PROBE_ROWS_FOR_MAP + 1))

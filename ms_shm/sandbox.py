@@ -192,6 +192,7 @@ def _child(probe: Callable[[], Any], fd: int, worker_pages: bool) -> None:  # pr
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+        _one_torch_thread()
         try:
             with fdguard.kept(spare=(fd, _gate)) as blinded:  # a file the source reads is the parent's too
                 _BLINDED[:] = blinded
@@ -208,6 +209,18 @@ def _child(probe: Callable[[], Any], fd: int, worker_pages: bool) -> None:  # pr
             out.write(data)
     finally:
         os._exit(0)
+
+
+def _one_torch_thread() -> None:  # pragma: no cover - child side
+    """As a torch worker does first (``torch.set_num_threads(1)``): an intra-op pool the parent started does not
+    survive a fork, and a conv in the child hung until the probe's timeout (PyTorch's ``test_conv_after_fork``,
+    60 s under ms_shm before). Where torch is loaded only; never imported here."""
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None:
+            torch.set_num_threads(1)
+    except Exception:  # a partial or foreign module named torch: nothing to set
+        pass
 
 
 def _worker_pages() -> int | None:  # pragma: no cover - child side
@@ -388,11 +401,43 @@ def _generator_kinds() -> tuple:
 
 
 def _generators(objects: Sequence[Any]) -> list:
-    """``(where, generator)`` for the random generators ``objects`` hold at any depth: in attributes, in short
+    """``(where, generator)`` for the random generators ``objects`` hold (``_holding``). A generator a worker
+    process copies draws the same numbers in every worker, so these decide as the global RNG does."""
+    return _holding(objects, _generator_kinds())
+
+
+# What a forked child shares with its parent instead of copying (``multiprocessing``'s locks, semaphores,
+# barriers, shared values and arrays, manager proxies, queues, pipes, shared memory), by module and class name:
+# never imported here, so only the modules the program loaded count.
+_SHARED_KINDS = (("multiprocessing.synchronize", ("SemLock", "Condition", "Event", "Barrier")),
+                 ("multiprocessing.sharedctypes", ("SynchronizedBase",)),
+                 ("multiprocessing.heap", ("BufferWrapper",)),  # RawValue / RawArray
+                 ("multiprocessing.managers", ("BaseProxy",)),
+                 ("multiprocessing.queues", ("Queue", "SimpleQueue")),
+                 ("multiprocessing.connection", ("Connection",)),
+                 ("multiprocessing.shared_memory", ("SharedMemory", "ShareableList")))
+
+
+def shared_with_processes(objects: Sequence[Any]) -> str | None:
+    """Why ``objects`` cannot be read in a probe child, or ``None``: they hold (``_holding``) something the
+    child would share with the program rather than copy. A read there would change it for the program too, or
+    wait on it (PyTorch's ``test_dataloader`` datasets count samples in a ``multiprocessing.Value`` and wait on
+    a ``Semaphore`` only the real workers release: the probe added one to the count and waited 60 s)."""
+    kinds = tuple(getattr(sys.modules[module], name) for module, names in _SHARED_KINDS if module in sys.modules
+                  for name in names if isinstance(getattr(sys.modules[module], name, None), type))
+    found = _holding(objects, kinds) if kinds else []
+    if not found:
+        return None
+    where, obj = found[0]
+    return (f"{where} is a {type(obj).__module__}.{type(obj).__qualname__}, shared with other processes: a read "
+            f"in a probe process would change it for the program too (or wait on it), so nothing is read ahead")
+
+
+def _holding(objects: Sequence[Any], kinds: tuple) -> list:
+    """``(where, object)`` for the instances of ``kinds`` ``objects`` hold at any depth: in attributes, in short
     lists and dicts, in the closures of functions, and in the module globals their code (and their classes'
-    ``__getitem__`` / ``__call__`` / ``__iter__``) names. A generator a worker process copies draws the same
-    numbers in every worker, so these decide as the global RNG does. Bounded (``_WALK_*``); never raises."""
-    kinds, found, seen = _generator_kinds(), [], set()
+    ``__getitem__`` / ``__call__`` / ``__iter__``) names. Bounded (``_WALK_*``); never raises."""
+    found, seen = [], set()
     stack = [(obj, type(obj).__name__, 0) for obj in objects]
     while stack and len(seen) < _WALK_OBJECTS:
         obj, where, depth = stack.pop()
@@ -403,7 +448,8 @@ def _generators(objects: Sequence[Any]) -> list:
             found.append((where, obj))
         elif depth < _WALK_DEPTH:
             try:
-                stack.extend((child, f"{where}.{name}", depth + 1) for name, child in _children(obj))
+                stack.extend((child, f"{where}{name}" if name.startswith("[") else f"{where}.{name}", depth + 1)
+                             for name, child in _children(obj))
             except Exception:  # an object that cannot be looked into: what it holds stays unseen
                 continue
     return found

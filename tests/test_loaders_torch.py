@@ -282,3 +282,63 @@ def test_a_dataset_that_counts_its_reads_keeps_num_workers_0():
     assert dataset.calls == 8
     locked = ms_shm.plan_of(loader).decisions
     assert any("calls" in d.reason and "own copies" in d.reason for d in locked), locked
+
+
+class SharedCount(Numbers):
+    """Counts its reads in a ``multiprocessing.Value`` every worker shares with the program (PyTorch's
+    ``test_worker_seed`` datasets do, and wait on a semaphore only the real workers release)."""
+
+    def __init__(self, n: int = 12):
+        import multiprocessing as mp
+
+        super().__init__(n)
+        self.count = mp.Value("i", 0)
+
+    def __getitem__(self, i):
+        with self.count.get_lock():
+            self.count.value += 1
+        return super().__getitem__(i)
+
+
+def test_a_dataset_sharing_a_value_with_its_workers_is_not_read_ahead(fresh_torch, caplog):
+    ds = SharedCount(8)
+    with caplog.at_level(logging.WARNING, logger="ms_shm"):
+        loader = ms_shm.build_dataloader(ds, batch_size=2, num_workers=2)
+    assert ds.count.value == 0 and loader.num_workers == 2  # built as asked: nothing read, nothing changed
+    assert "SharedCount.count" in caplog.text and "shared with other processes" in caplog.text
+    assert batches(loader) == batches(DataLoader(Numbers(8), batch_size=2)) and ds.count.value == 8
+
+
+class Conv(Dataset if Dataset is not None else object):
+    """PyTorch's ``test_conv_after_fork``: a conv in the parent starts torch's intra-op pool, which a fork does
+    not carry; a conv in a child that kept torch's thread count hangs."""
+
+    def __init__(self):
+        self.x = torch.ones(1, 1, 24000)
+        self[0]
+
+    def __len__(self):
+        return 1
+
+    def __getitem__(self, index):
+        return torch.nn.functional.conv1d(self.x, torch.ones(1, 1, 2))
+
+
+def test_the_probe_runs_torch_on_one_thread_as_a_worker_does(fresh_torch, monkeypatch, caplog):
+    threads = torch.get_num_threads()
+    monkeypatch.setenv("MS_SHM_PROBE_TIMEOUT", "20")  # a hang would show as "did not finish" in 20 s, not 60
+    torch.set_num_threads(2)
+    try:
+        with caplog.at_level(logging.WARNING, logger="ms_shm"):
+            loader = ms_shm.build_dataloader(Conv(), num_workers=1)
+    finally:
+        torch.set_num_threads(threads)
+    assert "did not finish" not in caplog.text and ms_shm.plan_of(loader) is not None
+    assert [tuple(b.shape) for b in loader] == [(1, 1, 1, 23999)]
+
+
+def test_workers_adapted_under_patch_still_get_torchs_own_warning(fresh_torch):
+    ds = Numbers(4)
+    with ms_shm.patched(), pytest.warns(UserWarning, match="worker processes in total"):
+        loader = DataLoader(ds, batch_size=2, num_workers=1000)  # 1000 workers' memory cannot fit
+    assert loader.num_workers < 1000 and batches(loader) == batches(DataLoader(ds, batch_size=2))

@@ -211,3 +211,39 @@ def test_a_probe_child_leaves_the_parents_files_and_pipes_as_they_were(tmp_path)
         handle.close()
         os.close(read_end)
         os.close(write_end)
+
+
+SHARED_SEMAPHORE = None  # set by the test below: a module global a function's code names
+
+
+def _waits_on_the_global(x):
+    SHARED_SEMAPHORE.acquire()
+    return x
+
+
+def test_what_a_fork_shares_with_the_program_is_found_at_any_depth(monkeypatch):
+    import multiprocessing as mp
+    from multiprocessing import shared_memory
+
+    class Counting:
+        def __init__(self):
+            self.count = mp.Value("i", 0)
+
+    class Holding:
+        def __init__(self, inner):
+            self.parts = [inner]
+
+    monkeypatch.setattr(sys.modules[__name__], "SHARED_SEMAPHORE", mp.Semaphore(0))
+    block = shared_memory.SharedMemory(create=True, size=64)
+    try:
+        cases = [(Counting(), "Counting.count", "Synchronized"), (Holding(Counting()), "Holding.parts[0].count", ""),
+                 (_waits_on_the_global, "<global SHARED_SEMAPHORE>", "Semaphore"),
+                 (Holding(mp.RawArray("d", 4)), "parts[0]", ""), (Holding(mp.Queue()), "parts[0]", "Queue"),
+                 (Holding(block), "parts[0]", "SharedMemory")]
+        for obj, where, kind in cases:
+            why = sandbox.shared_with_processes([obj])
+            assert why is not None and where in why and kind in why and "shared with other processes" in why, why
+    finally:
+        block.close()
+        block.unlink()
+    assert sandbox.shared_with_processes([Holding(np.arange(4)), closure_drawing(), Augmented()]) is None

@@ -12,6 +12,7 @@ from ms_shm.engines.torchstyle.compat import DataModule
 _DATA = DataModule("mindspore.dataset.dataloader")  # DataLoader, datasets, collate functions, worker info: shared
 available, loader_class, owns = _DATA.available, _DATA.loader_class, _DATA.owns
 is_iterable, default_collate, worker_info = _DATA.is_iterable, _DATA.default_collate, _DATA.worker_info
+warn_as_asked = _DATA.warn_as_asked
 
 
 def weigh(batch: Any) -> tuple:

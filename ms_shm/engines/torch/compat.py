@@ -17,6 +17,7 @@ SHARING_STRATEGY = "sharing_strategy"
 _DATA = DataModule("torch.utils.data")  # DataLoader, datasets, collate functions, worker info: shared
 available, loader_class, owns = _DATA.available, _DATA.loader_class, _DATA.owns
 is_iterable, default_collate, worker_info = _DATA.is_iterable, _DATA.default_collate, _DATA.worker_info
+warn_as_asked = _DATA.warn_as_asked
 
 
 def weigh(batch: Any) -> tuple:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import types
 from typing import Any
 
 
@@ -49,6 +50,15 @@ class DataModule:
 
     def worker_info(self) -> Any:
         return self._data().get_worker_info()
+
+    def warn_as_asked(self, num_workers: int) -> None:
+        """The framework's own warning about the ``num_workers`` a call asked for, where ms_shm passes others:
+        torch's ``check_worker_number_rationality`` warns about more workers than CPUs at construction, and
+        code (PyTorch's own ``test_excessive_thread_creation_warning``) waits for it. Reads ``num_workers``
+        only; MindSpore's DataLoader has no such check."""
+        check = getattr(self.loader_class(), "check_worker_number_rationality", None)
+        if callable(check):
+            check(types.SimpleNamespace(num_workers=num_workers))
 
 
 __all__ = ["DataModule"]

@@ -153,6 +153,9 @@ def probe_loader(dataset: Any, batch_size: int | None, collate: Callable, weigh:
     through shared descriptors (``sandbox``'s ``fdguard``), and the first sample of a map-style dataset is read twice
     (``tensor_bytes``: a tensor's dtype, shape and bytes) to tell samples that draw from a generator the watch
     cannot see."""
+    shared = sandbox.shared_with_processes([dataset, collate])
+    if shared:
+        return None, sandbox.Effects(), shared
     forked = time.perf_counter()  # CLOCK_MONOTONIC: the child reads the same clock
 
     def in_child():

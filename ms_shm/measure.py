@@ -424,7 +424,8 @@ def time_operations(operations: Any, inputs: list, keep: list | None = None) -> 
         """Only the first output is kept (``_reread`` compares it): an operation making rows of a GB (MindSpore's
         UT ``test_map_and_generatordataset_with_multiprocessing``: 0.95 GB) must not hold three in the probe."""
         out_sizes.append(sum(int(r.nbytes) for r in result))
-        first[:] = first or [result]
+        if not first:
+            first.append(result)
         walls.append(wall)
         cpus.append(cpu)
 

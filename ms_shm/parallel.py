@@ -81,11 +81,11 @@ def pair_at_once(first_wall: float, first_kernel: float) -> bool:
 
 
 def pair_now(walls: Sequence[float], first_kernel: float, share: float | None) -> bool:
-    """Whether the next read, after ``walls`` read alone, is made beside a second read of the first: after one,
-    where it was dear enough (``pair_at_once``); after two, where the warm second still is (``worth_a_late_pair``).
-    A pair reads a new row and re-reads the first (the fidelity check's second read), so no read is made only
-    for the pair: a pair after every read alone re-read rows already read (JPEG rows of ~8 ms: six reads, now
-    four)."""
+    """Whether the next reads, after ``walls`` read alone, are made two at once: after one, where it was dear
+    enough (``pair_at_once``); after two, where the warm second still is (``worth_a_late_pair``). A pair always
+    reads a new row (a late one beside the first again, which is also the fidelity check's second read), so no
+    read is made only for the pair: a late pair after every read alone re-read rows already read (JPEG rows of
+    ~8 ms: six reads, now four)."""
     if len(walls) == 1:
         return pair_at_once(walls[0], first_kernel)
     return len(walls) == 2 and worth_a_late_pair(walls[1:], share)

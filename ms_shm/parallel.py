@@ -36,6 +36,7 @@ MIN_CPU_SHARE = 0.5  # below it the row mostly waits: threads overlap the waitin
 # the GIL took 1.8-3.2x one row for their first pair and are not read again. (A source whose first read was slow for
 # its own reasons, a lazy open, also gets a second pair: it costs two rows there, and the fraction stays low.)
 WARM_ABOVE, OVERLAPPED_BELOW = 0.8, 1.5
+INFLATED_FROM = 1.15
 # Rows (or map rows) whose first read took this long outside the kernel are read in a pair at once (beside a new
 # row: the GIL's share, and the re-read overlapped with it). Cheaper ones are read alone first and paired only if
 # their warm reads still take ``MIN_SECONDS`` of mostly CPU work: a first read in a fresh process also pays for new
@@ -70,9 +71,16 @@ def parallel_fraction(cpu_seconds: Sequence[float], wall_together: float, cpu_sh
     return min(1.0, max(0.0, 2.0 - 2.0 / speedup))
 
 
-def may_have_run_cold(fraction: float | None, together: float, alone: float) -> bool:
-    """Whether a first pair is worth a second (see ``WARM_ABOVE``): it read low but overlapped."""
-    return fraction is not None and fraction < WARM_ABOVE and together < OVERLAPPED_BELOW * alone
+def may_have_run_cold(fraction: float | None, together: float, alone: float,
+                      cpu_inflation: float | None = None) -> bool:
+    """Whether a first pair is worth a second (see ``WARM_ABOVE``): it read low but overlapped, or its rows burned
+    ``INFLATED_FROM`` times the CPU of a row read alone (``cpu_inflation``): a thread waiting for the GIL burns
+    none, one faulting in fresh pages beside another burns more (measured in bench_core's JPEG probe children: cold
+    pairs 1.22-1.37x a warm row's CPU, taking 2.1-2.5x its time, then a second pair 0.8-1.0x, overlapped; pure-Python
+    pairs 0.88-0.98x, 1.20x once on a loaded machine, where a second pair costs time, never the choice)."""
+    if fraction is None or fraction >= WARM_ABOVE:
+        return False
+    return together < OVERLAPPED_BELOW * alone or (cpu_inflation is not None and cpu_inflation >= INFLATED_FROM)
 
 
 def pair_at_once(first_wall: float, first_kernel: float) -> bool:
@@ -168,4 +176,4 @@ def run_pair(work: Callable[[Any], Any], items: Sequence[Any]) -> tuple:
 
 
 __all__ = ["parallel_fraction", "may_have_run_cold", "pair_at_once", "worth_a_late_pair", "time_alone", "timed_call",
-           "run_pair", "pair_now", "usable_cpus", "MIN_SECONDS", "WARM_ABOVE", "OVERLAPPED_BELOW", "PAIR_AT_ONCE_FROM"]
+           "run_pair", "pair_now", "usable_cpus", "MIN_SECONDS", "WARM_ABOVE", "OVERLAPPED_BELOW", "INFLATED_FROM", "PAIR_AT_ONCE_FROM"]

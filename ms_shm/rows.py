@@ -272,10 +272,12 @@ class _Probe:
     skeletons: list = field(default_factory=list)
     sizes: list = field(default_factory=list)
     walls: list = field(default_factory=list)  # seconds each fetch took, in probing order
+    cpus: list = field(default_factory=list)  # CPU seconds of each, in the same order
     cpu: float = 0.0
     tensors: bool = False
     parallel: float | None = None  # fraction of the rows' CPU work that ran outside the GIL (two at once)
     pair_seconds: float = 0.0  # wall time of the last pair read at once
+    pair_cpu: float = 0.0  # CPU seconds per row of that pair
     cpu_first: float = 0.0  # CPU seconds of the read that ``walls[0]`` times
     first_kernel: float = 0.0  # system CPU seconds of the first read (its page faults, mostly)
     first: tuple | None = None  # (index, converted row) of the first row: kept to compare a second read with
@@ -293,6 +295,7 @@ class _Probe:
         if not self.walls:
             self.cpu_first, self.first_kernel = cpu, kernel
         self.walls.append(wall)
+        self.cpus.append(cpu)
         self.cpu += cpu
         return row
 
@@ -316,9 +319,10 @@ class _Probe:
             return
         self.compare_first(rows[0])
         self.first_again(parallel.time_alone(walls[0], cpus[0], share), cpus[0])
-        self.pair_seconds = together
+        self.pair_seconds, self.pair_cpu = together, sum(cpus) / 2
         if keep:
             self.walls.append(parallel.time_alone(walls[1], cpus[1], share))
+            self.cpus.append(cpus[1])
             self.cpu += cpus[1]
             self.keep(index, rows[1])
         fraction = parallel.parallel_fraction(cpus, together, share, parallel.usable_cpus())
@@ -338,7 +342,7 @@ class _Probe:
         """Another read of the first row (alone, or its time alone in a pair): the fastest stands for the row."""
         if self.walls and wall < self.walls[0]:
             self.cpu += cpu - self.cpu_first
-            self.walls[0], self.cpu_first = wall, cpu
+            self.walls[0], self.cpus[0], self.cpu_first = wall, cpu, cpu
 
     def compare_first(self, row: Any) -> None:
         index, before = self.first
@@ -415,7 +419,8 @@ def measure_random_access(source: Any, names: Sequence[str] | None, max_rows: in
         if probe.pair_seconds == 0 and parallel.pair_now(probe.walls, probe.first_kernel, probe.share):
             # As cold as the pair: the first read for a pair at once (the pair's faster read of row 0 replaces
             # it), the warm reads for a late one.
-            alone = probe.walls[0] if done == 1 else float(np.median(probe.walls[1:]))
+            alone = (probe.walls[0], probe.cpus[0]) if done == 1 else \
+                (float(np.median(probe.walls[1:])), float(np.median(probe.cpus[1:])))
             probe.fetch_pair(source, order[done])  # row 0 again beside a new row: the GIL's share and the re-read
             done, reads = done + 1, reads + 2
             if len(order) > done and _second_pair_if_cold(probe, source, order[done], alone, True, notes):
@@ -439,11 +444,16 @@ def measure_random_access(source: Any, names: Sequence[str] | None, max_rows: in
 
 
 
-def _second_pair_if_cold(probe: _Probe, source: Any, index: int, alone: float, keep: bool, notes: list) -> bool:
-    """Read a second pair where the first overlapped but read low (``parallel.may_have_run_cold``): the larger of
-    the two fractions is the warm one. The same rule for a pair read at once and a late one: JPEG rows of 6.5-9 ms
-    (bench_core) fall on either side of ``PAIR_AT_ONCE_FROM``; their pairs read 5-87% outside the GIL across builds."""
-    if not parallel.may_have_run_cold(probe.parallel, probe.pair_seconds, alone):
+def _second_pair_if_cold(probe: _Probe, source: Any, index: int, alone: tuple, keep: bool, notes: list) -> bool:
+    """Read a second pair where the first read low yet overlapped or burned more CPU than a row alone
+    (``parallel.may_have_run_cold``; ``alone``: the wall and CPU seconds of the reads it is judged against): the
+    larger of the two fractions is the warm one. The same rule for a pair read at once and a late one: JPEG rows of
+    6.5-9 ms (bench_core) fall on either side of ``PAIR_AT_ONCE_FROM``; their pairs read 5-87% outside the GIL
+    across builds."""
+    wall, cpu = alone
+    busy = cpu > 0 and cpu >= parallel.MIN_CPU_SHARE * wall  # CPU-bound reads: their CPU is the row's work
+    if not parallel.may_have_run_cold(probe.parallel, probe.pair_seconds, wall, probe.pair_cpu / cpu if busy
+                                      else None):
         return False
     first = probe.parallel
     probe.fetch_pair(source, index, keep=keep)

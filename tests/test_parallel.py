@@ -160,6 +160,18 @@ def test_a_second_pair_only_where_the_first_overlapped_but_read_low(fraction, to
     assert parallel.may_have_run_cold(fraction, together, alone) is again
 
 
+@pytest.mark.parametrize("fraction, together, alone, inflation, again", [
+    (0.04, 0.028, 0.0113, 1.37, True),  # a cold JPEG pair (bench_core): 2.5x a warm row, 1.37x its CPU
+    (0.00, 0.0406, 0.0228, 0.88, False),  # pure Python: 1.8x a row, no more CPU per row (waiting for the GIL)
+    (0.01, 0.0218, 0.0090, 1.22, True),  # a cold JPEG pair that burned a little more
+    (0.00, 0.0500, 0.0220, 0.98, False),  # ... again
+    (0.85, 0.028, 0.0113, 1.37, False),  # read high: kept
+    (0.04, 0.028, 0.0113, None, False),  # rows that mostly wait: their CPU says nothing
+])
+def test_a_pair_that_burned_more_cpu_than_a_row_alone_ran_cold(fraction, together, alone, inflation, again):
+    assert parallel.may_have_run_cold(fraction, together, alone, inflation) is again
+
+
 # ------------------------------------------------------------------------------- map operations
 
 

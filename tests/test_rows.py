@@ -152,12 +152,13 @@ def test_probe_reads_rows_spread_over_the_source_with_mindspores_index_type():
 
 
 class Slow(Indexed):
-    """Rows slow enough (10 ms) for the probe to read two of them at once, right after the first."""
+    """Rows slow enough (20 ms) for the probe to read two of them at once, right after the first: 20, not 10, as
+    the kernel's CPU time moves by whole ticks (4 ms here), so a 10 ms read could count 6 ms outside the kernel."""
 
     def __getitem__(self, index):
         import time
 
-        time.sleep(0.010)
+        time.sleep(0.020)
         return super().__getitem__(index)
 
 

@@ -273,12 +273,10 @@ class _Probe:
     sizes: list = field(default_factory=list)
     walls: list = field(default_factory=list)  # seconds each fetch took, in probing order
     cpus: list = field(default_factory=list)  # CPU seconds of each, in the same order
-    cpu: float = 0.0
     tensors: bool = False
     parallel: float | None = None  # fraction of the rows' CPU work that ran outside the GIL (two at once)
     pair_seconds: float = 0.0  # wall time of the last pair read at once
     pair_cpu: float = 0.0  # CPU seconds per row of that pair
-    cpu_first: float = 0.0  # CPU seconds of the read that ``walls[0]`` times
     first_kernel: float = 0.0  # system CPU seconds of the first read (its page faults, mostly)
     first: tuple | None = None  # (index, converted row) of the first row: kept to compare a second read with
     reread: str | None = None  # why the first row read again differs
@@ -293,16 +291,15 @@ class _Probe:
         the kernel's share of it: ``first_kernel``)."""
         row, wall, cpu, kernel = parallel.timed_call(fetch, *args)
         if not self.walls:
-            self.cpu_first, self.first_kernel = cpu, kernel
+            self.first_kernel = kernel
         self.walls.append(wall)
         self.cpus.append(cpu)
-        self.cpu += cpu
         return row
 
     @property
     def share(self) -> float | None:
         """CPU seconds over wall seconds of the rows read alone."""
-        return self.cpu / self.wall if self.wall > 0 else None
+        return sum(self.cpus) / self.wall if self.wall > 0 else None
 
     def fetch_pair(self, source: Any, index: int, keep: bool = True) -> None:
         """Read the first row again and row ``index`` at once, on two threads: the pair gives the parallel
@@ -323,7 +320,6 @@ class _Probe:
         if keep:
             self.walls.append(parallel.time_alone(walls[1], cpus[1], share))
             self.cpus.append(cpus[1])
-            self.cpu += cpus[1]
             self.keep(index, rows[1])
         fraction = parallel.parallel_fraction(cpus, together, share, parallel.usable_cpus())
         self.parallel = fraction if self.parallel is None or fraction is None else max(self.parallel, fraction)
@@ -341,8 +337,7 @@ class _Probe:
     def first_again(self, wall: float, cpu: float) -> None:
         """Another read of the first row (alone, or its time alone in a pair): the fastest stands for the row."""
         if self.walls and wall < self.walls[0]:
-            self.cpu += cpu - self.cpu_first
-            self.walls[0], self.cpus[0], self.cpu_first = wall, cpu, cpu
+            self.walls[0], self.cpus[0] = wall, cpu
 
     def compare_first(self, row: Any) -> None:
         index, before = self.first

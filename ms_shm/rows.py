@@ -432,8 +432,9 @@ def measure_random_access(source: Any, names: Sequence[str] | None, max_rows: in
             notes.append(f"stopped after {done} rows ({reads} reads): probing is capped at {time_fraction:.0%} "
                          f"of an epoch")
             break
-    if probe.pair_seconds == 0 and len(order) == 2 and parallel.worth_a_late_pair(probe.walls[1:], probe.share):
-        probe.fetch_pair(source, order[1], keep=False)  # two rows, both read and counted already
+    if probe.pair_seconds == 0 and len(order) == 2 and parallel.pair_now(probe.walls, probe.first_kernel,
+                                                                         probe.share):
+        probe.fetch_pair(source, order[1], keep=False)  # two rows, both read and counted already: the late rule
     probe.reread_first(source)  # where no pair re-read the first row
     return probe.stats(True, length, started, notes)
 

@@ -295,7 +295,8 @@ def build_dataset(source: Any, column_names: Sequence[str] | str | None = None, 
         _inspect_copy_on_read(source, p.workers, facts, req.start_method, share_lists)
     lineage = measure.SourceLineage(source, names, probe.stats.indices[:4]) if probe.stats and names else \
         measure.Unavailable(probe.unmeasured or "no column names")
-    p, feed = threads.cap_source(p, _guarded(source, p, facts, eng), facts.usable_cpus)  # threads per worker
+    p, feed = threads.cap_source(p, _guarded(source, p, facts, eng), facts.usable_cpus,  # threads per worker
+                                 _threads_started(probe))
     return _build(eng, feed, column_names, generator_kwargs, p, config, lineage, type(source).__name__, _explicit)
 
 
@@ -570,7 +571,7 @@ def map(dataset: Any, operations: Any = None, input_columns: Sequence[str] | str
                                      defer_row_errors=_explicit is not None, meanwhile=_beside_probe(facts))
     p = _plan_operations(probe, _request(asked, config, facts, eng, _explicit), config, facts, eng)
     kwargs = _stage_kwargs(map_kwargs, p, num_parallel_workers, config)
-    p, fed = threads.cap_operations(p, operations, facts.usable_cpus)  # threads per worker
+    p, fed = threads.cap_operations(p, operations, facts.usable_cpus, _threads_started(probe))  # per worker
     _apply_globals(p, config, eng, quiet=_explicit is not None)
     result = eng.compat.map_dataset(dataset, fed, input_columns, output_columns, kwargs)
     _register(result, p, measure.MapLineage(lineage, operations, tuple(ins), tuple(outs)), "map")
@@ -618,12 +619,18 @@ def batch(dataset: Any, batch_size: Any, drop_remainder: bool = False, num_paral
     p = _plan_operations(probe, _request(asked, config, facts, eng, _explicit), config, facts, eng)
     p = replace(p, kind="batch")
     kwargs = _stage_kwargs(batch_kwargs, p, num_parallel_workers, config)
-    p, kwargs["per_batch_map"] = threads.cap_operations(p, per_batch_map, facts.usable_cpus)  # threads per worker
+    p, kwargs["per_batch_map"] = threads.cap_operations(p, per_batch_map, facts.usable_cpus,  # threads per worker
+                                                        _threads_started(probe))
     _apply_globals(p, config, eng, quiet=_explicit is not None)
     result = eng.compat.batch_dataset(dataset, batch_size, drop_remainder, kwargs)
     _register(result, p, measure.Unavailable("rows after a per_batch_map are not re-made in a probe"), "batch")
     _log_plan(p, asked, _explicit)
     return result
+
+
+def _threads_started(probe: measure.StageProbe) -> int | None:
+    """Native threads the stage's probe rows left running, or ``None`` where the stage was not measured."""
+    return probe.stats.threads_started if probe.stats is not None else None
 
 
 def _map_default_workers(config: Any) -> int:

@@ -42,6 +42,7 @@ class OperationStats(Result):
     cpu_fraction: float | None
     worker_bytes: int | None = None  # what the probe child held alone at the end: a forked worker's growth
     parallel_fraction: float | None = None  # of the CPU work, what ran outside the GIL (``ms_shm.parallel``)
+    threads_started: int | None = None  # native threads the operations left running (``sandbox.Outcome``)
 
 
 @record
@@ -348,7 +349,7 @@ def _outcome(outcome: sandbox.Outcome, what: str, defer_row_errors: bool = False
         return StageProbe(None, unmeasured=why)
     stats, effects = outcome.value
     if isinstance(stats, (rows.RowStats, OperationStats)):
-        stats = replace(stats, worker_bytes=outcome.private_bytes)
+        stats = replace(stats, worker_bytes=outcome.private_bytes, threads_started=outcome.threads_started)
     return StageProbe(stats, effects or sandbox.Effects())
 
 

@@ -131,6 +131,14 @@ def private_bytes(pid: int | str = "self", root: str | os.PathLike = "/") -> int
     return None
 
 
+def thread_count(pid: int | str = "self", root: str | os.PathLike = "/") -> int | None:
+    """The process's threads (its ``task`` entries), or ``None`` where ``/proc`` does not say."""
+    try:
+        return len(os.listdir(_proc(root, pid, "task")))
+    except OSError:
+        return None
+
+
 def cpu_ticks(root: str | os.PathLike = "/") -> tuple | None:
     """``(idle ticks, all ticks, CPUs)`` of the machine from ``/proc/stat`` (idle and iowait count as idle), or
     ``None`` when unreadable. Not namespaced: other containers' work on the same machine shows, which is the

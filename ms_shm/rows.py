@@ -54,6 +54,7 @@ class RowStats(Result):
     # pages and what reading allocated): what each forked worker adds to the memory cgroup
     parallel_fraction: float | None = None  # of the CPU work, what ran outside the GIL (``ms_shm.parallel``)
     reread_differs: str | None = None  # the first probe row read again came back different (None: same or unread)
+    threads_started: int | None = None  # native threads reading left running (a BLAS/OpenMP pool: ``sandbox``)
 
     @property
     def ragged(self) -> bool:

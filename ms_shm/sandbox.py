@@ -87,6 +87,7 @@ class Outcome:
     remote_traceback: str = ""
     unavailable: str | None = None
     private_bytes: int | None = None  # what the child held alone when it finished: a forked worker's growth
+    threads_started: int | None = None  # threads the probe left running in the child (``_threads_started``)
 
 
 def timeout_seconds() -> float:
@@ -193,11 +194,12 @@ def _child(probe: Callable[[], Any], fd: int, worker_pages: bool) -> None:  # pr
         os.dup2(devnull, 2)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
         _one_torch_thread()
+        threads_at_start = procfs.thread_count()
         try:
             with fdguard.kept(spare=(fd, _gate)) as blinded:  # a file the source reads is the parent's too
                 _BLINDED[:] = blinded
                 value = probe()
-            payload = ("ok", value, _worker_pages() if worker_pages else None)
+            payload = ("ok", value, _worker_pages() if worker_pages else None, _threads_started(threads_at_start))
         except BaseException as exc:  # the parent decides what an exception means
             payload = ("error", exc, "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
         try:
@@ -221,6 +223,20 @@ def _one_torch_thread() -> None:  # pragma: no cover - child side
             torch.set_num_threads(1)
     except Exception:  # a partial or foreign module named torch: nothing to set
         pass
+
+
+def _threads_started(at_start: int | None) -> int | None:  # pragma: no cover - child side
+    """Threads the probe's work left running: a fork keeps only the calling thread, so a BLAS or OpenMP pool
+    the rows used is started again here, as in a worker, and stays. A thread the probe joined (the pair's) may
+    still be leaving the kernel's list for a moment after ``join``: it is looked at again after a pause."""
+    for pause in (0.0, 0.002, 0.01):
+        time.sleep(pause)
+        now = procfs.thread_count()
+        if at_start is None or now is None:
+            return None
+        if now <= at_start:
+            return 0
+    return now - at_start
 
 
 def _worker_pages() -> int | None:  # pragma: no cover - child side
@@ -274,7 +290,7 @@ def _decode(data: bytes) -> Outcome:
     except Exception as exc:  # e.g. an exception class that cannot be rebuilt here
         return Outcome(unavailable=f"the probe's result could not be read ({type(exc).__name__}: {exc})")
     if payload[0] == "ok":
-        return Outcome(value=payload[1], private_bytes=payload[2])
+        return Outcome(value=payload[1], private_bytes=payload[2], threads_started=payload[3])
     if payload[0] == "error":
         return Outcome(error=payload[1], remote_traceback=payload[2])
     return Outcome(unavailable=f"the probe's result could not be sent ({payload[1]})", remote_traceback=payload[2])

@@ -4,12 +4,13 @@ on C usable CPUs ``W x T`` threads compete for C cores and the kernel spends its
 
 Probe, decide and apply are separate, as in threadpoolctl itself:
 
-* ``probe()`` reads the pools loaded in this process (``threadpoolctl.threadpool_info()``, and OpenCV's count only
-  when ``cv2`` is already imported: nothing heavy is imported here) into a frozen ``ThreadPools``.
+* ``probe()`` reads the pools loaded in this process (a ``threadpoolctl.ThreadpoolController``, and OpenCV's
+  count only when ``cv2`` is already imported: nothing heavy is imported here) into a frozen ``ThreadPools``.
 * ``decide()`` is pure: workers, pool threads and usable CPUs in, a ``ThreadCap`` (a threads-per-worker or no cap,
   and the reason) out.
 * ``CappedSource`` / ``CappedCall`` carry the cap into the workers: on the first row a worker process reads (its
-  pid differs from the pid that built the plan) they call ``threadpoolctl.threadpool_limits(n)`` there, once. The
+  pid differs from the pid that built the plan) they limit its pools to ``n`` there, once: through the
+  controller the plan read where the worker was forked from it, else ``threadpoolctl.threadpool_limits(n)``. The
   main process's pools, environment and globals are never changed; a row read in the main process (threads,
   ``dataset[i]``) goes straight through.
 
@@ -22,6 +23,7 @@ process, and setting it there would change the main process too.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import sys
@@ -95,29 +97,58 @@ _probed: dict = {}  # (pid, modules imported) -> ThreadPools
 
 
 def probe() -> ThreadPools:
-    """The native pools loaded in this process now, read once per state of the process: ``threadpool_info()``
+    """The native pools loaded in this process now, read once per state of the process: the reading
     walks every loaded library (~20 ms with MindSpore loaded), and a pipeline's stages ask in a row. A native
     library arrives with an import (numpy, cv2, torch...), so the number of imported modules stands for the
     libraries loaded (ms_shm's own modules, imported lazily between the probe and the plan, load none). A pool
     resized between two stages (``threadpool_limits``) keeps its first reading: the cap then set is at most one
     the pools already meet. A failing probe is an unknown, never an error."""
-    key = (os.getpid(), sum(1 for name in list(sys.modules) if name.partition(".")[0] != "ms_shm"))
+    key = (os.getpid(), _modules_loaded())
     if key not in _probed:
         _probed.clear()
         _probed[key] = _read_pools()
     return _probed[key]
 
 
+def _modules_loaded() -> int:
+    """Modules imported here but ms_shm's own: what stands for the native libraries loaded (see ``probe``)."""
+    return sum(1 for name in list(sys.modules) if name.partition(".")[0] != "ms_shm")
+
+
+_controller: tuple = ()  # (shared objects loaded, threadpoolctl.ThreadpoolController) of the last reading
+_PHDR_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+
+
+def _shared_objects() -> int | None:
+    """How many shared objects this process has loaded (``dl_iterate_phdr``, ~0.2 ms for MindSpore's 170), or
+    ``None`` where it cannot be counted: a pool arrives with one, and MindSpore imports Python modules between the
+    plan and its workers' start that load none, so modules are no measure here."""
+    count = [0]
+
+    def seen(info: Any, size: int, data: Any) -> int:
+        count[0] += 1
+        return 0
+
+    try:
+        ctypes.CDLL(None).dl_iterate_phdr(_PHDR_CALLBACK(seen), None)
+    except (OSError, AttributeError):  # not glibc / not Linux
+        return None
+    return count[0]
+
+
 def _read_pools() -> ThreadPools:
+    global _controller
     pools, notes = [], []
     try:
         import threadpoolctl
 
-        info = threadpoolctl.threadpool_info()
+        controller = threadpoolctl.ThreadpoolController()
+        info = controller.info()
     except Exception as exc:  # a native library's probe must not stop a pipeline: unknown, no cap
-        log.info("ms_shm threads: threadpoolctl.threadpool_info() failed (%s: %s); threads are not capped",
-                 type(exc).__name__, exc)
-        return ThreadPools((), False, (f"threadpoolctl.threadpool_info(): {type(exc).__name__}: {exc}",))
+        log.info("ms_shm threads: threadpoolctl's reading of the loaded libraries failed (%s: %s); threads are "
+                 "not capped", type(exc).__name__, exc)
+        return ThreadPools((), False, (f"threadpoolctl.ThreadpoolController(): {type(exc).__name__}: {exc}",))
+    _controller = (_shared_objects(), controller)
     for lib in info:
         if lib.get("user_api") in ("blas", "openmp") and isinstance(lib.get("num_threads"), int):
             pools.append(ThreadPool(lib["user_api"], str(lib.get("internal_api")), lib["num_threads"]))
@@ -130,14 +161,20 @@ def _read_pools() -> ThreadPools:
     return ThreadPools(tuple(pools), True, tuple(notes))
 
 
-def decide(workers: int, pools: ThreadPools, usable_cpus: int, enabled: bool = True) -> ThreadCap:
-    """Pure: cap each worker to ``max(1, C // W)`` threads when ``W x T > C``, else leave the pools alone.
+def decide(workers: int, pools: ThreadPools, usable_cpus: int, enabled: bool = True,
+           threads_started: int | None = None) -> ThreadCap:
+    """Pure: cap each worker to ``max(1, C // W)`` threads when ``W x T > C`` and the stage's work starts a
+    pool, else leave the pools alone.
 
     Args:
         workers: worker processes that run the user's code at once (0 when rows are made in this process).
         pools: the pools loaded now; the largest one's threads are ``T``.
         usable_cpus: ``C``, the CPUs this process may use (affinity, cgroup quota).
         enabled: False when the caller opted out (``MS_SHM_THREAD_CAP=0``).
+        threads_started: native threads the stage's probe rows left running in the probe child (``None``:
+            not measured). 0 means the work runs on the calling thread: there is nothing to oversubscribe,
+            while a limit itself starts OpenBLAS's pool again in each forked worker (measured: 1 to 2 threads,
+            ~50 ms more of a 0.6 s epoch of a source and a map in 2 workers each), so none is set.
 
     Returns:
         ThreadCap: the limit, or ``None`` with the reason nothing is capped.
@@ -156,6 +193,10 @@ def decide(workers: int, pools: ThreadPools, usable_cpus: int, enabled: bool = T
     over = f"{workers} workers × {threads} {_APIS[largest.user_api]} threads"
     if workers * threads <= cpus:
         return ThreadCap(None, workers, threads, cpus, f"not capped: {over} <= {cpus} CPUs")
+    if threads_started == 0:
+        return ThreadCap(None, workers, threads, cpus, "not capped: the probe rows' work started no native thread "
+                                                       "(it runs on the worker's own thread), so the pools stay "
+                                                       "idle in the workers")
     if not enabled:
         return ThreadCap(None, workers, threads, cpus, f"not capped ({OPT_OUT}=0): {over} > {cpus} CPUs")
     n = max(1, cpus // workers)
@@ -172,30 +213,31 @@ def worker_processes(p: Plan) -> int:
     return p.workers if p.python_multiprocessing and p.mode in (PROCESSES, PIPES) else 0
 
 
-def plan_cap(p: Plan, usable_cpus: int, environ: Mapping[str, str] = os.environ) -> tuple:
+def plan_cap(p: Plan, usable_cpus: int, threads_started: int | None = None,
+             environ: Mapping[str, str] = os.environ) -> tuple:
     """Compose probe and decide for one planned stage: the plan with its ``num_threads`` decision (only where
     worker processes run: elsewhere nothing is recorded), and the per-worker limit or ``None``. Logged once,
     here, at plan time."""
     workers = worker_processes(p)
     if workers < 1:
         return p, None
-    cap = decide(workers, probe(), usable_cpus, enabled(environ))
+    cap = decide(workers, probe(), usable_cpus, enabled(environ), threads_started)
     level = logging.INFO if cap.threads_per_worker is not None else logging.DEBUG
     log.log(level, "%s: %s", SETTING, cap.reason)
     return replace(p, decisions=p.decisions + (cap.decision(),)), cap.threads_per_worker
 
 
-def cap_source(p: Plan, feed: Any, usable_cpus: int) -> tuple:
+def cap_source(p: Plan, feed: Any, usable_cpus: int, threads_started: int | None = None) -> tuple:
     """``(plan, feed)``: the source MindSpore reads, wrapped in ``CappedSource`` only where a cap is decided."""
-    p, n = plan_cap(p, usable_cpus)
+    p, n = plan_cap(p, usable_cpus, threads_started)
     return p, (feed if n is None else CappedSource(feed, n))
 
 
-def cap_operations(p: Plan, operations: Any, usable_cpus: int) -> tuple:
+def cap_operations(p: Plan, operations: Any, usable_cpus: int, threads_started: int | None = None) -> tuple:
     """``(plan, operations)``: the first plain Python callable among a map's operations (or a batch's
     ``per_batch_map``) wrapped in ``CappedCall`` where a cap is decided. MindSpore's own transforms are never
     wrapped (MindSpore treats them apart); one wrapped callable is enough, as a worker runs every operation."""
-    p, n = plan_cap(p, usable_cpus)
+    p, n = plan_cap(p, usable_cpus, threads_started)
     if n is None:
         return p, operations
     ops = list(operations) if isinstance(operations, (list, tuple)) else [operations]
@@ -218,9 +260,13 @@ def limit_this_process(n: int) -> None:
     """Apply: every BLAS/OpenMP pool loaded here, and OpenCV's if imported, to ``n`` threads. Runs inside a
     worker only; a failure is logged and the worker goes on with its pools as they were."""
     try:
-        import threadpoolctl
+        controller = _inherited_controller()
+        if controller is not None:
+            controller.limit(limits=n)
+        else:
+            import threadpoolctl
 
-        threadpoolctl.threadpool_limits(limits=n)
+            threadpoolctl.threadpool_limits(limits=n)
     except Exception as exc:  # the rows matter more than the cap
         log.warning("ms_shm threads: threadpool_limits(%d) failed in worker %d (%s: %s); pools left as they are",
                     n, os.getpid(), type(exc).__name__, exc)
@@ -230,6 +276,17 @@ def limit_this_process(n: int) -> None:
             cv2.setNumThreads(n)
         except Exception as exc:  # a stub cv2: the BLAS/OpenMP cap still holds
             log.warning("ms_shm threads: cv2.setNumThreads(%d) failed (%s: %s)", n, type(exc).__name__, exc)
+
+
+def _inherited_controller() -> Any:
+    """The plan's reading of the pools, where this worker was forked with the same shared objects loaded: its
+    handles to the libraries are valid here, and a limit through them costs ~1 ms, where ``threadpool_limits``
+    walks every loaded library again (9-16 ms per worker with MindSpore loaded, paid at each stage's worker
+    start). A spawn worker, or a fork after a library was loaded, walks the libraries anew, so that library is
+    capped too."""
+    if _controller and _controller[0] is not None and _controller[0] == _shared_objects():
+        return _controller[1]
+    return None
 
 
 class _Capped(objects.Transparent):

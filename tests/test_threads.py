@@ -51,6 +51,38 @@ def test_the_cap_is_cpus_over_workers_only_when_workers_times_threads_exceed_the
     assert d.value == (cap if cap is not None else d.default)
 
 
+NO_THREAD_STARTED = ("not capped: the probe rows' work started no native thread (it runs on the worker's own "
+                     "thread), so the pools stay idle in the workers")
+
+
+@pytest.mark.parametrize("started, cap, reason", [
+    (None, 1, "capped to 1 per worker: 2 workers × 2 BLAS/OpenMP threads > 2 CPUs"),  # not measured: as before
+    (1, 1, "capped to 1 per worker: 2 workers × 2 BLAS/OpenMP threads > 2 CPUs"),  # the rows started a pool
+    (0, None, NO_THREAD_STARTED),  # a limit would only start OpenBLAS's pool again in each worker
+])
+def test_a_stage_whose_probe_rows_start_no_native_thread_is_not_capped(started, cap, reason):
+    got = decide(2, BLAS(2), 2, True, threads_started=started)
+    assert (got.threads_per_worker, got.reason) == (cap, reason)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+@pytest.mark.parametrize("work, started", [("numpy elementwise", 0), ("BLAS matmul", 1)])
+def test_the_probe_child_counts_the_native_threads_the_rows_start(work, started, monkeypatch):
+    """Measured, not modelled: an elementwise numpy row starts no thread in the probe child, a matmul starts
+    OpenBLAS's pool again (a fork keeps only the calling thread). Forced to two BLAS threads, so that the pool
+    has a thread to start on any host."""
+    import threadpoolctl
+
+    from ms_shm import sandbox
+
+    a = np.ones((256, 256))
+    with threadpoolctl.threadpool_limits(limits=2, user_api="blas"):
+        a @ a  # the parent's pool runs
+        rows = (lambda: np.resize(a, 1 << 20).sum()) if work == "numpy elementwise" else (lambda: float((a @ a)[0, 0]))
+        outcome = sandbox.run_in_fork(rows)
+    assert outcome.value is not None and outcome.threads_started == started
+
+
 @pytest.mark.parametrize("value, on", [(None, True), ("1", True), ("0", False), ("off", False), (" False ", False)])
 def test_the_opt_out_is_ms_shm_thread_cap_0(value, on):
     assert threads.enabled({} if value is None else {"MS_SHM_THREAD_CAP": value}) is on
@@ -70,7 +102,7 @@ def test_a_failing_probe_is_unknown_and_no_cap(monkeypatch):
     def boom():
         raise OSError("dl_iterate_phdr failed")
 
-    monkeypatch.setattr(threadpoolctl, "threadpool_info", boom)
+    monkeypatch.setattr(threadpoolctl, "ThreadpoolController", boom)
     monkeypatch.setattr(threads, "_probed", {})
     pools = threads.probe()
     assert not pools.known and "OSError: dl_iterate_phdr failed" in pools.notes[0]
@@ -83,8 +115,17 @@ def test_the_probe_reads_the_pools_once_until_a_module_other_than_ms_shms_is_imp
     import threadpoolctl
 
     calls = []
-    monkeypatch.setattr(threadpoolctl, "threadpool_info", lambda: calls.append(1) or [])
+
+    class Counted:
+        def __init__(self):
+            calls.append(1)
+
+        def info(self):
+            return []
+
+    monkeypatch.setattr(threadpoolctl, "ThreadpoolController", Counted)
     monkeypatch.setattr(threads, "_probed", {})
+    monkeypatch.setattr(threads, "_controller", ())
     threads.probe(), threads.probe()
     assert len(calls) == 1
     monkeypatch.setitem(sys.modules, "ms_shm.a_lazily_imported_module", object())  # ms_shm's own: no library
@@ -93,6 +134,49 @@ def test_the_probe_reads_the_pools_once_until_a_module_other_than_ms_shms_is_imp
     monkeypatch.setitem(sys.modules, "ms_shm_lookalike", object())  # somebody else's module, however named
     threads.probe()
     assert len(calls) == 2
+
+
+def _unloaded_extension() -> str | None:
+    """A standard-library extension module this process has not imported: importing it loads a shared object."""
+    import importlib.util
+
+    return next((name for name in ("_sqlite3", "_lzma", "_bz2", "_curses", "_dbm", "_gdbm", "readline")
+                 if name not in sys.modules and importlib.util.find_spec(name) is not None), None)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_worker_limits_its_pools_through_the_plans_reading_without_walking_the_libraries(monkeypatch):
+    """A fork after the probe, with no library loaded since, applies the cap through the controller the plan
+    read (~1 ms) rather than ``threadpool_limits`` (9-16 ms per worker with MindSpore loaded); after a library
+    was loaded it walks the libraries anew, so that library's pool is capped too."""
+    import threadpoolctl
+
+    extension = _unloaded_extension()
+    if extension is None:
+        pytest.skip("every candidate extension module is already imported here")
+    monkeypatch.setattr(threads, "_probed", {})
+    threads.probe()
+
+    def in_fork(load_first: bool) -> tuple:
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - child side
+            walked = []
+            real = threadpoolctl.threadpool_limits
+            threadpoolctl.threadpool_limits = lambda **kw: walked.append(kw) or real(**kw)
+            if load_first:
+                __import__(extension)
+            threads.limit_this_process(1)
+            blas = [p["num_threads"] for p in threadpoolctl.threadpool_info() if p["user_api"] == "blas"]
+            os.write(write_end, json.dumps([len(walked), max(blas)]).encode())
+            os._exit(0)
+        os.close(write_end)
+        os.waitpid(pid, 0)
+        with os.fdopen(read_end) as f:
+            return tuple(json.loads(f.read()))
+
+    assert in_fork(load_first=False) == (0, 1)
+    assert in_fork(load_first=True) == (1, 1)
 
 
 def plan(mode="processes", workers=2, multiprocessing=True) -> Plan:
@@ -212,12 +296,12 @@ def blas():
 class Rows:
     def __len__(self):
         return 24
-    def __getitem__(self, i):
-        a = np.arange(4096, dtype=np.float64).reshape(64, 64) / (i + 1)
+    def __getitem__(self, i):  # a matmul big enough for OpenBLAS to use its pool: the probe sees it start
+        a = np.arange(65536, dtype=np.float64).reshape(256, 256) / (i + 1)
         return (a @ a, np.array(blas(), np.int64), np.array(os.getpid(), np.int64))
 
 def with_threads(x):
-    return x * 2, np.array(blas(), np.int64)
+    return (x @ x) * 0 + x * 2, np.array(blas(), np.int64)
 
 def rows(d):
     return [[c.tobytes() for c in r] for r in d.create_tuple_iterator(output_numpy=True, num_epochs=1)]

@@ -1,13 +1,16 @@
 """``ms-shm run script.py`` against plain ``python script.py`` under an ample /dev/shm: the price of protecting an
 unchanged script, end to end (interpreter start, imports, ``tune()``, probing, construction and one epoch).
 
-Each round runs every script both ways, in a shuffled order, each in a fresh process in its own mount namespace
-with a 4 GB tmpfs on /dev/shm; the figure is the median over rounds of (run / plain) per script. Beside it, what
+Each round runs every script both ways, each in a fresh process in its own mount namespace with a 4 GB tmpfs on
+/dev/shm: the scripts in a shuffled order, and each script's two runs back to back in a random order, so that the
+machine's drift (a single run of the same script moves by 10-15% here) hits both sides of a pair alike. The figure
+is the median over rounds of (run / plain) per script, with a 90% bootstrap interval of that median: the range
+the figure would likely take in another run of the benchmark. Beside it, what
 ms_shm's own work took inside the ``run`` (its ``--report``: ``tune()`` and each pipeline's build, probe, plan and
 the framework's construction), as a share of the plain run: the part of the difference ms_shm can add, measured
 in-process, free of the seconds-wide noise of interpreter start, imports and teardown.
 
-    python benchmarks/bench_run.py --rounds 9
+    python benchmarks/bench_run.py --rounds 15
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ def timed(command: str) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args()
     py = shlex.quote(sys.executable)
     compile_bytecode(REPO / "ms_shm")
@@ -62,26 +65,31 @@ def main() -> int:
     times: dict = {(name, way): [] for name in SCRIPTS for way in ("plain", "run")}
     report = Path(tempfile.mkdtemp(prefix="bench_run_")) / "report.json"
     for _ in range(args.rounds):
-        jobs = [(name, way) for name in SCRIPTS for way in ("plain", "run")]
-        random.shuffle(jobs)
-        for name, way in jobs:
+        for name in random.sample(list(SCRIPTS), len(SCRIPTS)):
             script, script_args = SCRIPTS[name]
             path = shlex.quote(str(SCENARIOS / script))
-            runner = f"{py} {path}" if way == "plain" else f"{py} -m ms_shm run --report {report} {path}"
-            times[(name, way)].append(timed(f"{runner} {script_args}"))
-            if way == "run":
-                own[name].append(own_seconds(report))
-        for name in SCRIPTS:
+            for way in random.sample(["plain", "run"], 2):
+                runner = f"{py} {path}" if way == "plain" else f"{py} -m ms_shm run --report {report} {path}"
+                times[(name, way)].append(timed(f"{runner} {script_args}"))
+                if way == "run":
+                    own[name].append(own_seconds(report))
             ratios[name].append(times[(name, "run")][-1] / times[(name, "plain")][-1])
     print(f"| script | plain python s | ms-shm run s | run/plain, median of {args.rounds} paired rounds "
-          f"(quartiles) | ms_shm's own work s (share of plain) |")
+          f"(90% interval) | ms_shm's own work s (share of plain) |")
     print("|---|---|---|---|---|")
     for name in SCRIPTS:
-        q1, _, q3 = statistics.quantiles(ratios[name], n=4)
+        low, high = bootstrap_median(ratios[name])
         plain, mine = statistics.median(times[(name, 'plain')]), statistics.median(own[name])
         print(f"| {name} | {plain:.2f} | {statistics.median(times[(name, 'run')]):.2f} | "
-              f"{statistics.median(ratios[name]):.3f} ({q1:.2f}-{q3:.2f}) | {mine:.3f} ({mine / plain:.1%}) |")
+              f"{statistics.median(ratios[name]):.3f} ({low:.3f}-{high:.3f}) | {mine:.3f} ({mine / plain:.1%}) |")
     return 0
+
+
+def bootstrap_median(values: list, resamples: int = 4000, seed: int = 0) -> tuple:
+    """The 5th and 95th percentiles of the median of ``values`` resampled with replacement."""
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples))
+    return medians[int(0.05 * resamples)], medians[int(0.95 * resamples) - 1]
 
 
 if __name__ == "__main__":

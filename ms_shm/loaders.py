@@ -177,7 +177,7 @@ def prepare(eng: Any, cls: Any, dataset: Any, args: tuple, kwargs: dict, prefere
                     f", without workers ({problem})" if refused else "")
         return _warned(eng, asked, {k: v for k, v in asked.items() if k not in _WORKER_ONLY} if refused
                        else asked), None
-    p = _plan(eng, stats, req, b, preferences, lambda: _probe(eng, dataset, asked, b, timed=True)[0])
+    p = _plan(eng, stats, req, b, preferences, lambda: _probe(eng, dataset, asked, b, timed=True))
     if refused is not None:
         p = replace(p, decisions=(refused,) + p.decisions)
     _apply(eng, p)
@@ -197,9 +197,10 @@ def _warned(eng: Any, asked: dict, arguments: dict) -> dict:
     return arguments
 
 
-def _plan(eng: Any, stats: Any, req: LoaderRequest, b: Any, preferences: bool, timed_stats: Any) -> Plan:
+def _plan(eng: Any, stats: Any, req: LoaderRequest, b: Any, preferences: bool, timed_probe: Any) -> Plan:
     """The plan for ``req``; under ``preferences``, explicit arguments that cannot fit give way to the fastest
-    configuration that does, priced from ``timed_stats()`` when the first probe read no timing."""
+    configuration that does, priced from ``timed_probe()`` when the first probe read no timing (nor read a
+    sample twice: whether samples depend on who reads them matters only once the workers asked may change)."""
     try:
         return eng.planning.plan_loader(stats, req, b, eng.profile())
     except ShmBudgetError as exc:
@@ -207,9 +208,12 @@ def _plan(eng: Any, stats: Any, req: LoaderRequest, b: Any, preferences: bool, t
                                                    ("prefetch_factor", req.prefetch_factor)) if v is not None)
         if not preferences or not asked or (req.workers_locked and req.workers):
             raise
-        why = str(exc).split(" Fix:")[0]
+        why, error = str(exc).split(" Fix:")[0], exc
     if stats.seconds_per_sample is None:  # only the explicit workers were priced: now the others are
-        stats = timed_stats() or stats
+        timed, effects, _ = timed_probe()
+        if req.workers and _locked(None, effects):
+            raise error
+        stats = timed or stats
     p = eng.planning.plan_loader(stats, replace(req, workers=None, prefetch_factor=None), b, eng.profile())
     now = f"num_workers={p.workers}" + (f", prefetch_factor={p.prefetch}" if p.workers else "")
     adapted = Decision("explicit_arguments", now, asked,
@@ -225,7 +229,7 @@ def _probe(eng: Any, dataset: Any, asked: dict, b: Any, timed: bool) -> tuple:
     return probe.probe_loader(dataset, asked.get("batch_size", 1), collate, eng.compat.weigh,
                               eng.compat.is_iterable(dataset), asked.get("sampler"), asked.get("batch_sampler"),
                               budget_mod.memory_may_bind(b), None if timed else eng.compat.twin,
-                              eng.compat.tensor_bytes)
+                              eng.compat.tensor_bytes, reread=timed)
 
 
 def _arguments(eng: Any, asked: dict, p: Plan, stats: Any, b: Any) -> dict:

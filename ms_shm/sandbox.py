@@ -229,7 +229,7 @@ def _threads_started(at_start: int | None) -> int | None:  # pragma: no cover - 
     """Threads the probe's work left running: a fork keeps only the calling thread, so a BLAS or OpenMP pool
     the rows used is started again here, as in a worker, and stays. A thread the probe joined (the pair's) may
     still be leaving the kernel's list for a moment after ``join``: it is looked at again after a pause."""
-    for pause in (0.0, 0.002, 0.01):
+    for pause in (0.0, 0.001, 0.003):
         time.sleep(pause)
         now = procfs.thread_count()
         if at_start is None or now is None:

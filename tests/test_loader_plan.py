@@ -15,6 +15,7 @@ from ms_shm.engines.torchstyle import planning, probe
 from ms_shm.engines.torchstyle.engine import LoaderProfile
 from ms_shm.engines.torchstyle.planning import BatchStats, LoaderRequest, plan_loader
 from ms_shm.errors import ShmBudgetError
+from ms_shm.sandbox import Effects
 
 MiB, GiB = 1 << 20, 1 << 30
 
@@ -307,7 +308,7 @@ def test_explicit_workers_that_cannot_fit_are_timed_only_to_adapt_them(preferenc
 
     def timed_stats():
         timed.append(1)
-        return stats(per_sample=0.02)
+        return stats(per_sample=0.02), Effects(), None
 
     untimed = stats(per_sample=None)
     assert loaders._plan(_Engine, untimed, ask(workers=2), room(), preferences, timed_stats).workers == 2
@@ -320,6 +321,18 @@ def test_explicit_workers_that_cannot_fit_are_timed_only_to_adapt_them(preferenc
     assert timed == [1] and p.workers == 0 and p.decisions[0].setting == "explicit_arguments"
     assert "ms per sample" in str(p.decisions[1])
     assert p.decisions[0].value == "num_workers=0" and p.decisions[0].default == "num_workers=2"
+
+
+def test_explicit_workers_are_not_adapted_where_the_timed_probe_finds_samples_that_depend_on_the_reader():
+    """The first probe of explicit workers reads one sample, once; only when they cannot fit (and may change)
+    is a sample read twice, and one that comes back different keeps the workers asked: the budget error."""
+    from ms_shm import loaders
+
+    def timed_probe():
+        return stats(per_sample=0.02), Effects(rereads_differ="sample 0 read twice came back different"), None
+
+    with pytest.raises(ShmBudgetError):
+        loaders._plan(_Engine, stats(per_sample=None), ask(workers=2), room(64 * MiB), True, timed_probe)
 
 
 def test_adapted_explicit_workers_state_their_new_num_workers_and_prefetch():

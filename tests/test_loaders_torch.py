@@ -149,6 +149,19 @@ class GlobalDraw(Numbers):
         return super().__getitem__(i) + torch.rand(1)
 
 
+class Logged(Numbers):
+    """Appends each index it reads to a file: the probe child's reads show there too."""
+
+    def __init__(self, path, n: int = 12):
+        super().__init__(n)
+        self.path = str(path)
+
+    def __getitem__(self, i):
+        with open(self.path, "a") as log:
+            log.write(f"{i}\n")
+        return super().__getitem__(i)
+
+
 class Lines(IterableDataset if IterableDataset is not None else object):
     def __init__(self, handle):
         self.handle = handle
@@ -232,6 +245,17 @@ def test_a_sample_that_reads_back_different_keeps_the_default(fresh_torch):
     assert loader.num_workers == 0
     why = str(ms_shm.plan_of(loader).decisions[0])
     assert "different" in why or "draw" in why, why
+
+
+def test_explicit_workers_that_fit_cost_the_probe_one_sample_read_once(fresh_torch, tmp_path):
+    """Kept as asked, explicit workers need the batch's size only: one sample read, no second read of it (which
+    only matters where the workers asked may change). Left to ms_shm, the samples are timed and one is read
+    twice."""
+    kept, chosen = tmp_path / "kept.log", tmp_path / "chosen.log"
+    loader = ms_shm.build_dataloader(Logged(kept), batch_size=4, num_workers=2)
+    assert loader.num_workers == 2 and kept.read_text().split() == ["0"]
+    ms_shm.build_dataloader(Logged(chosen), batch_size=4)
+    assert chosen.read_text().split()[:2] == ["0", "1"] and chosen.read_text().split().count("0") == 2
 
 
 def test_the_probe_leaves_an_open_files_offset_and_a_pipes_bytes_to_the_loader(fresh_torch, tmp_path, caplog):

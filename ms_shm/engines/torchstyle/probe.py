@@ -147,12 +147,12 @@ def _length(dataset: Any, sampler: Any, batch_sampler: Any, size: int) -> int | 
 def probe_loader(dataset: Any, batch_size: int | None, collate: Callable, weigh: Callable[[Any], tuple],
                  iterable: bool, sampler: Any = None, batch_sampler: Any = None,
                  worker_pages: bool = False, twin: Callable[[Any], Any] | None = None,
-                 tensor_bytes: Callable[[Any], tuple | None] = lambda value: None) -> tuple:
+                 tensor_bytes: Callable[[Any], tuple | None] = lambda value: None, reread: bool = True) -> tuple:
     """``(BatchStats or None, Effects, why not measured)``, measured in a forked child, with the child's
     fork-to-ready time and the CPUs free while it ran. The child's reads cannot move what the parent reads
-    through shared descriptors (``sandbox``'s ``fdguard``), and the first sample of a map-style dataset is read twice
-    (``tensor_bytes``: a tensor's dtype, shape and bytes) to tell samples that draw from a generator the watch
-    cannot see."""
+    through shared descriptors (``sandbox``'s ``fdguard``), and with ``reread`` the first sample of a map-style
+    dataset is read twice (``tensor_bytes``: a tensor's dtype, shape and bytes) to tell samples that draw from a
+    generator the watch cannot see."""
     shared = sandbox.shared_with_processes([dataset, collate])
     if shared:
         return None, sandbox.Effects(), shared
@@ -162,11 +162,11 @@ def probe_loader(dataset: Any, batch_size: int | None, collate: Callable, weigh:
         ready = time.perf_counter() - forked
         first = first_batch(batch_size, sampler, batch_sampler, PROBE_SAMPLES)  # unwatched: the sampler's draws
         kept: list = []
-        reread = None if iterable else lambda: reread_differs(dataset, first[0], kept, tensor_bytes)
+        again = None if iterable or not reread else lambda: reread_differs(dataset, first[0], kept, tensor_bytes)
         stats, effects = sandbox.watch_effects(
             lambda: measure_batch(dataset, batch_size, collate, weigh, iterable, sampler, batch_sampler, twin,
                                   first, kept),
-            [dataset, collate], reread)
+            [dataset, collate], again)
         if isinstance(stats, BatchStats):  # the CPU the child kept busy since its fork (a collate may use threads)
             stats = replace(stats, fork_seconds=ready, free_cpus=time.process_time())
         elif sandbox.blinded():

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -33,6 +35,7 @@ from _installed import compile_bytecode
 REPO = Path(__file__).resolve().parent.parent
 TAG = "BENCH_DL "
 SHM = {"64m": "64m", "512m": "512m", "ample": "4g"}
+HANG_SECONDS = 120  # an epoch here takes a few seconds
 
 
 def child(framework: str, config: dict) -> None:
@@ -109,11 +112,18 @@ def run_one(python: str, framework: str, config: dict, shm: str) -> dict:
                                                   json.dumps(config)))
     shell = f"mount -t tmpfs -o size={shm} tmpfs /dev/shm && exec {command}"
     env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "GLOG_v": "3"}
-    proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", shell], capture_output=True,
-                          text=True, timeout=600, cwd=str(REPO), env=env)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith(TAG)]
+    proc = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c", shell], text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(REPO), env=env,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=HANG_SECONDS)
+    except subprocess.TimeoutExpired:  # a loader that stalls (torch under a full /dev/shm can): a crash too
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return {"crash": f"HANG: no end of the epoch within {HANG_SECONDS} s"}
+    lines = [line for line in stdout.splitlines() if line.startswith(TAG)]
     if proc.returncode != 0 or not lines:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["?"]
+        tail = (stderr or stdout).strip().splitlines()[-1:] or ["?"]
         return {"crash": f"rc {proc.returncode}: {tail[0][:120]}"}
     return json.loads(lines[-1][len(TAG):])
 

@@ -103,16 +103,11 @@ def probe() -> ThreadPools:
     libraries loaded (ms_shm's own modules, imported lazily between the probe and the plan, load none). A pool
     resized between two stages (``threadpool_limits``) keeps its first reading: the cap then set is at most one
     the pools already meet. A failing probe is an unknown, never an error."""
-    key = (os.getpid(), _modules_loaded())
+    key = (os.getpid(), sum(1 for name in list(sys.modules) if name.partition(".")[0] != "ms_shm"))
     if key not in _probed:
         _probed.clear()
         _probed[key] = _read_pools()
     return _probed[key]
-
-
-def _modules_loaded() -> int:
-    """Modules imported here but ms_shm's own: what stands for the native libraries loaded (see ``probe``)."""
-    return sum(1 for name in list(sys.modules) if name.partition(".")[0] != "ms_shm")
 
 
 _controller: tuple = ()  # (shared objects loaded, threadpoolctl.ThreadpoolController) of the last reading

@@ -238,7 +238,7 @@ def _lock_mode(req: Request, why: str, default_workers: int, default_multiproces
     """Rows that depend on which worker reads them keep MindSpore's own mode and workers."""
     workers = req.workers if req.workers is not None else default_workers
     multiprocessing = req.multiprocessing if req.multiprocessing is not None else default_multiprocessing
-    reason = (f"{why}: rows depend on which process or thread reads them, so MindSpore's own mode is kept "
+    reason = (f"{why}: rows must be read by the workers MindSpore itself would start, so its own mode is kept "
               f"(num_parallel_workers={workers}, python_multiprocessing={multiprocessing}); only prefetch and "
               f"the shared-memory switch may change")
     return replace(req, workers=workers, multiprocessing=multiprocessing), Decision("mode_locked", True, False,
@@ -306,8 +306,8 @@ def _plan_source(probe: measure.StageProbe, req: Request, kwargs: dict, config: 
     decisions = []
     if probe.stats is not None:
         req = replace(req, rows_per_epoch=_rows_per_epoch(kwargs, probe.stats.length))
-    if probe.effects.order_dependent:
-        req, locked = _lock_mode(req, probe.effects.order_dependent, 1, True)
+    if probe.effects.mode_bound:
+        req, locked = _lock_mode(req, probe.effects.mode_bound, 1, True)
         decisions.append(locked)
     req, kept_here = _state_stays_here(req, probe.effects, True)
     decisions += kept_here
@@ -322,7 +322,7 @@ def _plan_source(probe: measure.StageProbe, req: Request, kwargs: dict, config: 
         costs = eng.planning.Costs().on_this_host(hostcost.for_rows(probe.stats.row_bytes_max,
                                                                     _serial_epoch(probe.stats, req)))
         p = _fit(lambda r: eng.planning.plan_generator(probe.stats, r, b, profile, costs), req,
-                 bool(probe.effects.order_dependent))
+                 bool(probe.effects.mode_bound))
     return replace(p, decisions=tuple(decisions) + p.decisions)
 
 
@@ -418,12 +418,13 @@ def _adopt(dataset: Any, built: Any) -> None:
 
 
 def _rows_per_epoch(kwargs: dict, length: int | None) -> int | None:
-    """This rank's rows per epoch, as MindSpore's sampler will draw them (``num_samples``, ``num_shards``)."""
+    """This rank's rows per epoch, as MindSpore's sampler draws them: the shard first (rounded up), then at most
+    ``num_samples`` of it (60 rows, 2 shards, ``num_samples=24``: 24 rows, not 12)."""
     n = length
-    if kwargs.get("num_samples"):
-        n = min(n or kwargs["num_samples"], kwargs["num_samples"])
     if kwargs.get("num_shards") and n:
         n = -(-n // kwargs["num_shards"])
+    if kwargs.get("num_samples"):
+        n = min(n or kwargs["num_samples"], kwargs["num_samples"])
     return n
 
 
@@ -641,7 +642,7 @@ def _plan_operations(probe: measure.StageProbe, req: Request, config: Any, facts
     """The plan for a map stage: measured, or MindSpore's own settings where rows cannot be measured or depend
     on which worker computes them."""
     profile, b = _profile(config, facts, eng), SESSION.budget(facts)
-    why = probe.unmeasured or probe.effects.order_dependent
+    why = probe.unmeasured or probe.effects.mode_bound
     if why:
         req = replace(req, workers=req.workers if req.workers is not None else _map_default_workers(config),
                       multiprocessing=bool(req.multiprocessing))

@@ -116,6 +116,8 @@ def _locked(asked_lock: str | None, effects: Any) -> str | None:
         return f"{effects.rereads_differ} (each worker would read it from its own copy)"
     if effects.state_per_read:  # workers are processes: their copies would change, the program's object not
         return f"{effects.state_per_read} (workers would change their own copies, never the program's object)"
+    if effects.holds_handle:  # forked workers share a descriptor opened before them: one offset for all
+        return effects.holds_handle
     return None
 
 

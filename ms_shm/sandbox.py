@@ -59,17 +59,26 @@ class Effects(Result):
             copies and the program's object would not see it (its counter stays 0), so rows are not read in
             processes the caller did not ask for; threads share the object. Rows that depend on that state
             read back differently (``rereads_differ``).
+        holds_handle: after the probe's reads the objects hold an open stream or connection (``held_handles``),
+            opened lazily or before: its position and its thread belong to whoever reads it, so the workers'
+            kind and count stay the framework's (threads sharing one file race on its offset).
     """
 
     draws_random: str | None = None
     rereads_differ: str | None = None
     mutates_state: str | None = None
     state_per_read: str | None = None
+    holds_handle: str | None = None
 
     @property
     def order_dependent(self) -> str | None:
         """Why rows may depend on which worker (process or thread) reads them, or ``None``."""
         return self.draws_random or self.rereads_differ
+
+    @property
+    def mode_bound(self) -> str | None:
+        """Why the framework's own workers (kind and count) must read the rows, or ``None``."""
+        return self.order_dependent or self.holds_handle
 
 
 @record
@@ -398,7 +407,7 @@ def watch_effects(run: Callable[[], Any], objects: Sequence[Any], reread: Callab
             state2 = state_of(objects)
         changed = changed_attributes(state1, state2, objects)
         per_read = f"{changed} on every read, not only the first" if changed else None
-    return value, Effects(draws, differs, mutated, per_read)
+    return value, Effects(draws, differs, mutated, per_read, held_handles(objects))
 
 
 _WALK_DEPTH = 4  # attributes of attributes...: a dataset's transform's generator is 2-3 levels down
@@ -434,19 +443,49 @@ _SHARED_KINDS = (("multiprocessing.synchronize", ("SemLock", "Condition", "Event
                  ("multiprocessing.shared_memory", ("SharedMemory", "ShareableList")))
 
 
+# Threads a forked child does not have: a source that hands its reads to a pool waits there forever (60 s, the
+# probe's timeout, in a run that printed nothing).
+_THREAD_KINDS = (("concurrent.futures._base", ("Executor",)), ("threading", ("Thread",)))
+# What a reader holds open, with a position or a thread of its own: streams (files, BytesIO), sockets, memory
+# maps, and the database and array-file handles datasets keep (by module: never imported here).
+_HANDLE_KINDS = (("io", ("IOBase",)), ("socket", ("socket",)), ("mmap", ("mmap",)),
+                 ("sqlite3", ("Connection", "Cursor")), ("h5py", ("File", "Dataset")), ("lmdb", ("Environment",)))
+
+
+def _kinds(table: tuple) -> tuple:
+    return tuple(getattr(sys.modules[module], name) for module, names in table if module in sys.modules
+                 for name in names if isinstance(getattr(sys.modules[module], name, None), type))
+
+
+def _named(where: str, obj: Any) -> str:
+    return f"{where} is a {type(obj).__module__}.{type(obj).__qualname__}"
+
+
 def shared_with_processes(objects: Sequence[Any]) -> str | None:
     """Why ``objects`` cannot be read in a probe child, or ``None``: they hold (``_holding``) something the
-    child would share with the program rather than copy. A read there would change it for the program too, or
-    wait on it (PyTorch's ``test_dataloader`` datasets count samples in a ``multiprocessing.Value`` and wait on
-    a ``Semaphore`` only the real workers release: the probe added one to the count and waited 60 s)."""
-    kinds = tuple(getattr(sys.modules[module], name) for module, names in _SHARED_KINDS if module in sys.modules
-                  for name in names if isinstance(getattr(sys.modules[module], name, None), type))
-    found = _holding(objects, kinds) if kinds else []
+    child would share with the program rather than copy, or threads it would not have. A read there would change
+    it for the program too, or wait on it (PyTorch's ``test_dataloader`` datasets count samples in a
+    ``multiprocessing.Value`` and wait on a ``Semaphore`` only the real workers release: the probe added one to
+    the count and waited 60 s; a source reading through its ``ThreadPoolExecutor`` waited as long)."""
+    found = _holding(objects, _kinds(_SHARED_KINDS))
+    if found:
+        return (f"{_named(*found[0])}, shared with other processes: a read in a probe process would change it for "
+                f"the program too (or wait on it), so nothing is read ahead")
+    found = _holding(objects, _kinds(_THREAD_KINDS))
+    if found:
+        return (f"{_named(*found[0])}, whose threads a forked probe process would not have (a read there would wait "
+                f"on them): nothing is read ahead")
+    return None
+
+
+def held_handles(objects: Sequence[Any]) -> str | None:
+    """``Effects.holds_handle``: the first open stream or connection ``objects`` hold, named, or ``None``."""
+    found = [(where, obj) for where, obj in _holding(objects, _kinds(_HANDLE_KINDS))
+             if not getattr(obj, "closed", False)]
     if not found:
         return None
-    where, obj = found[0]
-    return (f"{where} is a {type(obj).__module__}.{type(obj).__qualname__}, shared with other processes: a read "
-            f"in a probe process would change it for the program too (or wait on it), so nothing is read ahead")
+    return (f"{_named(*found[0])}, open: its position (or its thread) belongs to the reader that uses it, and "
+            f"other readers would share or race on it")
 
 
 def _holding(objects: Sequence[Any], kinds: tuple) -> list:

@@ -520,6 +520,83 @@ def test_a_source_reading_an_open_file_is_measured_and_keeps_its_offset(ds, tmp_
     assert_same(*both(ds, lambda: FileRecords(path), ["x"], shuffle=False), 16)
 
 
+class LazyRecords(FileRecords):
+    """The "open in the worker" idiom: the file is opened by the first read, so each of MindSpore's worker
+    processes opens its own; threads would share one handle and race on seek + read."""
+
+    def __init__(self, path, n=400):
+        self.path, self.n, self.handle = path, n, None
+
+    def __getitem__(self, index):
+        if self.handle is None:
+            self.handle = open(self.path, "rb")
+        return super().__getitem__(index)
+
+
+class SqliteRows:
+    """Rows from an sqlite3 connection made in ``__init__``: it refuses every thread but the one that made it,
+    which a forked worker process is and a worker thread is not."""
+
+    def __init__(self, path, n=40):
+        import sqlite3
+
+        self.conn, self.n = sqlite3.connect(path), n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, index):
+        value, = self.conn.execute("select v from t where id = ?", (int(index),)).fetchone()
+        return (np.full(4, value, np.int64),)
+
+
+def test_a_source_holding_an_open_handle_keeps_mindspores_worker_processes(ds, tmp_path):
+    import sqlite3
+
+    import ms_shm
+
+    path = tmp_path / "records.bin"
+    path.write_bytes(np.random.default_rng(5).integers(0, 256, 400 * 64, dtype=np.uint8).tobytes())
+    db = tmp_path / "rows.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("create table t (id integer primary key, v integer)")
+        conn.executemany("insert into t values (?, ?)", [(i, i * 7) for i in range(40)])
+    for make, n, what in ((lambda: LazyRecords(path), 400, "BufferedReader"),
+                          (lambda: SqliteRows(db), 40, "sqlite3.Connection")):
+        p = ms_shm.plan_of(ms_shm.build_dataset(make(), ["x"], shuffle=False, num_parallel_workers=2))
+        locked = [d for d in p.decisions if d.setting == "mode_locked"]
+        assert locked and what in locked[0].reason, p.summary()
+        assert p.python_multiprocessing and p.workers == 2, p.summary()  # MindSpore's own: each worker its own
+        assert_same(*both(ds, make, ["x"], shuffle=False, num_parallel_workers=2), n)
+
+
+class Pooled(Plain):
+    """Reads through a thread pool made in ``__init__``: a forked probe child has none of its threads."""
+
+    def __init__(self):
+        from concurrent.futures import ThreadPoolExecutor
+
+        super().__init__(n=8)
+        self.pool = ThreadPoolExecutor(2)
+
+    def __getitem__(self, index):
+        return self.pool.submit(Plain.__getitem__, self, index).result()
+
+
+def test_a_source_reading_through_a_thread_pool_is_not_read_in_a_fork(ds):
+    import time
+
+    import ms_shm
+
+    started = time.perf_counter()
+    p = ms_shm.plan_of(ms_shm.build_dataset(Pooled(), ["a", "b"], shuffle=False, python_multiprocessing=False,
+                                            num_parallel_workers=2))
+    assert time.perf_counter() - started < 30  # the probe's timeout is 60 s
+    assert "ThreadPoolExecutor" in p.summary() and "not measured" in p.summary(), p.summary()
+    assert_same(*both(ds, Pooled, ["a", "b"], shuffle=False, python_multiprocessing=False,
+                      num_parallel_workers=2), 8)
+
+
 def test_a_batch_ms_shm_does_not_plan_still_caps_workers_at_the_cpu_count(ds, caplog):
     """A callable batch size is passed on unplanned; the one rule every planner applies still holds: MindSpore
     refuses more workers than os.cpu_count(), ms_shm caps them, with a warning."""

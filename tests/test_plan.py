@@ -521,3 +521,20 @@ def test_the_global_shared_mem_change_gives_the_plans_own_reason():
     reason = next(d.reason for d in p.decisions if d.setting == "shared_mem")
     assert [c.setting for c in made] == ["shared_mem"]
     assert made[0].reason.startswith(reason) and "later in this process" in made[0].reason
+
+
+@pytest.mark.parametrize("length, kwargs, rows", [
+    (60, {"num_shards": 2, "num_samples": 24}, 24),  # the shard (30 rows) first, then num_samples
+    (60, {"num_shards": 2, "num_samples": 40}, 30),
+    (61, {"num_shards": 2}, 31),
+    (61, {"num_shards": 4, "num_samples": 10}, 10),
+    (7, {"num_shards": 4}, 2),
+    (60, {"num_samples": 24}, 24),
+    (60, {}, 60),
+])
+def test_rows_per_epoch_shards_before_num_samples_as_mindspore_does(length, kwargs, rows):
+    """MindSpore 2.10's get_dataset_size() for these GeneratorDataset arguments (measured): planning for fewer
+    rows than a worker reads under-counts its shared-memory slots, and the guard then stops a run that fits."""
+    from ms_shm import api
+
+    assert api._rows_per_epoch(kwargs, length) == rows

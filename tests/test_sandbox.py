@@ -247,3 +247,37 @@ def test_what_a_fork_shares_with_the_program_is_found_at_any_depth(monkeypatch):
         block.close()
         block.unlink()
     assert sandbox.shared_with_processes([Holding(np.arange(4)), closure_drawing(), Augmented()]) is None
+
+
+def test_open_handles_a_source_holds_are_named_and_closed_ones_are_not(tmp_path):
+    import io as _io
+
+    class Holding:
+        def __init__(self, inner):
+            self.parts = [inner]
+
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"x" * 8)
+    handle = open(path, "rb")
+    try:
+        assert "Holding.parts[0] is a _io.BufferedReader, open" in sandbox.held_handles([Holding(handle)])
+        assert "BytesIO" in sandbox.held_handles([Holding(_io.BytesIO(b"abc"))])
+    finally:
+        handle.close()
+    assert sandbox.held_handles([Holding(handle)]) is None  # closed: nothing to share
+    assert sandbox.held_handles([Holding(np.arange(4)), Augmented()]) is None
+
+
+def test_a_thread_pool_the_source_holds_keeps_it_out_of_a_probe_fork():
+    from concurrent.futures import ThreadPoolExecutor
+
+    class Holding:
+        def __init__(self):
+            self.pool = ThreadPoolExecutor(1)
+
+    obj = Holding()
+    try:
+        why = sandbox.shared_with_processes([obj])
+        assert why is not None and "ThreadPoolExecutor" in why and "nothing is read ahead" in why
+    finally:
+        obj.pool.shutdown()

@@ -76,6 +76,8 @@ def _asked_lock(eng: Any, dataset: Any, asked: dict) -> str | None:
         return "an iterable dataset (each worker iterates its own copy)"
     if asked.get("worker_init_fn") is not None:
         return "worker_init_fn is passed (it runs in each worker, and only there)"
+    if asked.get("generator") is not None and getattr(eng.compat, "WORKERS_DRAW_FROM_GENERATOR", False):
+        return "generator is passed, and the framework draws its workers' seed from it (the shuffle order would move)"
     used = codescan.worker_info_use(dataset, asked.get("collate_fn"))
     if used:
         return used
@@ -88,6 +90,12 @@ def _asked_lock(eng: Any, dataset: Any, asked: dict) -> str | None:
     if not asked.get("in_order", True):
         return "in_order=False (workers would deliver batches in the order they finish)"
     return None
+
+
+# Under ``ms_shm.patch`` a loader its code left at ``num_workers=0`` keeps it: workers would change what the loop
+# sees in ways no probe reads (an exception re-raised as the framework's wrapper, ``torch.initial_seed()``, the
+# dataset changes the loop makes between epochs, batches that must pickle). ms_shm only lowers what cannot fit.
+_UNCHANGED_CODE = "num_workers is not passed in unchanged code (ms_shm.patch adds no workers it did not ask for)"
 
 
 def _worker_only(asked: dict) -> str:
@@ -161,6 +169,8 @@ def prepare(eng: Any, cls: Any, dataset: Any, args: tuple, kwargs: dict, prefere
     facts = SESSION.host_facts()
     b = SESSION.budget(facts)
     asked_lock, problem = _asked_lock(eng, dataset, asked), eng.compat.numpy_problem()
+    if preferences and asked.get("num_workers") is None:
+        asked_lock = asked_lock or _UNCHANGED_CODE
     kept = asked_lock or problem
     if kept and asked.get("num_workers") is None:  # workers stay at the framework's default: nothing to size
         return asked, eng.planning.kept_plan(_request(eng, asked, facts, kept), b, eng.profile())

@@ -460,6 +460,25 @@ def test_code_that_calls_get_worker_info_is_found_through_helpers_wrappers_and_c
     assert codescan.worker_info_use(Wrapper(Plain())) is None
 
 
+class SeededAug:
+    """Per-sample augmentation seeded from ``torch.initial_seed()``: in a worker that is the loader's base seed
+    plus the worker's id, so the samples differ from the main process's."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        import torch
+
+        return np.random.default_rng(torch.initial_seed() + i).random(4)
+
+
+def test_code_that_seeds_from_torch_initial_seed_is_found():
+    from ms_shm.engines.torchstyle import codescan
+
+    assert "SeededAug.__getitem__ calls initial_seed()" in codescan.worker_info_use(SeededAug())
+
+
 def test_the_frameworks_own_collate_is_not_read():
     torch = pytest.importorskip("torch")  # its collate asks for the worker only to place a batch in shared memory
     from ms_shm.engines.torchstyle import codescan

@@ -366,3 +366,38 @@ def test_workers_adapted_under_patch_still_get_torchs_own_warning(fresh_torch):
     with ms_shm.patched(), pytest.warns(UserWarning, match="worker processes in total"):
         loader = DataLoader(ds, batch_size=2, num_workers=1000)  # 1000 workers' memory cannot fit
     assert loader.num_workers < 1000 and batches(loader) == batches(DataLoader(ds, batch_size=2))
+
+
+class Records(Dataset if Dataset is not None else object):
+    """Fixed-size records from a file opened in ``__init__``: forked workers share its offset and race on seek +
+    read; slow reads make workers look worth their start-up."""
+
+    def __init__(self, path):
+        self.handle = open(path, "rb")
+
+    def __len__(self):
+        return 24
+
+    def __getitem__(self, i):
+        time.sleep(0.02)
+        self.handle.seek(i * 16)
+        return torch.frombuffer(bytearray(self.handle.read(16)), dtype=torch.uint8)
+
+
+def test_a_dataset_holding_an_open_file_keeps_num_workers_0(fresh_torch, tmp_path):
+    path = tmp_path / "records.bin"
+    path.write_bytes(bytes(range(256)) * 2)
+    loader = ms_shm.build_dataloader(Records(path), batch_size=4)
+    assert loader.num_workers == 0 and "BufferedReader" in str(ms_shm.plan_of(loader).decisions[0])
+    assert batches(loader) == batches(DataLoader(Records(path), batch_size=4))
+
+
+def test_unchanged_code_under_patch_keeps_num_workers_0(fresh_torch):
+    """Slow samples that ms_shm.build_dataloader would give workers: a DataLoader call that never asked for
+    them keeps the framework's default under ms_shm.patch (an exception, a seed, a loop's change to the dataset
+    would arrive otherwise than the code was written for)."""
+    ds = Numbers(12, delay=0.05)
+    with ms_shm.patched():
+        loader = DataLoader(ds, batch_size=2)
+    assert loader.num_workers == 0 and "adds no workers" in str(ms_shm.plan_of(loader).decisions[0])
+    assert batches(loader) == batches(DataLoader(ds, batch_size=2))

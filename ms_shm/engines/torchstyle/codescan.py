@@ -1,8 +1,9 @@
 """Whether a DataLoader's samples can depend on the worker that reads them, read from the code alone (no call).
 
 A dataset or ``collate_fn`` that calls ``get_worker_info()`` gives other samples in a worker than in the main
-process (a per-worker shard, a tag, a per-worker cache): ``num_workers`` chosen by ms_shm would change what
-arrives. The probe cannot see it (its child is not a worker), so the code is read instead: the names each code
+process (a per-worker shard, a tag, a per-worker cache), and one that seeds from ``torch.initial_seed()`` other
+random streams (each worker's is the loader's base seed plus its id): ``num_workers`` chosen by ms_shm would
+change what arrives. The probe cannot see it (its child is not a worker), so the code is read instead: the names each code
 object uses (``co_names``: globals, attributes and imports alike, so ``get_worker_info()``,
 ``torch.utils.data.get_worker_info()`` and a local ``from ... import get_worker_info`` all show), through nested
 code (lambdas, comprehensions, inner functions), the methods and module functions it names, and the objects the
@@ -22,7 +23,7 @@ import sys
 import types
 from typing import Any, Iterator
 
-NAME = "get_worker_info"
+NAMES = ("get_worker_info", "initial_seed")  # what a worker answers apart from the main process
 ENTRY_POINTS = ("__getitem__", "__getitems__", "__iter__", "__call__")
 FRAMEWORKS = frozenset({"torch", "mindspore", "numpy", "ms_shm", "builtins"})
 MAX_CODES = 300  # code objects read at most: a dataset's own code is tens
@@ -37,11 +38,12 @@ STDLIB = getattr(sys, "stdlib_module_names", None) or frozenset({
 
 
 def worker_info_use(dataset: Any, collate_fn: Any = None) -> str | None:
-    """Where ``dataset`` or ``collate_fn`` refers to ``get_worker_info``, named for the log, or ``None``."""
+    """Where ``dataset`` or ``collate_fn`` refers to one of ``NAMES``, named for the log, or ``None``."""
     seen: set = set()
     for where, fn, owner in itertools.chain(_held_entries(dataset, seen), _collate_entries(collate_fn)):
-        if _refers(fn, owner, set(), [0]):
-            return f"{where} calls get_worker_info() (what it returns depends on the worker that reads it)"
+        name = _refers(fn, owner, set(), [0])
+        if name:
+            return f"{where} calls {name}() (what it returns depends on the worker that reads it)"
     return None
 
 
@@ -111,21 +113,23 @@ def _names(code: types.CodeType) -> Iterator:
             yield from _names(const)
 
 
-def _refers(fn: Any, owner: Any, seen: set, count: list) -> bool:
-    """Whether ``fn`` or what it names (its owner's methods, its module's functions) refers to ``NAME``."""
+def _refers(fn: Any, owner: Any, seen: set, count: list) -> str | None:
+    """Which of ``NAMES`` ``fn`` or what it names (its owner's methods, its module's functions) refers to."""
     code = getattr(fn, "__code__", None)
     if code is None or code in seen or count[0] >= MAX_CODES:
-        return False
+        return None
     seen.add(code)
     count[0] += 1
     names = set(_names(code))
-    if NAME in names:
-        return True
+    found = next((name for name in NAMES if name in names), None)
+    if found:
+        return found
     for name in names:
         for target, target_owner in _named(name, fn, owner):
-            if _refers(target, target_owner, seen, count):
-                return True
-    return False
+            found = _refers(target, target_owner, seen, count)
+            if found:
+                return found
+    return None
 
 
 def _named(name: str, fn: Any, owner: Any) -> Iterator:
@@ -142,4 +146,4 @@ def _named(name: str, fn: Any, owner: Any) -> Iterator:
         yield value, None
 
 
-__all__ = ["worker_info_use", "NAME", "MAX_CODES"]
+__all__ = ["worker_info_use", "NAMES", "MAX_CODES"]

@@ -468,6 +468,7 @@ class SeededAug:
         return 8
 
     def __getitem__(self, i):
+        import numpy as np
         import torch
 
         return np.random.default_rng(torch.initial_seed() + i).random(4)

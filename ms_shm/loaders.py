@@ -83,6 +83,9 @@ def _asked_lock(eng: Any, dataset: Any, asked: dict) -> str | None:
         return used
     if asked.get("num_workers") is not None:
         return None
+    unsent = _not_sent_at_start(asked)
+    if unsent:
+        return unsent
     only = _worker_only(asked)
     if only:
         return (f"{only} passed without num_workers (meant for workers: the framework's own check sees them "
@@ -96,6 +99,23 @@ def _asked_lock(eng: Any, dataset: Any, asked: dict) -> str | None:
 # sees in ways no probe reads (an exception re-raised as the framework's wrapper, ``torch.initial_seed()``, the
 # dataset changes the loop makes between epochs, batches that must pickle). ms_shm only lowers what cannot fit.
 _UNCHANGED_CODE = "num_workers is not passed in unchanged code (ms_shm.patch adds no workers it did not ask for)"
+
+
+def _not_sent_at_start(asked: dict) -> str | None:
+    """Where workers would not fork (spawn, forkserver), why what each one is sent at its start (the dataset,
+    ``collate_fn``, ``worker_init_fn``) cannot be pickled, or ``None``."""
+    context = asked.get("multiprocessing_context")
+    method = context if isinstance(context, str) else getattr(context, "get_start_method", lambda: None)() \
+        if context is not None else multiprocessing.get_start_method(allow_none=True)  # None: never sets it
+    method = method or ("fork" if sys.platform == "linux" and sys.version_info < (3, 14) else "spawn")
+    if method == "fork":
+        return None
+    for name in ("dataset", "collate_fn", "worker_init_fn"):
+        if asked.get(name) is not None:
+            why = probe.why_not_sent(asked[name], f"the {name}")
+            if why:
+                return f"{why} (each {method} worker is sent it at its start)"
+    return None
 
 
 def _worker_only(asked: dict) -> str:
@@ -175,7 +195,8 @@ def prepare(eng: Any, cls: Any, dataset: Any, args: tuple, kwargs: dict, prefere
     if kept and asked.get("num_workers") is None:  # workers stay at the framework's default: nothing to size
         return asked, eng.planning.kept_plan(_request(eng, asked, facts, kept), b, eng.profile())
     stats, effects, why = _probe(eng, dataset, asked, b, timed=asked.get("num_workers") is None)
-    locked = _locked(asked_lock, effects)
+    locked = _locked(asked_lock, effects) or (stats.unsent if stats is not None and asked.get("num_workers") is None
+                                              else None)
     req = _request(eng, asked, facts, locked or problem)
     refused = None
     if problem and preferences and req.workers and not locked:  # workers cannot work here: samples inline

@@ -528,3 +528,24 @@ def test_without_workers_three_batches_count_against_a_container_and_the_fix_nam
         plan_loader(stats(96), ask(), tight)
     text = str(err.value)
     assert "docker run --memory" in text and "--shm-size" not in text and "ulimit" not in text, text
+
+
+def test_mindspores_dataloader_with_a_generator_keeps_its_workers_and_torchs_does_not():
+    """MindSpore 2.8's multi-process iterator draws its workers' seed from the loader's generator, the one its
+    RandomSampler shuffles with (its ``_MultiProcessIterator``); torch draws its base seed with or without
+    workers."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from ms_shm import loaders
+    from ms_shm.engines.mindspore_dataloader import compat as ms_compat
+    from ms_shm.engines.torch import compat as torch_compat
+
+    asked = {"dataset": object(), "batch_size": 4, "shuffle": True, "generator": np.random.default_rng(0)}
+    for compat, locked in ((ms_compat, True), (torch_compat, False)):
+        eng = SimpleNamespace(compat=SimpleNamespace(is_iterable=lambda d: False,
+                                                     WORKERS_DRAW_FROM_GENERATOR=getattr(
+                                                         compat, "WORKERS_DRAW_FROM_GENERATOR", False)))
+        why = loaders._asked_lock(eng, asked["dataset"], asked)
+        assert (why is not None and "generator" in why) == locked, why

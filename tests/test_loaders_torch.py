@@ -401,3 +401,50 @@ def test_unchanged_code_under_patch_keeps_num_workers_0(fresh_torch):
         loader = DataLoader(ds, batch_size=2)
     assert loader.num_workers == 0 and "adds no workers" in str(ms_shm.plan_of(loader).decisions[0])
     assert batches(loader) == batches(DataLoader(ds, batch_size=2))
+
+
+class Tagged2D:
+    """A collate_fn's own batch class, as detection code returns: tensors in attributes."""
+
+    def __init__(self, images, note):
+        self.images, self.note = images, note
+
+
+def tagged_collate(samples):
+    return Tagged2D(torch.stack(samples), lambda: "not picklable")
+
+
+def grad_collate(samples):
+    return torch.stack(samples).requires_grad_() * 2  # a result of autograd: torch refuses to send it
+
+
+@pytest.mark.parametrize("collate", [tagged_collate, grad_collate])
+def test_batches_no_worker_could_send_keep_num_workers_0(fresh_torch, collate):
+    """Slow samples that workers would speed up: but a worker pickles each batch, and these do not pickle."""
+    ds = Numbers(12, delay=0.05)
+    loader = ms_shm.build_dataloader(ds, batch_size=2, collate_fn=collate)
+    assert loader.num_workers == 0 and "cannot be pickled" in str(ms_shm.plan_of(loader).decisions[0])
+    assert len(list(loader)) == 6
+
+
+def test_spawn_workers_need_a_dataset_and_collate_that_pickle(fresh_torch, monkeypatch):
+    """A program that called ``multiprocessing.set_start_method("spawn")`` (patched here: it is set once per
+    process): each worker is sent the dataset and the collate_fn, and a lambda does not pickle."""
+    from ms_shm import loaders
+
+    monkeypatch.setattr(loaders.multiprocessing, "get_start_method", lambda allow_none=False: "spawn")
+    ds = Numbers(12, delay=0.05)
+    loader = ms_shm.build_dataloader(ds, batch_size=2, collate_fn=lambda s: torch.stack(s))
+    why = str(ms_shm.plan_of(loader).decisions[0])
+    assert loader.num_workers == 0 and "the collate_fn cannot be pickled" in why and "spawn worker" in why
+    assert len(list(loader)) == 6
+
+
+def test_tensors_in_a_custom_batch_class_are_weighed():
+    torch = pytest.importorskip("torch")
+    from ms_shm.engines.torch import compat
+
+    image = torch.zeros(4, 1024, dtype=torch.uint8)
+    batch = Tagged2D(image, {"boxes": [torch.zeros(8, dtype=torch.float32)], "self": None})
+    batch.note["self"] = batch  # a cycle
+    assert compat.weigh(batch) == (4 * 1024 + 32, 2)

@@ -6,6 +6,7 @@ on first use; ``torch`` itself only when a function is called.
 from __future__ import annotations
 
 import logging
+import types
 from typing import Any
 
 from ms_shm.changes import Change
@@ -21,24 +22,47 @@ warn_as_asked = _DATA.warn_as_asked
 
 
 def weigh(batch: Any) -> tuple:
-    """``(bytes, storages)`` of every tensor in ``batch`` (nested lists, tuples, dicts), each storage once."""
+    """``(bytes, storages)`` of every tensor in ``batch`` (nested lists, tuples, dicts, and the attributes of the
+    objects a ``collate_fn`` returns: a worker pickles those whole, each tensor through shared memory), each
+    storage once."""
     import torch
 
     seen: dict = {}
-
-    def walk(value: Any) -> None:
+    visited: set = set()
+    stack = [batch]
+    while stack:
+        value = stack.pop()
         if isinstance(value, torch.Tensor):
             storage = value.untyped_storage()
             seen[storage.data_ptr() or id(storage)] = storage.nbytes()
+        elif id(value) in visited or isinstance(value, _LEAVES):
+            continue
         elif isinstance(value, dict):
-            for v in value.values():
-                walk(v)
-        elif isinstance(value, (list, tuple)):
-            for v in value:
-                walk(v)
-
-    walk(batch)
+            visited.add(id(value))
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            visited.add(id(value))
+            stack.extend(value)
+        else:
+            visited.add(id(value))
+            stack.extend(_attributes(value))
     return sum(seen.values()), len(seen)
+
+
+_LEAVES = (str, bytes, bytearray, int, float, complex, bool, type(None), type, types.ModuleType, types.FunctionType,
+           types.BuiltinFunctionType, types.MethodType)
+
+
+def _attributes(value: Any) -> list:
+    """The attribute values of an object a batch holds (``__dict__`` and slots)."""
+    attrs = getattr(value, "__dict__", None)
+    out = list(attrs.values()) if isinstance(attrs, dict) else []
+    for klass in type(value).__mro__:
+        slots = klass.__dict__.get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if hasattr(value, name):
+                out.append(getattr(value, name))
+    return out
 
 
 def twin(sample: Any) -> Any:

@@ -67,6 +67,8 @@ class BatchStats(Result):
             (``None``: not measured; the usable CPUs are assumed free).
         cpu_seconds_per_sample: of ``seconds_per_sample``, the CPU time (``None``: all of it); waiting (I/O,
             sleep) costs the main process what it costs a fork.
+        unsent: why a batch cannot travel from a worker process to the loop (it does not pickle: a lambda, a
+            local class, a tensor that requires grad and is not a leaf), or ``None``.
     """
 
     batch_bytes: int
@@ -78,6 +80,7 @@ class BatchStats(Result):
     fork_seconds: float | None = None
     free_cpus: float | None = None
     cpu_seconds_per_sample: float | None = None
+    unsent: str | None = None
 
 
 @record

@@ -28,10 +28,14 @@ idle CPUs while the child ran are what the workers could share.
 
 from __future__ import annotations
 
+import io
 import itertools
+import pickle
 import time
 from dataclasses import replace
 from typing import Any, Callable
+
+import numpy as np
 
 from ms_shm import procfs, rows, sandbox
 from ms_shm.engines.torchstyle.planning import BatchStats
@@ -108,13 +112,15 @@ def measure_batch(dataset: Any, batch_size: int | None, collate: Callable, weigh
         except Exception:  # a sample the framework's copy cannot make: read the second one
             samples, walls = _first_samples(dataset, iterable, indices, 2)
     c0 = time.perf_counter()
-    one = weigh(collate(samples[:1]) if batched else collate(samples[0]))
+    batch = collate(samples[:1]) if batched else collate(samples[0])
     collates = [time.perf_counter() - c0]
+    one = weigh(batch)
     bytes_at, storages_at = [one[0]], [one[1]]
     if len(samples) > 1 and batched:
         c0 = time.perf_counter()
-        two = weigh(collate(samples[:2]))
+        batch = collate(samples[:2])
         collates.append((time.perf_counter() - c0) / 2)
+        two = weigh(batch)
         bytes_at.append(two[0])
         storages_at.append(two[1])
     per_sample_bytes = bytes_at[-1] - bytes_at[0] if len(bytes_at) > 1 else bytes_at[0]
@@ -122,11 +128,38 @@ def measure_batch(dataset: Any, batch_size: int | None, collate: Callable, weigh
     batch_bytes = bytes_at[0] + max(0, per_sample_bytes) * (size - 1)
     storages = storages_at[0] + max(0, per_sample_storages) * (size - 1)
     length = None if iterable else _length(dataset, sampler, batch_sampler, size)
+    unsent = why_not_sent(batch)
     if not timed:
-        return BatchStats(int(batch_bytes), int(max(1, storages)), None, length, size)
+        return BatchStats(int(batch_bytes), int(max(1, storages)), None, length, size, unsent=unsent)
     wall, cpu = sample_seconds(walls)
     return BatchStats(int(batch_bytes), int(max(1, storages)), wall + min(collates), length, size,
-                      cpu_seconds_per_sample=min(cpu, wall) + min(collates))
+                      cpu_seconds_per_sample=min(cpu, wall) + min(collates), unsent=unsent)
+
+
+class _Outline(pickle.Pickler):
+    """Pickles an object's structure, not its arrays' bytes: what must pickle for a worker to send it (its
+    containers, classes, functions), at a few microseconds for a batch of any size. A tensor is refused where
+    the framework refuses it (requires grad, not a leaf)."""
+
+    def persistent_id(self, obj: Any) -> Any:
+        if isinstance(obj, np.ndarray):
+            return "array"
+        if type(obj).__module__.split(".")[0] in ("torch", "mindspore") and hasattr(obj, "shape"):
+            if getattr(obj, "requires_grad", False) and not getattr(obj, "is_leaf", True):
+                raise RuntimeError("a tensor that requires grad and is not a leaf (a result of autograd) cannot be "
+                                   "sent between processes")
+            return "tensor"
+        return None
+
+
+def why_not_sent(value: Any, what: str = "the probe batch") -> str | None:
+    """Why ``value`` cannot go to another process (pickled, as a worker sends a batch and as spawn sends the
+    dataset), or ``None``."""
+    try:
+        _Outline(io.BytesIO(), protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    except Exception as exc:  # whatever pickling raises is what the worker would raise
+        return f"{what} cannot be pickled ({type(exc).__name__}: {str(exc)[:200]}), so no worker could send it"
+    return None
 
 
 def sample_seconds(walls: list) -> tuple:
@@ -214,5 +247,5 @@ def free_cpus(idle: float | None, probe_cpu_seconds: float, window: float) -> fl
     return idle + probe_cpu_seconds / window
 
 
-__all__ = ["measure_batch", "probe_loader", "first_batch", "reread_differs", "sample_seconds",
+__all__ = ["measure_batch", "probe_loader", "first_batch", "reread_differs", "sample_seconds", "why_not_sent",
            "free_cpus", "PROBE_SAMPLES", "PROBE_SECONDS"]

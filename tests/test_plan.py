@@ -538,3 +538,13 @@ def test_rows_per_epoch_shards_before_num_samples_as_mindspore_does(length, kwar
     from ms_shm import api
 
     assert api._rows_per_epoch(kwargs, length) == rows
+
+
+def test_shared_memory_the_program_switched_off_is_planned_as_pipes_without_a_change():
+    """``ds.config.set_enable_shared_mem(False)`` in the program: MindSpore's worker processes use pipes, so
+    /dev/shm bounds nothing and neither the transport nor the prefetch is changed for it."""
+    p = planning.plan_generator(rows(8 * MiB, 0.02, 1.0), ask(workers=2, multiprocessing=True, shared_mem=False),
+                                room(shm_free=64 * MiB), V210)
+    assert p.mode == PIPES and p.prefetch == 16 and p.predicted_shm < MiB, p.summary()  # semaphores only
+    assert not [d for d in p.decisions if d.setting in ("shared_mem", "prefetch_size")], p.decisions
+    assert mode_decision(p).value == mode_decision(p).default == PIPES

@@ -111,6 +111,10 @@ def _modes(req: Request, notes: list, stats: RowStats | None = None) -> list:
     if not req.can_switch_shared_mem and PIPES in modes:
         modes.remove(PIPES)
         notes.append("this MindSpore has no set_enable_shared_mem: pipes are not available")
+    elif not req.shared_mem and PROCESSES in modes:  # ms_shm never switches it back on
+        modes.remove(PROCESSES)
+        notes.append("shared memory is switched off in this process (set_enable_shared_mem(False)): worker "
+                     "processes send rows through pipes")
     return modes
 
 
@@ -236,7 +240,7 @@ def _setting_decisions(best: Candidate, cands: list, req: Request, budget: Budge
         out.append(Decision("prefetch_size", best.prefetch, req.prefetch,
                             f"prefetch {req.prefetch} does not fit ({_why_not_at(cands, best, req.prefetch)}); "
                             f"this lowers MindSpore's global prefetch size"))
-    if best.mode == PIPES:
+    if best.mode == PIPES and req.shared_mem:
         slots_why = [c.why_not for c in cands if c.mode == PROCESSES and c.workers == best.workers]
         out.append(Decision("shared_mem", False, True,
                             "rows go through pipes: shared-memory slots "
@@ -254,7 +258,7 @@ def default_mode(req: Request) -> str:
     w = req.workers or 1
     if w <= 1:
         return INLINE
-    return THREADS if req.multiprocessing is False else PROCESSES
+    return THREADS if req.multiprocessing is False else PROCESSES if req.shared_mem else PIPES
 
 
 def _mode_reason(best: Candidate, fitting: list, req: Request, stats: RowStats) -> str:

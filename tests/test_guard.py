@@ -172,6 +172,7 @@ def test_the_guard_survives_pickling_for_spawn(free_space):
 
 
 def test_a_row_over_the_workers_share_is_refused_naming_row_size_plan_and_fix(free_space):
+    free_space.value = 20 * MiB  # no room for both workers to grow a 12 MiB slot
     rows = [row_of(12 * MiB - 8) for _ in range(3)]
     g = GuardedSource(ListSource(rows),
                       spec(slots=18, worker_bytes=int(25.6 * MiB), planned=MiB, workers=2, scale=1 / 0.8))
@@ -186,6 +187,19 @@ def test_a_row_over_the_workers_share_is_refused_naming_row_size_plan_and_fix(fr
         "Kubernetes emptyDir with medium: Memory and that sizeLimit), or lower num_parallel_workers")
     assert g._ms_shm_guard._slots == [12 * MiB, 12 * MiB]  # the refused row took nothing: MindSpore never saw it
     assert g._ms_shm_guard._next_slot == 2
+
+
+def test_a_rare_row_over_the_share_goes_on_where_dev_shm_has_room_for_every_worker(free_space, caplog):
+    """Rows the probe did not read (a few full-size images among small ones): raw MindSpore runs them where
+    /dev/shm has room, so the guard does too, and says so once."""
+    free_space.value = 100 * MiB  # room for 2 workers x 12 MiB at once, beyond a 25.6 MiB share
+    rows = [row_of(12 * MiB - 8) for _ in range(4)]
+    g = GuardedSource(ListSource(rows), spec(slots=18, worker_bytes=int(25.6 * MiB), planned=MiB, workers=2))
+    with caplog.at_level(logging.WARNING, logger="ms_shm"):
+        for i in range(4):
+            assert g[i] is rows[i]
+    assert caplog.text.count("going on") == 1 and "row 2 is 12.0 MiB, over the planned 1.0 MiB" in caplog.text
+    assert g._ms_shm_guard._total == 4 * 12 * MiB
 
 
 def test_a_budget_exactly_full_is_allowed(free_space):

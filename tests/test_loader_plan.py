@@ -230,11 +230,17 @@ def test_cpu_ticks_from_a_fake_proc_stat(tmp_path):
     assert procfs.cpu_ticks(tmp_path / "missing") is None
 
 
-def test_collate_guard_passes_batches_through_and_stops_one_that_outgrew_its_plan():
+def test_collate_guard_passes_batches_through_and_stops_one_that_outgrew_its_plan(monkeypatch, caplog):
+    from types import SimpleNamespace
+
     import pytest as _pytest
 
+    from ms_shm.engines.torchstyle import guard
     from ms_shm.engines.torchstyle.guard import GuardedCollate
     from ms_shm.errors import RowTooLargeError
+
+    free = SimpleNamespace(free=200)  # /dev/shm now: less than 5 batches of 60 in flight
+    monkeypatch.setattr(guard.procfs, "statvfs", lambda path: free)
 
     class Info:
         id = 1
@@ -254,6 +260,10 @@ def test_collate_guard_passes_batches_through_and_stops_one_that_outgrew_its_pla
     assert "batch 2 of DataLoader worker 1" in str(err.value) and "Fix: lower batch_size" in str(err.value)
     in_main = GuardedCollate(collate, weigh, lambda: None, 10, 5, 100, "x")
     assert in_main([30, 30]) == [30, 30]  # the main process only calls through
+    free.free = 300  # room now for all 5 batches at 60: over the budget, yet it fits what is free
+    with caplog.at_level("WARNING", logger="ms_shm"):
+        assert in_worker([30, 30]) == [30, 30] and in_worker([30, 30]) == [30, 30]
+    assert caplog.text.count("going on") == 1
 
 
 def distinct(batch: list) -> tuple:

@@ -446,9 +446,10 @@ _SHARED_KINDS = (("multiprocessing.synchronize", ("SemLock", "Condition", "Event
 # Threads a forked child does not have: a source that hands its reads to a pool waits there forever (60 s, the
 # probe's timeout, in a run that printed nothing).
 _THREAD_KINDS = (("concurrent.futures._base", ("Executor",)), ("threading", ("Thread",)))
-# What a reader holds open, with a position or a thread of its own: streams (files, BytesIO), sockets, memory
-# maps, and the database and array-file handles datasets keep (by module: never imported here).
-_HANDLE_KINDS = (("io", ("IOBase",)), ("socket", ("socket",)), ("mmap", ("mmap",)),
+# What a reader holds open, with a position or a thread of its own: streams (files, BytesIO), sockets, and the
+# database and array-file handles datasets keep (by module: never imported here). Not memory maps: read by
+# slices (``np.memmap``), they have no position to race on.
+_HANDLE_KINDS = (("io", ("IOBase",)), ("socket", ("socket",)),
                  ("sqlite3", ("Connection", "Cursor")), ("h5py", ("File", "Dataset")), ("lmdb", ("Environment",)))
 
 
@@ -478,10 +479,20 @@ def shared_with_processes(objects: Sequence[Any]) -> str | None:
     return None
 
 
+def _logging_streams() -> set:
+    """The streams ``logging``'s handlers write to: each write holds the handler's lock, so threads share them
+    safely (a dataset holding a logger with a ``FileHandler`` reaches its file)."""
+    loggers = [logging.getLogger()] + [lg for lg in list(logging.Logger.manager.loggerDict.values())
+                                       if isinstance(lg, logging.Logger)]
+    return {id(getattr(h, "stream", None)) for lg in loggers for h in lg.handlers}
+
+
 def held_handles(objects: Sequence[Any]) -> str | None:
     """``Effects.holds_handle``: the first open stream or connection ``objects`` hold, named, or ``None``."""
+    shared = {id(stream) for stream in (sys.stdin, sys.stdout, sys.stderr, sys.__stdin__, sys.__stdout__,
+                                        sys.__stderr__)} | _logging_streams()  # shared anyway, or locked
     found = [(where, obj) for where, obj in _holding(objects, _kinds(_HANDLE_KINDS))
-             if not getattr(obj, "closed", False)]
+             if id(obj) not in shared and not getattr(obj, "closed", False)]
     if not found:
         return None
     return (f"{_named(*found[0])}, open: its position (or its thread) belongs to the reader that uses it, and "

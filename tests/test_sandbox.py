@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import subprocess
 import sys
@@ -281,3 +282,24 @@ def test_a_thread_pool_the_source_holds_keeps_it_out_of_a_probe_fork():
         assert why is not None and "ThreadPoolExecutor" in why and "nothing is read ahead" in why
     finally:
         obj.pool.shutdown()
+
+
+def test_the_standard_streams_and_a_logger_are_not_a_readers_handle():
+    import logging
+    import tempfile
+
+    class Logs:
+        def __init__(self):
+            self.out, self.log = sys.stdout, logging.getLogger("ms_shm.test.handles")
+            self.log.addHandler(logging.StreamHandler(sys.stderr))
+            self.log.addHandler(logging.FileHandler(path))  # its writes hold the handler's lock
+
+    path = tempfile.mktemp()
+    holder = Logs()
+    try:
+        assert sandbox.held_handles([holder]) is None
+    finally:
+        for handler in holder.log.handlers:
+            handler.close()
+        holder.log.handlers.clear()
+        os.unlink(path)

@@ -36,7 +36,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ms_shm import fdguard, objects, procfs
+from ms_shm import fdguard, objects, outside, procfs
 from ms_shm._results import Result, record
 
 log = logging.getLogger(__name__)
@@ -207,10 +207,13 @@ def _child(probe: Callable[[], Any], fd: int, worker_pages: bool) -> None:  # pr
         try:
             with fdguard.kept(spare=(fd, _gate)) as blinded:  # a file the source reads is the parent's too
                 _BLINDED[:] = blinded
+                outside.arm()  # a file the reads would write stays unwritten, and the probe unmeasured
                 value = probe()
             payload = ("ok", value, _worker_pages() if worker_pages else None, _threads_started(threads_at_start))
         except BaseException as exc:  # the parent decides what an exception means
             payload = ("error", exc, "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+        if outside.refused():  # whatever the reads did after it, they did not run as in the program
+            payload = ("outside", outside.refused(), "")
         try:
             data = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as exc:  # an unpicklable result or exception: send its text
@@ -302,6 +305,9 @@ def _decode(data: bytes) -> Outcome:
         return Outcome(value=payload[1], private_bytes=payload[2], threads_started=payload[3])
     if payload[0] == "error":
         return Outcome(error=payload[1], remote_traceback=payload[2])
+    if payload[0] == "outside":
+        return Outcome(unavailable=f"the probe's reads would {payload[1]}, a change outside this process that a "
+                                   f"probe cannot take back: nothing is measured, so only the run makes it")
     return Outcome(unavailable=f"the probe's result could not be sent ({payload[1]})", remote_traceback=payload[2])
 
 

@@ -615,3 +615,27 @@ def test_a_batch_ms_shm_does_not_plan_still_caps_workers_at_the_cpu_count(ds, ca
                                     per_batch_map=copy, num_parallel_workers=too_many))
     assert_same(raw, ours, 3)
     assert f"num_parallel_workers {too_many} -> {os.cpu_count()}" in caplog.text
+
+
+def test_a_map_that_writes_files_writes_each_once_through_ms_shm(ds, tmp_path):
+    """An operation saving each sample with ``open(path, "xb")``: a probe that ran it first made the run fail
+    on FileExistsError (plain Python ran). The probe's writes are refused, and the run writes every file once."""
+    import os
+
+    import ms_shm
+
+    def make_save(out):
+        def save(x):
+            with open(out / f"{int(x[0])}.bin", "xb") as f:
+                f.write(x.tobytes())
+            return x
+        return save
+
+    def rows_through(mapper, out):
+        out.mkdir()
+        source = ds.NumpySlicesDataset({"x": np.arange(6, dtype=np.int32).reshape(6, 1)}, shuffle=False)
+        return rows_of(mapper(source, make_save(out))), sorted(os.listdir(out))
+
+    raw = rows_through(lambda d, op: d.map(op, input_columns=["x"]), tmp_path / "raw")
+    ours = rows_through(lambda d, op: ms_shm.map(d, op, input_columns=["x"]), tmp_path / "ours")
+    assert ours == raw and len(raw[1]) == 6

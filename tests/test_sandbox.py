@@ -303,3 +303,49 @@ def test_the_standard_streams_and_a_logger_are_not_a_readers_handle():
             handler.close()
         holder.log.handlers.clear()
         os.unlink(path)
+
+
+@pytest.mark.parametrize("event, args, expected", [
+    ("open", ("/data/x.npy", "xb", 0), "open '/data/x.npy' for writing"),
+    ("open", ("/data/x.npy", "a", 0), "open '/data/x.npy' for writing"),
+    ("open", ("/data/x.npy", "r+b", 0), "open '/data/x.npy' for writing"),
+    ("open", ("/data/x.npy", "rb", 0), None),
+    ("open", ("/data/x.npy", None, os.O_WRONLY | os.O_CREAT), "open '/data/x.npy' for writing"),
+    ("open", ("/data/x.npy", None, os.O_RDONLY), None),
+    ("open", (7, "wb", 0), None),  # a descriptor the program already holds
+    ("open", ("/src/__pycache__/m.cpython-311.pyc.123", "wb", 0), None),  # bytecode cache
+    ("open", (os.devnull, "w", 0), None),
+    ("os.remove", ("/data/x.npy", -1), "remove '/data/x.npy'"),
+    ("os.rename", ("/data/a", "/data/b", -1, -1), "rename '/data/a'"),
+    ("os.mkdir", ("/", 0o777, -1), None),  # there already: makedirs(exist_ok=True) changes nothing
+    ("socket.connect", (None, ("host", 80)), None),  # reads over the network stay allowed
+    ("subprocess.Popen", ("ffmpeg", ["ffmpeg"], None, None), None),
+])
+def test_file_changes_a_probe_would_make_are_told_from_reads(event, args, expected):
+    from ms_shm import outside
+
+    assert outside.describe(event, args) == expected
+
+
+def test_a_probe_that_would_write_a_file_writes_nothing_and_is_not_measured(tmp_path):
+    target = tmp_path / "0.npy"
+
+    def saves():
+        with open(target, "xb") as f:
+            f.write(b"x")
+        return 1
+
+    out = sandbox.run_in_fork(saves)
+    assert out.unavailable and repr(str(target)) in out.unavailable and "cannot take back" in out.unavailable
+    assert not target.exists()
+    caught = sandbox.run_in_fork(lambda: _swallowing_write(target))  # a write the code itself catches
+    assert caught.unavailable and not target.exists()
+    assert sandbox.run_in_fork(lambda: (tmp_path.mkdir(exist_ok=True), open(__file__).read(1))[1]).value == '"'
+
+
+def _swallowing_write(path):
+    try:
+        path.write_bytes(b"x")
+    except OSError:
+        pass
+    return 1

@@ -3,8 +3,8 @@
 A dataset or ``collate_fn`` that calls ``get_worker_info()`` gives other samples in a worker than in the main
 process (a per-worker shard, a tag, a per-worker cache), and one that seeds from ``torch.initial_seed()`` other
 random streams (each worker's is the loader's base seed plus its id): ``num_workers`` chosen by ms_shm would
-change what arrives. The probe cannot see it (its child is not a worker), so the code is read instead: the names each code
-object uses (``co_names``: globals, attributes and imports alike, so ``get_worker_info()``,
+change what arrives. The probe cannot see it (its child is not a worker), so the code is read instead: the names
+each code object uses (``co_names``: globals, attributes and imports alike, so ``get_worker_info()``,
 ``torch.utils.data.get_worker_info()`` and a local ``from ... import get_worker_info`` all show), through nested
 code (lambdas, comprehensions, inner functions), the methods and module functions it names, and the objects the
 dataset holds (a ``Subset``'s dataset, a transform's ``__call__``). Framework and standard-library code is not

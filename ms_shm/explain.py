@@ -252,7 +252,7 @@ def _words(facts: Any, sig: Signature, fields: dict) -> dict:
         shm_state=_shm_state(facts), size=advice.human_size(_shm_need(facts, t, fields)),
         who=f"worker {fields['pid']}" if fields.get("pid") else "a worker",
         memory_limit=mib(getattr(facts, "memory_limit", None)), workers=t.workers, prefetch=t.prefetch, fds=fds,
-        target=advice.nofile_target(fds), limits=_limits(facts, fds), required_mib=mib(required),
+        target=_nofile_target(facts, fds), limits=_limits(facts, fds), required_mib=mib(required),
         available_mib=mib(available),
         ratio=(required / available if available else float("inf")) if required is not None else 0.0,
         **_ipc_words(facts))
@@ -261,12 +261,21 @@ def _words(facts: Any, sig: Signature, fields: dict) -> dict:
     return words
 
 
+def _nofile_target(facts: Any, fds: int) -> int:
+    """The open-files limit to name: rounded up, but not past this host's hard limit where that allows ``fds``
+    (``ulimit -n`` above it fails; ``doctor`` names the same number)."""
+    hard = getattr(facts, "nofile_hard", None)
+    target = advice.nofile_target(fds)
+    return min(target, hard) if hard is not None and hard >= fds else target
+
+
 def _host_snippets(facts: Any, need: str, fields: dict) -> tuple:
     """This host's fixes for the resource a signature is about."""
     t = advice.Typical.of(facts)
     container = getattr(facts, "container", None)
     if need == "nofile":
-        return advice.nofile_fixes(advice.fds_needed(facts, t.workers, t.prefetch), container)
+        return advice.nofile_fixes(advice.fds_needed(facts, t.workers, t.prefetch), container,
+                                   getattr(facts, "nofile_hard", None))  # as doctor: not past this host's hard
     if need == "ipc":
         lg = getattr(facts, "logind", None)
         return advice.removeipc_fixes(lg.user) if lg is not None and lg.at_risk else ()

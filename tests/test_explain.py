@@ -95,7 +95,8 @@ def test_too_many_open_files_logs(name):
     e = only(log(name), nofile_soft=40, nofile_hard=4096)
     assert e.kind == "too-many-open-files"
     assert "soft limit is 40" in e.cause
-    assert "--ulimit nofile=65536" in dict(e.snippets)["docker run"]
+    assert "--ulimit nofile=4096" in dict(e.snippets)["docker run"]  # what the need takes, within the hard limit
+    assert "at least 4096" in e.fix  # as doctor says it: `ulimit -n` past the hard limit fails
 
 
 def test_pytorch_bus_error_written_by_hand():
@@ -190,7 +191,7 @@ def test_worker_death_line_is_a_consequence_when_the_cause_is_there():
 def test_pre_check_is_worded_for_the_hosts_release(version, error, dynamic):
     e = only(log("insufficient_shm.log"), mindspore_version=version)
     assert f"({error} on MindSpore {version})" in e.cause
-    assert ("drop max_rowsize" in e.fix) is dynamic  # <= 2.3 has no dynamic slots to fall back to
+    assert ("dropping max_rowsize" in e.fix) is dynamic  # <= 2.3 has no dynamic slots to fall back to
     assert ("default static 6 MiB slots" in e.cause) is not dynamic
     # the host sentence is the doctor's, for the same release: static slots peak lower than 8 MiB dynamic ones
     assert f"peaks at {mib(advice.Typical.of(facts(mindspore_version=version)).peak)}" in e.cause

@@ -37,7 +37,8 @@ def _shm_signatures(profile: EngineProfile) -> tuple:
     checked = (f"its default static {static} MiB slots" if static else "a static max_rowsize")
     smaller = (f"lower prefetch or workers ({release_name(profile)} has only static slots, {static} MiB by "
                "default)" if static else
-               "drop max_rowsize (MindSpore 2.4+ sizes slots to each row), lower prefetch or workers")
+               "lower prefetch or workers; dropping max_rowsize (MindSpore 2.4+ sizes slots to each row) only "
+               "skips this check, and rows larger than /dev/shm holds then end in a bus error")
     return (
         Signature(
             "bus-error", "MindSpore's bus error and SIGCHLD lines",

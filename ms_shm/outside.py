@@ -1,16 +1,17 @@
-"""What a probe child must not do: change the filesystem the program shares with it.
+"""What a probe child must not do: a change to the filesystem that the run's own reads would then fail on.
 
 A fork throws away what the probe's reads changed in memory, not what they changed on disk. A map operation that
 saves each sample with ``open(path, "xb")`` had its first rows written by the probe, and the real run then failed on
-``FileExistsError`` where plain Python ran (an audit of ``ms-shm run``); a source or operation appending to a log
-wrote 2-6 lines more. So in the child, Python's audit events that create, write, rename or remove a file are
-refused (``OutsideEffect``, a ``PermissionError``) and counted; a probe that tried one is reported as not measured,
-and the pipeline runs with the framework's own settings, its effects made once, by the run.
+``FileExistsError`` where plain Python ran (an audit of ``ms-shm run``). So in the child, Python's audit events that
+would make a second run of the same reads fail, or take away what they read, are refused (``OutsideEffect``, a
+``PermissionError``) and counted: a file created exclusively (``"x"``, ``O_EXCL``), a directory made, a file or
+directory removed, renamed, truncated or linked. A probe that tried one is reported as not measured, and the
+pipeline runs with the framework's own settings, its changes made once, by the run.
 
-Reads, sockets and subprocesses stay allowed (a dataset that fetches over HTTP or decodes through ``ffmpeg`` is
-measured as before); writes made by native code bypass Python's audit events and are not seen. Bytecode caches
-(``__pycache__``) and ``/dev/null`` are not effects. Python's audit hooks cannot be removed: this is installed in a
-probe child only, which ends with the probe.
+Plain writes and appends stay allowed (a log line, a cache file written again with the same bytes: a probe that
+refused them would leave every logging source unmeasured, and unprotected under a small ``/dev/shm``); so do reads,
+sockets and subprocesses. Writes made by native code bypass Python's audit events. Python's audit hooks cannot be
+removed: this is installed in a probe child only, which ends with the probe.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import os
 import sys
 from typing import Any
 
-_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 _CHANGES = frozenset({"os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.truncate", "os.symlink", "os.link",
                       "shutil.rmtree"})
 _EVENTS = _CHANGES | {"open"}
@@ -55,16 +55,17 @@ def _hook(event: str, args: tuple) -> None:
 
 
 def describe(event: str, args: tuple) -> str | None:
-    """The file change an audit event makes, in words, or ``None`` for a read or no change."""
+    """The file change an audit event makes that a second run of the same reads would fail on, in words, or
+    ``None``."""
     if event == "open":
         path, mode, flags = (tuple(args) + (None, None, None))[:3]
         if path is None or isinstance(path, int):  # a descriptor already open: the program's, not a new file
             return None
-        writes = any(c in mode for c in "wax+") if isinstance(mode, str) else bool((flags or 0) & _WRITE_FLAGS)
+        exclusive = "x" in mode if isinstance(mode, str) else bool((flags or 0) & os.O_EXCL)
         name = _name(path)
-        if not writes or name == os.devnull or "__pycache__" in name:
+        if not exclusive or "__pycache__" in name:
             return None
-        return f"open {name!r} for writing"
+        return f"create {name!r} (exclusively: a second creation fails)"
     if event not in _CHANGES or not args:
         return None
     name = _name(args[0])

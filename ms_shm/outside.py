@@ -10,7 +10,8 @@ pipeline runs with the framework's own settings, its changes made once, by the r
 
 Plain writes and appends stay allowed (a log line, a cache file written again with the same bytes: a probe that
 refused them would leave every logging source unmeasured, and unprotected under a small ``/dev/shm``); so do reads,
-sockets and subprocesses. Writes made by native code bypass Python's audit events. Python's audit hooks cannot be
+sockets and subprocesses, and ``tempfile``'s own creations (fresh random names) and the removal of scratch files in
+the temporary directory. Writes made by native code bypass Python's audit events. Python's audit hooks cannot be
 removed: this is installed in a probe child only, which ends with the probe.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from typing import Any
 
 _CHANGES = frozenset({"os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.truncate", "os.symlink", "os.link",
@@ -49,7 +51,7 @@ def _hook(event: str, args: tuple) -> None:
     if event not in _EVENTS:
         return
     what = describe(event, args)
-    if what is not None:
+    if what is not None and sys._getframe(1).f_globals.get("__name__") != "tempfile":  # fresh random names
         _refused.append(what)
         raise OutsideEffect(f"ms_shm's probe process does not {what}: its reads run only to be measured")
 
@@ -71,6 +73,8 @@ def describe(event: str, args: tuple) -> str | None:
     name = _name(args[0])
     if event == "os.mkdir" and os.path.isdir(name):  # makedirs(exist_ok=True) on a directory that is there
         return None
+    if event != "os.mkdir" and os.path.dirname(os.path.abspath(name)) == tempfile.gettempdir():
+        return None  # a scratch file the reads made and clean up (mkstemp, then remove)
     return f"{event.split('.')[-1]} {name!r}"
 
 

@@ -316,6 +316,7 @@ def test_the_standard_streams_and_a_logger_are_not_a_readers_handle():
     ("open", (7, "xb", 0), None),  # a descriptor the program already holds
     ("open", ("/src/__pycache__/m.cpython-311.pyc.123", "xb", 0), None),  # bytecode cache
     ("os.remove", ("/data/x.npy", -1), "remove '/data/x.npy'"),
+    ("os.remove", (os.path.join(__import__("tempfile").gettempdir(), "tmpk3x9"), -1), None),  # a scratch file
     ("os.rename", ("/data/a", "/data/b", -1, -1), "rename '/data/a'"),
     ("os.mkdir", ("/", 0o777, -1), None),  # there already: makedirs(exist_ok=True) changes nothing
     ("os.mkdir", ("/data/new-dir-ms-shm", 0o777, -1), "mkdir '/data/new-dir-ms-shm'"),
@@ -342,6 +343,21 @@ def test_a_probe_that_would_write_a_file_writes_nothing_and_is_not_measured(tmp_
     caught = sandbox.run_in_fork(lambda: _swallowing_write(target))  # a write the code itself catches
     assert caught.unavailable and not target.exists()
     assert sandbox.run_in_fork(lambda: (tmp_path.mkdir(exist_ok=True), open(__file__).read(1))[1]).value == '"'
+
+
+def _scratch_file():
+    import tempfile
+
+    fd, path = tempfile.mkstemp()  # O_EXCL, from tempfile: a fresh name each time
+    os.close(fd)
+    os.remove(path)
+    with tempfile.NamedTemporaryFile() as f:
+        f.write(b"x")
+    return 2
+
+
+def test_a_probe_may_use_scratch_files_of_its_own():
+    assert sandbox.run_in_fork(_scratch_file).value == 2
 
 
 def _swallowing_write(path):

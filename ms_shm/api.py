@@ -323,7 +323,7 @@ def _plan_source(probe: measure.StageProbe, req: Request, kwargs: dict, config: 
                                                                     _serial_epoch(probe.stats, req)))
         p = _fit(lambda r: eng.planning.plan_generator(probe.stats, r, b, profile, costs), req,
                  bool(probe.effects.mode_bound))
-    return replace(p, decisions=tuple(decisions) + p.decisions)
+    return replace(p, decisions=tuple(decisions) + p.decisions, rows_per_epoch=req.rows_per_epoch)
 
 
 PREFERENCE, ORDER = "preference", "order"
@@ -493,9 +493,9 @@ def plan_of(dataset: Any) -> Plan | None:
     return measure.plan_of(dataset)
 
 
-def _input_lineage(dataset: Any, eng: Any) -> measure.Lineage:
-    """How the probe child can make the input rows of a ``map``: the stage's own lineage, or (for a tree that
-    runs no Python code, whose reading has no side effects) a few rows read now."""
+def _input_lineage(dataset: Any, eng: Any, stage: str) -> measure.Lineage:
+    """How the probe child can make the input rows of a ``map`` or ``batch`` stage: the input's own lineage, or
+    (for a tree that runs no Python code, whose reading has no side effects) a few rows read now."""
     lineage = measure.lineage_of(eng.compat.rows_come_from(dataset))
     if lineage is not None:
         return lineage
@@ -503,8 +503,8 @@ def _input_lineage(dataset: Any, eng: Any) -> measure.Lineage:
     if python:
         return measure.Unavailable(f"the input pipeline was not built by ms_shm and runs Python code ({python}): "
                                    f"reading rows ahead could change what it yields")
-    log.info("ms_shm.map: the input dataset was not built by ms_shm; reading %d rows of it to measure the "
-             "operations (one short pipeline run)", measure.PROBE_ROWS_FOR_MAP)
+    log.info("ms_shm.%s: the input dataset was not built by ms_shm; reading %d rows of it to measure the "
+             "operations (one short pipeline run)", stage, measure.PROBE_ROWS_FOR_MAP)
     try:
         taken = eng.compat.take_rows(dataset, measure.PROBE_ROWS_FOR_MAP)
     except Exception as exc:  # the pipeline will raise it again where MindSpore raises it
@@ -565,12 +565,13 @@ def map(dataset: Any, operations: Any = None, input_columns: Sequence[str] | str
     if not eng.compat.arguments_fit("map", dataset, operations, input_columns, output_columns, **asked):
         return eng.compat.map_dataset(dataset, operations, input_columns, output_columns, asked)  # its TypeError
     facts, config = SESSION.host_facts(), eng.read_config()
-    lineage = _input_lineage(dataset, eng)
+    lineage = _input_lineage(dataset, eng, "map")
     ins = _names_list(input_columns) or eng.compat.column_names(dataset)[:1]
     outs = _names_list(output_columns) or ins
     probe = measure.probe_operations(lineage, operations, ins, outs, _worker_pages(facts),
                                      defer_row_errors=_explicit is not None, meanwhile=_beside_probe(facts))
-    p = _plan_operations(probe, _request(asked, config, facts, eng, _explicit), config, facts, eng)
+    p = _plan_operations(probe, _request(asked, config, facts, eng, _explicit), config, facts, eng,
+                         eng.compat.rows_per_epoch(dataset, _rows_known), "map")
     kwargs = _stage_kwargs(map_kwargs, p, num_parallel_workers, config)
     p, fed = threads.cap_operations(p, operations, facts.usable_cpus, _threads_started(probe))  # per worker
     _apply_globals(p, config, eng, quiet=_explicit is not None)
@@ -614,11 +615,11 @@ def batch(dataset: Any, batch_size: Any, drop_remainder: bool = False, num_paral
     facts, config = SESSION.host_facts(), eng.read_config()
     ins = _names_list(batch_kwargs.get("input_columns")) or eng.compat.column_names(dataset)
     outs = _names_list(batch_kwargs.get("output_columns")) or ins
-    probe = measure.probe_batch(_input_lineage(dataset, eng), per_batch_map, batch_size, ins, outs,
+    probe = measure.probe_batch(_input_lineage(dataset, eng, "batch"), per_batch_map, batch_size, ins, outs,
                                 _worker_pages(facts), defer_row_errors=_explicit is not None,
                                 meanwhile=_beside_probe(facts))
-    p = _plan_operations(probe, _request(asked, config, facts, eng, _explicit), config, facts, eng)
-    p = replace(p, kind="batch")
+    rows = eng.compat.batches(eng.compat.rows_per_epoch(dataset, _rows_known), batch_size, drop_remainder)
+    p = _plan_operations(probe, _request(asked, config, facts, eng, _explicit), config, facts, eng, rows, "batch")
     kwargs = _stage_kwargs(batch_kwargs, p, num_parallel_workers, config)
     p, kwargs["per_batch_map"] = threads.cap_operations(p, per_batch_map, facts.usable_cpus,  # threads per worker
                                                         _threads_started(probe))
@@ -638,29 +639,38 @@ def _map_default_workers(config: Any) -> int:
     return config.num_parallel_workers if config and config.num_parallel_workers else 1
 
 
-def _plan_operations(probe: measure.StageProbe, req: Request, config: Any, facts: host.HostFacts, eng: Any) -> Plan:
-    """The plan for a map stage: measured, or MindSpore's own settings where rows cannot be measured or depend
-    on which worker computes them."""
+def _rows_known(dataset: Any) -> int | None:
+    """The rows per epoch of a stage ms_shm built, or ``None``."""
+    p = measure.plan_of(dataset)
+    return p.rows_per_epoch if p is not None else None
+
+
+def _plan_operations(probe: measure.StageProbe, req: Request, config: Any, facts: host.HostFacts, eng: Any,
+                     rows: int | None, kind: str) -> Plan:
+    """The plan for a map (or batch) stage of ``rows`` rows (batches) per epoch, where known: measured, or
+    MindSpore's own settings where rows cannot be measured or depend on which worker computes them."""
     profile, b = _profile(config, facts, eng), SESSION.budget(facts)
+    req = replace(req, rows_per_epoch=rows)
     why = probe.unmeasured or probe.effects.mode_bound
     if why:
         req = replace(req, workers=req.workers if req.workers is not None else _map_default_workers(config),
                       multiprocessing=bool(req.multiprocessing))
     req, kept_here = _state_stays_here(req, probe.effects, False)
     if probe.stats is None:
-        p = eng.planning.plan_unmeasured(req, b, profile, probe.unmeasured, kind="map")
+        p = eng.planning.plan_unmeasured(req, b, profile, probe.unmeasured, kind=kind)
     else:
         st = probe.stats
         costs = eng.planning.Costs().on_this_host(hostcost.for_rows(
-            max(st.in_bytes, st.out_bytes), (st.seconds_per_row or 0) * (req.rows_per_epoch or 100)))
+            max(st.in_bytes, st.out_bytes), (st.seconds_per_row or 0) * (rows or 100)))
         p = _fit(lambda r: eng.planning.plan_map(st.in_bytes, st.out_bytes, st.seconds_per_row, st.cpu_fraction,
-                                                 None, r, b, profile, shmmax=facts.shmmax,
+                                                 rows, r, b, profile, shmmax=facts.shmmax,
                                                  worker_bytes=st.worker_bytes, costs=costs,
                                                  parallel_fraction=st.parallel_fraction), req, bool(why))
+    p = replace(p, kind=kind, rows_per_epoch=rows)
     if not why:
         return replace(p, decisions=tuple(kept_here) + p.decisions)
     return replace(p, decisions=(Decision("mode_locked", True, False,
-                                          f"{why}: MindSpore's own map settings are kept"),) + p.decisions)
+                                          f"{why}: MindSpore's own {p.kind} settings are kept"),) + p.decisions)
 
 
 def probe(ranks: int | None = None) -> host.HostFacts:

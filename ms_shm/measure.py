@@ -366,15 +366,17 @@ def _error_text(exc: BaseException, remote_traceback: str, what: str) -> str:
 
 
 def _operation_objects(operations: Any) -> list:
-    """The objects whose state an operation may keep: callable instances, bound methods' owners, and functions
-    (their closures and globals may hold a generator: ``sandbox._generators``)."""
+    """The objects whose state an operation may keep: callable instances, bound methods' owners and functions,
+    and functions (their closures and globals may hold a generator or a counter: ``sandbox._reach``)."""
     ops = operations if isinstance(operations, (list, tuple)) else [operations]
     out = []
     for op in ops:
         owner = objects.attribute(op, "__self__")
-        target = owner if owner is not None and not isinstance(owner, types.ModuleType) else op
-        if not isinstance(target, types.BuiltinFunctionType):
-            out.append(target)
+        if owner is not None and not isinstance(owner, types.ModuleType):
+            function = objects.attribute(op, "__func__")
+            out += [owner] + ([function] if isinstance(function, types.FunctionType) else [])
+        elif not isinstance(op, types.BuiltinFunctionType):
+            out.append(op)
     return out
 
 

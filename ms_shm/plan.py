@@ -86,6 +86,7 @@ class Plan(Result):
     advice: tuple = ()
     alternatives: tuple = ()
     predicted_memory: int = 0  # host memory it adds to the memory cgroup, its /dev/shm pages included
+    rows_per_epoch: int | None = None  # rows (batches, for a batch stage) it yields per epoch, where known
 
     def summary(self) -> str:
         """The one INFO line: mode, workers, prefetch, predicted peak vs budget, why."""

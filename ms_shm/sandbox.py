@@ -19,6 +19,7 @@ on which process or thread reads them must keep MindSpore's own mode.
 from __future__ import annotations
 
 import ctypes
+import functools
 import io
 import logging
 import os
@@ -344,10 +345,13 @@ def _load_numpy_random() -> None:
 
 
 _SCALARS = (int, float, complex, str, bytes, bool, type(None))
+_CONTAINERS = (list, tuple, dict, set, frozenset, bytearray)
+_SMALL_ARRAY = 4096  # bytes: an array this small (a counter table, a histogram) is compared by its content
 
 
 def _cell(value: Any) -> tuple:
-    """A cheap fingerprint of one attribute: identity, plus value or length, plus a RNG's state."""
+    """A cheap fingerprint of one value: identity, plus value or length, plus a RNG's state. Only the built-in
+    containers are asked their length: a user's ``__len__`` may read a file (what they hold is walked instead)."""
     if isinstance(value, _SCALARS):
         return ("v", value if not isinstance(value, (str, bytes)) or len(value) < 256 else hash(value))
     if isinstance(value, np.random.Generator):
@@ -357,33 +361,30 @@ def _cell(value: Any) -> tuple:
     if isinstance(value, random.Random):
         return ("r", id(value), hash(value.getstate()))
     if isinstance(value, np.ndarray):
-        return ("a", id(value), value.shape, value.__array_interface__["data"][0])
-    try:
-        size = len(value)
-    except Exception:  # not sized (or a broken __len__): identity alone
-        size = None
-    return ("o", id(value), size)
+        small = value.nbytes <= _SMALL_ARRAY and value.dtype != object
+        return ("a", id(value), value.shape, value.__array_interface__["data"][0],
+                value.tobytes() if small else None)
+    if isinstance(value, np.generic):
+        return ("g", value.item() if value.dtype != object else id(value))
+    return ("o", id(value), len(value) if isinstance(value, _CONTAINERS) else None)
 
 
 def state_of(objects: Sequence[Any]) -> tuple:
-    """The shallow state of ``objects``: each one's attributes (``__dict__`` and slots), fingerprinted."""
-    out = []
-    for obj in objects:
-        attrs = getattr(obj, "__dict__", None)
-        items = dict(attrs) if isinstance(attrs, dict) else {}
-        for name in getattr(type(obj), "__slots__", ()):
-            if hasattr(obj, name):
-                items[name] = getattr(obj, name)
-        out.append(tuple(sorted((k, _cell(v)) for k, v in items.items())))
-    return tuple(out)
+    """What each of ``objects`` holds, at any depth (``_reach``: attributes, items of short lists and dicts,
+    closure cells, partial arguments, class attributes, the globals its code names), fingerprinted under each
+    path: a counter kept in a global, a class attribute, a closure's dict or a nested object is state kept per
+    read just as one in the object's own attribute is, and a worker process would change only its copy."""
+    return tuple(tuple((where, _cell(value)) for where, value in _reach([obj])) for obj in objects)
 
 
 def changed_attributes(before: tuple, after: tuple, objects: Sequence[Any]) -> str | None:
-    """Which attribute the probe changed, named for the log, or ``None``."""
-    for obj, b, a in zip(objects, before, after):
+    """Which path the probe changed, named for the log (``Counter.calls``, ``op.<global SEEN>``), or ``None``."""
+    for b, a in zip(before, after):
         if a != b:
-            names = sorted({k for k, _ in a} ^ {k for k, _ in b} | {k for (k, v) in a if (k, v) not in b})
-            return f"{type(obj).__name__}.{names[0] if names else '?'} changed while rows were read"
+            old, new = set(b), set(a)
+            changed = [where for where, cell in a if (where, cell) not in old] or \
+                [where for where, cell in b if (where, cell) not in new]
+            return f"{changed[0]} changed while rows were read"
     return None
 
 
@@ -418,8 +419,9 @@ def watch_effects(run: Callable[[], Any], objects: Sequence[Any], reread: Callab
 
 _WALK_DEPTH = 4  # attributes of attributes...: a dataset's transform's generator is 2-3 levels down
 _WALK_OBJECTS = 400  # objects looked at, at most: the walk costs well under a millisecond
+_WALK_VALUES = 4000  # values listed, at most (objects with many attributes)
 _WALK_ITEMS = 64  # a longer list or dict is data (file names, labels), not where generators are kept
-_SKIP = (type(None), bool, int, float, complex, str, bytes, bytearray, np.ndarray, np.generic, type)
+_SKIP = (type(None), bool, int, float, complex, str, bytes, bytearray, np.ndarray, np.generic)
 
 
 def _generator_kinds() -> tuple:
@@ -506,36 +508,54 @@ def held_handles(objects: Sequence[Any]) -> str | None:
 
 
 def _holding(objects: Sequence[Any], kinds: tuple) -> list:
-    """``(where, object)`` for the instances of ``kinds`` ``objects`` hold at any depth: in attributes, in short
-    lists and dicts, in the closures of functions, and in the module globals their code (and their classes'
-    ``__getitem__`` / ``__call__`` / ``__iter__``) names. Bounded (``_WALK_*``); never raises."""
-    found, seen = [], set()
-    stack = [(obj, type(obj).__name__, 0) for obj in objects]
-    while stack and len(seen) < _WALK_OBJECTS:
+    """``(where, object)`` for the instances of ``kinds`` ``objects`` hold at any depth (``_reach``), each once."""
+    found: dict = {}
+    for where, obj in _reach(objects, stop=kinds):
+        if isinstance(obj, kinds):
+            found.setdefault(id(obj), (where, obj))
+    return list(found.values())
+
+
+def _reach(objects: Sequence[Any], stop: tuple = ()) -> list:
+    """``(where, value)`` for ``objects`` and what they hold: attributes, items of short lists and dicts, closure
+    cells, the module globals their code (and their classes' methods) names, their classes' own data. Values
+    are listed where they are held, each object looked into once (never modules, types, arrays or instances of
+    ``stop``). Bounded (``_WALK_*``); never raises."""
+    out, seen = [], set()
+    stack = [(obj, type(obj).__name__, 0) for obj in reversed(objects)]
+    while stack and len(seen) < _WALK_OBJECTS and len(out) < _WALK_VALUES:
         obj, where, depth = stack.pop()
-        if id(obj) in seen or isinstance(obj, _SKIP) or isinstance(obj, types.ModuleType):
+        looked = id(obj) in seen
+        out.append((where, obj))
+        if looked or isinstance(obj, _SKIP) or isinstance(obj, types.ModuleType):
             continue
         seen.add(id(obj))
-        if isinstance(obj, kinds):
-            found.append((where, obj))
-        elif depth < _WALK_DEPTH:
-            try:
-                stack.extend((child, f"{where}{name}" if name.startswith("[") else f"{where}.{name}", depth + 1)
-                             for name, child in _children(obj))
-            except Exception:  # an object that cannot be looked into: what it holds stays unseen
-                continue
-    return found
+        if depth >= _WALK_DEPTH or (stop and isinstance(obj, stop)):
+            continue
+        try:
+            children = _children(obj)
+        except Exception:  # an object that cannot be looked into: what it holds stays unseen
+            continue
+        stack.extend((child, f"{where}{name}" if name.startswith("[") else f"{where}.{name}", depth + 1)
+                     for name, child in reversed(children))
+    return out
 
 
 def _children(obj: Any) -> list:
-    if isinstance(obj, (list, tuple, set, frozenset)):
+    if isinstance(obj, (list, tuple)):
         return [(f"[{i}]", v) for i, v in enumerate(obj)] if len(obj) <= _WALK_ITEMS else []
+    if isinstance(obj, (set, frozenset)):
+        return [(f"[{i}]", v) for i, v in enumerate(sorted(obj, key=repr))] if len(obj) <= _WALK_ITEMS else []
     if isinstance(obj, dict):
         return [(f"[{k!r}]", v) for k, v in obj.items()] if len(obj) <= _WALK_ITEMS else []
     if isinstance(obj, types.MethodType):
         return [("__self__", obj.__self__), ("__func__", obj.__func__)]
     if isinstance(obj, types.FunctionType):
         return _function_children(obj)
+    if isinstance(obj, functools.partial):
+        return [("func", obj.func), ("args", obj.args), ("keywords", obj.keywords)]
+    if isinstance(obj, type):
+        return _class_data(obj)
     out = []
     attrs = objects.attribute(obj, "__dict__")
     if isinstance(attrs, dict) and len(attrs) <= 4 * _WALK_ITEMS:
@@ -544,11 +564,34 @@ def _children(obj: Any) -> list:
         value = objects.attribute(obj, name, _NOTHING)
         if value is not _NOTHING:
             out.append((name, value))
-    for method in ("__getitem__", "__call__", "__iter__"):
-        function = getattr(type(obj), method, None)
-        if isinstance(function, types.FunctionType):
-            out.append((method, function))
+    return out + _class_children(type(obj))
+
+
+_READ_METHODS = ("__getitem__", "__call__", "__iter__", "__next__")
+
+
+def _class_children(cls: type) -> list:
+    """What an instance's class holds that its reads may use: the reading methods (for the globals they name)
+    and the class's data."""
+    methods = [(name, getattr(cls, name, None)) for name in _READ_METHODS]
+    return [(name, f) for name, f in methods if isinstance(f, types.FunctionType)] + _class_data(cls)
+
+
+def _class_data(cls: type) -> list:
+    """A class's own data attributes, and its bases' (``Counter.count += 1`` keeps its state there), for classes
+    written in Python: not methods, properties or descriptors."""
+    out = []
+    for klass in cls.__mro__:
+        if klass is object or klass.__module__ == "builtins" or not isinstance(vars(klass), types.MappingProxyType):
+            continue
+        out += [(f"<class {klass.__name__}.{name}>", value) for name, value in list(vars(klass).items())
+                if not name.startswith("__") and not callable(value) and not _descriptor(value)]
     return out
+
+
+def _descriptor(value: Any) -> bool:
+    return isinstance(value, (property, staticmethod, classmethod, types.MemberDescriptorType,
+                              types.GetSetDescriptorType)) or hasattr(type(value), "__get__")
 
 
 _NOTHING = object()

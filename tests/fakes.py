@@ -87,6 +87,14 @@ class FakeCompat:
     def rows_come_from(self, dataset):
         return dataset
 
+    def rows_per_epoch(self, dataset, known):
+        return known(dataset)
+
+    def batches(self, rows, batch_size, drop_remainder):
+        from ms_shm.engines.mindspore import compat
+
+        return compat.batches(rows, batch_size, drop_remainder)
+
     def network_operators_in(self, source):
         return None
 

@@ -639,3 +639,45 @@ def test_a_map_that_writes_files_writes_each_once_through_ms_shm(ds, tmp_path):
     raw = rows_through(lambda d, op: d.map(op, input_columns=["x"]), tmp_path / "raw")
     ours = rows_through(lambda d, op: ms_shm.map(d, op, input_columns=["x"]), tmp_path / "ours")
     assert ours == raw and len(raw[1]) == 6
+
+
+BATCHES_SEEN = []
+
+
+def _busy_batch(col, info):
+    """~15 ms of pure Python per batch, counted in a module global as a script counts its batches."""
+    BATCHES_SEEN.append(info.get_batch_num())
+    total = 0
+    for k in range(300_000):
+        total += k
+    return ([c + 1 for c in col],)
+
+
+def test_a_per_batch_map_counting_in_a_global_counts_every_batch_through_ms_shm(ds):
+    """Raw MindSpore runs a per_batch_map in its threads unless asked otherwise, so a count kept in a module
+    global reaches the program; ms_shm moved such a batch to processes (it saw only the function's own
+    attributes) and the count read 0 where raw read 40. Also: the batch stage knows its epoch's batches."""
+    import ms_shm
+
+    def run(dataset):
+        BATCHES_SEEN.clear()
+        return rows_of(dataset), len(BATCHES_SEEN)
+
+    raw = run(ds.GeneratorDataset(Plain(40), ["a", "b"], shuffle=False).batch(
+        4, per_batch_map=_busy_batch, input_columns=["a"]))
+    built = [ms_shm.batch(ms_shm.build_dataset(Plain(40), ["a", "b"], shuffle=False), 4,
+                          per_batch_map=_busy_batch, input_columns=["a"])]
+    ours = run(built[-1])
+    assert ours == raw and raw[1] == 10
+    p = ms_shm.plan_of(built[-1])
+    assert not p.python_multiprocessing and p.rows_per_epoch == 10, p
+
+
+def test_stages_know_their_rows_per_epoch_through_take_repeat_and_batch(ds):
+    import ms_shm
+
+    source = ms_shm.build_dataset(Plain(90), ["a", "b"], shuffle=False)
+    mapped = ms_shm.map(source.take(50).repeat(2), lambda a: a + 1, input_columns=["a"])
+    batched = ms_shm.batch(mapped, 8, drop_remainder=True, per_batch_map=lambda a, info: (a,), input_columns=["a"])
+    assert [ms_shm.plan_of(d).rows_per_epoch for d in (source, mapped, batched)] == [90, 100, 12]
+    assert sum(1 for _ in batched.create_tuple_iterator(num_epochs=1)) == 12

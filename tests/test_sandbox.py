@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import subprocess
@@ -10,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from ms_shm import sandbox
+from ms_shm import measure, sandbox
 
 
 def draw_random():
@@ -367,3 +368,88 @@ def _swallowing_write(path):
     except OSError:
         pass
     return 1
+
+
+# --- state kept outside the object's own attributes ----------------------------------------------------------
+
+SEEN_ROWS: list = []
+CALLS = 0
+
+
+class ClassCounter:
+    calls = 0
+
+    def __getitem__(self, i):
+        ClassCounter.calls += 1
+        return i
+
+
+def counting_in_a_global(x):
+    global CALLS
+    CALLS += 1
+    return x
+
+
+def counting_in_a_closure():
+    box = {"n": 0}
+
+    def op(x):
+        box["n"] += 1
+        return x
+    return op
+
+
+def _sink(x, sink):
+    sink.append(x)
+    return x
+
+
+class Stats:
+    def __init__(self):
+        self.n = 0
+
+
+class Nested:
+    def __init__(self):
+        self.stats = Stats()
+        self.table = {"n": 0}
+        self.hist = np.zeros(4, np.int64)
+
+    def by_attribute(self, x):
+        self.stats.n += 1
+        return x
+
+    def by_dict_value(self, x):
+        self.table["n"] += 1
+        return x
+
+    def by_array(self, x):
+        self.hist[x % 4] += 1
+        return x
+
+
+@pytest.mark.parametrize("make, where", [
+    (lambda: counting_in_a_global, "<global CALLS>"),
+    (lambda: (lambda x: SEEN_ROWS.append(x) or x), "<global SEEN_ROWS>"),
+    (lambda: ClassCounter(), "<class ClassCounter.calls>"),
+    (lambda: counting_in_a_closure(), "<closure box>['n']"),
+    (lambda: functools.partial(_sink, sink=[]), "keywords['sink']"),
+    (lambda: Nested().by_attribute, "stats.n"),
+    (lambda: Nested().by_dict_value, "table['n']"),
+    (lambda: Nested().by_array, "hist"),
+], ids=["global", "module-list", "class-attribute", "closure-dict", "partial-keywords", "nested-object",
+        "dict-value", "small-array"])
+def test_state_kept_beyond_the_objects_own_attributes_is_seen_on_every_read(make, where):
+    """A counter in a global, a class attribute, a closure, a partial's arguments or a nested object: worker
+    processes would change their copies and the program would see none of it (batch audit: 0 where raw gave 40)."""
+    op = make()
+    watched = measure._operation_objects(op)
+    read = (lambda: op[1]) if hasattr(op, "__getitem__") else (lambda: op(1))
+    _, effects = sandbox.watch_effects(lambda: [read() for _ in range(3)], watched, again=read)
+    assert effects.state_per_read and where in effects.state_per_read, effects
+
+
+def test_pure_reads_of_a_deep_object_show_no_state():
+    obj = Nested()
+    _, effects = sandbox.watch_effects(lambda: obj.stats.n + len(obj.table), measure._operation_objects(obj.by_attribute))
+    assert not effects.mutates_state and not effects.state_per_read, effects

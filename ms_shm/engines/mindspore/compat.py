@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 import logging
 import types
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -249,6 +249,42 @@ def rows_come_from(dataset: Any) -> Any:
     while isinstance(dataset, passing) and len(getattr(dataset, "children", [])) == 1:
         dataset = dataset.children[0]
     return dataset
+
+
+def rows_per_epoch(dataset: Any, known: Callable[[Any], int | None]) -> int | None:
+    """The rows ``dataset`` yields per epoch, counted from the first stage below whose count ``known`` gives
+    (a stage ms_shm built) through the stages that reorder, rename, map, cut, repeat or batch them; ``None``
+    where a stage's count cannot be told without running it (a callable batch size, ``zip``, ``concat``)."""
+    ds = _dataset_module()
+    count = known(dataset)
+    children = getattr(dataset, "children", None) or []
+    if count is not None or len(children) != 1:
+        return count
+    below = rows_per_epoch(children[0], known)
+    if below is None:
+        return None
+    same = tuple(getattr(ds, n) for n in ("ShuffleDataset", "MapDataset", "ProjectDataset", "RenameDataset")
+                 if hasattr(ds, n))
+    if isinstance(dataset, same):
+        return below
+    n = getattr(dataset, "count", None)
+    if isinstance(dataset, getattr(ds, "RepeatDataset", ())) and isinstance(n, int):
+        return below * n if n > 0 else None
+    if isinstance(dataset, getattr(ds, "TakeDataset", ())) and isinstance(n, int):
+        return min(below, n) if n >= 0 else below
+    if isinstance(dataset, getattr(ds, "SkipDataset", ())) and isinstance(n, int):
+        return max(0, below - n)
+    if isinstance(dataset, getattr(ds, "BatchDataset", ())):
+        return batches(below, dataset.batch_size, dataset.drop_remainder) \
+            if getattr(dataset, "batch_size_func", None) is None else None
+    return None
+
+
+def batches(rows: int | None, batch_size: Any, drop_remainder: bool) -> int | None:
+    """Batches per epoch of ``rows`` rows, as ``Dataset.batch`` makes them."""
+    if rows is None or not isinstance(batch_size, int) or batch_size <= 0:
+        return None
+    return rows // batch_size if drop_remainder else -(-rows // batch_size)
 
 
 def network_operators_in(source: Any) -> str | None:

@@ -261,6 +261,12 @@ def default_mode(req: Request) -> str:
     return THREADS if req.multiprocessing is False else PROCESSES if req.shared_mem else PIPES
 
 
+def _map_mode(req: Request) -> str:
+    """The mode MindSpore's own map (or batch) arguments give: its threads (one or more) by default, processes
+    where asked, whatever the shared-memory switch says (a map's rows go through SysV segments)."""
+    return PROCESSES if req.multiprocessing is True else THREADS
+
+
 def _mode_reason(best: Candidate, fitting: list, req: Request, stats: RowStats) -> str:
     if best.seconds is None:
         return "rows were not timed: MindSpore's default transport that fits"
@@ -340,7 +346,7 @@ def plan_map(in_bytes: int, out_bytes: int, seconds_per_row: float | None, cpu_f
     fitting = [c for c in cands if c.fits]
     if not fitting:
         raise ShmBudgetError(plan.no_fit_message(cands, req, budget, stats, row))
-    own = default_mode(replace(req, multiprocessing=req.multiprocessing is True))  # map's default: threads
+    own = _map_mode(req)
     best, kept = plan.choose(fitting, req, own)
     decisions = _workers_cap(req)[1]
     reason = _mode_reason(best, fitting, req, stats) if seconds_per_row is not None else \

@@ -365,6 +365,12 @@ def _int(env: Mapping[str, str], name: str) -> int | None:
     return value if value >= 0 else None
 
 
+def sharing_hint(local_ranks: int) -> str:
+    """What to check when /dev/shm filled up after planning: other processes sizing themselves as if alone."""
+    return (f"ms_shm planned for {local_ranks} rank(s) using this host's /dev/shm; where more ranks run here, "
+            f"tell each how many: export LOCAL_WORLD_SIZE (or MS_SHM_LOCAL_RANKS), or ms_shm.tune(ranks=N)")
+
+
 def detect_ranks(env: Mapping[str, str], override: int | None = None) -> Ranks:
     """Ranks sharing this host's /dev/shm, from the launcher's environment.
 

@@ -11,6 +11,7 @@ import logging
 import os
 import pickle
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -198,8 +199,21 @@ def test_a_rare_row_over_the_share_goes_on_where_dev_shm_has_room_for_every_work
     with caplog.at_level(logging.WARNING, logger="ms_shm"):
         for i in range(4):
             assert g[i] is rows[i]
-    assert caplog.text.count("going on") == 1 and "row 2 is 12.0 MiB, over the planned 1.0 MiB" in caplog.text
+    assert caplog.text.count("going on") == 1, caplog.text
+    assert "at row 2 this worker's slots grow to 36.0 MiB (rows up to 12.0 MiB; planned 1.0 MiB)" in caplog.text
     assert g._ms_shm_guard._total == 4 * 12 * MiB
+
+
+def test_a_rare_row_goes_on_only_where_every_local_rank_could_grow_alike(free_space):
+    """Four ranks on one /dev/shm: the first to meet a rare large row took the room the other three then
+    lacked (audit: 3 of 4 ranks stopped). Room for ranks x workers such slots, or the clear error."""
+    free_space.value = 90 * MiB  # 2 workers x 12 MiB fit; 4 ranks x 2 workers x 12 MiB do not
+    rows = [row_of(12 * MiB - 8) for _ in range(4)]
+    g = GuardedSource(ListSource(rows), replace(spec(slots=18, worker_bytes=int(25.6 * MiB), planned=MiB,
+                                                     workers=2), ranks=4))
+    with pytest.raises(RowTooLargeError):
+        for i in range(4):
+            g[i]
 
 
 def test_a_budget_exactly_full_is_allowed(free_space):
@@ -222,7 +236,9 @@ def test_a_full_dev_shm_is_refused_naming_row_need_free_and_fix(free_space):
     assert str(err.value) == (
         "row 0 needs a new 2.0 MiB shared-memory slot plus 2.0 MiB for the other 1 worker(s)' next slot, but "
         "/dev/shm has only 3.0 MiB free: something else filled it after ms_shm planned this pipeline, and "
-        f"writing the row would end in a bus error. Fix: make room, this pipeline needs {need / MiB:.1f} MiB of "
+        "writing the row would end in a bus error (ms_shm planned for 1 rank(s) using this host's /dev/shm; where "
+        "more ranks run here, tell each how many: export LOCAL_WORLD_SIZE (or MS_SHM_LOCAL_RANKS), or "
+        f"ms_shm.tune(ranks=N)). Fix: make room, this pipeline needs {need / MiB:.1f} MiB of "
         "/dev/shm for its slots (find what else uses it: `df -h /dev/shm`; `ms-shm clean` removes what crashed "
         "runs left), or lower num_parallel_workers")
     assert g._ms_shm_guard._slots == []

@@ -19,6 +19,7 @@ import textwrap
 from typing import Any
 
 from ms_shm import advice as advice_mod
+from ms_shm import budget as budget_mod
 from ms_shm import engines, host, sizes
 from ms_shm._results import mib
 from ms_shm.cli.run import cmd_run, split_run_argv
@@ -175,6 +176,8 @@ def fact_rows(facts: host.HostFacts, config: Any, config_note: str | None, typic
     rows.append(("container", facts.container or "none detected (bare host)"))
     rows.append(("ranks on this host", f"{facts.ranks.local_size} (local rank {facts.ranks.local_rank}; "
                                        f"{facts.ranks.source})"))
+    rows.append(("share per rank", budget_mod.compute(facts.shm_free, facts.ranks.local_size, None, None,
+                                                  ranks_source=facts.ranks.source).reason))
     rows.append(("MindSpore", facts.mindspore_version or "could not determine (not installed)"))
     rows.append(_config_row(config, config_note))
     rows.append(("Python", f"{platform.python_version()}, start method "
@@ -247,6 +250,7 @@ def _plan_pick(report: Any) -> list:
     if chosen is None:
         return [f"ms_shm would pick: could not determine ({report.plan_note})"]
     lines = _wrap(f"ms_shm would pick (MindSpore {report.input.mindspore}): {chosen.summary()}", "")
+    lines += _wrap(f"budget: {chosen.budget.reason}", "    ", "- ")
     for d in getattr(chosen, "decisions", ()):
         lines += _wrap(str(d), "    ", "- ")
     if getattr(chosen, "advice", ()):

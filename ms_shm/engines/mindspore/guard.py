@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ms_shm import objects, procfs, sizes
+from ms_shm import host, objects, procfs, sizes
 from ms_shm._results import Result, mib, record
 from ms_shm.engines.mindspore import arithmetic as model
 from ms_shm.errors import RowTooLargeError, ShmFullError
@@ -46,6 +46,7 @@ class GuardSpec(Result):
         shm_path: The mount whose free space is checked.
         shm_scale: /dev/shm bytes the host needs per byte this pipeline uses (local ranks / budget fraction),
             to print a size that would fit.
+        ranks: Local ranks planned for: each may grow alike, and a full /dev/shm may be one planned as alone.
     """
 
     slots: int
@@ -55,6 +56,7 @@ class GuardSpec(Result):
     workers: int = 1
     shm_path: str = "/dev/shm"
     shm_scale: float = 1.0
+    ranks: int = 1
 
 
 def _free_bytes(path: str) -> int:
@@ -146,21 +148,23 @@ class SlotGuard:
         self._next_slot += 1
 
     def _room_beyond_share(self, committed: int, total: int, index: Any) -> bool:
-        """A row over the plan whose slot still fits /dev/shm as it is now, with as much again for every other
-        worker (they may grow alike at the same instant): rare large rows the probe did not read (8 full-size
-        images among 96x96 ones) ran under raw MindSpore at 128 MB and stopped here. Said once per worker."""
+        """Slots over the plan that still fit /dev/shm as it is now, with as much again for every other worker
+        of every local rank (they may grow alike at the same instant; one rank going on alone took the room the
+        other three then lacked): rare large rows the probe did not read (8 full-size images among 96x96 ones)
+        ran under raw MindSpore at 128 MB and stopped here. Said once per worker."""
         spec = self.spec
         try:
             free = _free_bytes(spec.shm_path)
         except OSError:  # unreadable: the share is all there is to go by
             return False
-        if free < spec.workers * committed:
+        if free < spec.ranks * spec.workers * committed:
             return False
         if not self._over_share_said:
             self._over_share_said = True
-            log.warning("ms_shm guard: row %s is %s, over the planned %s: this worker's slots grow to %s, over its "
-                        "%s share of %s, which still has %s free; going on (the pipeline now needs more /dev/shm "
-                        "than planned)", index, mib(committed), mib(spec.planned_row_bytes), mib(total),
+            largest = max([*self._slots, committed])
+            log.warning("ms_shm guard: at row %s this worker's slots grow to %s (rows up to %s; planned %s), over "
+                        "its %s share of %s, which still has %s free; going on (the pipeline now needs more "
+                        "/dev/shm than planned)", index, mib(total), mib(largest), mib(spec.planned_row_bytes),
                         mib(spec.worker_bytes), spec.shm_path, mib(free))
         return True
 
@@ -188,9 +192,9 @@ class SlotGuard:
         raise ShmFullError(
             f"row {index} needs a new {mib(size)} shared-memory slot{room}, but {spec.shm_path} has only "
             f"{_free_text(free, size + margin)} free: something else filled it after ms_shm planned this "
-            f"pipeline, and writing the row would end in a bus error. Fix: make room, this pipeline needs "
-            f"{mib(self._need(size))} of {spec.shm_path} for its slots (find what else uses it: `df -h {spec.shm_path}`; `ms-shm clean` "
-            f"removes what crashed runs left), or {spec.fix}")
+            f"pipeline, and writing the row would end in a bus error ({host.sharing_hint(spec.ranks)}). Fix: "
+            f"make room, this pipeline needs {mib(self._need(size))} of {spec.shm_path} for its slots (find what "
+            f"else uses it: `df -h {spec.shm_path}`; `ms-shm clean` removes what crashed runs left), or {spec.fix}")
 
     def _need(self, size: int) -> int:
         """/dev/shm this pipeline needs when every slot of every worker holds rows of ``size``."""

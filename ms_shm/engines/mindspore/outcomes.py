@@ -228,6 +228,7 @@ def what_if(facts: Any, row_bytes: int, workers: int, prefetch: int = model.DEFA
     """
     from ms_shm.engines.mindspore import planning
 
+    ranks_source = "given" if ranks else facts.ranks.source
     ranks = ranks or facts.ranks.local_size
     version = version or facts.mindspore_version or profiles.KNOWN_VERSIONS[-1]
     if shm is not None:
@@ -239,7 +240,8 @@ def what_if(facts: Any, row_bytes: int, workers: int, prefetch: int = model.DEFA
     try:
         chosen, note = planning.what_if(row_bytes=row_bytes, workers=workers, prefetch=prefetch, ranks=ranks,
                                         version=version, shm_free=seen.free, cpu_count=facts.cpu_count,
-                                        nofile_soft=facts.nofile_soft, open_fds=facts.open_fds), None
+                                        nofile_soft=facts.nofile_soft, open_fds=facts.open_fds,
+                                        ranks_source=ranks_source), None
     except Error as exc:  # the planner answers misfits with fits=False; anything else is worth a note
         chosen, note = None, f"{type(exc).__name__}: {exc}"
     fits = chosen.fits if chosen is not None else _row_of(table, version).fits

@@ -408,7 +408,7 @@ def _map_candidate(mode: str, w: int, in_bytes: int, out_bytes: int, stats: RowS
 def what_if(row_bytes: int, workers: int, prefetch: int = model.DEFAULT_PREFETCH, ranks: int = 1,
             version: str | None = None, shm_free: int | None = None, cpu_count: int | None = None,
             nofile_soft: int | None = None, open_fds: int | None = None,
-            fraction: float = 0.8) -> Plan:
+            fraction: float = 0.8, ranks_source: str = "given") -> Plan:
     """The plan for a hypothetical pipeline (``ms-shm plan``): the user's workers and prefetch, row size given.
 
     Never raises for a misfit: the returned plan has ``fits=False`` and the reason, since the question is
@@ -418,7 +418,7 @@ def what_if(row_bytes: int, workers: int, prefetch: int = model.DEFAULT_PREFETCH
 
     profile = profile_for(version)
     b = budget_mod.compute(shm_free, ranks, nofile_soft, open_fds, fraction=fraction,
-                           ranks_source="given")
+                           ranks_source=ranks_source)
     cpus = max(workers, cpu_count or workers)
     stats = RowStats.synthetic(row_bytes)
     req = Request(workers=workers, prefetch=prefetch, cpu_count=cpus, usable_cpus=cpus)

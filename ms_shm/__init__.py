@@ -16,6 +16,7 @@ import logging
 from ms_shm.errors import (
     Error,
     ProcessesUnavailableError,
+    ReadOnlyError,
     RowError,
     RowTooLargeError,
     ShmBudgetError,
@@ -68,6 +69,6 @@ __all__ = [
     "tune", "build_dataset", "map", "batch", "build_dataloader", "plan_of", "patch", "unpatch", "patched", "probe", "reset", "session", "Session",
     "TuneReport", "Plan", "Decision", "Budget", "HostFacts", "RowStats",
     "Error", "ShmBudgetError", "RowError", "ProcessesUnavailableError", "UsageError", "RowTooLargeError", "ShmFullError",
-    "clean", "CleanReport", "Leftover", "watch", "Watcher", "WatchSummary",
+    "ReadOnlyError", "clean", "CleanReport", "Leftover", "watch", "Watcher", "WatchSummary",
     "SharedList", "SharedDict", "CowFinding",
 ]

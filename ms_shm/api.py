@@ -187,7 +187,7 @@ def _profile(config: Any, facts: host.HostFacts, eng: Any) -> Any:
 
 
 def _inspect_copy_on_read(source: Any, workers: int, facts: host.HostFacts, start_method: str,
-                          share_lists: bool) -> None:
+                          share_lists: bool, effects: Any = None) -> None:
     from ms_shm import cow
 
     findings = cow.inspect_source(source, workers=workers, ranks=facts.ranks.local_size,
@@ -195,7 +195,7 @@ def _inspect_copy_on_read(source: Any, workers: int, facts: host.HostFacts, star
     if not findings:
         return
     if share_lists:
-        cow.share_lists(source, findings)
+        cow.share_lists(source, findings, effects=effects)
     elif facts.ranks.local_rank == 0:
         cow.log_findings(findings)
 
@@ -292,7 +292,7 @@ def build_dataset(source: Any, column_names: Sequence[str] | str | None = None, 
                                     meanwhile=_beside_probe(facts))
     p = _plan_source(probe, req, generator_kwargs, config, facts, eng)
     if p.python_multiprocessing and p.workers > 1:
-        _inspect_copy_on_read(source, p.workers, facts, req.start_method, share_lists)
+        _inspect_copy_on_read(source, p.workers, facts, req.start_method, share_lists, probe.effects)
     lineage = measure.SourceLineage(source, names, probe.stats.indices[:4]) if probe.stats and names else \
         measure.Unavailable(probe.unmeasured or "no column names")
     p, feed = threads.cap_source(p, _guarded(source, p, facts, eng), facts.usable_cpus,  # threads per worker

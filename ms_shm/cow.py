@@ -13,12 +13,15 @@ containers for ``SharedList``/``SharedDict`` when the caller opted in.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import logging
+import random
+import re
 import sys
 import types
 from collections import OrderedDict, deque
-from dataclasses import field
+from dataclasses import field, replace
 from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
@@ -41,6 +44,10 @@ _CHILD_SAMPLE = 16
 _ELEMENT_DEPTH = 2
 #: Top-level containers up to this length are looked into (``self.meta = {"captions": [...]}``).
 _WRAPPER_MAX = 64
+#: How deep the walk goes from the source: small containers are looked into down to this level
+#: (``self.coco.dataset["images"]``), plain objects only at the first level (``self.coco``).
+_CONTAINER_DEPTH = 3
+_OBJECT_DEPTH = 2
 #: Attributes read per object; a bound for objects with thousands of attributes.
 _MAX_ATTRIBUTES = 1000
 
@@ -95,6 +102,8 @@ class CowFinding(Result):
     swappable: bool
     path: tuple = field(default=(), repr=False, compare=False)
     container_id: int = field(default=0, repr=False, compare=False)
+    #: Other paths from the source to the same container (``self.train_paths = self.paths``).
+    aliases: tuple = field(default=(), repr=False, compare=False)
 
     @property
     def message(self) -> str:
@@ -117,7 +126,8 @@ def inspect_source(source: Any, workers: int, ranks: int = 1, start_method: str 
     """Find containers in ``source`` that every worker will copy, largest total first.
 
     Looks at the source's attributes (``vars()`` and ``__slots__``; properties are never called), then
-    one level deeper: attributes of attribute objects and values of small dict/list/tuple attributes. A
+    one level deeper: attributes of attribute objects and values of small dict/list/tuple attributes, and
+    inside small containers met there (``self.coco.dataset["images"]``). A
     ``list``, ``tuple``, ``dict``, ``set``, ``frozenset``, ``deque`` or object-dtype array is flagged when
     it holds at least ``min_objects`` Python objects, estimated from a sample of up to 1000 elements.
     Anything odd (an attribute that raises, a ``len`` that fails) is skipped and logged at DEBUG: a
@@ -158,38 +168,55 @@ def inspect_source(source: Any, workers: int, ranks: int = 1, start_method: str 
 
 
 def _walk_attributes(source: Any, judge: Callable[..., CowFinding | None]) -> list:
-    """Findings among the source's attributes and one level inside them, each container judged once.
+    """Findings among the source's attributes and below, each container judged once, with its aliases.
 
-    A large container is judged as a whole. A small one (``self.meta = {"captions": [...]}``) or a plain
-    object is looked into first, and judged as a whole only when nothing inside it was flagged, so one
-    big list is never reported twice.
+    A container met again under another name is not judged twice, but the other paths are kept
+    (``aliases``): swapping only one name would leave the plain list alive through the other, saving nothing.
     """
+    seen: dict[int, list] = {id(source): [()]}  # id -> every path the object was met at, first one judged
+    findings = _walk(source, (), 1, seen, judge, True)
+    return [replace(f, aliases=tuple(seen[f.container_id][1:])) if len(seen.get(f.container_id, ())) > 1 else f
+            for f in findings]
+
+
+def _walk(value: Any, path: tuple, depth: int, seen: dict, judge: Callable[..., CowFinding | None],
+          assignable: bool) -> list:
+    """Findings among the children of ``value`` (met at ``path``, ``depth`` levels below the source)."""
     findings: list = []
-    seen: set = {id(source)}
-    for step, value in _children(source):
-        if id(value) in seen or isinstance(value, _NO_OBJECTS):
+    for step, child in _children(value):
+        if isinstance(child, _NO_OBJECTS):
             continue
-        seen.add(id(value))
-        if _is_container(value) and _safe_len(value) > _WRAPPER_MAX:
-            findings.extend(_flagged(judge((step,), value)))
+        child_path = (*path, step)
+        if id(child) in seen:
+            seen[id(child)].append(child_path)
             continue
-        inside = _walk_inside(step, value, seen, judge)
-        findings.extend(inside)
-        if _is_container(value) and not inside:  # a small container of medium-sized things
-            findings.extend(_flagged(judge((step,), value)))
+        seen[id(child)] = [child_path]
+        findings.extend(_judge_or_descend(child, child_path, depth, seen, judge, assignable))
     return findings
 
 
-def _walk_inside(step: Step, value: Any, seen: set, judge: Callable[..., CowFinding | None]) -> list:
-    """Findings among the containers one level inside ``value`` (reached from the source by ``step``)."""
-    assignable = not isinstance(value, tuple)  # self.splits = (train, val) cannot be assigned into
-    found = []
-    for inner_step, inner in _children(value):
-        if id(inner) in seen or not _is_container(inner):
-            continue
-        seen.add(id(inner))
-        found.extend(_flagged(judge((step, inner_step), inner, assignable)))
-    return found
+def _judge_or_descend(child: Any, path: tuple, depth: int, seen: dict, judge: Callable[..., CowFinding | None],
+                      assignable: bool) -> list:
+    """A large container is judged as a whole. A small one (``self.meta = {"captions": [...]}``) or a plain
+    object is looked into first, and a small container is judged as a whole only when nothing inside it was
+    flagged: swapping a 2-key dict of two huge lists whole would unpickle a whole list on every access."""
+    container = _is_container(child)
+    if container and _safe_len(child) > _WRAPPER_MAX:
+        return _flagged(judge(path, child, assignable))
+    inside = []
+    if depth < (_CONTAINER_DEPTH if container else _OBJECT_DEPTH):
+        # self.splits = (train, val) cannot be assigned into
+        inside = _walk(child, path, depth + 1, seen, judge, assignable and not isinstance(child, tuple))
+    if container and not inside and not _holds_met_elsewhere(child, path, seen):  # of medium-sized things
+        return _flagged(judge(path, child, assignable))
+    return inside
+
+
+def _holds_met_elsewhere(container: Any, path: tuple, seen: dict) -> bool:
+    """Whether a container inside ``container`` was first met at another path (``self.split = {"train":
+    self.paths}``): judged there already, so this small wrapper must not be swapped whole around it."""
+    return any(_is_container(inner) and seen.get(id(inner), [(*path, step)])[0] != (*path, step)
+               for step, inner in _children(container))
 
 
 def _flagged(finding: CowFinding | None) -> list:
@@ -202,16 +229,25 @@ def log_findings(findings: Iterable[CowFinding]) -> None:
         log.warning("ms_shm: %s", finding.message)
 
 
-def share_lists(source: Any, findings: Iterable[CowFinding], shared_memory: bool | None = None
-                ) -> tuple[str, ...]:
+def share_lists(source: Any, findings: Iterable[CowFinding], shared_memory: bool | None = None,
+                effects: Any = None) -> tuple[str, ...]:
     """Replace flagged containers in ``source`` with ``SharedList``/``SharedDict``; return what changed.
 
-    Lists, tuples and deques become ``SharedList``; dicts (plain or ``OrderedDict``) with str, bytes or
-    int keys become ``SharedDict``. Both are read-only: code in the source that appends to or assigns
-    into the container will fail with ``TypeError`` (or ``AttributeError``), which is why this is opt-in.
-    Sets, subclasses (a ``defaultdict`` would lose its default), object arrays, the source itself and
-    containers that cannot be assigned back (inside a tuple, a read-only property) are left as they are,
-    each with an INFO line saying why. Each swap is logged at INFO.
+    Lists become ``SharedList``; dicts (plain or ``OrderedDict``) with str, bytes or int keys become
+    ``SharedDict``. Both are read-only and hand out a fresh copy of an item on every read: code that
+    changes them raises ``ms_shm.shared_list.ReadOnlyError`` (a ``TypeError``) naming the attribute and the
+    fix, which is why this is opt-in. Each path replaced is logged at INFO, and one INFO line per call names
+    them all (the caller asked for it; the error on a change is what must be loud). Every path to a container
+    is replaced (``self.train_paths = self.paths``), or the plain one would stay alive.
+
+    Left as they are, each with an INFO line saying why and one WARNING per call naming them all (still
+    copied by every worker, though the caller asked for the fix): tuples (a stand-in is neither hashable nor equal to
+    a tuple), deques (``maxlen``), sets, subclasses (a ``defaultdict`` would lose its default), object
+    arrays, the source itself, containers that cannot be assigned back (inside a tuple, a read-only
+    property), and containers inside an object or dict that something outside the source also holds (a
+    ``meta`` dict shared by a train and a val dataset: replacing inside it would change the other one).
+    Nothing is swapped when the probe saw the source keep state as it reads (``effects``): a cache written
+    into an item would be lost, since every read of a stand-in is a new copy.
 
     Args:
         source: The object ``inspect_source`` looked at.
@@ -219,15 +255,53 @@ def share_lists(source: Any, findings: Iterable[CowFinding], shared_memory: bool
         shared_memory: Put the new containers in POSIX shared memory, so spawned workers map one copy
             instead of unpickling one each. ``None`` means: yes under spawn, no under fork (forked
             workers share the pages anyway). Falls back to in-process buffers if ``/dev/shm`` is short.
+        effects: What the probe saw reading the source (``sandbox.Effects``), or ``None`` when unknown.
 
     Returns:
-        The ``attribute`` of every container that was replaced.
+        The path (``attribute``) of every place that was replaced.
     """
-    swapped = []
+    findings = tuple(findings)
+    kept = _kept_state(effects, findings)
+    if kept:
+        log.warning("ms_shm: share_lists=True: left %s as they are: %s, and a SharedList/SharedDict gives a new "
+                    "copy of an item on every read, so state kept in an item (a cache, a counter) would be lost "
+                    "and rows would differ from MindSpore's. Fix: keep that state outside these lists, or pass "
+                    "share_lists=False", ", ".join(f.attribute for f in findings), kept)
+        return ()
+    swapped: list[str] = []
+    left: list[str] = []
     for finding in findings:
-        if _swappable(finding) and _swap(source, finding, shared_memory):
-            swapped.append(finding.attribute)
+        done = _swap(source, finding, shared_memory) if _swappable(finding) else []
+        swapped.extend(done)
+        if finding.attribute not in done:
+            left.append(finding.attribute)
+    if left:
+        log.warning("ms_shm: share_lists=True left %s as they are (the INFO lines say why): every worker still "
+                    "copies them as it reads", ", ".join(f"source.{where}" for where in left))
+    if swapped:  # INFO: asked for; a change to a stand-in raises an error naming it and the fix
+        log.info("ms_shm: share_lists=True put read-only shared stand-ins (SharedList/SharedDict) in place "
+                    "of %s: reading them gives what the originals gave; changing them raises TypeError, and "
+                    "they are not list/dict instances", ", ".join(f"source.{where}" for where in swapped))
     return tuple(swapped)
+
+
+def _kept_state(effects: Any, findings: tuple) -> str | None:
+    """Why the probe says reading keeps state that a stand-in would lose, or ``None``.
+
+    A re-read that differs or attributes that change on every read mean state is kept somewhere, maybe in an
+    item (``ann["hits"] += 1``), which a stand-in would silently drop. A change on the first read only (lazy
+    set-up, opening a file) blocks the swap only when it names a flagged attribute.
+    """
+    if effects is None:
+        return None
+    reason = getattr(effects, "rereads_differ", None) or getattr(effects, "state_per_read", None)
+    if reason:
+        return f"the probe saw the source keep state as it reads ({reason})"
+    lazy = getattr(effects, "mutates_state", None)
+    names = {str(f.path[0][1]) for f in findings if f.path}
+    if lazy and any(re.search(rf"\b{re.escape(name)}\b", lazy) for name in names):
+        return f"the probe saw reading change them ({lazy})"
+    return None
 
 
 def _swappable(finding: CowFinding) -> bool:
@@ -242,32 +316,89 @@ def _swappable(finding: CowFinding) -> bool:
     return True
 
 
-def _swap(source: Any, finding: CowFinding, shared_memory: bool | None) -> bool:
-    """Put a shared stand-in where ``finding`` was; every reason to leave it is logged at INFO, never raised:
-    the source may have changed since it was inspected, and a helper must not break the pipeline."""
-    try:
-        parent = _resolve(source, finding.path[:-1])
-        current = _get(parent, finding.path[-1])
-    except Exception as exc:  # the source changed since it was inspected
-        log.info("ms_shm: left %s as is: cannot reach it again (%s)", finding.attribute, exc)
-        return False
-    if id(current) != finding.container_id:
-        log.info("ms_shm: left %s as is: it is no longer the object that was inspected", finding.attribute)
-        return False
-    replacement = _stand_in(current, finding, shared_memory)
+def _swap(source: Any, finding: CowFinding, shared_memory: bool | None) -> list[str]:
+    """Put one shared stand-in at every path to the container; return the paths replaced.
+
+    Every reason to leave a path is logged at INFO, never raised: the source may have changed since it was
+    inspected, and a helper must not break the pipeline.
+    """
+    targets = [(parent, path) for path in (finding.path, *finding.aliases)
+               if (parent := _target(source, path, finding)) is not None]
+    if not targets:
+        return []
+    replacement = _stand_in(_get(targets[0][0], targets[0][1][-1]), finding, shared_memory)
     if replacement is None:
-        return False
+        return []
+    replacement._named(finding.attribute)
+    done = []
+    for parent, path in targets:
+        where = _format_path(path)
+        try:
+            _set(parent, path[-1], replacement)
+        except Exception as exc:  # frozen dataclass, read-only property, tuple parent
+            log.info("ms_shm: left %s as is: cannot assign it (%s: %s)", where, type(exc).__name__, exc)
+            continue
+        done.append(where)
+        block = _block_name(replacement)
+        also = f", in shared memory block {block}" if block else ""
+        log.info("ms_shm: replaced source.%s (%s of %s items, ~%s of Python objects) with a %s of %s%s",
+                 where, finding.kind, f"{finding.items:,}", mib(finding.bytes_per_worker),
+                 type(replacement).__name__, mib(replacement.nbytes), also)
+    return done
+
+
+def _target(source: Any, path: tuple, finding: CowFinding) -> Any:
+    """The object to assign into for ``path``, or ``None`` (said at INFO) when the path must be left."""
+    where = _format_path(path)
     try:
-        _set(parent, finding.path[-1], replacement)
-    except Exception as exc:  # frozen dataclass, read-only property, tuple parent
-        log.info("ms_shm: left %s as is: cannot assign it (%s: %s)", finding.attribute, type(exc).__name__, exc)
-        return False
-    block = _block_name(replacement)
-    where = f", in shared memory block {block}" if block else ""
-    log.info("ms_shm: replaced source.%s (%s of %s items, ~%s of Python objects) with a %s of %s%s",
-             finding.attribute, finding.kind, f"{finding.items:,}", mib(finding.bytes_per_worker),
-             type(replacement).__name__, mib(replacement.nbytes), where)
-    return True
+        holders = _holders(source, path)
+        current = _get(holders[-1], path[-1])
+    except Exception as exc:  # the source changed since it was inspected
+        log.info("ms_shm: left %s as is: cannot reach it again (%s)", where, exc)
+        return None
+    if id(current) != finding.container_id:
+        log.info("ms_shm: left %s as is: it is no longer the object that was inspected", where)
+        return None
+    shared = _held_elsewhere(holders, path)
+    if shared:
+        log.info("ms_shm: left %s as is: %s", where, shared)
+        return None
+    return holders[-1]
+
+
+def _holders(source: Any, path: tuple) -> list:
+    """The source and each object on ``path`` down to the one that holds its last step."""
+    holders = [source]
+    for step in path[:-1]:
+        holders.append(_get(holders[-1], step))
+    return holders
+
+
+def _held_elsewhere(holders: list, path: tuple) -> str | None:
+    """Why an object on the way (not the source) is also held from outside the source, or ``None``.
+
+    Writing into ``self.meta["train"]`` changes the ``meta`` dict itself: if a val dataset or a module
+    global holds the same dict, it would change too. Referrers are found with ``gc.get_referrers`` (one heap
+    scan per object on the way; only paths below the source's own attributes need it). References from
+    running functions' local variables are not visible to it.
+    """
+    for level in range(1, len(holders)):
+        holder, above = holders[level], holders[level - 1]
+        inside = {id(above), id(holders)}
+        own = getattr(above, "__dict__", None)
+        if isinstance(own, dict):
+            inside.add(id(own))
+        outside = [r for r in gc.get_referrers(holder) if id(r) not in inside and not isinstance(r, types.FrameType)]
+        if outside:
+            return (f"{_format_path(path[:level])} is also held outside the source (by a {type(outside[0]).__name__}), "
+                    f"so replacing something inside it would change that holder too; wrap it by hand if that is "
+                    f"intended: {_fix_line(path)}")
+    return None
+
+
+def _fix_line(path: tuple) -> str:
+    target = "self." + _format_path(path)
+    return f"{target} = ms_shm.SharedList({target}) (or SharedDict)"
 
 
 def _stand_in(current: Any, finding: CowFinding, shared_memory: bool | None) -> SharedList | SharedDict | None:
@@ -450,11 +581,17 @@ def _own_size(obj: Any, fork: bool) -> int:
 
 
 def _sample(container: Any) -> list[Any]:
-    """Up to ``_SAMPLE`` elements, evenly spread for sequences (values and keys alike for dicts)."""
+    """Up to ``_SAMPLE`` elements, drawn at random positions (fixed seed) for sequences (values and keys alike
+    for dicts).
+
+    Never a fixed stride: ``[i % 1000 for i in range(1_000_000)]`` sampled every 1000th item reads only 0,
+    a shared small int, and would hide a million separate ints.
+    """
     n = len(container)
     if isinstance(container, (list, tuple, np.ndarray)):
-        step = max(1, n // _SAMPLE)
-        return [container[i] for i in range(0, n, step)][:_SAMPLE]
+        if n <= _SAMPLE:
+            return list(container)
+        return [container[i] for i in sorted(random.Random(0).sample(range(n), _SAMPLE))]
     if isinstance(container, dict):
         return [x for kv in itertools.islice(container.items(), _SAMPLE // 2) for x in kv]
     return list(itertools.islice(iter(container), _SAMPLE))
@@ -481,8 +618,10 @@ def _fix(path: tuple, value: Any, assignable: bool) -> tuple[str, bool]:
     """The code line that removes the copies, and whether ``share_lists`` can apply it itself."""
     target = "source" if not path else "self." + _format_path(path)
     swappable = bool(path) and assignable
-    if type(value) in (list, tuple, deque):
+    if type(value) is list:
         return f"{target} = ms_shm.SharedList({target})", swappable
+    if type(value) in (tuple, deque):  # a stand-in is no tuple (hash, ==) and has no maxlen: by hand only
+        return f"{target} = ms_shm.SharedList({target})", False
     if type(value) in (dict, OrderedDict) and all(isinstance(k, _DICT_KEY_TYPES) for k in _sample_keys(value)):
         return f"{target} = ms_shm.SharedDict({target})", swappable
     if isinstance(value, (set, frozenset)):

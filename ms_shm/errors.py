@@ -67,5 +67,10 @@ class ProcessesUnavailableError(Error, RuntimeError):
     """``python_multiprocessing=True`` was asked for where MindSpore cannot start worker processes."""
 
 
+class ReadOnlyError(Error, TypeError):
+    """Code tried to change a ``SharedList``/``SharedDict``. A ``TypeError``, as for an immutable built-in, so
+    ``except TypeError`` still catches it; the message names the source attribute it stands in for, when known."""
+
+
 __all__ = ["Error", "RowError", "ShmBudgetError", "RowTooLargeError", "ShmFullError", "ProcessesUnavailableError",
-           "UsageError"]
+           "UsageError", "ReadOnlyError"]

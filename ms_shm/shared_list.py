@@ -30,6 +30,7 @@ import os
 import pickle
 import reprlib
 import secrets
+import sys
 import weakref
 import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -41,10 +42,11 @@ import numpy as np
 
 from ms_shm import procfs
 from ms_shm._results import mib
+from ms_shm.errors import ReadOnlyError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SharedList", "SharedDict"]
+__all__ = ["SharedList", "SharedDict", "ReadOnlyError"]
 
 #: Where POSIX shared memory lives on Linux (``shm_open`` creates files here). Tests point it at tmp_path.
 _SHM_DIR = "/dev/shm"
@@ -91,6 +93,28 @@ def _pickle_items(items: Iterable[Any]) -> tuple[np.ndarray, np.ndarray]:
         np.cumsum(np.concatenate(lengths), out=offsets[1:])
     joined = b"".join(chunks) if len(chunks) != 1 else chunks[0]
     return np.frombuffer(joined, np.uint8), offsets
+
+
+def _refuse(stand_in: Any, operation: str) -> ReadOnlyError:
+    """The error for a change to a read-only stand-in: what was attempted, what the object is, and the fix.
+
+    A swap made by ``build_dataset(..., share_lists=True)`` records the attribute it replaced (``_origin``), so
+    the message can name it: code that appends to ``self.paths`` then learns why ``self.paths`` is read-only.
+    """
+    kind = type(stand_in).__name__
+    plain = "dict" if isinstance(stand_in, SharedDict) else "list"
+    origin = stand_in._origin
+    if origin:
+        message = (f"cannot {operation}: source attribute {origin!r} is ms_shm's read-only shared stand-in ({kind}) "
+                   f"for the {plain} that was there, swapped in because build_dataset(..., share_lists=True) was "
+                   f"asked for. Fix: build the dataset without share_lists=True, or do not modify self.{origin} "
+                   f"after building (keep changes in a separate {plain})")
+        fix = f"build_dataset(..., share_lists=False), or do not modify self.{origin}"
+    else:
+        message = (f"cannot {operation}: a {kind} is read-only (its items live in one shared byte buffer). "
+                   f"Fix: change a plain copy (x.copy()) and build a new {kind} from it")
+        fix = f"change x.copy() and build a new {kind}"
+    return ReadOnlyError(message, fix=fix)
 
 
 # ---------------------------------------------------------------------------------------------- shm blocks
@@ -175,17 +199,18 @@ def _attach_block(name: str, count: int) -> tuple[np.ndarray, np.ndarray]:
     return buf, offsets
 
 
-def _attach_list(name: str, count: int) -> SharedList:
+def _attach_list(name: str, count: int, origin: str | None = None) -> SharedList:
     buf, offsets = _attach_block(name, count)
-    return SharedList._from_arrays(buf, offsets, shm_name=name)
+    return SharedList._from_arrays(buf, offsets, shm_name=name)._named(origin)
 
 
-def _rebuild_list(buf: np.ndarray, offsets: np.ndarray) -> SharedList:
-    return SharedList._from_arrays(buf, offsets)
+def _rebuild_list(buf: np.ndarray, offsets: np.ndarray, origin: str | None = None) -> SharedList:
+    return SharedList._from_arrays(buf, offsets)._named(origin)
 
 
-def _rebuild_dict(keys: SharedList, values: SharedList, hashes: np.ndarray, order: np.ndarray) -> SharedDict:
-    return SharedDict._from_parts(keys, values, hashes, order)
+def _rebuild_dict(keys: SharedList, values: SharedList, hashes: np.ndarray, order: np.ndarray,
+                  origin: str | None = None) -> SharedDict:
+    return SharedDict._from_parts(keys, values, hashes, order)._named(origin)
 
 
 # -------------------------------------------------------------------------------------------------- list
@@ -196,7 +221,11 @@ class SharedList(Sequence):
     workers then share its pages instead of each copying them as reference counts are touched.
 
     Items are copies: ``lst[i]`` unpickles item ``i`` each time, so mutating what it returns changes
-    nothing stored, and objects shared between items come back as separate objects. Reading costs one
+    nothing stored, and objects shared between items come back as separate objects (so ``x in lst`` and
+    ``count`` find a NaN only where ``==`` does: a list also matches the very same object). It behaves as a
+    ``list`` that cannot change: equal to lists (never to tuples), slices, ``copy()``, ``+`` and ``*`` give
+    plain lists, and every changing method (``append``, ``lst[i] = x``, ``sort``...) raises ``ReadOnlyError``,
+    a ``TypeError``. ``isinstance(lst, list)`` is ``False``. Reading costs one
     ``pickle.loads`` (about 0.5 µs for a small dict, against 0.03 µs for a plain list); that is small next
     to the tens of microseconds MindSpore spends moving each row.
 
@@ -211,11 +240,11 @@ class SharedList(Sequence):
 
     Examples:
         >>> names = SharedList(f"img_{i}.jpg" for i in range(3))
-        >>> names[-1], len(names), names[:2] == ["img_0.jpg", "img_1.jpg"]
-        ('img_2.jpg', 3, True)
+        >>> names[-1], len(names), names[:2]
+        ('img_2.jpg', 3, ['img_0.jpg', 'img_1.jpg'])
     """
 
-    __slots__ = ("_buf", "_offsets", "_bview", "_oview", "_len", "_shm_name", "__weakref__")
+    __slots__ = ("_buf", "_offsets", "_bview", "_oview", "_len", "_shm_name", "_origin", "__weakref__")
 
     def __init__(self, items: Iterable[Any] = (), *, shared_memory: bool = False) -> None:
         if isinstance(items, SharedList):
@@ -238,6 +267,12 @@ class SharedList(Sequence):
         self._oview = memoryview(offsets)
         self._len = offsets.size - 1
         self._shm_name = shm_name
+        self._origin = None
+
+    def _named(self, origin: str | None) -> SharedList:
+        """Record the source attribute this stands in for, so an attempt to change it can name it."""
+        self._origin = origin
+        return self
 
     @classmethod
     def _from_arrays(cls, buf: np.ndarray, offsets: np.ndarray, shm_name: str | None = None) -> SharedList:
@@ -266,25 +301,34 @@ class SharedList(Sequence):
 
     # -- reading ------------------------------------------------------------------------------------------
     def __getitem__(self, index):
-        """Item ``index`` (negative counts from the end), or a new ``SharedList`` for a slice.
+        """Item ``index`` (negative counts from the end), or a plain ``list`` for a slice.
 
-        A slice returns a ``SharedList`` (not a ``list``), so taking a large part of a large list does not
-        bring the copy-on-read problem back. It is an in-process copy of the bytes, never in shared memory.
+        A slice is a ``list``, as a list's slice is, so ``json.dumps(x[:2])`` and ``x[:2] + [y]`` behave as
+        they did before the swap. Its items are new objects of the process that sliced.
         """
         if isinstance(index, slice):
-            return self._slice(index)
-        i = operator.index(index)
+            return list(self._slice(index))
+        try:
+            i = operator.index(index)
+        except TypeError:
+            if hasattr(type(index), "__index__"):
+                raise  # its own words, as a list gives them (a numpy array of several items)
+            raise TypeError(f"list indices must be integers or slices, not {type(index).__name__}") from None
         if i < 0:
             i += self._len
         if i < 0 or i >= self._len:
-            raise IndexError("SharedList index out of range")
+            raise IndexError("list index out of range")
         offsets = self._oview
         return pickle.loads(self._bview[offsets[i]:offsets[i + 1]])
 
     def __iter__(self) -> Iterator[Any]:
+        return self._items(0, self._len)
+
+    def _items(self, first: int, stop: int) -> Iterator[Any]:
+        """Items ``first`` to ``stop - 1`` (both within bounds), unpickled one by one."""
         loads, view, offsets = pickle.loads, self._bview, self._oview
-        start = offsets[0]
-        for i in range(1, self._len + 1):
+        start = offsets[first]
+        for i in range(first + 1, stop + 1):
             end = offsets[i]
             yield loads(view[start:end])
             start = end
@@ -297,7 +341,76 @@ class SharedList(Sequence):
         """A plain list of every item (brings back one Python object per item)."""
         return list(self)
 
+    def copy(self) -> list:
+        """A plain list, as ``list.copy`` gives: the copy is the caller's to change."""
+        return list(self)
+
+    def index(self, value: Any, start: int = 0, stop: int = sys.maxsize) -> int:
+        """As ``list.index``, with its message: ``ValueError: 'x' is not in list``."""
+        start, stop, _ = slice(start, stop).indices(self._len)
+        for i, item in enumerate(self._items(start, max(start, stop)), start):
+            if item is value or item == value:
+                return i
+        raise ValueError(f"{value!r} is not in list")
+
+    def __add__(self, other: Any) -> list:
+        if isinstance(other, (list, SharedList)):
+            return list(self) + list(other)
+        return NotImplemented
+
+    def __radd__(self, other: Any) -> list:
+        if isinstance(other, list):
+            return other + list(self)
+        return NotImplemented
+
+    def __mul__(self, times: Any) -> list:
+        try:
+            times = operator.index(times)
+        except TypeError:
+            return NotImplemented
+        return list(self) * times
+
+    __rmul__ = __mul__
+
+    # -- changing: refused with the reason and the fix ------------------------------------------------------
+    def __setitem__(self, index: Any, value: Any) -> None:
+        raise _refuse(self, "assign an item")
+
+    def __delitem__(self, index: Any) -> None:
+        raise _refuse(self, "delete an item")
+
+    def __iadd__(self, other: Any) -> SharedList:
+        raise _refuse(self, "extend it with +=")
+
+    def __imul__(self, times: Any) -> SharedList:
+        raise _refuse(self, "repeat it with *=")
+
+    def append(self, value: Any) -> None:
+        raise _refuse(self, "append")
+
+    def extend(self, values: Iterable[Any]) -> None:
+        raise _refuse(self, "extend")
+
+    def insert(self, index: int, value: Any) -> None:
+        raise _refuse(self, "insert")
+
+    def pop(self, index: int = -1) -> Any:
+        raise _refuse(self, "pop")
+
+    def remove(self, value: Any) -> None:
+        raise _refuse(self, "remove an item")
+
+    def clear(self) -> None:
+        raise _refuse(self, "clear")
+
+    def sort(self, *, key: Any = None, reverse: bool = False) -> None:
+        raise _refuse(self, "sort in place (sorted(x) gives a new list)")
+
+    def reverse(self) -> None:
+        raise _refuse(self, "reverse in place (x[::-1] gives a new list)")
+
     def _slice(self, index: slice) -> SharedList:
+        """The items of a slice, still as bytes: one copy of the buffer, no unpickling yet."""
         start, stop, step = index.indices(self._len)
         offsets = self._offsets
         if step == 1:
@@ -316,17 +429,36 @@ class SharedList(Sequence):
 
     # -- comparison ---------------------------------------------------------------------------------------
     def __eq__(self, other: object) -> bool:
-        """Equal, item by item, to another ``SharedList``, a list, a tuple or any non-string sequence."""
+        """Equal, item by item, to a list or another ``SharedList``, as a list is: never to a tuple."""
         if isinstance(other, SharedList):
             if other._len != self._len:
                 return False
             if np.array_equal(self._offsets, other._offsets) and np.array_equal(self._buf, other._buf):
                 return True
-        elif not isinstance(other, Sequence) or isinstance(other, (str, bytes, bytearray, memoryview)):
+        elif not isinstance(other, list):
             return NotImplemented
         elif len(other) != self._len:
             return False
-        return all(mine == theirs for mine, theirs in zip(self, other))
+        return all(mine is theirs or mine == theirs for mine, theirs in zip(self, other))
+
+    def _ordered(self, other: object) -> list | None:
+        return list(other) if isinstance(other, (list, SharedList)) else None
+
+    def __lt__(self, other: object) -> bool:
+        theirs = self._ordered(other)
+        return NotImplemented if theirs is None else list(self) < theirs
+
+    def __le__(self, other: object) -> bool:
+        theirs = self._ordered(other)
+        return NotImplemented if theirs is None else list(self) <= theirs
+
+    def __gt__(self, other: object) -> bool:
+        theirs = self._ordered(other)
+        return NotImplemented if theirs is None else list(self) > theirs
+
+    def __ge__(self, other: object) -> bool:
+        theirs = self._ordered(other)
+        return NotImplemented if theirs is None else list(self) >= theirs
 
     __hash__ = None  # type: ignore[assignment]  # equal to lists, which are unhashable
 
@@ -340,26 +472,48 @@ class SharedList(Sequence):
     def __reduce__(self):
         """Pickle the two arrays, or only the block's name when the data is in shared memory."""
         if self._shm_name is not None:
-            return _attach_list, (self._shm_name, self._len)
-        return _rebuild_list, (self._buf, self._offsets)
+            return _attach_list, (self._shm_name, self._len, self._origin)
+        return _rebuild_list, (self._buf, self._offsets, self._origin)
 
 
 # -------------------------------------------------------------------------------------------------- dict
 def _stable_hash(key: Any) -> int | None:
     """A hash that is the same in every process (``hash(str)`` is randomised per interpreter under spawn).
 
-    Equal keys must hash alike, so ``True``, ``1`` and ``1.0`` share the int path. ``None`` means "a key
-    type SharedDict does not store".
+    A dict treats keys that are equal and hash alike as one key, so every key equal to an int (``True``,
+    ``5.0``, ``numpy.int64(5)``: MindSpore hands workers numpy indices) takes the int path. ``None`` means
+    "no stored key can be equal to this one" (or a key type SharedDict does not store).
+
+    Raises:
+        TypeError: The key is unhashable, as a dict lookup raises.
     """
     if isinstance(key, str):
         return zlib.crc32(key.encode("utf-8", "surrogatepass"), 1)
     if isinstance(key, bytes):
         return zlib.crc32(key, 2)
-    if isinstance(key, float) and key.is_integer():
-        key = int(key)
-    if isinstance(key, int):
-        return zlib.crc32(str(int(key)).encode(), 3)
-    return None
+    integer = int(key) if isinstance(key, int) else _integer_key(key)
+    if integer is None:
+        return None
+    return zlib.crc32(str(integer).encode(), 3)
+
+
+def _integer_key(key: Any) -> int | None:
+    """The int a dict would take for the same key as ``key`` (equal and the same ``hash``), else ``None``."""
+    digest = hash(key)  # unhashable: the TypeError a dict raises
+    if isinstance(key, (float, np.floating)) and not float(key).is_integer():
+        return None  # 1.5, nan, inf: equal to no int
+    try:
+        integer = operator.index(key)  # numpy integers
+    except TypeError:
+        try:
+            integer = int(key)  # integral floats, numpy bools, Decimal, Fraction
+        except (TypeError, ValueError, OverflowError):
+            return None
+    try:
+        same = digest == hash(integer) and bool(key == integer)
+    except Exception:  # an odd __eq__: then it is not the same key as any int
+        return None
+    return integer if same else None
 
 
 class SharedDict(Mapping):
@@ -367,15 +521,18 @@ class SharedDict(Mapping):
 
     Keys and values are two ``SharedList``; lookups go through a sorted array of 32-bit CRC hashes that
     is the same in every process, so no Python dict of keys has to exist in the workers. A lookup costs a
-    CRC, a bisection and two unpickles (about 1 µs). Values are copies, as with ``SharedList``.
+    CRC, a bisection and two unpickles (about 1 µs). Values are copies, as with ``SharedList``. As in a
+    dict, any key equal to a stored one finds it (``numpy.int64(5)``, ``5.0`` and ``True`` find ``5``, ``1``).
+    ``copy()`` and ``|`` give plain dicts; every changing method raises ``ReadOnlyError`` (a ``TypeError``);
+    ``isinstance(d, dict)`` is ``False``.
 
     Args:
         data: A mapping, or an iterable of ``(key, value)`` pairs (the last of equal keys wins).
         shared_memory: As for ``SharedList``: keys and values live in shared memory blocks.
 
     Raises:
-        TypeError: A key is not a str, bytes or int (``bool`` and integral floats count as ints), or a key
-            or value cannot be pickled.
+        TypeError: A key is not a str, bytes or int (a key a dict holds as the same key as an int counts as
+            one: ``True``, ``5.0``, ``numpy.int64(5)``), or a key or value cannot be pickled.
 
     Examples:
         >>> captions = SharedDict({"a.jpg": "a cat", "b.jpg": "a dog"})
@@ -383,7 +540,7 @@ class SharedDict(Mapping):
         ('a dog', False, 2)
     """
 
-    __slots__ = ("_keys", "_values", "_hashes", "_hview", "_order", "_oview")
+    __slots__ = ("_keys", "_values", "_hashes", "_hview", "_order", "_oview", "_origin")
 
     def __init__(self, data: Mapping | Iterable[tuple[Any, Any]] = (), *, shared_memory: bool = False) -> None:
         if not isinstance(data, Mapping):
@@ -404,6 +561,12 @@ class SharedDict(Mapping):
         self._hashes, self._order = _readonly(hashes), _readonly(order)
         self._hview = memoryview(self._hashes)  # bisect works on it directly, in C
         self._oview = memoryview(self._order)
+        self._origin = None
+
+    def _named(self, origin: str | None) -> SharedDict:
+        """Record the source attribute this stands in for, so an attempt to change it can name it."""
+        self._origin = origin
+        return self
 
     @classmethod
     def _from_parts(cls, keys: SharedList, values: SharedList, hashes: np.ndarray,
@@ -445,6 +608,49 @@ class SharedDict(Mapping):
     def __len__(self) -> int:
         return len(self._keys)
 
+    def copy(self) -> dict:
+        """A plain dict, as ``dict.copy`` gives: the copy is the caller's to change."""
+        return dict(zip(self._keys, self._values))
+
+    def __or__(self, other: Any) -> dict:
+        if not isinstance(other, (dict, SharedDict)):
+            return NotImplemented
+        merged = self.copy()
+        merged.update(other)
+        return merged
+
+    def __ror__(self, other: Any) -> dict:
+        if not isinstance(other, dict):
+            return NotImplemented
+        merged = dict(other)
+        merged.update(self.copy())
+        return merged
+
+    # -- changing: refused with the reason and the fix ------------------------------------------------------
+    def __setitem__(self, key: Any, value: Any) -> None:
+        raise _refuse(self, "assign a key")
+
+    def __delitem__(self, key: Any) -> None:
+        raise _refuse(self, "delete a key")
+
+    def __ior__(self, other: Any) -> SharedDict:
+        raise _refuse(self, "update it with |=")
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        raise _refuse(self, "setdefault")
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        raise _refuse(self, "update")
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        raise _refuse(self, "pop")
+
+    def popitem(self) -> tuple:
+        raise _refuse(self, "popitem")
+
+    def clear(self) -> None:
+        raise _refuse(self, "clear")
+
     @property
     def nbytes(self) -> int:
         """Bytes held by keys, values and the hash index together."""
@@ -465,4 +671,4 @@ class SharedDict(Mapping):
         return self
 
     def __reduce__(self):
-        return _rebuild_dict, (self._keys, self._values, self._hashes, self._order)
+        return _rebuild_dict, (self._keys, self._values, self._hashes, self._order, self._origin)

@@ -5,20 +5,26 @@ from __future__ import annotations
 import copy
 import dataclasses
 import gc
+import json
 import math
 import os
 import pickle
+import random
+import re
 import shlex
 import subprocess
 import sys
 import textwrap
+from decimal import Decimal
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+import ms_shm
 from ms_shm import shared_list
-from ms_shm.shared_list import SHM_PREFIX, SharedDict, SharedList
+from ms_shm.shared_list import SHM_PREFIX, ReadOnlyError, SharedDict, SharedList
 
 
 @dataclasses.dataclass
@@ -70,7 +76,7 @@ def test_items_are_copies():
 def test_empty(items):
     lst = SharedList(items)
     assert len(lst) == 0 and not lst
-    assert list(lst) == [] and lst == [] and lst == ()
+    assert list(lst) == [] and lst == [] and lst != ()  # a list stand-in: never equal to a tuple
     assert lst[:] == [] and lst[::-1] == []
     with pytest.raises(IndexError):
         lst[0]
@@ -111,9 +117,8 @@ def test_bad_index_type(index):
 def test_slices_match_list_slices(sl):
     lst = SharedList(MIXED)
     part = lst[sl]
-    assert isinstance(part, SharedList)
+    assert type(part) is list  # as a list's slice: json.dumps and + work on it
     assert part == MIXED[sl]
-    assert part.shared_memory_name is None
 
 
 def test_iteration_reversed_contains_index_count():
@@ -128,7 +133,7 @@ def test_iteration_reversed_contains_index_count():
 def test_equality():
     lst = SharedList([1, "a", (2,)])
     assert lst == [1, "a", (2,)] and [1, "a", (2,)] == lst
-    assert lst == (1, "a", (2,))
+    assert lst != (1, "a", (2,)) and (1, "a", (2,)) != lst  # as [1] != (1,)
     assert lst == SharedList([1, "a", (2,)])
     assert lst != [1, "a"] and lst != [1, "a", (3,)] and lst != SharedList([1, "a", (3,)])
     assert SharedList([{"a": 1, "b": 2}]) == SharedList([{"b": 2, "a": 1}])  # different pickles, equal items
@@ -157,7 +162,7 @@ def test_read_only():
         lst[0] = 2
     with pytest.raises(ValueError):
         lst._buf[0] = 1
-    with pytest.raises(AttributeError):
+    with pytest.raises(TypeError, match="cannot append"):
         lst.append(2)
 
 
@@ -392,3 +397,133 @@ def test_killed_owner_leaves_no_block(private_shm):
     result = private_shm.run_shell(script, shm="64m", timeout=120)
     assert "CREATED ms_shm_list_" in result.stdout, private_shm.describe(result)
     assert SHM_PREFIX not in result.stdout.split("LEFT:", 1)[1], private_shm.describe(result)
+
+
+# ------------------------------------------------------------------------------------ audit: dict semantics
+INT_KEYED = {i: f"name_{i}" for i in range(100)}
+
+
+@pytest.mark.parametrize("key", [
+    np.int64(5), np.int32(5), np.uint8(5), np.int64(-0), np.float64(5.0), np.float32(5.0), 5.0, -0.0,
+    np.bool_(True), True, Decimal(5), Fraction(10, 2),  # equal to a stored int, with its hash: the same key
+    5.5, np.float64(5.5), float("nan"), float("inf"), "5", b"5", np.str_("5"), (5,), None, 10**30,  # no match
+])
+def test_shared_dict_finds_every_key_a_dict_finds(key):
+    """MindSpore hands workers numpy.int64 indices: ``self.id2file[idx]`` must find the int key, as a dict does,
+    and a key a dict does not find must be missing here too (never the wrong value)."""
+    d = SharedDict(INT_KEYED)
+    assert d.get(key, "MISSING") == INT_KEYED.get(key, "MISSING")
+    assert (key in d) == (key in INT_KEYED)
+    if key in INT_KEYED:
+        assert d[key] == INT_KEYED[key]
+    else:
+        with pytest.raises(KeyError):
+            d[key]
+
+
+def test_shared_dict_str_keys_and_unhashable_keys_like_dict():
+    d = SharedDict({"a.jpg": 1, b"raw": 2})
+    assert d[np.str_("a.jpg")] == 1 and d[np.bytes_(b"raw")] == 2 and d.get(b"a.jpg") is None
+    for unhashable in ([5], {"a": 1}, np.array([5])):
+        with pytest.raises(TypeError):
+            {}.get(unhashable)  # what a dict does ...
+        with pytest.raises(TypeError):
+            d.get(unhashable)  # ... and so does the stand-in
+
+
+def test_shared_dict_with_numpy_int_keys_is_stored_as_ints():
+    d = SharedDict({np.int64(3): "three"})
+    assert d[3] == "three" and d[np.int32(3)] == "three" and 4 not in d
+
+
+# ------------------------------------------------------------------------------------ audit: read-only
+LIST_CHANGES = [
+    ("assign an item", lambda x: x.__setitem__(0, "a")),
+    ("assign an item", lambda x: random.Random(0).shuffle(x)),
+    ("delete an item", lambda x: x.__delitem__(0)),
+    ("append", lambda x: x.append(1)),
+    ("extend", lambda x: x.extend([1])),
+    ("insert", lambda x: x.insert(0, 1)),
+    ("pop", lambda x: x.pop()),
+    ("remove an item", lambda x: x.remove("a")),
+    ("clear", lambda x: x.clear()),
+    ("sort in place", lambda x: x.sort()),
+    ("reverse in place", lambda x: x.reverse()),
+    ("extend it with +=", lambda x: x.__iadd__([1])),
+    ("repeat it with *=", lambda x: x.__imul__(2)),
+]
+DICT_CHANGES = [
+    ("assign a key", lambda d: d.__setitem__("k", 1)),
+    ("delete a key", lambda d: d.__delitem__("a")),
+    ("setdefault", lambda d: d.setdefault("k", 1)),
+    ("update", lambda d: d.update(k=1)),
+    ("pop", lambda d: d.pop("a")),
+    ("popitem", lambda d: d.popitem()),
+    ("clear", lambda d: d.clear()),
+    ("update it with |=", lambda d: d.__ior__({})),
+]
+
+
+@pytest.mark.parametrize("operation, change", LIST_CHANGES + DICT_CHANGES)
+def test_every_change_raises_a_type_error_that_says_why_and_the_fix(operation, change):
+    stand_in = SharedList(["a", "b"]) if (operation, change) in LIST_CHANGES else SharedDict({"a": 1})
+    with pytest.raises(TypeError, match=f"cannot {re.escape(operation)}.*: a Shared(List|Dict) is read-only") as raised:
+        change(stand_in)
+    assert isinstance(raised.value, ms_shm.Error) and raised.value.fix
+    named = stand_in._named("meta['paths']")  # what share_lists records when it swaps
+    for copy_ in (named, pickle.loads(pickle.dumps(named))):  # a spawned worker gets the name too
+        with pytest.raises(ReadOnlyError) as raised:
+            change(copy_)
+        text = str(raised.value)
+        assert "source attribute \"meta['paths']\"" in text and "share_lists=True" in text
+        assert "do not modify self.meta['paths'] after building" in text
+
+
+def test_the_origin_travels_with_a_shared_memory_pickle(fake_shm):
+    lst = SharedList([1], shared_memory=True)._named("paths")
+    with pytest.raises(ReadOnlyError, match="source attribute 'paths'"):
+        pickle.loads(pickle.dumps(lst)).append(2)
+
+
+# ------------------------------------------------------------------------------------ audit: list semantics
+def test_list_operations_give_plain_lists_as_a_list_does():
+    items = [f"img_{i}.jpg" for i in range(10)]
+    lst = SharedList(items)
+    assert json.dumps(lst[:2]) == json.dumps(items[:2])
+    assert lst[:2] + ["a"] == items[:2] + ["a"] and type(lst + ["a"]) is list and lst + lst == items + items
+    assert ["a"] + lst == ["a"] + items and type(["a"] + lst) is list
+    assert lst * 2 == items * 2 and 2 * lst == items * 2 and type(lst * 2) is list
+    assert type(lst.copy()) is list and lst.copy() == items
+    assert lst[::-1][0] == items[-1]
+    with pytest.raises(TypeError):
+        lst + ("a",)  # as list + tuple
+    with pytest.raises(TypeError, match="list indices must be integers or slices, not float"):
+        lst[1.0]
+    with pytest.raises(IndexError, match="list index out of range"):
+        lst[10]
+    assert (lst < ["z"]) == (items < ["z"]) and (lst >= items) and not (lst > items)
+
+
+def test_index_raises_like_list_index():
+    lst = SharedList(["x", "y", "x"])
+    assert lst.index("x") == 0 and lst.index("x", 1) == 2 and lst.index("y", -2) == 1
+    for args in (("nope",), ("y", 2), ("x", 1, 2)):
+        with pytest.raises(ValueError) as mine:
+            lst.index(*args)
+        with pytest.raises(ValueError) as theirs:
+            ["x", "y", "x"].index(*args)
+        assert str(mine.value) == str(theirs.value)
+
+
+def test_nan_is_found_only_where_equality_finds_it():
+    """Documented difference: a list also matches the very same NaN object; a stand-in's items are copies."""
+    nan = float("nan")
+    assert nan in [nan] and nan not in SharedList([nan])
+
+
+def test_shared_dict_copy_and_union_are_plain_dicts():
+    data = {"a": 1, "b": 2}
+    d = SharedDict(data)
+    assert type(d.copy()) is dict and d.copy() == data
+    assert d | {"c": 3} == data | {"c": 3} and type(d | {"c": 3}) is dict
+    assert {"a": 0, "z": 9} | d == {"a": 0, "z": 9} | data and type({"z": 9} | d) is dict

@@ -527,7 +527,7 @@ def _reach(objects: Sequence[Any], stop: tuple = ()) -> list:
         obj, where, depth = stack.pop()
         looked = id(obj) in seen
         out.append((where, obj))
-        if looked or isinstance(obj, _SKIP) or isinstance(obj, types.ModuleType):
+        if looked or isinstance(obj, _SKIP) or isinstance(obj, types.ModuleType) or _is_tensor(obj):
             continue
         seen.add(id(obj))
         if depth >= _WALK_DEPTH or (stop and isinstance(obj, stop)):
@@ -539,6 +539,13 @@ def _reach(objects: Sequence[Any], stop: tuple = ()) -> list:
         stack.extend((child, f"{where}{name}" if name.startswith("[") else f"{where}.{name}", depth + 1)
                      for name, child in reversed(children))
     return out
+
+
+def _is_tensor(obj: Any) -> bool:
+    """A torch tensor is data, like an array: its state is its bytes, not attributes worth walking."""
+    torch = sys.modules.get("torch")
+    tensor = getattr(torch, "Tensor", None) if torch is not None else None
+    return isinstance(tensor, type) and isinstance(obj, tensor)
 
 
 def _children(obj: Any) -> list:
@@ -579,14 +586,20 @@ def _class_children(cls: type) -> list:
 
 def _class_data(cls: type) -> list:
     """A class's own data attributes, and its bases' (``Counter.count += 1`` keeps its state there), for classes
-    written in Python: not methods, properties or descriptors."""
+    written in Python: not methods, properties or descriptors. Their current values, under names found once per
+    class (a tensor's class alone has hundreds of attributes to sort out)."""
+    return [(f"<class {klass.__name__}.{name}>", vars(klass).get(name)) for klass, name in _class_data_names(cls)]
+
+
+@functools.lru_cache(maxsize=1024)
+def _class_data_names(cls: type) -> tuple:
     out = []
     for klass in cls.__mro__:
         if klass is object or klass.__module__ == "builtins" or not isinstance(vars(klass), types.MappingProxyType):
             continue
-        out += [(f"<class {klass.__name__}.{name}>", value) for name, value in list(vars(klass).items())
+        out += [(klass, name) for name, value in list(vars(klass).items())
                 if not name.startswith("__") and not callable(value) and not _descriptor(value)]
-    return out
+    return tuple(out)
 
 
 def _descriptor(value: Any) -> bool:

@@ -153,3 +153,9 @@ def mib(nbytes: float | None) -> str:
         if abs(nbytes) >= size:
             return f"{nbytes / size:.1f} {unit}"
     return f"{int(nbytes)} B"
+
+
+def free_text(free: int, needed: int) -> str:
+    """Free space as a refusal shows it: in bytes when one decimal of MiB would round it up to what is needed
+    (a refusal reading "needs 2.0 MiB, has only 2.0 MiB" names no shortfall)."""
+    return f"{free:,} B" if mib(free) == mib(needed) else mib(free)

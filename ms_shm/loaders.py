@@ -23,7 +23,7 @@ from ms_shm import changes as changes_mod
 from ms_shm import engines, measure
 from ms_shm._results import mib
 from ms_shm.engines.torchstyle import arithmetic, codescan, probe
-from ms_shm.engines.torchstyle.guard import GuardedCollate
+from ms_shm.engines.torchstyle.guard import GuardedCollate, guard_fix
 from ms_shm.engines.torchstyle.planning import LoaderRequest
 from ms_shm.errors import ShmBudgetError, UsageError
 from ms_shm.plan import Decision, Plan
@@ -34,7 +34,6 @@ log = logging.getLogger(__name__)
 FRAMEWORKS = ("torch", "mindspore-dataloader")
 _ALIASES = {"torch": "torch", "pytorch": "torch", "mindspore": "mindspore-dataloader",
             "mindspore-dataloader": "mindspore-dataloader"}
-_FIX = "lower batch_size or prefetch_factor, or give /dev/shm more room"
 # meant for workers: torch and MindSpore refuse (or, MindSpore's timeout, ignore) them with num_workers=0
 _WORKER_ONLY = ("num_workers", "prefetch_factor", "persistent_workers", "timeout", "multiprocessing_context")
 
@@ -214,7 +213,7 @@ def prepare(eng: Any, cls: Any, dataset: Any, args: tuple, kwargs: dict, prefere
     if refused is not None:
         p = replace(p, decisions=(refused,) + p.decisions)
     _apply(eng, p)
-    return _warned(eng, asked, _arguments(eng, asked, p, stats, b)), p
+    return _warned(eng, asked, _arguments(eng, asked, p, b)), p
 
 
 def _warned(eng: Any, asked: dict, arguments: dict) -> dict:
@@ -265,7 +264,7 @@ def _probe(eng: Any, dataset: Any, asked: dict, b: Any, timed: bool) -> tuple:
                               eng.compat.tensor_bytes, reread=timed)
 
 
-def _arguments(eng: Any, asked: dict, p: Plan, stats: Any, b: Any) -> dict:
+def _arguments(eng: Any, asked: dict, p: Plan, b: Any) -> dict:
     """The caller's arguments with ms_shm's choices: only what was not passed (or was adapted), and the
     collate guard."""
     arguments = dict(asked)
@@ -279,13 +278,21 @@ def _arguments(eng: Any, asked: dict, p: Plan, stats: Any, b: Any) -> dict:
             ("prefetch_factor" not in asked or adapted):
         arguments["prefetch_factor"] = p.prefetch
     if p.workers and b.shm_bytes:
-        batched = asked.get("batch_size", 1) is not None or asked.get("batch_sampler") is not None
-        collate = asked.get("collate_fn") or eng.compat.default_collate(batched)
-        arguments["collate_fn"] = GuardedCollate(collate, eng.compat.weigh, eng.compat.worker_info,
-                                                 stats.batch_bytes, arithmetic.batches_in_flight(p.workers,
-                                                                                                 p.prefetch),
-                                                 b.shm_bytes, _FIX)
+        arguments["collate_fn"] = _guarded(eng, asked, p, b)
     return arguments
+
+
+def _guarded(eng: Any, asked: dict, p: Plan, b: Any) -> GuardedCollate:
+    """The caller's ``collate_fn`` (or the framework's default) checked in the workers against the planned
+    batch (``p.row_bytes``, with any margin for samples that vary) and ``/dev/shm``'s free space."""
+    batch_sampler = asked.get("batch_sampler") is not None
+    batched = asked.get("batch_size", 1) is not None or batch_sampler
+    collate = asked.get("collate_fn") or eng.compat.default_collate(batched)
+    fix = guard_fix(asked.get("batch_size", 1), batch_sampler, p.workers, p.prefetch)
+    return GuardedCollate(collate, eng.compat.weigh, eng.compat.worker_info, p.row_bytes,
+                          arithmetic.batches_in_flight(p.workers, p.prefetch), b.shm_bytes, fix,
+                          getattr(eng.compat, "unshared_bytes", None), b.ranks, b.ranks / b.fraction,
+                          getattr(eng.compat, "share", None))
 
 
 def _apply(eng: Any, p: Plan) -> None:

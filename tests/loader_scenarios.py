@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+import time
 
 import numpy as np
 
@@ -32,6 +33,12 @@ def _framework(name: str):
     from mindspore.dataset.dataloader import DataLoader, Dataset, IterableDataset
 
     return None, Dataset, IterableDataset, DataLoader, lambda a: Tensor(a)
+
+
+def ragged_array(i: int, mib: int | None = None) -> np.ndarray:
+    """Sample ``i`` of ``mib`` MiB (default 4-8 MiB, by ``i``) of bytes that differ per sample."""
+    n = (mib if mib is not None else 4 + (i * 37 % 5)) << 20
+    return ((np.arange(n, dtype=np.uint32) * (2 * i + 1) + i * 7) & 0xFF).astype(np.uint8)
 
 
 _MADE: dict = {}
@@ -74,6 +81,25 @@ def _make(name: str) -> dict:
         def __getitem__(self, i):
             return tensor(sample_array(i, 1.0 if i < 16 else 24.0))
 
+    class Ragged(base):
+        """24 samples of 4-8 MiB in no order of size (the 4-rank audit's), 30 ms each: worth workers."""
+
+        def __len__(self):
+            return 24
+
+        def __getitem__(self, i):
+            time.sleep(0.03)
+            return tensor(ragged_array(i))
+
+    class Quarter(base):
+        """24 samples of 4 MiB, as a list collate sends them (each written to /dev/shm by the worker)."""
+
+        def __len__(self):
+            return 24
+
+        def __getitem__(self, i):
+            return tensor(ragged_array(i, 4))
+
     class Stream(iterable_base):
         """An iterable dataset: each worker iterates its own copy (so num_workers must not change)."""
 
@@ -81,7 +107,8 @@ def _make(name: str) -> dict:
             for i in range(SAMPLES):
                 yield tensor(sample_array(i, 0.5))
 
-    made = {"big": Big, "many_small": ManySmall, "growing": Growing, "stream": Stream}
+    made = {"big": Big, "many_small": ManySmall, "growing": Growing, "stream": Stream, "ragged": Ragged,
+            "quarter": Quarter}
     prefix = _PREFIX[name]
     for cls in made.values():  # importable by name, so spawn workers can unpickle them
         cls.__name__ = cls.__qualname__ = prefix + cls.__name__
@@ -103,6 +130,21 @@ def __getattr__(name: str):
 
 def keep_apart(samples):
     return [t for s in samples for t in s]
+
+
+def as_list(samples):
+    """A collate that keeps the samples' tensors: each is written to /dev/shm when the worker sends the batch."""
+    return list(samples)
+
+
+def fill_dev_shm(leave: int) -> None:
+    """Another process takes all of /dev/shm but ``leave`` bytes (a rank planned as if alone)."""
+    import os
+    import subprocess
+
+    st = os.statvfs("/dev/shm")
+    take = st.f_bavail * st.f_frsize - leave
+    subprocess.run(["fallocate", "-l", str(take), "/dev/shm/another_process"], check=True, timeout=60)
 
 
 def _digest(batch) -> str:
@@ -129,7 +171,13 @@ SCENARIOS = {  # scenario: (dataset, DataLoader arguments a user writes, what ms
                    dict(batch_size=2, num_workers=2, persistent_workers=True, prefetch_factor=1)),
     "stream": ("stream", dict(batch_size=4, num_workers=2), dict(batch_size=4, num_workers=2)),
     "growing": ("growing", dict(batch_size=4, num_workers=2), dict(batch_size=4, num_workers=2)),
+    # shuffled by torch's global generator, seeded in ``run``: the same order raw and through ms_shm
+    "ragged": ("ragged", dict(batch_size=1, shuffle=True, num_workers=2, collate_fn=as_list),
+               dict(batch_size=1, shuffle=True, collate_fn=as_list)),
+    "filled": ("quarter", dict(batch_size=1, num_workers=2, collate_fn=as_list),
+               dict(batch_size=1, num_workers=2, collate_fn=as_list)),
 }
+FILL = {"filled": 2 << 20}  # scenario: bytes another process leaves free in /dev/shm once the loader is built
 
 
 def run(framework: str, scenario: str, mode: str) -> None:
@@ -137,12 +185,16 @@ def run(framework: str, scenario: str, mode: str) -> None:
 
     kind, raw_args, ours = SCENARIOS[scenario]
     dataset = datasets(framework)[kind]()
-    loader_cls = _framework(framework)[3]
+    torch, _, _, loader_cls, _ = _framework(framework)
+    if torch is not None:
+        torch.manual_seed(0)
     if mode == "raw":
         loader = loader_cls(dataset, **raw_args)
     else:
         ms_shm.tune()
         loader = ms_shm.build_dataloader(dataset, **ours)
+    if scenario in FILL:
+        fill_dev_shm(FILL[scenario])
     digests = [_digest(batch) for batch in loader]
     p = ms_shm.plan_of(loader)
     plan = None if p is None else {"workers": p.workers, "prefetch": p.prefetch, "shm": p.predicted_shm,

@@ -252,12 +252,15 @@ def test_collate_guard_passes_batches_through_and_stops_one_that_outgrew_its_pla
         calls.append(samples)
         return samples
 
-    in_worker = GuardedCollate(collate, weigh, lambda: Info(), 10, 5, 100, "lower batch_size")
+    in_worker = GuardedCollate(collate, weigh, lambda: Info(), 10, 5, 100, "batch_size=1")
     small = [5, 5]
     assert in_worker(small) is small and calls == [small]
     with _pytest.raises(RowTooLargeError) as err:
         in_worker([30, 30])
-    assert "batch 2 of DataLoader worker 1" in str(err.value) and "Fix: lower batch_size" in str(err.value)
+    text = str(err.value)  # what was checked: the budget, and what is free
+    assert "batch 2 of DataLoader worker 1 is 60 B (planned 10 B)" in text, text
+    assert "over the 100 B this loader may use, and /dev/shm has only 200 B free" in text, text
+    assert "Fix: give /dev/shm at least 301 B (docker run --shm-size=" in text and text.endswith("or batch_size=1")
     in_main = GuardedCollate(collate, weigh, lambda: None, 10, 5, 100, "x")
     assert in_main([30, 30]) == [30, 30]  # the main process only calls through
     free.free = 300  # room now for all 5 batches at 60: over the budget, yet it fits what is free
@@ -559,3 +562,170 @@ def test_mindspores_dataloader_with_a_generator_keeps_its_workers_and_torchs_doe
                                                          compat, "WORKERS_DRAW_FROM_GENERATOR", False)))
         why = loaders._asked_lock(eng, asked["dataset"], asked)
         assert (why is not None and "generator" in why) == locked, why
+
+
+# --- samples that vary in size: read spread over the dataset, planned with build_dataset's margin
+
+
+class Ragged:
+    """``n`` samples of 4-8 units (``[i] * size``), as the 4-rank audit's 4-8 MiB ones; reads are logged."""
+
+    def __init__(self, n: int = 48):
+        self.n, self.read = n, []
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        self.read.append(i)
+        return [i] * (4 + (i * 37 % 5))
+
+
+@pytest.mark.parametrize("length, sampler, batch_sampler, indices", [
+    (48, None, None, [0, 47, 24]),  # shuffle=True or not: the framework's own sampler, made later
+    (2, None, None, [0, 1]),
+    (None, None, None, [0, 1, 2]),  # no __len__: from the start, as before
+    (48, [5, 9, 1, 7], None, [5, 9, 1]),  # the caller's sampler chooses: its first ones
+    (48, None, [[3, 4], [5, 6]], [3, 4]),  # a batch sampler's first batch: samples that collate together
+])
+def test_the_probe_reads_spread_indices_unless_the_caller_chose_them(length, sampler, batch_sampler, indices):
+    assert probe.first_batch(4, sampler, batch_sampler, probe.PROBE_SAMPLES, length)[0] == indices
+
+
+@pytest.mark.parametrize("alone, two, second, size, expected", [
+    ([8, 8, 8], 16, 8, 4, (32, 32)),  # alike: one + (two - one) * (size - 1), as before
+    ([10, 10], 18, 10, 4, (34, 34)),  # 2 bytes of the batch's own
+    ([4, 8, 5], 12, 8, 4, (32, 16)),  # a list collate: size x the largest sample (and the smallest)
+    ([4, 8, 5], 12, 8, 1, (8, 4)),  # batch_size=1: the largest sample alone
+    ([6, 6], 6, 6, 4, (6, 6)),  # views of one storage: sent once
+    ([4, 8], None, 4, 1, (8, 4)),  # not batched
+])
+def test_batch_bytes_at_the_largest_and_smallest_sample(alone, two, second, size, expected):
+    assert probe.batch_bytes_at(alone, two, second, size) == expected
+
+
+def test_varying_samples_are_read_spread_and_planned_at_the_ragged_margin():
+    from ms_shm.engines.mindspore.planning import RAGGED_MARGIN
+
+    dataset = Ragged()
+    s = probe.measure_batch(dataset, 1, lambda samples: samples, lambda b: (sum(map(len, b)), len(b)), False)
+    assert dataset.read == [0, 47, 24] and s.batch_bytes == 8 and s.batch_bytes_min == 4 and s.ragged
+    planned, why = planning.planned_batch(s)
+    assert planned.batch_bytes == int(8 * RAGGED_MARGIN) and why[0].setting == "batch_bytes"
+    assert "4 B to 8 B" in why[0].reason and f"{RAGGED_MARGIN}x the largest" in why[0].reason
+    p = plan_loader(s, ask(), budget.compute(1 << 30, 1, 65536, 10))
+    assert p.row_bytes == 12 and any(d.setting == "batch_bytes" for d in p.decisions)
+    alike = BatchStats(8, 1, 0.01, 48, 1, batch_bytes_min=None)
+    assert planning.planned_batch(alike) == (alike, [])
+
+
+def test_a_stacking_collate_that_refuses_two_spread_samples_is_weighed_on_the_first_twice():
+    def stack(samples):
+        if len({len(s) for s in samples}) > 1:
+            raise RuntimeError("stack expects each tensor to be equal size")
+        return [x for s in samples for x in s]
+
+    s = probe.measure_batch(Ragged(), 4, stack, lambda b: (len(b), 1), False)
+    assert s.batch_bytes == 32 and s.batch_bytes_min == 16  # 4 x 8 and 4 x 4 units
+
+
+# --- the collate guard: what is free now, and a fix that names only what can go lower
+
+
+class _Worker:
+    id = 0
+
+
+def test_a_batch_within_its_plan_that_dev_shm_cannot_hold_now_is_a_clear_error(monkeypatch):
+    from types import SimpleNamespace
+
+    from ms_shm.engines.torchstyle import guard
+    from ms_shm.errors import ShmFullError
+
+    calls = []
+    free = SimpleNamespace(free=6 * MiB, total=64 * MiB)  # another process holds 58 MiB of it
+    monkeypatch.setattr(guard.procfs, "statvfs", lambda path: calls.append(path) or free)
+    weigh = lambda batch: (sum(batch), len(batch))  # noqa: E731
+    g = guard.GuardedCollate(list, weigh, lambda: _Worker(), 8 * MiB, 3, 64 * MiB, "prefetch_factor=1",
+                             ranks=1, shm_scale=1 / 0.8)
+    assert g([4 * MiB]) == [4 * MiB] and calls == ["/dev/shm"]
+    with pytest.raises(ShmFullError) as err:
+        g([7 * MiB])
+    text = str(err.value)
+    assert text.startswith("batch 2 of DataLoader worker 0 is 7.0 MiB (planned 8.0 MiB): /dev/shm has 6.0 MiB "
+                           "free, too little to send it"), text
+    assert "export LOCAL_WORLD_SIZE (or MS_SHM_LOCAL_RANKS), or ms_shm.tune(ranks=N)" in text
+    assert "wait for it forever" in text and "needs 24.0 MiB free for its 3 batches in flight" in text, text
+    assert "58.0 MiB of the 64.0 MiB of /dev/shm are in use" in text, text
+    assert "give /dev/shm at least 82.0 MiB (docker run --shm-size=" in text, text
+    assert text.endswith("or prefetch_factor=1")
+    shared = guard.GuardedCollate(list, weigh, lambda: _Worker(), 8 * MiB, 3, 64 * MiB, "", unshared=lambda b: 0)
+    calls.clear()
+    assert shared([7 * MiB]) == [7 * MiB] and calls == []  # already in shared memory: nothing left to write
+
+
+def test_room_taken_between_the_check_and_the_write_fails_in_the_worker_as_shm_full(monkeypatch):
+    """The batch is written to shared memory in the guard (as the framework's queue would): where another
+    process took the room after the check, the write fails in the worker's loop, never in a feeder thread."""
+    from types import SimpleNamespace
+
+    from ms_shm.engines.torchstyle import guard
+    from ms_shm.errors import ShmFullError
+
+    readings = iter([8 * MiB, 1 * MiB, 8 * MiB, 8 * MiB])  # checked: room; after the failed write: none
+    monkeypatch.setattr(guard.procfs, "statvfs", lambda path: SimpleNamespace(free=next(readings), total=64 * MiB))
+
+    def share(batch):
+        raise RuntimeError("unable to allocate shared memory(shm): No space left on device (28)")
+
+    weigh = lambda batch: (sum(batch), len(batch))  # noqa: E731
+    g = guard.GuardedCollate(list, weigh, lambda: _Worker(), 8 * MiB, 3, 64 * MiB, "", share=share)
+    with pytest.raises(ShmFullError, match="has 1.0 MiB free, too little to send it") as err:
+        g([4 * MiB])
+    assert isinstance(err.value.__cause__, RuntimeError)
+    with pytest.raises(RuntimeError, match="unable to allocate") as err:  # room again: the framework's own error
+        g([4 * MiB])
+    assert not isinstance(err.value, ShmFullError)
+    kept = []
+    ok = guard.GuardedCollate(list, weigh, lambda: _Worker(), 8 * MiB, 3, 64 * MiB, "", share=kept.append)
+    monkeypatch.setattr(guard.procfs, "statvfs", lambda path: SimpleNamespace(free=8 * MiB, total=64 * MiB))
+    batch = ok([4 * MiB])
+    assert kept == [batch] and batch == [4 * MiB]
+
+
+@pytest.mark.parametrize("batch_size, batch_sampler, workers, prefetch, fix", [
+    (4, False, 2, 2, "batch_size=2, or prefetch_factor=1, or num_workers=1"),
+    (1, False, 1, 1, ""),  # nothing of the loader's can go lower: /dev/shm only
+    (None, True, 2, 1, "smaller batches from the batch_sampler, or num_workers=1"),
+    (None, False, 1, 3, "prefetch_factor=2"),
+])
+def test_the_guards_fix_names_only_what_can_go_lower(batch_size, batch_sampler, workers, prefetch, fix):
+    from ms_shm.engines.torchstyle.guard import guard_fix
+
+    assert guard_fix(batch_size, batch_sampler, workers, prefetch) == fix
+
+
+def test_the_guards_free_space_check_costs_microseconds():
+    """One statvfs and one walk of the batch per batch in a worker: measured here, kept far below a batch's
+    own cost (a 4 MiB sample takes milliseconds to make and send)."""
+    import time
+
+    from ms_shm.engines.torchstyle import guard
+
+    g = guard.GuardedCollate(list, lambda b: (len(b), len(b)), lambda: _Worker(), 1 << 40, 1, 1 << 50, "")
+    g([1])
+    t0 = time.perf_counter()
+    for _ in range(2000):
+        g([1])
+    assert (time.perf_counter() - t0) / 2000 < 200e-6
+
+
+def test_torchs_unshared_bytes_are_what_sending_would_write_and_share_writes_them():
+    torch = pytest.importorskip("torch")
+    from ms_shm.engines.torch import compat
+
+    batch = [torch.zeros(1 << 16, dtype=torch.uint8), torch.ones(8, dtype=torch.float32)]
+    assert compat.unshared_bytes(batch) == compat.weigh(batch)[0] == (1 << 16) + 32
+    compat.share(batch)
+    assert compat.unshared_bytes(batch) == 0 and all(t.is_shared() for t in batch)
+    assert batch[0].sum().item() == 0 and batch[1].sum().item() == 8  # the same values, now in shared memory

@@ -111,6 +111,29 @@ def test_a_batch_that_outgrows_its_plan_meets_the_guard(real_torch):
     assert "unable to allocate shared memory" not in text and "killed by signal" not in text
 
 
+def test_shuffled_samples_of_4_to_8_mib_arrive_bit_exact_where_the_first_ones_planned_4(real_torch):
+    """The 4-rank audit's samples: read spread over the dataset, planned at build_dataset's margin over the
+    largest, under 32 MB (the first samples alone planned 4 MiB batches: RowTooLargeError "8.0 MiB (planned
+    4.0 MiB)"). The same batches, bit for bit and in the same shuffled order, as raw torch with room to spare."""
+    reference = result(run("ragged", "raw", "2g"))["digests"]
+    ours = result(run("ragged", "ms_shm", "32m"))
+    assert ours["digests"] == reference and ours["plan"]["workers"] >= 1, ours["plan"]
+    assert any(d.startswith("batch_bytes=") and "vary" in d for d in ours["plan"]["decisions"]), ours["plan"]
+
+
+def test_a_dev_shm_another_process_filled_ends_the_loader_with_a_clear_error(real_torch):
+    """Planned against 64 MB, then another process (a rank sizing itself as if alone) leaves 2 MiB: raw torch's
+    worker fails in its queue's feeder thread and the loop waits forever (measured, the 4-rank audit); here the
+    worker's guard sees /dev/shm before sending the batch and the loop ends with ShmFullError."""
+    began = time.monotonic()
+    proc = run("filled", "ms_shm", "64m", timeout=120)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "ShmFullError" in text and "too little to send it" in text, \
+        isolated.describe(proc)
+    assert "LOCAL_WORLD_SIZE" in text and "ms_shm.tune(ranks=N)" in text and "--shm-size=" in text, text[-3000:]
+    assert "unable to allocate shared memory" not in text and time.monotonic() - began < 60
+
+
 # --- what arrives must not change: ms_shm's num_workers where the caller passed none (in this process, real forks)
 
 COUNT = itertools.count()  # a module-level stream the probe's watch of generators does not see
@@ -255,7 +278,26 @@ def test_explicit_workers_that_fit_cost_the_probe_one_sample_read_once(fresh_tor
     loader = ms_shm.build_dataloader(Logged(kept), batch_size=4, num_workers=2)
     assert loader.num_workers == 2 and kept.read_text().split() == ["0"]
     ms_shm.build_dataloader(Logged(chosen), batch_size=4)
-    assert chosen.read_text().split()[:2] == ["0", "1"] and chosen.read_text().split().count("0") == 2
+    read = chosen.read_text().split()  # spread over the dataset: first, last (middle), then the first again
+    assert read[:2] == ["0", "11"] and read.count("0") == 2 and len(read) <= probe_reads(), read
+
+
+def probe_reads() -> int:
+    from ms_shm.engines.torchstyle import probe
+
+    return probe.PROBE_SAMPLES + 1  # and one read again, to tell samples that differ between reads
+
+
+def test_a_shuffled_loaders_probe_moves_no_generator_of_the_program(fresh_torch, tmp_path):
+    """The probe reads spread indices in its fork, drawing nothing: torch's global generator and the one the
+    loader shuffles with are where they were, so the epoch's order is raw torch's."""
+    generator = torch.Generator().manual_seed(7)
+    before, mine = torch.get_rng_state(), generator.get_state()
+    loader = ms_shm.build_dataloader(Logged(tmp_path / "read.log", 12), batch_size=2, shuffle=True,
+                                     generator=generator)
+    assert torch.equal(torch.get_rng_state(), before) and torch.equal(generator.get_state(), mine)
+    raw = DataLoader(Numbers(12), batch_size=2, shuffle=True, generator=torch.Generator().manual_seed(7))
+    assert batches(loader) == batches(raw)
 
 
 def test_the_probe_leaves_an_open_files_offset_and_a_pipes_bytes_to_the_loader(fresh_torch, tmp_path, caplog):

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ms_shm import host, objects, procfs, sizes
-from ms_shm._results import Result, mib, record
+from ms_shm._results import Result, free_text, mib, record
 from ms_shm.engines.mindspore import arithmetic as model
 from ms_shm.errors import RowTooLargeError, ShmFullError
 
@@ -62,12 +62,6 @@ class GuardSpec(Result):
 def _free_bytes(path: str) -> int:
     """Free bytes of the filesystem at ``path``, as ``host.read_shm`` counts them (raises ``OSError``)."""
     return procfs.statvfs(path).free
-
-
-def _free_text(free: int, needed: int) -> str:
-    """Free space as the refusal shows it: in bytes when one decimal of MiB would round it up to what is needed
-    (a refusal reading "needs 2.0 MiB, has only 2.0 MiB" names no shortfall)."""
-    return f"{free:,} B" if mib(free) == mib(needed) else mib(free)
 
 
 class GuardedSource(objects.Transparent):
@@ -191,7 +185,7 @@ class SlotGuard:
         room = f" plus {mib(margin)} for the other {spec.workers - 1} worker(s)' next slot" if margin else ""
         raise ShmFullError(
             f"row {index} needs a new {mib(size)} shared-memory slot{room}, but {spec.shm_path} has only "
-            f"{_free_text(free, size + margin)} free: something else filled it after ms_shm planned this "
+            f"{free_text(free, size + margin)} free: something else filled it after ms_shm planned this "
             f"pipeline, and writing the row would end in a bus error ({host.sharing_hint(spec.ranks)}). Fix: "
             f"make room, this pipeline needs {mib(self._need(size))} of {spec.shm_path} for its slots (find what "
             f"else uses it: `df -h {spec.shm_path}`; `ms-shm clean` removes what crashed runs left), or {spec.fix}")

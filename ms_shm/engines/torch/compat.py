@@ -25,6 +25,29 @@ def weigh(batch: Any) -> tuple:
     """``(bytes, storages)`` of every tensor in ``batch`` (nested lists, tuples, dicts, and the attributes of the
     objects a ``collate_fn`` returns: a worker pickles those whole, each tensor through shared memory), each
     storage once."""
+    seen = _storages(batch)
+    return sum(s.nbytes() for s in seen.values()), len(seen)
+
+
+def unshared_bytes(batch: Any) -> int:
+    """Bytes of ``batch``'s storages a worker has yet to write to shared memory when it sends the batch: torch's
+    default collate builds its batch there already (``_new_shared``), a ``collate_fn`` that keeps the samples'
+    tensors (``list``) does not."""
+    return sum(s.nbytes() for s in _storages(batch).values() if not s.is_shared())
+
+
+def share(batch: Any) -> None:
+    """Moves ``batch``'s storages into shared memory, in a worker, as torch's queue does when it sends the batch
+    (``reduce_storage``: the same copy, the same strategy), but in the worker's own loop: a ``/dev/shm`` that
+    filled up meanwhile raises there, and reaches the program, instead of in the queue's feeder thread, where
+    the batch is lost and the loader waits for it forever."""
+    for storage in _storages(batch).values():
+        if not storage.is_shared():
+            storage.share_memory_()
+
+
+def _storages(batch: Any) -> dict:
+    """Every tensor storage in ``batch``, once each, by address."""
     import torch
 
     seen: dict = {}
@@ -34,7 +57,7 @@ def weigh(batch: Any) -> tuple:
         value = stack.pop()
         if isinstance(value, torch.Tensor):
             storage = value.untyped_storage()
-            seen[storage.data_ptr() or id(storage)] = storage.nbytes()
+            seen[storage.data_ptr() or id(storage)] = storage
         elif id(value) in visited or isinstance(value, _LEAVES):
             continue
         elif isinstance(value, dict):
@@ -46,7 +69,7 @@ def weigh(batch: Any) -> tuple:
         else:
             visited.add(id(value))
             stack.extend(_attributes(value))
-    return sum(seen.values()), len(seen)
+    return seen
 
 
 _LEAVES = (str, bytes, bytearray, int, float, complex, bool, type(None), type, types.ModuleType, types.FunctionType,

@@ -1,10 +1,22 @@
-"""The ``collate_fn`` wrapper that runs in every DataLoader worker: a batch much larger than planned stops with a
-clear error naming the batch and the fix, instead of a bus error or ``No space left on device`` mid-epoch.
+"""The ``collate_fn`` wrapper that runs in every DataLoader worker: a batch that cannot fit stops with a clear error
+naming the batch, what was checked and the fix, instead of a bus error, or ``No space left on device`` mid-epoch.
 
 It returns exactly what the collate function returns and lets its exceptions through; in the main process
-(``num_workers=0``, or a pin-memory thread) it only calls through. A batch counts as too large when the batches
-in flight at its size would fit neither the plan's ``/dev/shm`` budget nor what ``/dev/shm`` has free now (one
-padded 12 MiB batch among 1 MiB ones ran raw under 64 MB: the budget alone stopped it).
+(``num_workers=0``, or a pin-memory thread) it only calls through. Two checks, in the worker, before the batch is
+returned (and so before the framework writes it to ``/dev/shm``):
+
+* **Budget.** A batch counts as too large when the batches in flight at its size would fit neither the plan's
+  ``/dev/shm`` budget nor what ``/dev/shm`` has free now, kept for every local rank alike (one padded 12 MiB batch
+  among 1 MiB ones ran raw under 64 MB: the budget alone stopped it): ``RowTooLargeError``.
+* **Free space.** Every batch the worker has yet to write to shared memory (a collate that keeps the samples'
+  tensors, as ``list`` does; torch's default collate writes its batch there itself) must fit what ``/dev/shm``
+  has free now: other processes or ranks, each sizing itself as if alone, may have filled it since the plan.
+  torch's worker then fails in its queue's feeder thread ("unable to allocate shared memory ... No space left on
+  device"), the batch never arrives and the loader waits forever (4 ranks without launcher variables under
+  64 MB, measured); here it is a ``ShmFullError`` the loop receives. The check costs one ``statvfs`` (1.5 µs)
+  and a walk of the batch's tensors (~3 µs) per batch. Torch's batches are then written to shared memory here
+  (``share``: the copy its queue would make when sending them), so room taken between the check and the send
+  fails in the worker's loop as well, and reaches the program.
 """
 
 from __future__ import annotations
@@ -13,21 +25,41 @@ import functools
 import logging
 from typing import Any, Callable
 
-from ms_shm import procfs
-from ms_shm._results import mib
-from ms_shm.errors import RowTooLargeError
+from ms_shm import host, procfs, sizes
+from ms_shm._results import free_text, mib
+from ms_shm.errors import RowTooLargeError, ShmFullError
 
 log = logging.getLogger("ms_shm.guard")
 SHM_DIR = "/dev/shm"  # where both frameworks' workers put a batch's shared-memory files
+HARM = "the worker would fail writing it ('No space left on device') and the DataLoader would wait for it forever"
 
 
 class GuardedCollate:
-    """``collate(samples)``, checked in workers against ``limit_bytes`` for ``in_flight`` batches."""
+    """``collate(samples)``, checked in workers against ``limit_bytes`` for ``in_flight`` batches and against
+    ``/dev/shm``'s free space.
+
+    Args:
+        collate: the caller's ``collate_fn`` (or the framework's default).
+        weigh: a batch's ``(bytes, storages)`` (the engine's ``compat.weigh``).
+        in_worker: the framework's ``get_worker_info``: ``None`` in the main process.
+        planned_bytes: the batch size the plan was made for.
+        in_flight: batches that may be in ``/dev/shm`` at once.
+        limit_bytes: this loader's share of ``/dev/shm``.
+        fix: what the loader's arguments allow instead of more ``/dev/shm`` (``guard_fix``), or ``""``.
+        unshared: bytes of a batch still to be written to shared memory (``None``: all of its bytes).
+        ranks: local ranks planned for (they may all grow alike; a full ``/dev/shm`` may be one planned as alone).
+        shm_scale: host ``/dev/shm`` bytes per byte this loader uses (local ranks / budget fraction), to print a
+            size that would fit.
+        share: moves a batch's storages into shared memory (``None``: the framework does it when it sends).
+    """
 
     def __init__(self, collate: Callable, weigh: Callable[[Any], tuple], in_worker: Callable[[], Any],
-                 planned_bytes: int, in_flight: int, limit_bytes: int, fix: str) -> None:
+                 planned_bytes: int, in_flight: int, limit_bytes: int, fix: str,
+                 unshared: Callable[[Any], int] | None = None, ranks: int = 1, shm_scale: float = 1.0,
+                 share: Callable[[Any], None] | None = None) -> None:
         self.collate, self.weigh, self.in_worker = collate, weigh, in_worker
         self.planned_bytes, self.in_flight, self.limit_bytes, self.fix = planned_bytes, in_flight, limit_bytes, fix
+        self.unshared, self.ranks, self.shm_scale, self.share = unshared, max(1, ranks), shm_scale, share
         self.batches, self.over_said = 0, False
         functools.update_wrapper(self, collate, updated=())
 
@@ -38,32 +70,107 @@ class GuardedCollate:
             return batch
         self.batches += 1
         nbytes = self.weigh(batch)[0]
-        if nbytes * self.in_flight > self.limit_bytes and not self._room_now(nbytes):
-            raise RowTooLargeError(
-                f"batch {self.batches} of DataLoader worker {getattr(info, 'id', '?')} is {mib(nbytes)} (planned "
-                f"{mib(self.planned_bytes)}): {self.in_flight} batches of it in flight need "
-                f"{mib(nbytes * self.in_flight)} of /dev/shm, over the {mib(self.limit_bytes)} this loader may use, "
-                f"so it would die of a bus error or 'No space left on device'. Fix: {self.fix}")
+        over = nbytes * self.in_flight > self.limit_bytes
+        pending = nbytes if self.unshared is None else self.unshared(batch)
+        if not over and not pending:
+            return batch
+        space = _space()
+        free = None if space is None else space.free
+        if over:
+            self._check_budget(nbytes, free, info)
+        if space is not None and pending > space.free:
+            raise ShmFullError(self._full(nbytes, pending, space, info))
+        if pending and self.share is not None:
+            self._share(batch, nbytes, pending, info)
         return batch
 
-    def _room_now(self, nbytes: int) -> bool:
-        """Over the budget, yet ``/dev/shm`` has room now for every batch in flight at this size: go on, and say
-        so once per worker."""
+    def _share(self, batch: Any, nbytes: int, pending: int, info: Any) -> None:
+        """Writes the batch to shared memory here, as the framework would when sending it: another process may
+        take the room between the check and the send (4 ranks without launcher variables under 64 MB: a batch
+        lost so in torch's feeder thread in 1 of 3 runs). What fails here reaches the program: ``ShmFullError``
+        where ``/dev/shm`` is indeed full now, else the framework's own error."""
         try:
-            free = procfs.statvfs(SHM_DIR).free
-        except OSError:
-            return False
-        if free < nbytes * self.in_flight:
-            return False
+            self.share(batch)
+        except RuntimeError as exc:
+            space = _space()
+            if space is None or space.free >= pending:
+                raise
+            raise ShmFullError(self._full(nbytes, pending, space, info)) from exc
+
+    def _check_budget(self, nbytes: int, free: int | None, info: Any) -> None:
+        """Over the budget, yet ``/dev/shm`` has room now for every batch in flight at this size, for every
+        local rank: go on, and say so once per worker; else ``RowTooLargeError``."""
+        need = nbytes * self.in_flight
+        if free is None or free < need * self.ranks:
+            raise RowTooLargeError(self._over(nbytes, free, info))
         if not self.over_said:
             self.over_said = True
             log.warning("ms_shm guard: batch %s is %s (planned %s): %s batches of it in flight are over this "
                         "loader's %s of %s, which still has %s free; going on", self.batches, mib(nbytes),
                         mib(self.planned_bytes), self.in_flight, mib(self.limit_bytes), SHM_DIR, mib(free))
-        return True
+
+    def _over(self, nbytes: int, free: int | None, info: Any) -> str:
+        need = nbytes * self.in_flight
+        room = "its free space unreadable" if free is None else f"only {free_text(free, need * self.ranks)} free"
+        ranks = f" (for each of {self.ranks} local ranks)" if self.ranks > 1 else ""
+        return (f"{self._batch(nbytes, info)}: {self.in_flight} batches of it in flight need {mib(need)} of "
+                f"{SHM_DIR}, over the {mib(self.limit_bytes)} this loader may use, and {SHM_DIR} has {room}"
+                f"{ranks}: {HARM}. Fix: {self._fix(nbytes)}")
+
+    def _full(self, nbytes: int, pending: int, space: Any, info: Any) -> str:
+        """What is free, what this loader needs free, and the /dev/shm size that would hold both what others
+        hold now and the batches in flight at this size."""
+        new = "" if pending == nbytes else f" ({mib(pending)} of it not yet in shared memory)"
+        need = max(nbytes, self.planned_bytes) * self.in_flight
+        used = max(0, space.total - space.free)
+        size = used + need + 1
+        return (f"{self._batch(nbytes, info)}{new}: {SHM_DIR} has {free_text(space.free, pending)} free, too "
+                f"little to send it, though the plan's {self.in_flight} batches in flight fit this loader's "
+                f"{mib(self.limit_bytes)}: something else filled it after ms_shm planned this loader "
+                f"({host.sharing_hint(self.ranks)}), and {HARM}. Fix: make room, this loader needs {mib(need)} "
+                f"free for its {self.in_flight} batches in flight and {mib(used)} of the {mib(space.total)} of "
+                f"{SHM_DIR} are in use (find what uses it: `df -h {SHM_DIR}`; `ms-shm clean` removes what crashed "
+                f"runs left), or give {SHM_DIR} at least {mib(size)} (docker run --shm-size="
+                f"{sizes.shm_size_flag(size)}){', or ' + self.fix if self.fix else ''}")
+
+    def _batch(self, nbytes: int, info: Any) -> str:
+        return (f"batch {self.batches} of DataLoader worker {getattr(info, 'id', '?')} is {mib(nbytes)} (planned "
+                f"{mib(self.planned_bytes)})")
+
+    def _fix(self, nbytes: int) -> str:
+        """The /dev/shm that holds every batch in flight at this size, for every local rank, then what the
+        loader's arguments allow."""
+        host_need = int(max(nbytes, self.planned_bytes) * self.in_flight * self.shm_scale) + 1
+        give = (f"give {SHM_DIR} at least {mib(host_need)} (docker run --shm-size={sizes.shm_size_flag(host_need)}, "
+                f"or a Kubernetes emptyDir with medium: Memory and that sizeLimit)")
+        return f"{give}, or {self.fix}" if self.fix else give
 
     def __repr__(self) -> str:
         return repr(self.collate)
 
 
-__all__ = ["GuardedCollate"]
+def guard_fix(batch_size: int | None, batch_sampler: bool, workers: int, prefetch: int | None) -> str:
+    """The loader's own settings that would shrink what it holds in ``/dev/shm``, only those that can go lower:
+    smaller batches, fewer workers, a lower ``prefetch_factor`` (never "lower prefetch_factor" at 1)."""
+    out = []
+    if batch_sampler:
+        out.append("smaller batches from the batch_sampler")
+    elif batch_size is not None and batch_size > 1:
+        out.append(f"batch_size={batch_size // 2}")
+    if prefetch and prefetch > 1:
+        out.append(f"prefetch_factor={prefetch - 1}")
+    if workers > 1:
+        out.append(f"num_workers={workers - 1}")
+    return ", or ".join(out)
+
+
+def _space() -> Any:
+    """``/dev/shm`` now: total, free and used bytes (``None``: unreadable; then the budget is all there is to go
+    by)."""
+    try:
+        return procfs.statvfs(SHM_DIR)
+    except OSError:
+        return None
+
+
+__all__ = ["GuardedCollate", "guard_fix", "HARM"]

@@ -11,10 +11,13 @@ by ``loaders``).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ms_shm import plan, sizes
 from ms_shm._results import Result, mib, record
 from ms_shm.budget import Budget
 from ms_shm.changes import NOFILE
+from ms_shm.engines.mindspore.planning import RAGGED_MARGIN  # one margin for rows and batches that vary
 from ms_shm.engines.torchstyle import arithmetic as model
 from ms_shm.errors import ShmBudgetError
 from ms_shm.plan import INLINE, PROCESSES, Candidate, Decision, Plan
@@ -69,6 +72,8 @@ class BatchStats(Result):
             sleep) costs the main process what it costs a fork.
         unsent: why a batch cannot travel from a worker process to the loop (it does not pickle: a lambda, a
             local class, a tensor that requires grad and is not a leaf), or ``None``.
+        batch_bytes_min: where the probe's samples differ in size, the batch of the smallest (``batch_bytes``
+            is the largest's); ``None``: they weighed alike.
     """
 
     batch_bytes: int
@@ -81,6 +86,11 @@ class BatchStats(Result):
     free_cpus: float | None = None
     cpu_seconds_per_sample: float | None = None
     unsent: str | None = None
+    batch_bytes_min: int | None = None
+
+    @property
+    def ragged(self) -> bool:
+        return self.batch_bytes_min is not None and self.batch_bytes_min != self.batch_bytes
 
 
 @record
@@ -231,13 +241,14 @@ def plan_loader(stats: BatchStats, req: LoaderRequest, budget: Budget, profile: 
     Raises:
         ShmBudgetError: when nothing that keeps the explicit arguments fits.
     """
+    measured, (stats, sized) = stats, planned_batch(stats)
     items = _candidates(stats, req, budget, getattr(profile, "costs", None) or DEFAULT_COSTS)
     fitting = [i for i in items if i[0].fits]
     if not fitting:
         raise ShmBudgetError(_no_fit(items, stats, req, budget))
     fastest = min((c.seconds for c, _ in fitting if c.seconds is not None), default=None)
     best, strategy = min(fitting, key=lambda i: _rank(i, req, fastest))
-    decisions = [_mode_decision(best, stats, req, fitting)]
+    decisions = [_mode_decision(best, measured, req, fitting)] + sized
     if best.workers and req.prefetch_factor is None and best.prefetch != model.DEFAULT_PREFETCH_FACTOR:
         decisions.append(Decision("prefetch_factor", best.prefetch, model.DEFAULT_PREFETCH_FACTOR,
                                   f"prefetch_factor {model.DEFAULT_PREFETCH_FACTOR} does not fit "
@@ -255,6 +266,19 @@ def plan_loader(stats: BatchStats, req: LoaderRequest, budget: Budget, profile: 
     return Plan("dataloader", best.mode, best.workers, best.prefetch, best.workers > 0, True, None,
                 stats.batch_bytes, best.shm, best.fds, 0, budget, True, 0, guard, best.seconds, profile,
                 tuple(decisions), (), tuple(c for c, _ in items if c is not best)[:6], best.memory)
+
+
+def planned_batch(stats: BatchStats) -> tuple:
+    """``(stats, decisions)``: the batch to plan for. Where the probe's samples (read spread over the dataset)
+    differ in size, the largest batch with ``build_dataset``'s margin for ragged rows (``RAGGED_MARGIN``): a few
+    samples seldom hold the largest, and the runtime guard covers the rest."""
+    if not stats.ragged:
+        return stats, []
+    planned = int(stats.batch_bytes * RAGGED_MARGIN)
+    return replace(stats, batch_bytes=planned), [Decision(
+        "batch_bytes", planned, stats.batch_bytes,
+        f"batch sizes vary across the probe's samples, read spread over the dataset ({mib(stats.batch_bytes_min)} "
+        f"to {mib(stats.batch_bytes)} per batch): planned at {RAGGED_MARGIN}x the largest")]
 
 
 def kept_plan(req: LoaderRequest, budget: Budget, profile: object = None) -> Plan:
@@ -335,5 +359,5 @@ def startup_strategy(nofile_hard: int | None, current: str) -> Decision | None:
                     f"(`ms-shm clean` removes the /dev/shm/torch_* files a killed run leaves)")
 
 
-__all__ = ["BatchStats", "LoaderRequest", "WorkerCosts", "DEFAULT_COSTS", "plan_loader", "kept_plan", "start_seconds",
-           "cpus_free", "cpu_part", "startup_strategy"]
+__all__ = ["BatchStats", "LoaderRequest", "WorkerCosts", "DEFAULT_COSTS", "plan_loader", "planned_batch", "kept_plan",
+           "start_seconds", "cpus_free", "cpu_part", "startup_strategy"]

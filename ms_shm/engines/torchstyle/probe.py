@@ -1,11 +1,14 @@
 """The probe batch of a PyTorch-style DataLoader, read in a forked child: what one batch weighs, how many tensor
 storages (shared-memory files, and fds) it carries, and what a sample costs.
 
-The child reads the samples the loader would read first (its own sampler or batch sampler, iterated there, so
-the parent's generators do not move), collates one sample and then two with the loader's ``collate_fn`` (the
-framework's default where none was passed), and extrapolates to ``batch_size``: a default collate stacks each
-field into one storage, a ``collate_fn`` that keeps samples apart carries one storage per sample and field, and
-the two sizes tell which. Nothing read there reaches the loader.
+The child reads the samples the caller's sampler or batch sampler gives first (iterated there, so the parent's
+generators do not move), or, where the framework makes the sampler (``shuffle``), samples spread over the dataset
+(first, last, middle: ``rows``'s rule, as ``build_dataset`` reads rows), collates each alone and the first two
+together with the loader's ``collate_fn`` (the framework's default where none was passed), and extrapolates to
+``batch_size``: a default collate stacks each field into one storage, a ``collate_fn`` that keeps samples apart
+carries one storage per sample and field, and the two sizes tell which. Where the samples weigh differently, the
+batch of the largest is the one planned (``planning.planned_batch`` adds the margin). Nothing read there reaches
+the loader.
 
 What the samples depend on is watched (``sandbox.watch_effects``) over the dataset's reads and the collates only:
 the sampler's first indices are taken before (a ``RandomSampler`` draws from torch's generator, which says
@@ -53,12 +56,36 @@ def _first_indices(sampler: Any, count: int) -> list:
     return list(range(count))
 
 
-def first_batch(batch_size: int | None, sampler: Any, batch_sampler: Any, count: int) -> tuple:
-    """``(indices, size)``: the first ``count`` indices the loader would read and its batch's size, from its
-    sampler or batch sampler. Taken in the child before its reads are watched: a ``RandomSampler`` draws from
-    torch's global generator (or its own), which says nothing of the samples."""
+def spread_indices(length: int | None, count: int) -> list | None:
+    """Up to ``count`` indices spread over a map-style dataset of ``length`` samples (first, last, middle, ...:
+    ``rows``'s rule for ``build_dataset``'s probe), or ``None`` where its length is unknown. Where the loader
+    draws its own order (``shuffle``, or none), its first indices are ``0, 1, 2``, neighbours that say nothing
+    of the samples further on: 4 MiB ones planned an epoch of 4-8 MiB ones (4 ranks under 64-128 MB died of
+    ``RowTooLargeError``, "7.0 MiB (planned 4.0 MiB)")."""
+    if length is None or length <= 0:
+        return None
+    return rows._spread(length, count)  # one rule for both probes
+
+
+def dataset_length(dataset: Any) -> int | None:
+    try:
+        return len(dataset)
+    except TypeError:  # no ``__len__``: read as the loader would, from the start
+        return None
+
+
+def first_batch(batch_size: int | None, sampler: Any, batch_sampler: Any, count: int,
+                length: int | None = None) -> tuple:
+    """``(indices, size)``: the indices the probe reads (at most ``count``) and the batch's size. From the
+    caller's sampler or batch sampler, their first ones (what they choose is theirs: a subset, a bucket whose
+    samples collate together); without either, ``count`` spread over the dataset's ``length`` (its sampler
+    is the framework's, made later from ``shuffle``). Taken in the child before its reads are watched: a
+    ``RandomSampler`` draws from torch's global generator (or its own), which says nothing of the samples."""
     first = next(iter(batch_sampler), None) if batch_sampler is not None else None
     size = len(first) if first is not None else (batch_size or 1)
+    spread = spread_indices(length, count) if first is None and sampler is None else None
+    if spread is not None:
+        return spread, size
     indices = list(first[:count]) if first is not None else _first_indices(sampler, min(count, size))
     return indices, size
 
@@ -98,42 +125,76 @@ def measure_batch(dataset: Any, batch_size: int | None, collate: Callable, weigh
     ``seconds_per_sample`` is ``None``. ``first``: ``first_batch``'s ``(indices, size)``, taken beforehand (else
     here); ``keep``: the first sample read is appended to it (for ``reread_differs``)."""
     timed = twin is None
-    indices, size = first if first is not None else first_batch(batch_size, sampler, batch_sampler,
-                                                                PROBE_SAMPLES)
-    samples, walls = _first_samples(dataset, iterable, indices, min(PROBE_SAMPLES if timed else 1, size))
+    indices, size = first if first is not None else first_batch(
+        batch_size, sampler, batch_sampler, PROBE_SAMPLES, None if iterable else dataset_length(dataset))
+    want = PROBE_SAMPLES if timed else 1  # a map-style dataset's indices are capped already (``first_batch``)
+    samples, walls = _first_samples(dataset, iterable, indices, min(want, size) if iterable else want)
     if not samples:
         return "the dataset gave no sample to measure"
     if keep is not None:
         keep.append(samples[0])
     batched = batch_size is not None or batch_sampler is not None
+    read = len(samples)
     if not timed and size > 1:
         try:
             samples.append(twin(samples[0]))
         except Exception:  # a sample the framework's copy cannot make: read the second one
             samples, walls = _first_samples(dataset, iterable, indices, 2)
+            read = len(samples)
     c0 = time.perf_counter()
     batch = collate(samples[:1]) if batched else collate(samples[0])
     collates = [time.perf_counter() - c0]
     one = weigh(batch)
-    bytes_at, storages_at = [one[0]], [one[1]]
+    alone = [one[0]] + [weigh(collate(samples[k:k + 1]) if batched else collate(samples[k]))[0]
+                        for k in range(1, read)]
+    two = pair = None
     if len(samples) > 1 and batched:
         c0 = time.perf_counter()
-        batch = collate(samples[:2])
+        batch, pair = _pair(collate, samples)
         collates.append((time.perf_counter() - c0) / 2)
         two = weigh(batch)
-        bytes_at.append(two[0])
-        storages_at.append(two[1])
-    per_sample_bytes = bytes_at[-1] - bytes_at[0] if len(bytes_at) > 1 else bytes_at[0]
-    per_sample_storages = storages_at[-1] - storages_at[0] if len(storages_at) > 1 else 0
-    batch_bytes = bytes_at[0] + max(0, per_sample_bytes) * (size - 1)
-    storages = storages_at[0] + max(0, per_sample_storages) * (size - 1)
+    second = alone[1] if two is not None and pair[1] is not samples[0] and read > 1 else one[0]
+    largest, smallest = batch_bytes_at(alone, two[0] if two else None, second, size)
+    storages = one[1] + max(0, (two[1] - one[1]) if two else 0) * (size - 1)
     length = None if iterable else _length(dataset, sampler, batch_sampler, size)
     unsent = why_not_sent(batch)
+    low = int(smallest) if smallest != largest else None
     if not timed:
-        return BatchStats(int(batch_bytes), int(max(1, storages)), None, length, size, unsent=unsent)
+        return BatchStats(int(largest), int(max(1, storages)), None, length, size, unsent=unsent,
+                          batch_bytes_min=low)
     wall, cpu = sample_seconds(walls)
-    return BatchStats(int(batch_bytes), int(max(1, storages)), wall + min(collates), length, size,
-                      cpu_seconds_per_sample=min(cpu, wall) + min(collates), unsent=unsent)
+    return BatchStats(int(largest), int(max(1, storages)), wall + min(collates), length, size,
+                      cpu_seconds_per_sample=min(cpu, wall) + min(collates), unsent=unsent, batch_bytes_min=low)
+
+
+def _pair(collate: Callable, samples: list) -> tuple:
+    """``(batch of two, samples)``: the first two samples collated; where they do not collate together (spread
+    over the dataset, their shapes may differ, and a stacking collate refuses them), the first beside itself,
+    as a batch of samples alike would weigh. What the first pair raises is raised where both refuse."""
+    try:
+        return collate(samples[:2]), samples[:2]
+    except Exception:
+        try:
+            return collate([samples[0], samples[0]]), [samples[0], samples[0]]
+        except Exception:
+            pass
+        raise
+
+
+def batch_bytes_at(alone: list, two: int | None, second: int, size: int) -> tuple:
+    """``(largest, smallest)``: a batch of ``size`` samples' bytes, extrapolated from the probe's. ``alone``:
+    each sample read, collated alone; ``two``: the first two collated together (``None``: not batched, or one
+    sample), ``second`` the second of those alone. A sample adds what the second added to the first (``two -
+    alone[0]``, with a collate's own bytes, a padded collate's growth), more or less by how much more or less it
+    weighs alone than the second; the largest batch is made of the largest sample's, the smallest of the
+    smallest's. Samples alike give the one extrapolation ``one + (two - one) * (size - 1)``."""
+    one = alone[0]
+    step = (two - one) if two is not None else one
+
+    def at(sample: int) -> int:
+        return sample + max(0, step + sample - second) * (size - 1)
+
+    return at(max(alone)), at(min(alone))
 
 
 class _Outline(pickle.Pickler):
@@ -193,7 +254,8 @@ def probe_loader(dataset: Any, batch_size: int | None, collate: Callable, weigh:
 
     def in_child():
         ready = time.perf_counter() - forked
-        first = first_batch(batch_size, sampler, batch_sampler, PROBE_SAMPLES)  # unwatched: the sampler's draws
+        first = first_batch(batch_size, sampler, batch_sampler, PROBE_SAMPLES,  # unwatched: the sampler's draws
+                            None if iterable else dataset_length(dataset))
         kept: list = []
         again = None if iterable or not reread else lambda: reread_differs(dataset, first[0], kept, tensor_bytes)
         stats, effects = sandbox.watch_effects(
@@ -247,5 +309,5 @@ def free_cpus(idle: float | None, probe_cpu_seconds: float, window: float) -> fl
     return idle + probe_cpu_seconds / window
 
 
-__all__ = ["measure_batch", "probe_loader", "first_batch", "reread_differs", "sample_seconds", "why_not_sent",
+__all__ = ["measure_batch", "probe_loader", "first_batch", "spread_indices", "batch_bytes_at", "reread_differs", "sample_seconds", "why_not_sent",
            "free_cpus", "PROBE_SAMPLES", "PROBE_SECONDS"]

@@ -53,7 +53,7 @@ class TuneReport(Result):
 
     def __str__(self) -> str:
         lines = [f"ms_shm.tune: budget {mib(self.budget.shm_bytes)} of /dev/shm per pipeline "
-                 f"({self.budget.reason})"]
+                 f"({self.budget.reason}), {mib(self.budget.memory_bytes)} of memory ({self.budget.memory_reason})"]
         lines += [f"  decided {d}" for d in self.decisions]
         lines += [f"  changed {c.setting}: {c.old} -> {c.new}" for c in self.changes]
         lines += [f"  advice: {a.problem} -> {a.fix}" for a in self.advice]
@@ -151,7 +151,8 @@ def _apply_startup(decisions: Sequence[Decision], eng: Any, raise_nofile: bool) 
 
 def _log_tune(report: TuneReport) -> None:
     b = report.budget
-    log.info("ms_shm.tune: /dev/shm budget %s per pipeline: %s", mib(b.shm_bytes), b.reason)
+    log.info("ms_shm.tune: /dev/shm budget %s per pipeline: %s; memory %s: %s", mib(b.shm_bytes), b.reason,
+             mib(b.memory_bytes), b.memory_reason)
     for d in report.decisions:
         log.info("ms_shm.tune%s: %s", " (dry run)" if report.dry_run else "", d)
     SESSION.log_advice_once(report.facts, report.advice)
@@ -184,6 +185,24 @@ def _request(kwargs: dict, config: Any, facts: host.HostFacts, eng: Any, explici
 
 def _profile(config: Any, facts: host.HostFacts, eng: Any) -> Any:
     return eng.profile(config.version if config else facts.mindspore_version)
+
+
+def _with_copies(probe: measure.StageProbe, source: Any, facts: host.HostFacts,
+                 start_method: str | None) -> measure.StageProbe:
+    """The probe with what each worker process will copy of the source's big lists and dicts (copy-on-read)
+    added to the worker's own memory: a source holding 2M paths planned processes at 479 of a 485 MiB memory
+    budget and was OOM-killed, as raw MindSpore was. Threads and inline read the one copy, so they stay."""
+    from ms_shm import cow
+
+    if probe.stats is None:
+        return probe
+    copied = sum(f.bytes_per_worker for f in cow.inspect_source(source, workers=1, ranks=facts.ranks.local_size,
+                                                                start_method=start_method or "fork"))
+    if not copied:
+        return probe
+    log.debug("ms_shm: each worker process would copy ~%s of the source's lists and dicts (copy-on-read); "
+              "counted in its memory", mib(copied))
+    return replace(probe, stats=replace(probe.stats, worker_bytes=(probe.stats.worker_bytes or 0) + copied))
 
 
 def _inspect_copy_on_read(source: Any, workers: int, facts: host.HostFacts, start_method: str,
@@ -290,6 +309,8 @@ def build_dataset(source: Any, column_names: Sequence[str] | str | None = None, 
                                     defer_row_errors=_explicit is not None,  # patched: MindSpore raises it later
                                     column_dtypes=eng.compat.column_dtypes(generator_kwargs.get("column_types")),
                                     meanwhile=_beside_probe(facts))
+    if not share_lists:
+        probe = _with_copies(probe, source, facts, req.start_method)
     p = _plan_source(probe, req, generator_kwargs, config, facts, eng)
     if p.python_multiprocessing and p.workers > 1:
         _inspect_copy_on_read(source, p.workers, facts, req.start_method, share_lists, probe.effects)

@@ -95,7 +95,15 @@ class Plan(Result):
         est = f", ~{self.estimated_seconds:.2f} s/epoch" if self.estimated_seconds is not None else ""
         return (f"{self.kind}: mode={self.mode} workers={self.workers} prefetch={self.prefetch} "
                 f"row={mib(self.row_bytes)} predicted /dev/shm {mib(self.predicted_shm)} of {budget} budget"
-                f"{est}; {why}")
+                f"{self._memory()}{est}; {why}")
+
+    def _memory(self) -> str:
+        """The memory prediction, where memory binds tighter than /dev/shm (a container's limit below its
+        /dev/shm: its tmpfs pages count against the limit)."""
+        memory, shm = self.budget.memory_bytes, self.budget.shm_bytes
+        if memory is None or not self.predicted_memory or (shm is not None and memory >= shm):
+            return ""
+        return f", memory {mib(self.predicted_memory)} of {mib(memory)} ({self.budget.memory_reason})"
 
     def __str__(self) -> str:
         return self.summary()
@@ -163,7 +171,7 @@ def no_fit_message(cands: list, req: Request, budget: Budget, stats: RowStats, r
     memory = "" if budget.memory_bytes is None else (
         f", {mib(least_memory)} of memory against {mib(budget.memory_bytes)} left for it ({budget.memory_reason})")
     host_need = int(smallest.shm * budget.ranks / budget.fraction) + 1
-    fixes = [f"drop the explicit {' / '.join(asked)} so ms_shm can choose threads or pipes" if asked else ""]
+    fixes = [f"drop the explicit {' / '.join(asked)} so ms_shm can choose {_untried(cands, req)}" if asked else ""]
     if budget.shm_bytes is not None and smallest.shm > budget.shm_bytes:
         fixes.append(f"give /dev/shm at least {mib(host_need)} (docker run --shm-size="
                      f"{sizes.shm_size_flag(host_need)})")
@@ -174,6 +182,17 @@ def no_fit_message(cands: list, req: Request, budget: Budget, stats: RowStats, r
             f"smallest needs {mib(smallest.shm)} of /dev/shm against {mib(budget.shm_bytes)} ({budget.reason}), "
             f"{smallest.fds} fds against {budget.fds if budget.fds is not None else 'unlimited'}{memory}. "
             f"Why: {' | '.join(_reasons(cands))[:600]}. Fix: {'; or '.join(f for f in fixes if f) or 'see above'}.")
+
+
+def _untried(cands: list, req: Request) -> str:
+    """What dropping the explicit arguments lets ms_shm choose: only what no candidate here tried (every one
+    failed), that is the transport kind the caller ruled out and fewer workers than asked."""
+    tried = {c.mode for c in cands}
+    left = [name for name, modes in (("threads", {THREADS}), ("worker processes", {PROCESSES, PIPES}))
+            if req.multiprocessing is not None and not modes & tried]
+    if req.workers is not None and req.workers > 1:
+        left.append(f"fewer than {req.workers} workers (1 reads rows in the main process)")
+    return " or ".join(left) or "what fits"
 
 
 def _reasons(cands: list) -> list:

@@ -45,9 +45,14 @@ class Session:
             self.facts, self.fraction, self.ranks = facts, fraction, ranks
 
     def budget(self, facts: host.HostFacts, reserved: tuple | None = None) -> budget_mod.Budget:
-        """This rank's budget: free /dev/shm, memory and fds, less what live pipelines of this process reserved."""
+        """This rank's budget: free /dev/shm, memory and fds, less what live pipelines of this process reserved.
+        /dev/shm is as it was before the first pipeline (later readings would count our own slots as someone
+        else's); memory is that, or what is left now plus what our pipelines reserved, whichever is less."""
         shm_used, fds_used, memory_used = reserved if reserved is not None else self.ledger.totals()
         memory_left, memory_source = facts.memory_left
+        now_left = host.memory_now(facts).memory_left[0] if memory_left is not None else None
+        if now_left is not None and now_left + memory_used < memory_left:  # the program took some since
+            memory_left, memory_source = now_left + memory_used, f"{memory_source}, read now"
         return budget_mod.compute(facts.shm_free, facts.ranks.local_size, facts.nofile_soft, facts.open_fds,
                                   shm_used, fds_used, self.fraction, facts.ranks.source, memory_left,
                                   memory_used, memory_source)

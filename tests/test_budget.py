@@ -107,3 +107,19 @@ def test_ledger_is_thread_safe():
     left = threads_n * per_thread // 2
     assert ledger.totals()[:2] == (3 * left, left)
     assert len(ledger.live()) == left
+
+
+def test_memory_the_program_took_since_the_first_pipeline_is_not_planned_on():
+    """A budget taken at ``tune()`` planned 670 MiB that a 450 MiB model loaded afterwards had taken: OOM.
+    Memory is read again for each pipeline (facts read from this machine only), and the lesser is planned on."""
+    from dataclasses import replace
+
+    from ms_shm import host
+    from ms_shm.state import Session
+
+    real = host.probe()
+    assert real.live and real.mem_available
+    earlier = replace(real, mem_available=real.mem_available + (8 << 30), cgroup_mem_limit=None, cgroup_mem_usage=None)
+    now = Session().budget(earlier, reserved=(0, 0, 0))
+    assert "read now" in now.memory_reason and now.memory_bytes < earlier.mem_available * 0.8, now
+    assert "read now" not in Session().budget(replace(earlier, live=False), reserved=(0, 0, 0)).memory_reason

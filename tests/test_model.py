@@ -225,16 +225,30 @@ def test_map_pool_of_no_workers_costs_nothing():
     assert model.map_fds(0) == 0
 
 
-# (mode, prefetch, the largest rss + shmem MiB a 2-worker GeneratorDataset of 48 rows of 8 MiB added in 5-6 runs
-# on MindSpore 2.10, its reader slower than the workers so every queue fills), worker processes' pages 12 MiB each
-MEMORY_PEAKS = [("threads", 2, 315), ("threads", 4, 290), ("threads", 16, 311),
-                ("processes", 2, 152), ("processes", 5, 224), ("processes", 16, 481),
-                ("inline", 2, 57), ("inline", 16, 153)]
+# (mode, prefetch, rows, the largest rss + shmem MiB a 2-worker GeneratorDataset of 8 MiB rows added on
+# MindSpore 2.10, its reader slower than the workers so every queue fills), worker processes' pages 12 MiB each.
+# 48 rows: 5-6 runs each, the cgroup's rss + shmem. 120 rows, a reader sleeping 80 ms per row (a training step):
+# the main process's RSS, threads 41.4 and 54.4 rows' worth (a 1000 MiB container planned on the older rule, 40
+# rows, was OOM-killed at 16 MiB rows).
+MEMORY_PEAKS = [("threads", 4, 120, 347), ("threads", 16, 120, 451),
+                ("processes", 2, 48, 152), ("processes", 5, 48, 224), ("processes", 16, 48, 481),
+                ("inline", 2, 48, 57), ("inline", 16, 48, 153)]
 
 
-@pytest.mark.parametrize("mode, prefetch, measured", MEMORY_PEAKS)
-def test_generator_memory_covers_the_measured_peak_with_a_full_queue(mode, prefetch, measured):
+@pytest.mark.parametrize("mode, prefetch, rows, measured", MEMORY_PEAKS)
+def test_generator_memory_covers_the_measured_peak_with_a_full_queue(mode, prefetch, rows, measured):
     workers, row = (1 if mode == "inline" else 2), 8 * MiB
-    shm = arithmetic.generator_peak(row, workers, prefetch, 48, None, shared_mem=True) if mode == "processes" else 0
-    predicted = arithmetic.generator_memory(mode, row, workers, prefetch, shm, 12 * MiB, 48) / MiB
+    shm = arithmetic.generator_peak(row, workers, prefetch, rows, None, shared_mem=True) if mode == "processes" else 0
+    predicted = arithmetic.generator_memory(mode, row, workers, prefetch, shm, 12 * MiB, rows) / MiB
     assert measured * 0.9 <= predicted <= measured * 1.25, predicted
+
+
+# (workers, prefetch, output rows' worth the main process held: a map growing rows to 8 MiB, 120 rows, a reader
+# sleeping 80 ms per row, MindSpore 2.10, threads; processes held 31.5 and 54.5 at prefetch 8 and 16)
+MAP_ROWS_HELD = [(2, 4, 17.0), (2, 11, 38.4), (2, 16, 53.5), (1, 16, 36.4), (2, 8, 31.5)]
+
+
+@pytest.mark.parametrize("workers, prefetch, measured", MAP_ROWS_HELD)
+def test_map_rows_in_flight_cover_the_measured_peak(workers, prefetch, measured):
+    """The older rule (prefetch + 4 workers + 4: 23 rows at 11) let a 700 MiB container be OOM-killed."""
+    assert measured <= arithmetic.map_rows_in_flight(workers, prefetch) <= measured * 1.2

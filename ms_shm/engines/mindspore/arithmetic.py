@@ -169,6 +169,13 @@ __all__ = ["DEFAULT_PREFETCH", "SEM_PAGES_PER_POOL", "FD_BASE", "FD_PER_WORKER",
 # base moved with processes' and was not re-measured). A map's peak varies
 # more from run to run (the race between its workers and the reader): 25-31 rows in threads, 33-37 in
 # processes (slots and worker pages included).
+# A reader slower still (80-150 ms per row: a training step) lets every queue fill, which the rules below take:
+# measured again as the main process's RSS sampled every 5 ms, 8 MiB rows, 120 of them, a reader sleeping 80 ms
+# per row: threads 41 rows at prefetch 4 and 54 at 16 with 2 workers (each worker's
+# result queue of 16, the row it makes, the op's connector of ``prefetch``, 4 more), where the older rule said 40
+# and a 1000 MiB container was OOM-killed; a map 17, 38 and 54 rows at prefetch 4, 11 and 16 with 2 workers, 36
+# at 16 with one (``prefetch`` per worker's output connector and one more for the next stage), threads and
+# processes alike (31.5 and 54.5 rows in processes at 8 and 16).
 PIPELINE_BYTES = 16 * MiB  # the same pipeline with empty rows, over the process before it was built
 THREAD_RESULT_QUEUE = 16  # rows each of MindSpore's worker threads may hold done (its res_queue)
 WORKER_BYTES_UNMEASURED = 32 * MiB  # a forked worker's own pages when the probe could not say (measured 12-25)
@@ -179,7 +186,7 @@ def rows_in_flight(mode: str, workers: int, prefetch: int) -> int:
     if mode == "inline":
         return prefetch + 4
     if mode == "threads":
-        return max(prefetch + 12 * workers, THREAD_RESULT_QUEUE * workers + 8)
+        return prefetch + (THREAD_RESULT_QUEUE + 1) * workers + 4
     held = prefetch + 6
     if mode == "pipes":
         held += workers * queue_size(prefetch, workers)
@@ -201,11 +208,17 @@ def generator_memory(mode: str, row_bytes: int, workers: int, prefetch: int, shm
     return memory
 
 
+def map_rows_in_flight(workers: int, prefetch: int) -> int:
+    """A map's (or batch's) output rows held at once: each worker's output connector of ``prefetch`` rows, the
+    next stage's, and the rows being made (see the table above); threads and processes alike."""
+    return (workers + 1) * prefetch + workers + 6
+
+
 def map_memory(processes: bool, out_bytes: int, workers: int, prefetch: int, cost: MapCost,
                worker_bytes: int | None) -> int:
     """Host memory a map/batch stage adds: its output rows in flight (its own queue and the next stage's),
     its SysV segments and /dev/shm slots, and each worker process's own pages."""
-    memory = PIPELINE_BYTES + (prefetch + 4 * workers + 4) * max(0, out_bytes)
+    memory = PIPELINE_BYTES + map_rows_in_flight(workers, prefetch) * max(0, out_bytes)
     if processes:
         memory += cost.dev_shm + cost.sysv
         memory += workers * (worker_bytes if worker_bytes is not None else WORKER_BYTES_UNMEASURED)

@@ -37,8 +37,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ms_shm import fdguard, objects, outside, procfs
-from ms_shm._results import Result, record
+from ms_shm import fdguard, host, objects, outside, procfs
+from ms_shm._results import Result, mib, record
 
 log = logging.getLogger(__name__)
 
@@ -283,7 +283,21 @@ def _collect(pid: int, fd: int, timeout: float) -> Outcome:
         return _decode(b"".join(chunks))
     _, status = os.waitpid(pid, 0)
     how = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit status {os.WEXITSTATUS(status)}"
-    return Outcome(unavailable=f"the probe process died ({how}) before reporting")
+    killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    return Outcome(unavailable=f"the probe process died ({how}) before reporting{_oom_hint() if killed else ''}")
+
+
+def _oom_hint() -> str:
+    """Why a probe child was SIGKILLed, where a memory limit makes the OOM killer the likely cause: reading a
+    few rows in a 230 MB container killed it, and the loader built as asked was killed next."""
+    try:
+        limit, usage = host.read_memory(*host.memory_dirs())
+    except Exception:  # no cgroup to read: the cause stays unnamed
+        return ""
+    if not limit:
+        return ""
+    return (f": most likely the OOM killer, this process's memory cgroup is limited to {mib(limit)} "
+            f"({mib(usage)} in use); reading rows leaves no room, give the container more memory")
 
 
 def _reap_later(pid: int) -> None:

@@ -453,3 +453,14 @@ def test_pure_reads_of_a_deep_object_show_no_state():
     obj = Nested()
     _, effects = sandbox.watch_effects(lambda: obj.stats.n + len(obj.table), measure._operation_objects(obj.by_attribute))
     assert not effects.mutates_state and not effects.state_per_read, effects
+
+
+def test_a_probe_killed_under_a_memory_limit_names_the_oom_killer(monkeypatch):
+    """A few rows read in a 230 MB container: the probe child was SIGKILLed and the log said only 'died'."""
+    import signal
+
+    monkeypatch.setattr(sandbox.host, "read_memory", lambda *a: (230 << 20, 229 << 20))
+    out = sandbox.run_in_fork(lambda: os.kill(os.getpid(), signal.SIGKILL))
+    assert "(signal 9)" in out.unavailable and "OOM killer" in out.unavailable and "230.0 MiB" in out.unavailable
+    monkeypatch.setattr(sandbox.host, "read_memory", lambda *a: (None, 1 << 20))
+    assert "OOM" not in sandbox.run_in_fork(lambda: os.kill(os.getpid(), signal.SIGKILL)).unavailable

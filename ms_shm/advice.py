@@ -79,7 +79,15 @@ def _kubernetes_fix(k8s: str, limit_line: str) -> tuple:
     ]))
 
 
-def shm_fixes(size_bytes: int, container: str | None, memory_limit: int | None = None) -> tuple:
+def memory_target(memory_limit: int, shm_size: str, at_least: int = 0) -> str:
+    """The memory limit to ask for, as ``--memory`` takes it: the present limit raised by the /dev/shm size (a
+    memory-backed ``emptyDir`` counts against it), and not below ``at_least`` (what a pipeline adds). One number
+    for a finding's text and its Kubernetes block, so the two never disagree."""
+    return human_size(max(memory_limit + parse_size(shm_size), at_least))
+
+
+def shm_fixes(size_bytes: int, container: str | None, memory_limit: int | None = None,
+              memory_at_least: int = 0) -> tuple:
     """Ways to give the process a ``/dev/shm`` of at least ``size_bytes``, the one for ``container`` first.
 
     Every place is listed, because the same image runs under ``docker run``, compose and Kubernetes.
@@ -90,6 +98,7 @@ def shm_fixes(size_bytes: int, container: str | None, memory_limit: int | None =
             ``"container"`` or ``None`` (bare host).
         memory_limit: the container's memory limit when known. A memory-backed ``emptyDir`` counts against
             it, so the Kubernetes block suggests a limit raised by the /dev/shm size.
+        memory_at_least: the least memory limit to suggest (``memory_target``).
 
     Returns:
         ``(label, text)`` pairs.
@@ -97,7 +106,7 @@ def shm_fixes(size_bytes: int, container: str | None, memory_limit: int | None =
     size = human_size(size_bytes)
     k8s = k8s_size(size)
     if memory_limit:
-        raised = human_size(memory_limit + parse_size(size))
+        raised = memory_target(memory_limit, size, memory_at_least)
         limit_line = f"        memory: {k8s_size(raised)}   # was {mib(memory_limit)}; /dev/shm pages count against it"
     else:
         limit_line = f"        memory: <your limit + {k8s}>   # /dev/shm pages count against it"
@@ -426,9 +435,9 @@ def _cgroup_findings(facts: Any, t: Typical) -> list:
             f"adds ({mib(t.peak)} of /dev/shm, rows in flight and each worker's own pages, 20% headroom): tmpfs "
             "pages are charged to the writer's cgroup (a Kubernetes emptyDir to the pod), so the kernel "
             "OOM-kills the job (exit 137) before /dev/shm fills; ms_shm plans within the memory left, slower",
-            "crash", f"raise the memory limit by at least {human_size(t.memory)} (resources.limits.memory, "
-                     "docker run --memory)",
-            shm_fixes(t.need, facts.container, limit), "cgroup-small"))
+            "crash", f"raise the memory limit to at least {memory_target(limit, human_size(t.need), t.memory)} "
+                     "(resources.limits.memory, docker run --memory)",
+            shm_fixes(t.need, facts.container, limit, t.memory), "cgroup-small"))
     elif facts.shm_total is not None and facts.shm_total > limit:
         out.append(Advice(
             f"/dev/shm ({mib(facts.shm_total)}) is larger than the cgroup memory limit ({mib(limit)}): filling "

@@ -9,12 +9,14 @@ same sizes. A new engine brings its own signatures; nothing here changes.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any
 
 from ms_shm import advice, engines
 from ms_shm._results import Result, mib, record
-from ms_shm.engines.base import Signature
-from ms_shm.sizes import MiB
+from ms_shm.engines.base import OOM_CAUSE, Signature
+from ms_shm.engines.mindspore import signatures as ms_signatures
+from ms_shm.sizes import GiB, KiB, MiB
 
 
 @record
@@ -24,9 +26,12 @@ class Explanation(Result):
     Attributes:
         kind: stable identifier: ``bus-error``, ``insufficient-shm``, ``shm-full``, ``no-space``,
             ``too-many-open-files``, ``pytorch-bus-error``, ``pytorch-shm``, ``row-too-big``, ``worker-killed``,
-            ``worker-exited``, ``worker-died``, ``ipc-removed``; ms_shm's own errors: ``shm-budget-error``,
+            ``worker-exited``, ``worker-died``, ``ipc-removed``; a process killed by SIGKILL: ``oom-killed`` (the
+            kernel's OOM-kill lines), ``sigkill`` (an exit status -9 / 137 or a named SIGKILL), ``killed`` (the
+            shell's bare "Killed"); ms_shm's own errors: ``shm-budget-error``, ``memory-budget-error``,
             ``row-too-large-error``, ``shm-full-error``.
-        severity: as ``Advice.severity``.
+        severity: as ``Advice.severity``, or ``likely`` for weak evidence (the shell's bare "Killed": the OOM
+            killer is only the likeliest of the senders of SIGKILL).
         line: the first line of the log that matched, trimmed.
         cause: why it happened, with this host's numbers.
         fix: one line.
@@ -69,17 +74,35 @@ def _own_words(default_fix: str) -> Any:
     return words
 
 
-def _own_error(name: str) -> str:
+def _own_error(name: str, naming: str = "") -> str:
     """One line of an ms_shm error, as a traceback ends with it (``ms_shm.errors.X: message Fix: ...``); the same
-    class re-raised by MindSpore in the main process names the module of the worker's copy (``ms_shm.guard``)."""
-    return (r"(?m)\b(?:ms_shm\.[\w.]+\.)?" + name +
-            r": (?P<detail>[^\n]*?)(?:\s*Fix: (?P<own_fix>[^\n]*))?$")
+    class re-raised by MindSpore in the main process names the module of the worker's copy (``ms_shm.guard``).
+    ``naming``: a pattern the line must contain, to tell apart errors of one class that bind on different limits."""
+    return (r"(?m)\b(?:ms_shm\.[\w.]+\.)?" + name + ": " + (rf"(?=[^\n]*?{naming})" if naming else "") +
+            r"(?P<detail>[^\n]*?)(?:\s*Fix: (?P<own_fix>[^\n]*))?$")
+
+
+# A candidate the planner ruled out for memory ("threads x2: needs 656.0 MiB of memory > 109.8 MiB left for it"):
+# the container's memory limit, not /dev/shm, is what the settings do not fit.
+_MEMORY_BOUND = r"of memory > "
 
 
 # ms_shm's own errors: raised instead of the bus error the settings would end in (``ms_shm.errors``). Their
 # messages carry the sizes and the fix worked out for the pipeline, so no host snippet of a typical pipeline's
 # size is added to contradict them.
 OWN_SIGNATURES = (
+    Signature(
+        "memory-budget-error", "ms_shm's ShmBudgetError for memory (settings that cannot fit the memory limit)",
+        _own_error("ShmBudgetError", _MEMORY_BOUND), "crash",
+        "ms_shm refused, before any worker started, settings the code insisted on (explicit arguments under "
+        "`ms-shm run --strict` / `patch(strict=True)`, or given to ms_shm as orders): they need more memory than "
+        "the container's memory limit leaves for the pipeline. Its /dev/shm pages, the rows in flight and each "
+        "worker's own pages all count against that limit, so running them would have ended in an OOM kill "
+        "(SIGKILL: 'Killed', exit 137), not a bus error. {detail}",
+        "{own_fix}", engine="ms_shm",
+        words=_own_words("drop the explicit python_multiprocessing / num_parallel_workers (or run without "
+                         "--strict) so ms_shm can choose what fits the memory left, or raise the container's "
+                         "memory limit (docker run --memory; Kubernetes resources.limits.memory)")),
     Signature(
         "shm-budget-error", "ms_shm's ShmBudgetError (settings insisted on that cannot fit)",
         _own_error("ShmBudgetError"), "crash",
@@ -110,13 +133,65 @@ OWN_SIGNATURES = (
 )
 
 
+def _oom_answer() -> Signature:
+    """MindSpore's "worker ... was killed by signal: Killed" signature: the one OOM answer (its fix, its dmesg
+    snippet), which every other kill line reuses so that they all give the same fix."""
+    return next(s for s in ms_signatures.signatures() if s.kind == "worker-killed")
+
+
+_CGROUP_CHECK = ("cgroup", "cat /sys/fs/cgroup/memory/memory.failcnt   # v1: times the memory limit was hit\n"
+                           "grep oom_kill /sys/fs/cgroup/memory.events   # v2: OOM kills in this cgroup")
+_CHECK = (" To confirm: `dmesg | grep -i oom` (a 'Memory cgroup out of memory: Killed process' line names it), "
+          "and the cgroup's memory.failcnt (v1) or the oom_kill count in memory.events (v2).")
+
+
+def _kill_words(fields: dict) -> dict:
+    """Who the kernel's OOM-kill lines name, and whether a memory cgroup's limit (the container's) or the whole
+    host ran out: ``CONSTRAINT_MEMCG`` / "Memory cgroup out of memory" say the former."""
+    scope = f"{fields.get('scope') or ''} {fields.get('constraint') or ''}"
+    where = ("a memory cgroup (the container) reached its limit" if "MEMCG" in scope or "cgroup" in scope else
+             "the host ran out of memory" if scope.strip() else "memory ran out")
+    victim = fields.get("victim_pid")  # not ``pid``: that names a dataset worker, and this may be the job itself
+    return {"victim": f"process {victim}" if victim else "a process", "where": where}
+
+
+def kill_signatures() -> tuple:
+    """A process killed by SIGKILL, as the kernel, a shell, subprocess and torchrun report it: most likely the
+    OOM killer at the cgroup memory limit. Strong evidence (the kernel's own lines, a named SIGKILL) is a crash;
+    the shell's bare "Killed" only ``likely``. A framework's own kill line, when there, explains it first."""
+    oom = _oom_answer()
+
+    def kill(kind: str, label: str, regex: str, severity: str, what: str, yields_to: tuple) -> Signature:
+        return replace(oom, kind=kind, label=label, regex=regex, severity=severity, engine="os", signal="Killed",
+                       cause=what + " " + OOM_CAUSE + _CHECK,  # the engine's one OOM sentence
+                       snippets=oom.snippets + (_CGROUP_CHECK,),
+                       yields_to=yields_to, words=_kill_words)
+
+    return (
+        kill("oom-killed", "the kernel's OOM-kill lines ('Memory cgroup out of memory: Killed process')",
+             r"(?P<scope>Memory cgroup out of memory|Out of memory): Kill(?:ed)? process (?P<victim_pid>\d+)|"
+             r"oom-kill:constraint=(?P<constraint>CONSTRAINT_\w+)|invoked oom-killer",
+             "crash", "The kernel's OOM killer killed {victim}: {where}.", ("worker-killed",)),
+        kill("sigkill", "an exit status -9 or 137, or a named SIGKILL (subprocess, torchrun)",
+             r"returned non-zero exit status -9\b|\bexitcode:? -9\b|\bSignal 9 \(SIGKILL\)|"
+             r"<Signals\.SIGKILL: 9>|\bexit(?:ed)?(?: with)? (?:code|status):? 137\b",
+             "crash", "A process was killed by SIGKILL (signal 9; exit status -9, or 137 from a shell); the "
+             "log does not say who sent it.", ("worker-killed", "oom-killed")),
+        kill("killed", "the shell's bare 'Killed'",
+             r"(?m)^[ \t]*(?:[^\n:]+: line \d+:[ \t]+\d+[ \t]+)?Killed(?:[ \t]+(?!process\b)[^\n]*)?$",
+             "likely", "The shell printed 'Killed': the job was killed by SIGKILL; nothing else in the log "
+             "says why, so this is a guess from the signal alone.", ("worker-killed", "oom-killed", "sigkill")),
+    )
+
+
 def signatures(facts: Any = None) -> tuple:
     """What ms_shm itself and every engine print when they fail, the engines' worded for the host's release of
-    each framework."""
+    each framework, then the operating system's kill lines (a framework's own line about a kill is the more
+    specific)."""
     found: list = list(OWN_SIGNATURES)
     for engine in engines.all_engines():
         found += engine.signatures(getattr(facts, f"{engine.name}_version", None))
-    return tuple(found)
+    return tuple(found) + kill_signatures()
 
 
 def known(facts: Any = None) -> list:
@@ -149,9 +224,19 @@ def _hit(sig: Signature, text: str) -> tuple | None:
     return [m.start() for m in matches], sig, fields
 
 
-# A record ms_shm logged (``ms-shm run``'s "LEVEL: message", or logging's default "LEVEL:ms_shm:message"): its
-# predictions quote the failures they prevent ("fails with 'recommended shm size is at least 5 GB'"), and are none
-_OWN_RECORD = re.compile(r"^(?:DEBUG|INFO|WARNING)(?:: |:ms_shm(?:\.[\w.]+)?:)")
+# A record ms_shm logged: its predictions quote the failures they prevent ("fails with 'recommended shm size is at
+# least 5 GB'", "'SystemError: ... returned a result with an exception set' in restore_tensor"), and are none.
+# Told by ``ms-shm run``'s "LEVEL: message" or logging's default "LEVEL:ms_shm:message"; by a level beside the
+# logger name ms_shm in any other format ("INFO ms_shm: ...", "12:00:01 - ms_shm.api - WARNING - ..."); or, with
+# no prefix at all, by the shape of ms_shm's advice: "problem Fix: fix" on a line that does not start with an
+# exception (ms_shm's own errors, "ms_shm.errors.ShmBudgetError: ... Fix: ...", are failures and stay).
+_LEVEL = r"(?:DEBUG|INFO|WARNING)"
+_LOGGER = r"ms_shm(?:\.[\w.]+)?"
+_OWN_RECORD = re.compile(
+    rf"^{_LEVEL}(?:: |:{_LOGGER}:)|"
+    rf"^[^\n]{{0,60}}?\b{_LEVEL}\]?[ \t:|-]+\[?{_LOGGER}\b|"
+    rf"^[^\n]{{0,60}}?\b{_LOGGER}\]?[ \t:|-]+\[?{_LEVEL}\b|"
+    r"^(?![ \t]*[\w.]*(?:Error|Exception)\b:)[^\n]*\S Fix: \S")
 
 
 def without_own_records(text: str) -> str:
@@ -181,29 +266,73 @@ def _one_per_line(hits: list, text: str) -> list:
     return placed
 
 
-def _shm_state(facts: Any) -> str:
-    """A sentence on this host's /dev/shm against a typical pipeline, as the doctor judges it."""
+# MindSpore's "MB" in its row warnings is MiB; df -h's K/M/G/T are binary too
+_UNITS = {"KiB": KiB, "MiB": MiB, "GiB": GiB, "MB": MiB, "": 1, "K": KiB, "M": MiB, "G": GiB, "T": GiB << 10}
+# Row sizes a log shows: MindSpore's static-slot warning, ms_shm's plan line and its ShmBudgetError.
+_ROW_SIZES = (r"current rowsize:\s*(?P<n>[\d.]+)\s*(?P<unit>MB)", r"\brow=(?P<n>[\d.]+) (?P<unit>[KMG]iB)\b",
+              r"\brows of (?P<n>[\d.]+) (?P<unit>[KMG]iB)\b")
+# /dev/shm sizes a log shows, each a floor of the job's /dev/shm: ms_shm's budget line ("512.0 MiB free in
+# /dev/shm") and `df -h /dev/shm`'s row.
+_SHM_SIZES = (r"(?P<n>[\d.]+) (?P<unit>[KMG]iB) free in /dev/shm\b",
+              r"(?m)^\S+[ \t]+(?P<n>[\d.]+)(?P<unit>[KMGT]?)[ \t]+\S+[ \t]+\S+[ \t]+\d+%[ \t]+/dev/shm[ \t]*$")
+
+
+def _largest(patterns: tuple, text: str) -> int | None:
+    """The largest size any of ``patterns`` finds in ``text``, in bytes (``None``: none found)."""
+    found = [int(float(m["n"]) * _UNITS[m["unit"]]) for pattern in patterns for m in re.finditer(pattern, text)]
+    return max(found) if found else None
+
+
+def log_sizes(text: str) -> dict:
+    """The row and /dev/shm sizes the log itself shows (``row_bytes``, ``shm_seen``; absent when not shown),
+    read before ms_shm's own records are set aside: their numbers are the job's, where the host's may not be."""
+    found = {"row_bytes": _largest(_ROW_SIZES, text), "shm_seen": _largest(_SHM_SIZES, text)}
+    return {k: v for k, v in found.items() if v is not None}
+
+
+def _typical(facts: Any, fields: dict) -> advice.Typical:
+    """The pipeline the host is judged for, with the log's row size where it shows one."""
+    return advice.Typical.of(facts, row_bytes=fields.get("row_bytes"))
+
+
+def _shm_floor(facts: Any, fields: dict) -> int | None:
+    """The /dev/shm the job had at least: what the log shows (its own numbers), else this host's size."""
+    seen = [v for v in (fields.get("shm_seen"), fields.get("available")) if v]
+    return max(seen) if seen else getattr(facts, "shm_total", None)
+
+
+def _shm_state(facts: Any, fields: dict) -> str:
+    """A sentence on the job's /dev/shm against a typical pipeline, as the doctor judges it; rows of a size the log
+    does not show are named as the 8 MiB assumption they are."""
     total, free = getattr(facts, "shm_total", None), getattr(facts, "shm_free", None)
-    t = advice.Typical.of(facts)
-    if total is None:
+    t, seen = _typical(facts, fields), fields.get("shm_seen")
+    if seen is None and total is None:
         return "This host's /dev/shm could not be read."
-    here = (f"This host's /dev/shm is {mib(total)} ({mib(free)} free); a typical pipeline here ({t.shape}) "
-            f"peaks at {mib(t.peak)}, {mib(t.need)} with ms_shm's headroom.")
-    if t.peak and t.at(total).fits:
+    where = (f"The log shows the job's /dev/shm with {mib(seen)} free" if seen is not None else
+             f"This host's /dev/shm is {mib(total)} ({mib(free)} free)")
+    rows = "" if t.row_known else "; the log does not show the row size, so 8 MiB is assumed"
+    here = (f"{where}; a typical pipeline here ({t.shape}{rows}) peaks at {mib(t.peak)}, {mib(t.need)} with "
+            "ms_shm's headroom.")
+    if t.peak and t.at(seen if seen is not None else total).fits:
         here += (" That fits, so if the job ran elsewhere (another container or node), run `ms-shm doctor` "
-                 "there: its /dev/shm was smaller.")
+                 "there: its /dev/shm was smaller." if t.row_known else
+                 " That fits only if the rows are at most 8 MiB: they were probably larger (`ms-shm plan --row-mb "
+                 "<row>` with their size says what fits), or the job ran elsewhere (run `ms-shm doctor` there).")
     return here
 
 
 def _shm_need(facts: Any, t: advice.Typical, fields: dict) -> int:
     """The /dev/shm to ask for: a typical pipeline's need, or what makes a pre-check of ``required`` pass (it
-    compares with 80% of the free space at launch) plus what was already in use, whichever is larger."""
+    compares with 80% of the free space at launch) plus what was already in use, whichever is larger; and never
+    a size the job already had (``_shm_floor``): it failed in that, so at least the next step up."""
     required = fields.get("required")
-    if required is None:
-        return t.need
-    total, free = getattr(facts, "shm_total", None), getattr(facts, "shm_free", None)
-    used = total - free if total is not None and free is not None else 0
-    return max(t.need, int(required / advice.HEADROOM) + used + MiB)
+    need = t.need
+    if required is not None:
+        total, free = getattr(facts, "shm_total", None), getattr(facts, "shm_free", None)
+        used = total - free if total is not None and free is not None else 0
+        need = max(need, int(required / advice.HEADROOM) + used + MiB)
+    floor = _shm_floor(facts, fields)
+    return max(need, floor + 1) if floor else need
 
 
 def _limits(facts: Any, need: int) -> str:
@@ -243,13 +372,13 @@ def _ipc_words(facts: Any) -> dict:
 
 def _words(facts: Any, sig: Signature, fields: dict) -> dict:
     """Every template field: the matched ones, the engine's derived ones, and this host's numbers."""
-    t = advice.Typical.of(facts)
+    t = _typical(facts, fields)
     fds = advice.fds_needed(facts, t.workers, t.prefetch)
     required, available = fields.get("required"), fields.get("available")
     words = {"pid": None, "signal": None, "code": None, "required": required, "available": available}
     words.update(fields)
     words.update(
-        shm_state=_shm_state(facts), size=advice.human_size(_shm_need(facts, t, fields)),
+        shm_state=_shm_state(facts, fields), size=advice.human_size(_shm_need(facts, t, fields)),
         who=f"worker {fields['pid']}" if fields.get("pid") else "a worker",
         memory_limit=mib(getattr(facts, "memory_limit", None)), workers=t.workers, prefetch=t.prefetch, fds=fds,
         target=_nofile_target(facts, fds), limits=_limits(facts, fds), required_mib=mib(required),
@@ -271,7 +400,7 @@ def _nofile_target(facts: Any, fds: int) -> int:
 
 def _host_snippets(facts: Any, need: str, fields: dict) -> tuple:
     """This host's fixes for the resource a signature is about."""
-    t = advice.Typical.of(facts)
+    t = _typical(facts, fields)
     container = getattr(facts, "container", None)
     if need == "nofile":
         return advice.nofile_fixes(advice.fds_needed(facts, t.workers, t.prefetch), container,
@@ -312,8 +441,10 @@ def explain(text: str, facts: Any) -> tuple:
     Returns:
         ``Explanation`` tuple; empty when nothing is recognised.
     """
+    seen = log_sizes(text)
     text = without_own_records(text)
-    hits = [h for h in (_hit(sig, text) for sig in signatures(facts)) if h is not None]
+    hits = [(p, sig, {**seen, **fields}) for p, sig, fields in
+            (h for h in (_hit(sig, text) for sig in signatures(facts)) if h is not None)]
     kinds = {sig.kind for _, sig, _ in hits}
     hits = [h for h in hits if not set(h[1].yields_to) & kinds]
     hits = [h for h in hits if not h[1].alone] or hits

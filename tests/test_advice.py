@@ -390,3 +390,15 @@ def test_low_soft_nofile_under_a_hard_limit_that_allows_it_suggests_what_ulimit_
     soft = found["nofile-soft"]
     assert "raise the soft limit to 20000 (the hard limit allows it)" in soft.fix, soft.fix
     assert "ulimit -n 20000" in dict(soft.snippets)["shell"]
+
+
+@pytest.mark.parametrize("limit", [300 * MiB, 1000 * MiB, 256 * MiB])
+def test_cgroup_small_text_and_kubernetes_block_name_one_limit(limit):
+    """The audit's 1000M limit said "raise ... by at least 2g" beside a block setting memory: 2Gi in total."""
+    found = {a.code: a for a in advice.diagnose(facts(cgroup_mem_limit=limit, container="kubernetes"))}
+    small = found["cgroup-small"]
+    target = small.fix.split("to at least ")[1].split()[0]
+    assert "by at least" not in small.fix
+    assert f"memory: {advice.k8s_size(target)} " in dict(small.snippets)["kubernetes"]
+    t = advice.typical(facts())
+    assert advice.parse_size(target) >= max(t.memory, limit)

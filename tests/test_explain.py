@@ -209,7 +209,8 @@ def test_every_signature_template_formats():
     from ms_shm import explain as explain_mod
 
     samples = {"pid": "12", "signal": "Killed", "code": "1", "required": "400000000", "available": "60000000",
-               "slot_mb": "4.0", "row_mb": "4.0", "gb": "5", "detail": "row 5 is 12.0 MiB", "own_fix": "give more"}
+               "slot_mb": "4.0", "row_mb": "4.0", "gb": "5", "detail": "row 5 is 12.0 MiB", "own_fix": "give more",
+               "scope": "Memory cgroup out of memory", "victim_pid": "9", "constraint": "CONSTRAINT_MEMCG"}
     for version in ("2.0.0", "2.3.0", "2.10.0", None):
         f = facts(mindspore_version=version)
         for sig in explain_mod.signatures(f):
@@ -327,7 +328,8 @@ TUNE_WARNING = (
     "    df -h /dev/shm\n")
 BUDGET = ("ms_shm.errors.ShmBudgetError: No configuration honouring num_parallel_workers=2 fits: rows of 8.0 MiB. "
           "Fix: drop the explicit num_parallel_workers=2 / python_multiprocessing=True so ms_shm can choose threads "
-          "or pipes; or give /dev/shm at least 95.0 KiB (docker run --shm-size=64m).\n")
+          "or fewer than 2 workers (1 reads rows in the main process); or give /dev/shm at least 95.0 KiB "
+          "(docker run --shm-size=64m).\n")
 ROW_TOO_LARGE = ("ms_shm.guard.RowTooLargeError: row 5 is 12.0 MiB, ms_shm planned rows of 1.0 MiB: this worker's 18 "
                  "shared-memory slots would grow to 36.0 MiB. Fix: give /dev/shm at least 540.1 MiB for rows of "
                  "12.0 MiB\n")
@@ -359,3 +361,131 @@ def test_ms_shms_own_errors_are_recognised_with_their_own_fix(text, kind, fix):
     assert e.kind == kind and e.severity == "crash" and e.fix.startswith(fix), e
     assert "Fix:" not in e.cause and text.split(": ", 1)[1].split(" Fix:")[0] in e.cause
     assert kind in [x.kind for x in explain(text.split(" Fix:")[0] + "\n", facts())]  # no Fix: the default one
+
+
+# ------------------------------------------------------------------------------------------- cgroup-v1 memory audit
+
+CGROUP = LOGS / "cgroup_v1"  # captured in a cgroup-v1 memory group: see its README.md
+
+
+def cgroup_log(name: str) -> str:
+    return (CGROUP / name).read_text()
+
+
+# What subprocess, torchrun and a shell say when the child was SIGKILLed (their formats, pids made up)
+SIGKILL_LINES = [
+    "subprocess.CalledProcessError: Command 'python train.py' returned non-zero exit status -9.",
+    "torch.distributed.elastic.multiprocessing.api:failed (exitcode: -9) local_rank: 0 (pid: 1234) of binary: "
+    "/usr/bin/python",
+    "  Signal 9 (SIGKILL) received by PID 1234",
+    "subprocess.CalledProcessError: Command '['python', 'train.py']' died with <Signals.SIGKILL: 9>.",
+    "train.py exited with code 137",
+]
+
+
+def _same_oom_answer(e, worker) -> None:
+    """The MindSpore worker-killed answer's fix, snippet and memory-limit sentence: one OOM rule, not two."""
+    assert e.fix == worker.fix and set(worker.snippets) <= set(e.snippets), e
+    assert "2.0 GiB here" in e.cause and "OOM killer" in e.cause
+    assert "memory.failcnt" in e.cause and "memory.events" in e.cause and "dmesg | grep -i oom" in e.cause
+
+
+WORKER_KILLED = ("[ERROR] MD(1,7f,python):2026-01-01 [sig_handler.cc:556] SIGCHLDHandler] Dataset worker process "
+                 "4242 was killed by signal: Killed. Main process will be terminated.\n")
+
+
+@pytest.mark.parametrize("line", SIGKILL_LINES)
+def test_a_sigkill_is_most_likely_the_oom_killer_with_the_existing_fix(line):
+    e = only(line + "\n", cgroup_mem_limit=2 * GiB)
+    assert (e.kind, e.severity, e.signal) == ("sigkill", "crash", "Killed")
+    _same_oom_answer(e, only(WORKER_KILLED, cgroup_mem_limit=2 * GiB))
+
+
+def test_the_kernels_oom_kill_lines_name_the_cgroup_and_the_process():
+    e = only(cgroup_log("oom_dmesg.log"), cgroup_mem_limit=2 * GiB)
+    assert (e.kind, e.severity, e.pid) == ("oom-killed", "crash", None)  # the job, not a dataset worker
+    assert "process 22683" in e.cause and "memory cgroup" in e.cause
+    _same_oom_answer(e, only(WORKER_KILLED, cgroup_mem_limit=2 * GiB))
+
+
+def test_a_bare_killed_is_weaker_evidence_than_an_oom_line():
+    e = only(cgroup_log("killed_shell.log"), cgroup_mem_limit=2 * GiB)
+    assert (e.kind, e.severity) == ("killed", "likely")
+    _same_oom_answer(e, only(WORKER_KILLED, cgroup_mem_limit=2 * GiB))
+    assert "memory.failcnt" in dict(e.snippets)["cgroup"]
+    job = "./run.sh: line 3: 12345 Killed                  python train.py\n"
+    assert only(job).kind == "killed"
+    # a more specific line explains the same kill once
+    assert [x.kind for x in explain(WORKER_KILLED + "Killed\n", facts())] == ["worker-killed"]
+    assert [x.kind for x in explain(cgroup_log("oom_dmesg.log") + "Killed\n" + SIGKILL_LINES[0], facts())] == [
+        "oom-killed"]
+    assert explain("Killed process list refreshed\nnot Killed\n", facts()) == ()
+
+
+def test_ms_shms_memory_budget_error_is_about_memory_not_dev_shm():
+    text = cgroup_log("memory_budget_error.log")
+    e = only(text)
+    assert (e.kind, e.severity) == ("memory-budget-error", "crash")
+    assert "OOM kill" in e.cause and "memory limit" in e.cause and "cgroup v1 limit 300.0 MiB" in e.cause
+    assert "would end in a bus error" not in e.cause and "its /dev/shm was smaller" not in e.cause
+    assert "more memory" in e.fix
+    assert only(BUDGET).kind == "shm-budget-error"  # a /dev/shm refusal stays one
+
+
+def test_ms_shms_advice_records_in_any_log_format_are_not_the_failure():
+    text = cgroup_log("memory_budget_error.log")
+    assert "INFO ms_shm: MindSpore 2.10.0's DataLoader" in text and "restore_tensor" in text
+    assert [e.kind for e in explain(text, facts())] == ["memory-budget-error"]
+    advice_line = next(x for x in text.split("\n") if "DataLoader (mindspore.dataset.dataloader)" in x)
+    for prefix in ("", "2026-12-03 03:00:00,001 INFO ms_shm.api: ", "2026-12-03 03:00:00 - ms_shm - WARNING - ",
+                   "[INFO] ms_shm: "):
+        line = prefix + advice_line.split("ms_shm: ", 1)[1]
+        assert explain(line + "\n  pip:\n    pip install 'numpy<2'\n", facts()) == (), prefix
+    real = ('  File ".../mindspore/dataset/dataloader/_utils/collate.py", line 80, in restore_tensor\n'
+            "SystemError: <built-in function frombuffer> returned a result with an exception set\n")
+    assert [e.kind for e in explain(text + real, facts())] == ["memory-budget-error", "msloader-numpy2"]
+
+
+def test_bus_error_in_a_512m_dev_shm_never_recommends_512m():
+    e = only(cgroup_log("bus_error_512m.log"), shm_total=512 * MiB, shm_free=512 * MiB)
+    assert e.kind == "bus-error"
+    assert "/dev/shm of 1g" in e.fix and "--shm-size=1g" in dict(e.snippets)["docker run"]
+    assert "does not show the row size, so 8 MiB is assumed" in e.cause
+    assert "That fits, so if the job ran elsewhere" not in e.cause
+
+
+def test_bus_error_sized_with_the_rows_and_dev_shm_the_log_shows():
+    shown = ("INFO ms_shm: ms_shm.tune: /dev/shm budget 409.6 MiB per pipeline: 512.0 MiB free in /dev/shm x 80% "
+             "headroom / 1 local rank(s) [default (no launcher variables)] = 409.6 MiB\n"
+             "INFO ms_shm: ms_shm generator: mode=processes workers=2 prefetch=16 row=16.0 MiB predicted /dev/shm\n")
+    e = only(shown + cgroup_log("bus_error_512m.log"), shm_total=None, shm_free=None)  # explained elsewhere
+    assert "16.0 MiB rows" in e.cause and "512.0 MiB free" in e.cause and "assumed" not in e.cause
+    size = advice.parse_size(e.fix.split("/dev/shm of ")[1].split(",")[0])
+    assert size > 512 * MiB and size * advice.HEADROOM >= advice.typical(facts(), row_bytes=16 * MiB).peak
+    df = "Filesystem      Size  Used Avail Use% Mounted on\nshm             2.0G  2.0G     0 100% /dev/shm\n"
+    assert "/dev/shm of 3g" in only(df + cgroup_log("bus_error_512m.log"), shm_total=None, shm_free=None).fix
+
+
+def _audit_refusal(request, modes=("threads", "processes", "pipes")) -> str:
+    """The planner's refusal of the audit's run: 16 MiB rows, every transport at 2 workers over the memory left."""
+    from ms_shm import budget as budget_mod
+    from ms_shm import plan
+    from ms_shm.rows import RowStats
+
+    left = int(109.8 * MiB)
+    cands = [plan.Candidate(m, 2, 2, 0, 0, 1.0, False, f"needs 300.0 MiB of memory > {mib(left)} left for it",
+                            300 * MiB) for m in modes]
+    b = budget_mod.compute(512 * MiB, 1, 4096, 10, memory_left=int(137.2 * MiB), memory_source="cgroup v1")
+    stats = RowStats(True, 96, 2, (0, 1), ("data",), 16 * MiB, 16 * MiB, None, None, 0.0)
+    return "ms_shm.errors.ShmBudgetError: " + plan.no_fit_message(cands, request, b, stats, 16 * MiB) + "\n"
+
+
+def test_budget_error_fix_names_only_what_the_planner_did_not_rule_out():
+    from ms_shm.plan import Request
+
+    e = only(_audit_refusal(Request(workers=2)))
+    assert e.kind == "memory-budget-error"
+    assert e.fix.startswith("drop the explicit num_parallel_workers=2 so ms_shm can choose fewer than 2 workers")
+    assert "threads" not in e.fix.split(";")[0] and "pipes" not in e.fix.split(";")[0]
+    forced = only(_audit_refusal(Request(workers=2, multiprocessing=True), ("processes", "pipes")))
+    assert "so ms_shm can choose threads or fewer than 2 workers" in forced.fix

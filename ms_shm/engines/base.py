@@ -9,6 +9,10 @@ from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 from ms_shm._results import record
 
+# The one sentence every engine's kill signature (and ``explain``'s bare SIGKILL lines) gives for a SIGKILL.
+OOM_CAUSE = ("SIGKILL ('Killed') is usually the OOM killer: /dev/shm pages count against the memory limit "
+             "({memory_limit} here).")
+
 
 @record
 class Signature:

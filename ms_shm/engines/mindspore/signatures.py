@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ms_shm.engines.base import Signature
+from ms_shm.engines.base import OOM_CAUSE, Signature
 from ms_shm.engines.mindspore import arithmetic as model
 from ms_shm.engines.mindspore import profiles
 from ms_shm.engines.mindspore.outcomes import PRECHECK_MESSAGE, release_name
@@ -22,8 +22,6 @@ SEMAPHORE_HINTS = ("SemLock", "synchronize.py", "sem_open", "multiprocessing.Eve
                    "Lock()", "Semaphore", "/dev/shm")
 _DF = ("shell", "df -h /dev/shm\nms-shm clean --dry-run")
 _DMESG = ("shell", "dmesg | grep -i -E 'oom|killed process'\nipcs -m\nms-shm clean --dry-run")
-_OOM = ("SIGKILL ('Killed') is usually the OOM killer: /dev/shm pages count against the memory limit "
-        "({memory_limit} here).")
 
 
 def _row_words(fields: dict) -> dict:
@@ -138,7 +136,7 @@ def _worker_signatures(profile: EngineProfile) -> tuple:
             "worker-killed", "MindSpore's worker-killed line",
             r"Dataset worker process (?P<pid>\d+) was killed by signal: (?!Bus error)(?P<signal>[A-Za-z ]+?)\.",
             "crash",
-            "MindSpore's dataset worker {pid} was killed by signal {signal}. " + _OOM + leftovers,
+            "MindSpore's dataset worker {pid} was killed by signal {signal}. " + OOM_CAUSE + leftovers,
             "check `dmesg | grep -i oom`, lower workers or row size, raise the memory limit; `ms-shm clean` "
             "removes leftovers",
             snippets=(_DMESG,)),
@@ -153,7 +151,7 @@ def _worker_signatures(profile: EngineProfile) -> tuple:
             r"The subprocess of dataset may exit unexpected or be killed", "crash",
             "A dataset worker process went away (killed or exited) and MindSpore stopped the pipeline; MindSpore "
             "2.0's line names no pid or signal. Nothing else in the log matched a known shared-memory or fd "
-            "failure. A worker that dies without a traceback of its own was killed by a signal: " + _OOM,
+            "failure. A worker that dies without a traceback of its own was killed by a signal: " + OOM_CAUSE,
             "read the worker's traceback if there is one; check `dmesg | grep -i oom`; run `ms-shm doctor` for the "
             "host's limits",
             snippets=(_DMESG,), alone=True),

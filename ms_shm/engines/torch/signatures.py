@@ -6,7 +6,7 @@ Pure: no torch import.
 
 from __future__ import annotations
 
-from ms_shm.engines.base import Signature
+from ms_shm.engines.base import OOM_CAUSE, Signature
 
 _SHM_CAUSE = ("A PyTorch DataLoader moves every batch tensor from its workers through a shared-memory file in "
               "/dev/shm: (num_workers x prefetch_factor + 1) batches at once. {shm_state}")
@@ -36,8 +36,7 @@ SIGNATURES = (
     Signature("worker-killed", "PyTorch's worker-killed line",
               r"DataLoader worker \(pid (?P<pid>\d+)\) is killed by signal: (?!Bus error)(?P<signal>[A-Za-z ]+?)\.",
               "crash",
-              "A PyTorch DataLoader worker {pid} was killed by signal {signal}. SIGKILL ('Killed') is usually the "
-              "OOM killer: /dev/shm pages count against the memory limit ({memory_limit} here)",
+              "A PyTorch DataLoader worker {pid} was killed by signal {signal}. " + OOM_CAUSE,
               "check `dmesg | grep -i oom`, lower num_workers or batch size, raise the memory limit",
               snippets=(("shell", "dmesg | grep -i -E 'oom|killed process'"),), engine="torch"),
     Signature("pytorch-worker-exited", "PyTorch's 'DataLoader worker ... exited unexpectedly'",

@@ -216,7 +216,7 @@ def _inspect_copy_on_read(source: Any, workers: int, facts: host.HostFacts, star
     if share_lists:
         cow.share_lists(source, findings, effects=effects)
     elif facts.ranks.local_rank == 0:
-        cow.log_findings(findings)
+        cow.log_findings(findings, effects)
 
 
 def _column_names(column_names: Any, kwargs: dict) -> tuple | None:

@@ -223,10 +223,14 @@ def _flagged(finding: CowFinding | None) -> list:
     return [] if finding is None else [finding]
 
 
-def log_findings(findings: Iterable[CowFinding]) -> None:
-    """Log one WARNING per finding through the ``ms_shm.cow`` logger (call it from local rank 0 only)."""
+def log_findings(findings: Iterable[CowFinding], effects: Any = None) -> None:
+    """Log one WARNING per finding through the ``ms_shm.cow`` logger (call it from local rank 0 only). Where
+    the probe saw the source keep state as it reads (``effects``), ``share_lists=True`` would refuse the swap
+    (``_kept_state``), so it is not offered."""
+    findings = tuple(findings)
+    kept = _kept_state(effects, findings)
     for finding in findings:
-        log.warning("ms_shm: %s", finding.message)
+        log.warning("ms_shm: %s", (replace(finding, swappable=False) if kept else finding).message)
 
 
 def share_lists(source: Any, findings: Iterable[CowFinding], shared_memory: bool | None = None,

@@ -533,3 +533,18 @@ def test_share_lists_rows_equal_raw_mindspore(real_mindspore, tmp_path):
     assert "SAME CacheInElement {'anns': 'list'}" in result.stdout, real_mindspore.describe(result)  # kept: state
     assert "SAME IdMap {'id2len': 'SharedDict'}" in result.stdout, real_mindspore.describe(result)
     assert "left anns as they are" in result.stdout + result.stderr, real_mindspore.describe(result)
+
+
+def test_the_warning_offers_share_lists_only_where_it_would_swap(caplog):
+    """A source whose rows read back differently keeps its lists under share_lists=True (a cache in an item
+    would be lost): its copy-on-read warning must not offer that fix."""
+    class Src:
+        def __init__(self):
+            self.names = [f"{i}.jpg" for i in range(20_000)]
+
+    findings = inspect_source(Src(), workers=2)
+    with caplog.at_level("WARNING", logger="ms_shm"):
+        log_findings(findings)
+        log_findings(findings, Effects(rereads_differ="source[0] read twice differs"))
+    first, second = [r.getMessage() for r in caplog.records]
+    assert "share_lists=True" in first and "share_lists=True" not in second and "SharedList" in second

@@ -414,7 +414,7 @@ def detect_ranks(env: Mapping[str, str], override: int | None = None) -> Ranks:
             if local_rank is None:
                 rank_id = _int(env, "RANK_ID")
                 local_rank = rank_id % local if rank_id is not None else 0
-            how = "all on this host" if size <= _DEVICES_PER_HOST else f"assumed {_DEVICES_PER_HOST} per host"
+            how = "assumed all on this host" if size <= _DEVICES_PER_HOST else f"assumed {_DEVICES_PER_HOST} per host"
             return Ranks(local, local_rank, f"{size_var}={size} ({how})")
     return Ranks(1, 0, "default (no launcher variables)")
 

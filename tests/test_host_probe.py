@@ -233,7 +233,7 @@ def test_container_detection(tmp_path, setup, env, expected):
     ({}, 1, 0, "default"),
     ({"OMPI_COMM_WORLD_LOCAL_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "2"}, 4, 2, "OMPI_COMM_WORLD_LOCAL_SIZE"),
     ({"LOCAL_WORLD_SIZE": "8", "LOCAL_RANK": "3", "WORLD_SIZE": "16"}, 8, 3, "LOCAL_WORLD_SIZE"),  # torchrun
-    ({"MS_WORKER_NUM": "4", "RANK_ID": "1"}, 4, 1, "all on this host"),  # msrun, one host
+    ({"MS_WORKER_NUM": "4", "RANK_ID": "1"}, 4, 1, "assumed all on this host"),  # msrun, one host (it does not say)
     ({"MS_WORKER_NUM": "16", "RANK_ID": "11"}, 8, 3, "assumed 8 per host"),  # msrun, two hosts
     ({"RANK_SIZE": "2", "DEVICE_ID": "1"}, 2, 1, "RANK_SIZE=2"),
     ({"MS_SHM_LOCAL_RANKS": "3"}, 3, 0, "MS_SHM_LOCAL_RANKS"),

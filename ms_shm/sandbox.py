@@ -532,9 +532,9 @@ def _holding(objects: Sequence[Any], kinds: tuple) -> list:
 
 def _reach(objects: Sequence[Any], stop: tuple = ()) -> list:
     """``(where, value)`` for ``objects`` and what they hold: attributes, items of short lists and dicts, closure
-    cells, the module globals their code (and their classes' methods) names, their classes' own data. Values
-    are listed where they are held, each object looked into once (never modules, types, arrays or instances of
-    ``stop``). Bounded (``_WALK_*``); never raises."""
+    cells, the module globals their code (and their classes' methods) names, their classes' own data (a class
+    named by the code too). Values are listed where they are held, each object looked into once (never
+    modules, arrays, tensors or instances of ``stop``). Bounded (``_WALK_*``); never raises."""
     out, seen = [], set()
     stack = [(obj, type(obj).__name__, 0) for obj in reversed(objects)]
     while stack and len(seen) < _WALK_OBJECTS and len(out) < _WALK_VALUES:

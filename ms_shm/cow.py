@@ -363,7 +363,7 @@ def _target(source: Any, path: tuple, finding: CowFinding) -> Any:
     if id(current) != finding.container_id:
         log.info("ms_shm: left %s as is: it is no longer the object that was inspected", where)
         return None
-    shared = _held_elsewhere(holders, path)
+    shared = _held_elsewhere(holders, path, _fix(path, current, True)[0])
     if shared:
         log.info("ms_shm: left %s as is: %s", where, shared)
         return None
@@ -378,7 +378,7 @@ def _holders(source: Any, path: tuple) -> list:
     return holders
 
 
-def _held_elsewhere(holders: list, path: tuple) -> str | None:
+def _held_elsewhere(holders: list, path: tuple, fix: str) -> str | None:
     """Why an object on the way (not the source) is also held from outside the source, or ``None``.
 
     Writing into ``self.meta["train"]`` changes the ``meta`` dict itself: if a val dataset or a module
@@ -396,13 +396,8 @@ def _held_elsewhere(holders: list, path: tuple) -> str | None:
         if outside:
             return (f"{_format_path(path[:level])} is also held outside the source (by a {type(outside[0]).__name__}), "
                     f"so replacing something inside it would change that holder too; wrap it by hand if that is "
-                    f"intended: {_fix_line(path)}")
+                    f"intended: {fix}")
     return None
-
-
-def _fix_line(path: tuple) -> str:
-    target = "self." + _format_path(path)
-    return f"{target} = ms_shm.SharedList({target}) (or SharedDict)"
 
 
 def _stand_in(current: Any, finding: CowFinding, shared_memory: bool | None) -> SharedList | SharedDict | None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 import errno
+import functools
 import logging
 import mmap
 import operator
@@ -33,7 +34,7 @@ import secrets
 import sys
 import weakref
 import zlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 from multiprocessing import resource_tracker
 from typing import Any
@@ -213,8 +214,34 @@ def _rebuild_dict(keys: SharedList, values: SharedList, hashes: np.ndarray, orde
     return SharedDict._from_parts(keys, values, hashes, order)._named(origin)
 
 
+# ------------------------------------------------------------------------------------------- read-only
+class _ReadOnly:
+    """What both stand-ins share: the source attribute each replaced (``_named``, for the refusal's message),
+    and the refusal of the changes a list and a dict both have. The rest are each class's own."""
+
+    __slots__ = ()
+    _ITEM = "an item"  # what ``x[k] = v`` assigns, in the refusal's words
+
+    def _named(self, origin: str | None):
+        """Record the source attribute this stands in for, so an attempt to change it can name it."""
+        self._origin = origin
+        return self
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        raise _refuse(self, f"assign {self._ITEM}")
+
+    def __delitem__(self, key: Any) -> None:
+        raise _refuse(self, f"delete {self._ITEM}")
+
+    def pop(self, *args: Any) -> Any:
+        raise _refuse(self, "pop")
+
+    def clear(self) -> None:
+        raise _refuse(self, "clear")
+
+
 # -------------------------------------------------------------------------------------------------- list
-class SharedList(Sequence):
+class SharedList(_ReadOnly, Sequence):
     """An immutable list stored as pickled bytes in one numpy buffer; safe to share with forked workers.
 
     Use it for the big Python lists a dataset source keeps (file names, annotations, captions): forked
@@ -268,11 +295,6 @@ class SharedList(Sequence):
         self._len = offsets.size - 1
         self._shm_name = shm_name
         self._origin = None
-
-    def _named(self, origin: str | None) -> SharedList:
-        """Record the source attribute this stands in for, so an attempt to change it can name it."""
-        self._origin = origin
-        return self
 
     @classmethod
     def _from_arrays(cls, buf: np.ndarray, offsets: np.ndarray, shm_name: str | None = None) -> SharedList:
@@ -372,13 +394,7 @@ class SharedList(Sequence):
 
     __rmul__ = __mul__
 
-    # -- changing: refused with the reason and the fix ------------------------------------------------------
-    def __setitem__(self, index: Any, value: Any) -> None:
-        raise _refuse(self, "assign an item")
-
-    def __delitem__(self, index: Any) -> None:
-        raise _refuse(self, "delete an item")
-
+    # -- changing: refused with the reason and the fix (and ``_ReadOnly``'s) -----------------------------------
     def __iadd__(self, other: Any) -> SharedList:
         raise _refuse(self, "extend it with +=")
 
@@ -394,14 +410,8 @@ class SharedList(Sequence):
     def insert(self, index: int, value: Any) -> None:
         raise _refuse(self, "insert")
 
-    def pop(self, index: int = -1) -> Any:
-        raise _refuse(self, "pop")
-
     def remove(self, value: Any) -> None:
         raise _refuse(self, "remove an item")
-
-    def clear(self) -> None:
-        raise _refuse(self, "clear")
 
     def sort(self, *, key: Any = None, reverse: bool = False) -> None:
         raise _refuse(self, "sort in place (sorted(x) gives a new list)")
@@ -441,24 +451,14 @@ class SharedList(Sequence):
             return False
         return all(mine is theirs or mine == theirs for mine, theirs in zip(self, other))
 
-    def _ordered(self, other: object) -> list | None:
-        return list(other) if isinstance(other, (list, SharedList)) else None
+    def _compare(self, other: object, op: Callable[[list, list], bool]) -> bool:
+        """Ordered as lists are, against a list or another ``SharedList`` only."""
+        return op(list(self), list(other)) if isinstance(other, (list, SharedList)) else NotImplemented
 
-    def __lt__(self, other: object) -> bool:
-        theirs = self._ordered(other)
-        return NotImplemented if theirs is None else list(self) < theirs
-
-    def __le__(self, other: object) -> bool:
-        theirs = self._ordered(other)
-        return NotImplemented if theirs is None else list(self) <= theirs
-
-    def __gt__(self, other: object) -> bool:
-        theirs = self._ordered(other)
-        return NotImplemented if theirs is None else list(self) > theirs
-
-    def __ge__(self, other: object) -> bool:
-        theirs = self._ordered(other)
-        return NotImplemented if theirs is None else list(self) >= theirs
+    __lt__ = functools.partialmethod(_compare, op=operator.lt)
+    __le__ = functools.partialmethod(_compare, op=operator.le)
+    __gt__ = functools.partialmethod(_compare, op=operator.gt)
+    __ge__ = functools.partialmethod(_compare, op=operator.ge)
 
     __hash__ = None  # type: ignore[assignment]  # equal to lists, which are unhashable
 
@@ -516,7 +516,7 @@ def _integer_key(key: Any) -> int | None:
     return integer if same else None
 
 
-class SharedDict(Mapping):
+class SharedDict(_ReadOnly, Mapping):
     """An immutable dict (str, bytes or int keys) kept in ``SharedList`` buffers; read like a dict.
 
     Keys and values are two ``SharedList``; lookups go through a sorted array of 32-bit CRC hashes that
@@ -541,6 +541,7 @@ class SharedDict(Mapping):
     """
 
     __slots__ = ("_keys", "_values", "_hashes", "_hview", "_order", "_oview", "_origin")
+    _ITEM = "a key"
 
     def __init__(self, data: Mapping | Iterable[tuple[Any, Any]] = (), *, shared_memory: bool = False) -> None:
         if not isinstance(data, Mapping):
@@ -562,11 +563,6 @@ class SharedDict(Mapping):
         self._hview = memoryview(self._hashes)  # bisect works on it directly, in C
         self._oview = memoryview(self._order)
         self._origin = None
-
-    def _named(self, origin: str | None) -> SharedDict:
-        """Record the source attribute this stands in for, so an attempt to change it can name it."""
-        self._origin = origin
-        return self
 
     @classmethod
     def _from_parts(cls, keys: SharedList, values: SharedList, hashes: np.ndarray,
@@ -626,13 +622,7 @@ class SharedDict(Mapping):
         merged.update(self.copy())
         return merged
 
-    # -- changing: refused with the reason and the fix ------------------------------------------------------
-    def __setitem__(self, key: Any, value: Any) -> None:
-        raise _refuse(self, "assign a key")
-
-    def __delitem__(self, key: Any) -> None:
-        raise _refuse(self, "delete a key")
-
+    # -- changing: refused with the reason and the fix (and ``_ReadOnly``'s) -----------------------------------
     def __ior__(self, other: Any) -> SharedDict:
         raise _refuse(self, "update it with |=")
 
@@ -642,14 +632,8 @@ class SharedDict(Mapping):
     def update(self, *args: Any, **kwargs: Any) -> None:
         raise _refuse(self, "update")
 
-    def pop(self, key: Any, *default: Any) -> Any:
-        raise _refuse(self, "pop")
-
     def popitem(self) -> tuple:
         raise _refuse(self, "popitem")
-
-    def clear(self) -> None:
-        raise _refuse(self, "clear")
 
     @property
     def nbytes(self) -> int:

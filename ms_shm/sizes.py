@@ -42,6 +42,12 @@ def shm_size_flag(nbytes: int) -> str:
     return f"{math.ceil(nbytes / GiB)}g"
 
 
+def where_to_set(nbytes: int) -> str:
+    """Where a container's /dev/shm of ``nbytes`` is set, as the guards' fixes say it."""
+    return (f"docker run --shm-size={shm_size_flag(nbytes)}, or a Kubernetes emptyDir with medium: Memory and "
+            f"that sizeLimit")
+
+
 def k8s_size(flag: str) -> str:
     """Kubernetes spells Docker's ``512m``/``2g`` as ``512Mi``/``2Gi`` (``512m`` would mean 0.512 bytes)."""
     return flag[:-1] + ("Mi" if flag.endswith("m") else "Gi")
@@ -85,5 +91,5 @@ def nofile_target(need: int) -> int:
     return max(target, NOFILE_FLOOR)
 
 
-__all__ = ["KiB", "MiB", "GiB", "PAGE", "HEADROOM", "FD_MARGIN", "NOFILE_FLOOR", "with_headroom", "shm_size_flag",
+__all__ = ["KiB", "MiB", "GiB", "PAGE", "HEADROOM", "FD_MARGIN", "NOFILE_FLOOR", "with_headroom", "shm_size_flag", "where_to_set",
            "k8s_size", "parse_size", "fds_needed", "nofile_target"]

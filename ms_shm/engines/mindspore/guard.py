@@ -200,9 +200,8 @@ class SlotGuard:
         """The fix for rows of ``size``: the /dev/shm that would hold them in every slot, or the alternatives."""
         spec = self.spec
         host_need = int(self._need(size) * spec.shm_scale)
-        return (f"give /dev/shm at least {mib(host_need)} for rows of {mib(size)} "
-                f"(docker run --shm-size={sizes.shm_size_flag(host_need)}, or a Kubernetes emptyDir with "
-                f"medium: Memory and that sizeLimit), or {spec.fix}")
+        return (f"give /dev/shm at least {mib(host_need)} for rows of {mib(size)} ({sizes.where_to_set(host_need)}), "
+                f"or {spec.fix}")
 
 
 def row_nbytes(row: Any) -> int:

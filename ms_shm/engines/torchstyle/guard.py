@@ -141,8 +141,7 @@ class GuardedCollate:
         """The /dev/shm that holds every batch in flight at this size, for every local rank, then what the
         loader's arguments allow."""
         host_need = int(max(nbytes, self.planned_bytes) * self.in_flight * self.shm_scale) + 1
-        give = (f"give {SHM_DIR} at least {mib(host_need)} (docker run --shm-size={sizes.shm_size_flag(host_need)}, "
-                f"or a Kubernetes emptyDir with medium: Memory and that sizeLimit)")
+        give = f"give {SHM_DIR} at least {mib(host_need)} ({sizes.where_to_set(host_need)})"
         return f"{give}, or {self.fix}" if self.fix else give
 
     def __repr__(self) -> str:

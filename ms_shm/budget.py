@@ -35,12 +35,13 @@ class Budget(Result):
     memory_bytes: int | None = None  # None: no limit known (ms_shm then plans /dev/shm and fds only)
     reserved_memory: int = 0
     memory_reason: str = ""
+    reserved_pipelines: int = 0  # live pipelines of this process whose reservations ``reserved_shm`` sums
 
 
 def compute(shm_free: int | None, ranks: int, nofile_soft: int | None, open_fds: int | None,
             reserved_shm: int = 0, reserved_fds: int = 0, fraction: float = DEFAULT_FRACTION,
             ranks_source: str = "", memory_left: int | None = None, reserved_memory: int = 0,
-            memory_source: str = "") -> Budget:
+            memory_source: str = "", reserved_pipelines: int = 0) -> Budget:
     """The per-pipeline budget from host numbers taken before any pipeline of this process started."""
     ranks = max(1, ranks)
     if shm_free is None:
@@ -56,7 +57,24 @@ def compute(shm_free: int | None, ranks: int, nofile_soft: int | None, open_fds:
     if nofile_soft is not None:
         fds = max(0, nofile_soft - (open_fds or 0) - sizes.FD_MARGIN - reserved_fds)
     memory, memory_why = _memory_share(memory_left, ranks, fraction, reserved_memory, memory_source)
-    return Budget(shm, fds, ranks, fraction, reserved_shm, reserved_fds, why, memory, reserved_memory, memory_why)
+    return Budget(shm, fds, ranks, fraction, reserved_shm, reserved_fds, why, memory, reserved_memory, memory_why,
+                  reserved_pipelines)
+
+
+def shm_to_give(b: Budget, need: int) -> int:
+    """The host's ``/dev/shm`` size at which ``need`` bytes fit this pipeline's share: what the live pipelines of
+    this process reserved stays theirs (a 64 MB container with a 40 MiB loader alive was told to give /dev/shm
+    "at least 30.0 MiB"), every local rank alike, and the headroom. One rule for every ``ShmBudgetError``."""
+    return int((need + b.reserved_shm) * b.ranks / b.fraction) + 1
+
+
+def reserved_text(b: Budget) -> str:
+    """What ``shm_to_give`` added for the live pipelines, said where the size is given (``""``: none)."""
+    if not b.reserved_shm:
+        return ""
+    n = b.reserved_pipelines
+    who = f"{n} other live pipeline{'' if n == 1 else 's'}" if n else "other live pipelines"
+    return f", counting {mib(b.reserved_shm)} reserved by {who} of this process"
 
 
 def _memory_share(left: int | None, ranks: int, fraction: float, reserved: int, source: str) -> tuple:
@@ -81,18 +99,26 @@ def memory_may_bind(b: Budget) -> bool:
 
 @record
 class Reservation(Result):
+    """A live pipeline's predicted peak. ``kind``: pipelines of one kind may be planned apart from each other
+    (``Ledger.totals(apart=kind)``); ``""`` counts against every pipeline."""
+
     key: int
     label: str
     shm_bytes: int
     fds: int
     memory: int = 0
+    kind: str = ""
 
 
 class Ledger:
     """Pipelines alive together (train and eval) share one budget: each holds its predicted peak.
 
     A reservation is released when the dataset it belongs to is garbage-collected (``weakref.finalize``), or
-    explicitly.
+    explicitly. A MindSpore pipeline's iterator lives across epochs, so its reservation counts for its whole
+    life. A DataLoader holds batches only while an iterator with workers runs, and train / val loaders built up
+    front iterate one after the other far more often than at once (two 40 MiB loaders in a 64 MB container:
+    the second refused while the first, idle, held its reservation): DataLoaders reserve with ``kind``
+    ``"dataloader"`` and are planned ``apart`` from each other.
     """
 
     def __init__(self) -> None:
@@ -100,9 +126,9 @@ class Ledger:
         self._items: dict = {}
         self._ids = itertools.count(1)
 
-    def reserve(self, label: str, shm_bytes: int, fds: int, memory: int = 0) -> Reservation:
+    def reserve(self, label: str, shm_bytes: int, fds: int, memory: int = 0, kind: str = "") -> Reservation:
         with self._lock:
-            item = Reservation(next(self._ids), label, int(shm_bytes), int(fds), int(memory))
+            item = Reservation(next(self._ids), label, int(shm_bytes), int(fds), int(memory), kind)
             self._items[item.key] = item
             return item
 
@@ -110,16 +136,16 @@ class Ledger:
         with self._lock:
             self._items.pop(key, None)
 
-    def totals(self) -> tuple[int, int, int]:
-        """Reserved /dev/shm, fds and memory."""
-        with self._lock:
-            return (sum(r.shm_bytes for r in self._items.values()),
-                    sum(r.fds for r in self._items.values()),
-                    sum(r.memory for r in self._items.values()))
+    def totals(self, apart: str | None = None) -> tuple[int, int, int]:
+        """Reserved /dev/shm, fds and memory (of ``live(apart)``)."""
+        items = self.live(apart)
+        return (sum(r.shm_bytes for r in items), sum(r.fds for r in items), sum(r.memory for r in items))
 
-    def live(self) -> tuple:
+    def live(self, apart: str | None = None) -> tuple:
+        """The live reservations, but those of kind ``apart`` (a pipeline of that kind is planned without
+        them)."""
         with self._lock:
-            return tuple(self._items.values())
+            return tuple(r for r in self._items.values() if apart is None or r.kind != apart)
 
     def clear(self) -> None:
         with self._lock:

@@ -10,6 +10,7 @@ and undone by ``ms_shm.session().restore()``.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import multiprocessing
@@ -36,6 +37,7 @@ _ALIASES = {"torch": "torch", "pytorch": "torch", "mindspore": "mindspore-datalo
             "mindspore-dataloader": "mindspore-dataloader"}
 # meant for workers: torch and MindSpore refuse (or, MindSpore's timeout, ignore) them with num_workers=0
 _WORKER_ONLY = ("num_workers", "prefetch_factor", "persistent_workers", "timeout", "multiprocessing_context")
+KIND = "dataloader"  # the ledger's kind of a DataLoader's reservation: planned apart from the others (``Ledger``)
 
 
 def _engine_for(dataset: Any, framework: str | None) -> Any:
@@ -77,7 +79,8 @@ def _asked_lock(eng: Any, dataset: Any, asked: dict) -> str | None:
         return "worker_init_fn is passed (it runs in each worker, and only there)"
     if asked.get("generator") is not None and getattr(eng.compat, "WORKERS_DRAW_FROM_GENERATOR", False):
         return "generator is passed, and the framework draws its workers' seed from it (the shuffle order would move)"
-    used = codescan.worker_info_use(dataset, asked.get("collate_fn"))
+    used = codescan.worker_info_use(dataset, asked.get("collate_fn")) or codescan.global_draw(
+        dataset, asked.get("collate_fn"), asked.get("sampler"), asked.get("batch_sampler"), asked.get("batch_size", 1))
     if used:
         return used
     if asked.get("num_workers") is not None:
@@ -185,8 +188,10 @@ def prepare(eng: Any, cls: Any, dataset: Any, args: tuple, kwargs: dict, prefere
         cls(dataset, *args, **kwargs)  # the framework's own error
         raise
     asked = dict(bound.arguments)
+    if isinstance(asked.get("collate_fn"), GuardedCollate):  # another loader's (Lightning, accelerate rebuild)
+        asked["collate_fn"] = asked["collate_fn"].collate
     facts = SESSION.host_facts()
-    b = SESSION.budget(facts)
+    b = SESSION.budget(facts, apart=KIND)
     asked_lock, problem = _asked_lock(eng, dataset, asked), eng.compat.numpy_problem()
     if preferences and asked.get("num_workers") is None:
         asked_lock = asked_lock or _UNCHANGED_CODE
@@ -238,13 +243,16 @@ def _plan(eng: Any, stats: Any, req: LoaderRequest, b: Any, preferences: bool, t
     except ShmBudgetError as exc:
         asked = ", ".join(f"{k}={v}" for k, v in (("num_workers", req.workers),
                                                    ("prefetch_factor", req.prefetch_factor)) if v is not None)
-        if not preferences or not asked or (req.workers_locked and req.workers):
+        if not preferences or not asked:
             raise
+        if req.workers_locked and req.workers:
+            return _workers_kept(eng, stats, req, b, exc)
         why, error = str(exc).split(" Fix:")[0], exc
     if stats.seconds_per_sample is None:  # only the explicit workers were priced: now the others are
         timed, effects, _ = timed_probe()
-        if req.workers and _locked(None, effects):
-            raise error
+        lock = _locked(None, effects)
+        if req.workers and lock:
+            return _kept(eng, stats, replace(req, workers_locked=lock), b, error)
         stats = timed or stats
     p = eng.planning.plan_loader(stats, replace(req, workers=None, prefetch_factor=None), b, eng.profile())
     now = f"num_workers={p.workers}" + (f", prefetch_factor={p.prefetch}" if p.workers else "")
@@ -252,6 +260,44 @@ def _plan(eng: Any, stats: Any, req: LoaderRequest, b: Any, preferences: bool, t
                        f"{why}; the call's explicit {asked} are preferences here (ms_shm.patch), so the fastest "
                        f"configuration that fits and yields the same batches is used instead")
     return replace(p, decisions=(adapted,) + p.decisions)
+
+
+def _kept(eng: Any, stats: Any, req: LoaderRequest, b: Any, error: ShmBudgetError) -> Plan:
+    """The explicit ``num_workers`` kept, as the timed probe found workers change what arrives: the plan's own
+    error then names the fixes that keep the batches first (``planning._no_fit``)."""
+    try:
+        return eng.planning.plan_loader(stats, req, b, eng.profile())
+    except ShmBudgetError as exc:
+        return _workers_kept(eng, stats, req, b, exc)
+
+
+def _workers_kept(eng: Any, stats: Any, req: LoaderRequest, b: Any, error: ShmBudgetError) -> Plan:
+    """``num_workers`` stays as asked (workers change what arrives), and an explicit ``prefetch_factor`` that
+    cannot fit gives way to the largest that does: it changes how many batches wait, never which arrive
+    (MindSpore 2.8's DataLoader, 8 MiB samples, 2 workers at prefetch 2 under 64 MB: an error where prefetch 1
+    delivered raw's batches). Else the error, saying why the workers stayed."""
+    if req.prefetch_factor is not None:
+        try:
+            p = eng.planning.plan_loader(stats, replace(req, prefetch_factor=None), b, eng.profile())
+        except ShmBudgetError as exc:
+            error = exc
+        else:
+            why = str(error).split(" Fix:")[0]
+            adapted = Decision("explicit_arguments", f"prefetch_factor={p.prefetch}",
+                               f"prefetch_factor={req.prefetch_factor}",
+                               f"{why}; num_workers={req.workers} is kept ({req.workers_locked}), and the explicit "
+                               f"prefetch_factor is a preference here (ms_shm.patch): the largest that fits is used")
+            return replace(p, decisions=(adapted,) + p.decisions)
+    raise _unadapted(error, req.workers, req.workers_locked) from None
+
+
+def _unadapted(error: ShmBudgetError, workers: int, lock: str) -> ShmBudgetError:
+    """Under ``ms_shm.patch`` explicit arguments that cannot fit are preferences, but not ``num_workers`` where
+    workers change what arrives: the error says why it stayed (``ms-shm run bigrand.py`` said only "drop the
+    explicit num_workers=2", which would change every batch)."""
+    return ShmBudgetError(f"ms_shm could not adapt the explicit num_workers={workers}, because {lock}: with "
+                          f"another number of workers what arrives would change (each worker has its own random "
+                          f"streams and runs the code meant for workers). {error}")
 
 
 def _probe(eng: Any, dataset: Any, asked: dict, b: Any, timed: bool) -> tuple:
@@ -302,17 +348,43 @@ def _apply(eng: Any, p: Plan) -> None:
             made.append(changes_mod.set_nofile_soft(d.value, d.reason))
         elif d.setting == "sharing_strategy":
             made.append(eng.apply_setting(d.setting, d.value, d.reason))
-    for change in SESSION.record(made, eng.undo):
+    _say_changed(SESSION.record(made, eng.undo))
+
+
+def _say_changed(changes: Any) -> None:
+    """Process-wide changes (a kill -9 under ``file_system`` may leave files in ``/dev/shm``): each a warning."""
+    for change in changes:
         log.warning("ms_shm changed %s from %s to %s: %s", change.setting, change.old, change.new, change.reason)
 
 
 def register(loader: Any, p: Plan) -> None:
-    reservation = SESSION.ledger.reserve("dataloader", p.predicted_shm, p.predicted_fds, p.predicted_memory)
+    """Reserve the loader's predicted peak for its life, apart from other DataLoaders (``Ledger``: loaders of a
+    process are assumed to iterate one after the other, and the plan line says so where others are alive), and
+    tell its guard which ones were, for the ``ShmFullError`` of a worker that meets them iterating at once."""
+    before = tuple(r for r in SESSION.ledger.live() if r.kind == KIND and r.shm_bytes)
+    reservation = SESSION.ledger.reserve("dataloader", p.predicted_shm, p.predicted_fds, p.predicted_memory, KIND)
     weakref.finalize(loader, SESSION.ledger.release, reservation.key)
+    guard = getattr(loader, "collate_fn", None)
+    if isinstance(guard, GuardedCollate):
+        guard.others = functools.partial(other_loaders, reservation.key)
     measure.remember(loader, p, measure.Unavailable("a DataLoader's batches are not re-made in a probe"))
+    apart = "" if not before else (
+        f"; planned apart from {len(before)} DataLoader(s) built before it ({mib(sum(r.shm_bytes for r in before))} "
+        f"of /dev/shm): loaders of this process are assumed to iterate one after the other")
     log.info("ms_shm build_dataloader: workers=%s prefetch_factor=%s batch=%s predicted /dev/shm %s of %s, %s fds; "
-             "%s", p.workers, p.prefetch or "-", mib(p.row_bytes), mib(p.predicted_shm), mib(p.budget.shm_bytes),
-             p.predicted_fds, "; ".join(str(d) for d in p.decisions))
+             "%s%s", p.workers, p.prefetch or "-", mib(p.row_bytes), mib(p.predicted_shm), mib(p.budget.shm_bytes),
+             p.predicted_fds, "; ".join(str(d) for d in p.decisions), apart)
+
+
+def other_loaders(key: int) -> str:
+    """The other live DataLoaders with batches in ``/dev/shm`` this process knows of, but ``key``: in a
+    worker, those alive when it was forked (its copy of the ledger; a spawn worker knows none: ``""``)."""
+    others = [r for r in SESSION.ledger.live() if r.kind == KIND and r.key != key and r.shm_bytes]
+    if not others:
+        return ""
+    return (f"{len(others)} other DataLoader(s) of this process, alive when this worker started "
+            f"({mib(sum(r.shm_bytes for r in others))} of /dev/shm in flight while iterating), were planned as "
+            f"iterating one after the other with this one: if one iterates at the same time, it holds that room")
 
 
 def startup(facts: Any, dry_run: bool) -> tuple:
@@ -330,6 +402,7 @@ def startup(facts: Any, dry_run: bool) -> tuple:
         return (), ()
     made = () if dry_run else tuple(SESSION.record([eng.apply_setting(decision.setting, decision.value,
                                                                      decision.reason)], eng.undo))
+    _say_changed(made)  # as build_dataloader says it: under ``ms-shm run`` it was an INFO line nobody saw
     return (decision,), made
 
 

@@ -44,18 +44,26 @@ class Session:
         with self.lock:
             self.facts, self.fraction, self.ranks = facts, fraction, ranks
 
-    def budget(self, facts: host.HostFacts, reserved: tuple | None = None) -> budget_mod.Budget:
-        """This rank's budget: free /dev/shm, memory and fds, less what live pipelines of this process reserved.
-        /dev/shm is as it was before the first pipeline (later readings would count our own slots as someone
-        else's); memory is that, or what is left now plus what our pipelines reserved, whichever is less."""
-        shm_used, fds_used, memory_used = reserved if reserved is not None else self.ledger.totals()
+    def budget(self, facts: host.HostFacts, reserved: tuple | None = None,
+               apart: str | None = None) -> budget_mod.Budget:
+        """This rank's budget: free /dev/shm, memory and fds, less what live pipelines of this process reserved
+        (but /dev/shm and fds of those of kind ``apart``: ``Ledger``; their memory still counts, persistent
+        workers keep theirs between epochs). /dev/shm is as it was before the first pipeline (later readings
+        would count our own slots as someone else's); memory is that, or what is left now plus what our
+        pipelines reserved, whichever is less."""
+        if reserved is not None:
+            (shm_used, fds_used, memory_used), pipelines = reserved, 0
+        else:
+            shm_used, fds_used, _ = self.ledger.totals(apart)
+            memory_used = self.ledger.totals()[2]
+            pipelines = sum(1 for r in self.ledger.live(apart) if r.shm_bytes)
         memory_left, memory_source = facts.memory_left
         now_left = host.memory_now(facts).memory_left[0] if memory_left is not None else None
         if now_left is not None and now_left + memory_used < memory_left:  # the program took some since
             memory_left, memory_source = now_left + memory_used, f"{memory_source}, read now"
         return budget_mod.compute(facts.shm_free, facts.ranks.local_size, facts.nofile_soft, facts.open_fds,
                                   shm_used, fds_used, self.fraction, facts.ranks.source, memory_left,
-                                  memory_used, memory_source)
+                                  memory_used, memory_source, pipelines)
 
     def record(self, made: Sequence[Any], undo: Callable[[Sequence[Any]], None]) -> list:
         """Keep the changes that happened (``None`` means nothing changed), each with what undoes it: the

@@ -100,6 +100,16 @@ def _make(name: str) -> dict:
         def __getitem__(self, i):
             return tensor(ragged_array(i, 4))
 
+    class Outlier(base):
+        """40 samples of 1 MiB but sample 17, a 16 MiB panorama (the audit's ragged.py): the probe's spread
+        samples miss it, and its batch is 19 MiB among 4 MiB ones."""
+
+        def __len__(self):
+            return 40
+
+        def __getitem__(self, i):
+            return tensor(sample_array(i, 16.0 if i == 17 else 1.0))
+
     class Stream(iterable_base):
         """An iterable dataset: each worker iterates its own copy (so num_workers must not change)."""
 
@@ -108,7 +118,7 @@ def _make(name: str) -> dict:
                 yield tensor(sample_array(i, 0.5))
 
     made = {"big": Big, "many_small": ManySmall, "growing": Growing, "stream": Stream, "ragged": Ragged,
-            "quarter": Quarter}
+            "quarter": Quarter, "outlier": Outlier}
     prefix = _PREFIX[name]
     for cls in made.values():  # importable by name, so spawn workers can unpickle them
         cls.__name__ = cls.__qualname__ = prefix + cls.__name__
@@ -176,6 +186,8 @@ SCENARIOS = {  # scenario: (dataset, DataLoader arguments a user writes, what ms
                dict(batch_size=1, shuffle=True, collate_fn=as_list)),
     "filled": ("quarter", dict(batch_size=1, num_workers=2, collate_fn=as_list),
                dict(batch_size=1, num_workers=2, collate_fn=as_list)),
+    "outlier": ("outlier", dict(batch_size=4, num_workers=2, collate_fn=as_list),
+                dict(batch_size=4, num_workers=2, collate_fn=as_list)),
 }
 FILL = {"filled": 2 << 20}  # scenario: bytes another process leaves free in /dev/shm once the loader is built
 
@@ -216,8 +228,28 @@ def run_batch_sampler(framework: str, mode: str) -> None:
     print("RESULT " + json.dumps({"digests": [_digest(b) for b in loader]}), flush=True)
 
 
+def run_two(framework: str, mode: str, together: bool) -> None:
+    """Train and val built up front, 40 MiB of batches in flight each (8 MiB batches, 2 workers, prefetch 2):
+    two epochs of train then val, or (``together``) both iterated at once, zipped."""
+    import ms_shm
+
+    quarter = datasets(framework)["quarter"]
+    make = _framework(framework)[3] if mode == "raw" else ms_shm.build_dataloader
+    args = dict(batch_size=2, num_workers=2, collate_fn=as_list)
+    train, val = make(quarter(), **args), make(quarter(), **args)
+    if together:
+        digests = [_digest(a) + _digest(b) for a, b in zip(train, val)]
+    else:
+        digests = [_digest(b) for _ in range(2) for loader in (train, val) for b in loader]
+    plans = [ms_shm.plan_of(loader) for loader in (train, val)]
+    print("RESULT " + json.dumps({"digests": digests, "workers": [getattr(p, "workers", None) for p in plans]}),
+          flush=True)
+
+
 if __name__ == "__main__":
-    if sys.argv[2] == "batch_sampler":
+    if sys.argv[2] in ("sequential", "together"):
+        run_two(sys.argv[1], sys.argv[3], sys.argv[2] == "together")
+    elif sys.argv[2] == "batch_sampler":
         run_batch_sampler(sys.argv[1], sys.argv[3])
     else:
         run(sys.argv[1], sys.argv[2], sys.argv[3])

@@ -123,3 +123,63 @@ def test_memory_the_program_took_since_the_first_pipeline_is_not_planned_on():
     now = Session().budget(earlier, reserved=(0, 0, 0))
     assert "read now" in now.memory_reason and now.memory_bytes < earlier.mem_available * 0.8, now
     assert "read now" not in Session().budget(replace(earlier, live=False), reserved=(0, 0, 0)).memory_reason
+
+
+def test_a_kind_planned_apart_does_not_count_against_its_own_kind():
+    """Two DataLoaders (train, val) built up front iterate one after the other: each is planned apart from the
+    other (the audit's two.py: val refused in 64 MB while train, idle, held 40 MiB); a MindSpore pipeline, whose
+    iterator lives across epochs, counts against every one."""
+    ledger = budget.Ledger()
+    ledger.reserve("dataloader", 40 * MiB, 24, 100 * MiB, kind="dataloader")
+    ms = ledger.reserve("GeneratorDataset(x)", 5 * MiB, 3)
+    assert ledger.totals() == (45 * MiB, 27, 100 * MiB)
+    assert ledger.totals(apart="dataloader") == (5 * MiB, 3, 0)
+    assert [r.key for r in ledger.live(apart="dataloader")] == [ms.key]
+    assert ledger.live()[0].to_dict()["kind"] == "dataloader"
+
+
+def test_the_session_budget_of_a_loader_keeps_other_loaders_memory_but_not_their_shm(monkeypatch):
+    from ms_shm import host
+    from ms_shm.state import Session
+
+    s = Session()
+    s.ledger.reserve("dataloader", 40 * MiB, 24, 100 * MiB, kind="dataloader")
+    facts = host.probe()
+    b = s.budget(facts, apart="dataloader")
+    assert b.reserved_shm == 0 and b.reserved_fds == 0 and b.reserved_pipelines == 0
+    assert b.reserved_memory == 100 * MiB  # persistent workers keep their pages between epochs
+    b = s.budget(facts)
+    assert b.reserved_shm == 40 * MiB and b.reserved_pipelines == 1
+
+
+@pytest.mark.parametrize("reserved, pipelines, ranks, expected, text", [
+    (0, 0, 1, int(24 * MiB / 0.8) + 1, ""),
+    (40 * MiB, 1, 1, int(64 * MiB / 0.8) + 1, ", counting 40.0 MiB reserved by 1 other live pipeline of this process"),
+    (40 * MiB, 2, 2, int(2 * 64 * MiB / 0.8) + 1, ", counting 40.0 MiB reserved by 2 other live pipelines of this "
+                                                  "process"),
+])
+def test_the_shm_to_give_adds_what_live_pipelines_reserved(reserved, pipelines, ranks, expected, text):
+    b = budget.compute(64 * MiB, ranks, None, None, reserved_shm=reserved, reserved_pipelines=pipelines)
+    assert budget.shm_to_give(b, 24 * MiB) == expected
+    assert budget.reserved_text(b) == text
+
+
+def test_mindsporess_budget_error_sizes_dev_shm_past_what_live_pipelines_reserved():
+    """build_dataset's ShmBudgetError, same rule: 64 MB with 40 MiB reserved by a live pipeline was told to
+    give /dev/shm what fits this pipeline alone."""
+    from ms_shm._results import mib
+    from ms_shm.engines.mindspore import planning
+    from ms_shm.plan import Request, ShmBudgetError
+    from ms_shm.rows import RowStats
+
+    row = RowStats(True, 100, 8, (), (), 256 << 10, 256 << 10, 0.02, 1.0, 0.0)
+    reserved = int(64 * MiB * 0.8) - (50 << 10)  # 50 KiB left: 2 workers' semaphores alone need 76 KiB
+    b = budget.compute(64 * MiB, 1, 65536, 10, reserved_shm=reserved, reserved_pipelines=1)
+    with pytest.raises(ShmBudgetError) as err:
+        planning.plan_generator(row, Request(workers=2, multiprocessing=True, cpu_count=2, usable_cpus=2), b,
+                                model.profile_for("2.10.0"))
+    text = str(err.value)
+    least = int(float(text.split("the smallest needs ")[1].split(" KiB")[0]) * 1024)
+    size = budget.shm_to_give(b, least)
+    assert size > 64 * MiB and f"give /dev/shm at least {mib(size)}" in text, text
+    assert f"{mib(reserved)} reserved by 1 other live pipeline of this process" in text, text

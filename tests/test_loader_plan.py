@@ -239,7 +239,7 @@ def test_collate_guard_passes_batches_through_and_stops_one_that_outgrew_its_pla
     from ms_shm.engines.torchstyle.guard import GuardedCollate
     from ms_shm.errors import RowTooLargeError
 
-    free = SimpleNamespace(free=200)  # /dev/shm now: less than 5 batches of 60 in flight
+    free = SimpleNamespace(free=130)  # /dev/shm now: less than it (100) and 4 others in flight at the planned 10
     monkeypatch.setattr(guard.procfs, "statvfs", lambda path: free)
 
     class Info:
@@ -256,17 +256,48 @@ def test_collate_guard_passes_batches_through_and_stops_one_that_outgrew_its_pla
     small = [5, 5]
     assert in_worker(small) is small and calls == [small]
     with _pytest.raises(RowTooLargeError) as err:
-        in_worker([30, 30])
+        in_worker([50, 50])
     text = str(err.value)  # what was checked: the budget, and what is free
-    assert "batch 2 of DataLoader worker 1 is 60 B (planned 10 B)" in text, text
-    assert "over the 100 B this loader may use, and /dev/shm has only 200 B free" in text, text
-    assert "Fix: give /dev/shm at least 301 B (docker run --shm-size=" in text and text.endswith("or batch_size=1")
+    assert "batch 2 of DataLoader worker 1 is 100 B (planned 10 B)" in text, text
+    assert "it and the 4 other batch(es) in flight at the planned 10 B need 140 B" in text, text
+    assert "over the 100 B this loader may use, and /dev/shm has only 130 B free" in text, text
+    assert "Fix: give /dev/shm at least 141 B (docker run --shm-size=" in text and text.endswith("or batch_size=1")
     in_main = GuardedCollate(collate, weigh, lambda: None, 10, 5, 100, "x")
-    assert in_main([30, 30]) == [30, 30]  # the main process only calls through
-    free.free = 300  # room now for all 5 batches at 60: over the budget, yet it fits what is free
+    assert in_main([50, 50]) == [50, 50]  # the main process only calls through
+    free.free = 140  # room now for it beside the others: over the budget, yet it fits what is free
     with caplog.at_level("WARNING", logger="ms_shm"):
-        assert in_worker([30, 30]) == [30, 30] and in_worker([30, 30]) == [30, 30]
+        assert in_worker([50, 50]) == [50, 50] and in_worker([50, 50]) == [50, 50]
     assert caplog.text.count("going on") == 1
+
+
+@pytest.mark.parametrize("nbytes, planned, in_flight, limit, free, outcome", [
+    (19 * MiB, 4 * MiB, 5, 51 * MiB, 52 * MiB, "ok"),  # the audit's ragged.py: one 16 MiB sample among 1 MiB
+    (4 * MiB, 4 * MiB, 5, 20 * MiB, 20 * MiB, "ok"),  # the planned batch, exactly the budget
+    (19 * MiB, 4 * MiB, 5, 34 * MiB, 36 * MiB, "over, going on"),  # 35 MiB: over the budget, /dev/shm has it
+    (19 * MiB, 4 * MiB, 5, 34 * MiB, 34 * MiB, "RowTooLargeError"),  # ... and /dev/shm has not
+    (3 * MiB, 1 * MiB, 1, 2 * MiB, 2 * MiB, "RowTooLargeError"),  # nothing else in flight: it alone
+])
+def test_a_rare_big_batch_needs_itself_and_the_others_at_their_planned_size(monkeypatch, caplog, nbytes, planned,
+                                                                            in_flight, limit, free, outcome):
+    """need = the batch + the planned size x the other batches in flight, one rule for the budget, the fix and
+    the free space (``GuardedCollate.need``); before, every batch in flight was priced at the outlier's size."""
+    from types import SimpleNamespace
+
+    from ms_shm.engines.torchstyle import guard
+    from ms_shm.errors import RowTooLargeError
+
+    monkeypatch.setattr(guard.procfs, "statvfs", lambda path: SimpleNamespace(free=free, total=64 * MiB))
+    g = guard.GuardedCollate(list, lambda b: (sum(b), 1), lambda: _Worker(), planned, in_flight, limit, "",
+                             unshared=lambda b: 0)
+    assert g.need(nbytes) == max(nbytes, planned) + planned * (in_flight - 1)
+    if outcome == "RowTooLargeError":
+        with pytest.raises(RowTooLargeError) as err:
+            g([nbytes])
+        assert f"need {(nbytes + planned * (in_flight - 1)) / MiB:.1f} MiB" in str(err.value), str(err.value)
+        return
+    with caplog.at_level("WARNING", logger="ms_shm"):
+        assert g([nbytes]) == [nbytes]
+    assert ("going on" in caplog.text) == (outcome == "over, going on")
 
 
 def distinct(batch: list) -> tuple:
@@ -346,6 +377,78 @@ def test_explicit_workers_are_not_adapted_where_the_timed_probe_finds_samples_th
 
     with pytest.raises(ShmBudgetError):
         loaders._plan(_Engine, stats(per_sample=None), ask(workers=2), room(64 * MiB), True, timed_probe)
+
+
+@pytest.mark.parametrize("lock_at", ["timed probe", "call"])
+def test_explicit_workers_kept_as_workers_change_what_arrives_say_why_and_fix_first_what_keeps_the_batches(lock_at):
+    """Under ``ms_shm.patch`` (``ms-shm run bigrand.py``), explicit ``num_workers`` that cannot fit stay where
+    workers change what arrives (random samples, a ``worker_init_fn``): the error says so, and its first fix is
+    one that keeps the batches; dropping ``num_workers`` comes last, saying the batches would then differ."""
+    from ms_shm import loaders
+
+    drawn = "samples draw from torch's global generator"
+    wif = "worker_init_fn is passed (it runs in each worker, and only there)"
+
+    def timed_probe():
+        return stats(per_sample=0.02), Effects(draws_random=drawn if lock_at == "timed probe" else None), None
+
+    req = ask(workers=2, workers_locked=None if lock_at == "timed probe" else wif)
+    with pytest.raises(ShmBudgetError) as err:
+        loaders._plan(_Engine, stats(per_sample=None), req, room(64 * MiB), True, timed_probe)
+    text, why = str(err.value), f"{drawn} (each worker is seeded apart)" if lock_at == "timed probe" else wif
+    assert text.startswith(f"ms_shm could not adapt the explicit num_workers=2, because {why}: with another "
+                           f"number of workers what arrives would change"), text
+    fix = text.split("Fix: ")[1]
+    assert fix.startswith("give /dev/shm at least ") and "a smaller batch_size" in fix, fix
+    assert fix.endswith(f"or drop the explicit num_workers=2 so ms_shm can choose (the batches would then differ: "
+                        f"{why}).")
+
+
+@pytest.mark.parametrize("locked", [None, "an iterable dataset (each worker iterates its own copy)"])
+def test_the_budget_errors_first_fix_applies(locked):
+    """build_dataloader keeps explicit arguments: dropping them is the first fix only where ms_shm could then
+    choose freely; a lower explicit prefetch_factor is named."""
+    with pytest.raises(ShmBudgetError) as err:
+        planning.plan_loader(stats(), ask(workers=2, prefetch_factor=2, workers_locked=locked), room(64 * MiB))
+    fix = str(err.value).split("Fix: ")[1]
+    assert fix.startswith("give /dev/shm") == bool(locked) and "prefetch_factor=1" in fix, fix
+    assert fix.startswith("drop the explicit num_workers=2 / prefetch_factor=2") != bool(locked), fix
+
+
+def test_the_budget_error_sizes_dev_shm_past_what_other_live_pipelines_reserved():
+    """64 MB with another loader holding 40 MiB was told "give /dev/shm at least 30.0 MiB (--shm-size=64m)"."""
+    b = budget.compute(64 * MiB, 1, 65536, 10, reserved_shm=40 * MiB, reserved_pipelines=1)
+    with pytest.raises(ShmBudgetError) as err:
+        planning.plan_loader(stats(batch_mb=8), ask(workers=2), b)
+    text = str(err.value)
+    assert "the smallest needs 24.0 MiB of /dev/shm against 11.2 MiB" in text, text
+    assert f"give /dev/shm at least {(24 + 40) / 0.8:.1f} MiB (docker run --shm-size=128m), counting 40.0 MiB " \
+           f"reserved by 1 other live pipeline of this process" in text, text
+
+
+def test_a_guarded_collate_given_back_is_unwrapped_not_guarded_twice(monkeypatch):
+    """Lightning and accelerate rebuild a loader from another's attributes (``collate_fn=old.collate_fn``): the
+    new loader guards the caller's own collate, and the guard exposes it as ``__wrapped__``."""
+    from ms_shm import loaders
+    from ms_shm.engines.torchstyle.guard import GuardedCollate
+
+    def mine(samples):
+        return samples
+
+    old = GuardedCollate(mine, lambda b: (0, 0), lambda: None, 1, 1, 1, "")
+    assert old.__wrapped__ is mine and old.__name__ == "mine"
+    seen = {}
+
+    def prepared(eng, asked, p, b):
+        seen["collate"] = asked["collate_fn"]
+        return GuardedCollate(asked["collate_fn"], lambda b: (0, 0), lambda: None, 1, 1, 1, "")
+
+    monkeypatch.setattr(loaders, "_guarded", prepared)
+    torch = pytest.importorskip("torch")
+    data = torch.utils.data.TensorDataset(torch.arange(8.0))
+    new = loaders.build_dataloader(data, batch_size=2, num_workers=1, collate_fn=old)
+    assert seen["collate"] is mine and new.collate_fn.collate is mine, new.collate_fn
+    assert new.collate_fn.__wrapped__ is mine
 
 
 def test_adapted_explicit_workers_state_their_new_num_workers_and_prefetch():
@@ -655,7 +758,8 @@ def test_a_batch_within_its_plan_that_dev_shm_cannot_hold_now_is_a_clear_error(m
     assert text.startswith("batch 2 of DataLoader worker 0 is 7.0 MiB (planned 8.0 MiB): /dev/shm has 6.0 MiB "
                            "free, too little to send it"), text
     assert "export LOCAL_WORLD_SIZE (or MS_SHM_LOCAL_RANKS), or ms_shm.tune(ranks=N)" in text
-    assert "wait for it forever" in text and "needs 24.0 MiB free for its 3 batches in flight" in text, text
+    assert "wait for it forever" in text, text
+    assert "needs 24.0 MiB free for it and the 2 other batch(es) in flight at the planned 8.0 MiB" in text, text
     assert "58.0 MiB of the 64.0 MiB of /dev/shm are in use" in text, text
     assert "give /dev/shm at least 82.0 MiB (docker run --shm-size=" in text, text
     assert text.endswith("or prefetch_factor=1")

@@ -134,6 +134,43 @@ def test_a_dev_shm_another_process_filled_ends_the_loader_with_a_clear_error(rea
     assert "unable to allocate shared memory" not in text and time.monotonic() - began < 60
 
 
+def test_one_big_batch_among_small_ones_arrives_bit_exact_in_64m(real_torch):
+    """One 16 MiB sample among 1 MiB ones (a 19 MiB batch planned at 4 MiB), list collate, 2 workers, 64 MB:
+    raw torch runs it; the guard priced all 5 batches in flight at 19 MiB (95 MiB) and raised RowTooLargeError.
+    It needs itself and the others at their planned size (35 MiB): the same batches as raw."""
+    reference = result(run("outlier", "raw", "64m"))["digests"]
+    ours = result(run("outlier", "ms_shm", "64m"))
+    assert ours["digests"] == reference and ours["plan"]["workers"] == 2, ours["plan"]
+
+
+def run_two(mode: str, how: str, shm: str = "64m") -> subprocess.CompletedProcess:
+    code = f"from tests.loader_scenarios import run_two; run_two('torch', {mode!r}, {how == 'together'})"
+    return isolated.run_shell(f"exec {shlex.quote(sys.executable)} -c {shlex.quote(code)}", shm=shm, timeout=180)
+
+
+def test_train_and_val_built_up_front_iterate_one_after_the_other_with_their_workers(real_torch):
+    """Two loaders of 40 MiB in flight each in 64 MB, iterated one after the other: raw torch runs them; the
+    second was planned against the first's reservation (ShmBudgetError, or its workers dropped under
+    ``ms-shm run``). Each is planned apart from the other: both keep 2 workers, the same batches as raw."""
+    reference = result(run_two("raw", "sequential"))["digests"]
+    ours = result(run_two("ms_shm", "sequential"))
+    assert ours["digests"] == reference and ours["workers"] == [2, 2], ours["workers"]
+
+
+def test_two_loaders_iterated_at_once_in_too_small_a_dev_shm_end_with_an_error_naming_the_other(real_torch):
+    """The same two loaders zipped: 80 MiB in flight in 64 MB. The worker's guard ends it with ShmFullError
+    naming the other DataLoader of this process, planned as iterating one after the other: never a bus error
+    nor a hang."""
+    began = time.monotonic()
+    proc = run_two("ms_shm", "together")
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "ShmFullError" in text, isolated.describe(proc)
+    assert "1 other DataLoader(s) of this process, alive when this worker started (40.0 MiB" in text, text[-3000:]
+    assert "planned as iterating one after the other with this one" in text, text[-3000:]
+    assert "Bus error" not in text and "unable to allocate shared memory" not in text
+    assert time.monotonic() - began < 120
+
+
 # --- what arrives must not change: ms_shm's num_workers where the caller passed none (in this process, real forks)
 
 COUNT = itertools.count()  # a module-level stream the probe's watch of generators does not see
@@ -490,3 +527,22 @@ def test_tensors_in_a_custom_batch_class_are_weighed():
     batch = Tagged2D(image, {"boxes": [torch.zeros(8, dtype=torch.float32)], "self": None})
     batch.note["self"] = batch  # a cycle
     assert compat.weigh(batch) == (4 * 1024 + 32, 2)
+
+
+def test_a_torch_program_is_told_of_torch_not_of_generatordataset_slots(real_torch):
+    """Under ``ms-shm run`` a torch script is tuned once it imports torch: the 64 MB /dev/shm finding about
+    18 GeneratorDataset slots and ``ds.config`` lines was MindSpore's, and the process-wide switch to
+    ``file_system`` a low hard fd limit makes was said at INFO only (build_dataloader says it as a warning)."""
+    proc = real_torch.run_python("""
+        import logging, sys
+        import torch
+        import ms_shm
+        logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+        report = ms_shm.tune()
+        print("MINDSPORE" if "mindspore" in sys.modules else "-", [a.code for a in report.advice])
+    """, shm="64m", nofile=256, nofile_hard=256)
+    assert proc.returncode == 0, real_torch.describe(proc)
+    assert proc.stdout.split()[0] == "-"  # MindSpore was not imported for a torch program
+    assert "shm-small" not in proc.stdout and "msloader-numpy2" not in proc.stdout
+    assert "GeneratorDataset" not in proc.stderr and "ds.config" not in proc.stderr
+    assert "WARNING" in proc.stderr and "sharing_strategy from file_descriptor to file_system" in proc.stderr

@@ -5,9 +5,12 @@ It returns exactly what the collate function returns and lets its exceptions thr
 (``num_workers=0``, or a pin-memory thread) it only calls through. Two checks, in the worker, before the batch is
 returned (and so before the framework writes it to ``/dev/shm``):
 
-* **Budget.** A batch counts as too large when the batches in flight at its size would fit neither the plan's
-  ``/dev/shm`` budget nor what ``/dev/shm`` has free now, kept for every local rank alike (one padded 12 MiB batch
-  among 1 MiB ones ran raw under 64 MB: the budget alone stopped it): ``RowTooLargeError``.
+* **Budget.** A batch counts as too large when it, with the other batches in flight at their planned size
+  (``need``), would fit neither the plan's ``/dev/shm`` budget nor what ``/dev/shm`` has free now, kept for every
+  local rank alike: ``RowTooLargeError``. A rare big batch is one among planned ones: pricing every batch in
+  flight at its size refused one 16 MiB sample among 1 MiB ones (a 19 MiB batch "needing" 5 x 19 = 95 MiB)
+  under 64 MB, where raw torch ran both epochs bit-exact (the audit's ``ragged.py``). Batches already in
+  ``/dev/shm`` are in its free space read now, so a systematic growth still meets that check as it fills.
 * **Free space.** Every batch the worker has yet to write to shared memory (a collate that keeps the samples'
   tensors, as ``list`` does; torch's default collate writes its batch there itself) must fit what ``/dev/shm``
   has free now: other processes or ranks, each sizing itself as if alone, may have filled it since the plan.
@@ -31,7 +34,8 @@ from ms_shm.errors import RowTooLargeError, ShmFullError
 
 log = logging.getLogger("ms_shm.guard")
 SHM_DIR = "/dev/shm"  # where both frameworks' workers put a batch's shared-memory files
-HARM = "the worker would fail writing it ('No space left on device') and the DataLoader would wait for it forever"
+HARM = ("writing it would fail in the worker (torch: 'No space left on device', and the DataLoader would wait for "
+        "it forever; MindSpore's DataLoader: a bus error)")
 
 
 class GuardedCollate:
@@ -51,6 +55,9 @@ class GuardedCollate:
         shm_scale: host ``/dev/shm`` bytes per byte this loader uses (local ranks / budget fraction), to print a
             size that would fit.
         share: moves a batch's storages into shared memory (``None``: the framework does it when it sends).
+
+    ``others`` (set by ``loaders.register``) says which other DataLoaders of this process were alive when the
+    worker started: a text for ``ShmFullError``, or ``""``.
     """
 
     def __init__(self, collate: Callable, weigh: Callable[[Any], tuple], in_worker: Callable[[], Any],
@@ -61,16 +68,18 @@ class GuardedCollate:
         self.planned_bytes, self.in_flight, self.limit_bytes, self.fix = planned_bytes, in_flight, limit_bytes, fix
         self.unshared, self.ranks, self.shm_scale, self.share = unshared, max(1, ranks), shm_scale, share
         self.batches, self.over_said = 0, False
+        self.others: Callable[[], str] | None = None
         functools.update_wrapper(self, collate, updated=())
 
     def __call__(self, samples: Any) -> Any:
-        batch = self.collate(samples)
         info = self.in_worker()
         if info is None:
-            return batch
+            return self.collate(samples)
         self.batches += 1
+        self._before(samples, info)
+        batch = self.collate(samples)
         nbytes = self.weigh(batch)[0]
-        over = nbytes * self.in_flight > self.limit_bytes
+        over = self.need(nbytes) > self.limit_bytes
         pending = nbytes if self.unshared is None else self.unshared(batch)
         if not over and not pending:
             return batch
@@ -83,6 +92,18 @@ class GuardedCollate:
         if pending and self.share is not None:
             self._share(batch, nbytes, pending, info)
         return batch
+
+    def _before(self, samples: Any, info: Any) -> None:
+        """Samples heavier than the planned batch, checked before the collate: torch's default collate writes
+        its batch to ``/dev/shm`` itself, so a growth that fills it failed there with torch's own "unable to
+        allocate shared memory" (1 MiB samples growing to 24 MiB, 2 workers, 256 MB, measured), before any
+        check after it. Where ``/dev/shm`` has not even this batch free now: ``RowTooLargeError``."""
+        nbytes = self.weigh(samples)[0]
+        if nbytes <= self.planned_bytes:
+            return
+        space = _space()
+        if space is not None and space.free < nbytes:
+            raise RowTooLargeError(self._over(nbytes, space.free, info))
 
     def _share(self, batch: Any, nbytes: int, pending: int, info: Any) -> None:
         """Writes the batch to shared memory here, as the framework would when sending it: another process may
@@ -97,41 +118,64 @@ class GuardedCollate:
                 raise
             raise ShmFullError(self._full(nbytes, pending, space, info)) from exc
 
+    def need(self, nbytes: int) -> int:
+        """``/dev/shm`` this loader needs while a batch of ``nbytes`` is in flight: it, and the other batches in
+        flight at the planned size (one rule for the budget, the free-space fix and the size to give); a batch
+        under the plan still needs the plan's room. Batches as large as this one everywhere are a growth the
+        free space read now meets as ``/dev/shm`` fills (those already there are out of it)."""
+        return max(nbytes, self.planned_bytes) + self.planned_bytes * max(0, self.in_flight - 1)
+
+    def _in_flight(self, nbytes: int) -> str:
+        others = self.in_flight - 1
+        return "it" if others <= 0 else \
+            f"it and the {others} other batch(es) in flight at the planned {mib(self.planned_bytes)}"
+
     def _check_budget(self, nbytes: int, free: int | None, info: Any) -> None:
-        """Over the budget, yet ``/dev/shm`` has room now for every batch in flight at this size, for every
+        """Over the budget, yet ``/dev/shm`` has room now for it and the other batches in flight, for every
         local rank: go on, and say so once per worker; else ``RowTooLargeError``."""
-        need = nbytes * self.in_flight
+        need = self.need(nbytes)
         if free is None or free < need * self.ranks:
             raise RowTooLargeError(self._over(nbytes, free, info))
         if not self.over_said:
             self.over_said = True
-            log.warning("ms_shm guard: batch %s is %s (planned %s): %s batches of it in flight are over this "
-                        "loader's %s of %s, which still has %s free; going on", self.batches, mib(nbytes),
-                        mib(self.planned_bytes), self.in_flight, mib(self.limit_bytes), SHM_DIR, mib(free))
+            log.warning("ms_shm guard: batch %s is %s (planned %s): %s need %s, over this loader's %s of %s, "
+                        "which still has %s free; going on", self.batches, mib(nbytes), mib(self.planned_bytes),
+                        self._in_flight(nbytes), mib(need), mib(self.limit_bytes), SHM_DIR, mib(free))
 
     def _over(self, nbytes: int, free: int | None, info: Any) -> str:
-        need = nbytes * self.in_flight
+        need = self.need(nbytes)
         room = "its free space unreadable" if free is None else f"only {free_text(free, need * self.ranks)} free"
         ranks = f" (for each of {self.ranks} local ranks)" if self.ranks > 1 else ""
-        return (f"{self._batch(nbytes, info)}: {self.in_flight} batches of it in flight need {mib(need)} of "
-                f"{SHM_DIR}, over the {mib(self.limit_bytes)} this loader may use, and {SHM_DIR} has {room}"
+        budget = "over" if need > self.limit_bytes else "within"
+        return (f"{self._batch(nbytes, info)}: {self._in_flight(nbytes)} need {mib(need)} of "
+                f"{SHM_DIR}, {budget} the {mib(self.limit_bytes)} this loader may use, and {SHM_DIR} has {room}"
                 f"{ranks}: {HARM}. Fix: {self._fix(nbytes)}")
 
     def _full(self, nbytes: int, pending: int, space: Any, info: Any) -> str:
-        """What is free, what this loader needs free, and the /dev/shm size that would hold both what others
-        hold now and the batches in flight at this size."""
+        """What is free, what this loader needs free, who else of this process may hold it, and the /dev/shm
+        size that would hold both what others hold now and this loader's batches in flight."""
         new = "" if pending == nbytes else f" ({mib(pending)} of it not yet in shared memory)"
-        need = max(nbytes, self.planned_bytes) * self.in_flight
+        need = self.need(nbytes)
         used = max(0, space.total - space.free)
         size = used + need + 1
         return (f"{self._batch(nbytes, info)}{new}: {SHM_DIR} has {free_text(space.free, pending)} free, too "
                 f"little to send it, though the plan's {self.in_flight} batches in flight fit this loader's "
                 f"{mib(self.limit_bytes)}: something else filled it after ms_shm planned this loader "
-                f"({host.sharing_hint(self.ranks)}), and {HARM}. Fix: make room, this loader needs {mib(need)} "
-                f"free for its {self.in_flight} batches in flight and {mib(used)} of the {mib(space.total)} of "
-                f"{SHM_DIR} are in use (find what uses it: `df -h {SHM_DIR}`; `ms-shm clean` removes what crashed "
-                f"runs left), or give {SHM_DIR} at least {mib(size)} (docker run --shm-size="
+                f"({self._others_text()}{host.sharing_hint(self.ranks)}), and {HARM}. Fix: make room, this loader "
+                f"needs {mib(need)} free for {self._in_flight(nbytes)} and {mib(used)} of the {mib(space.total)} "
+                f"of {SHM_DIR} are in use (find what uses it: `df -h {SHM_DIR}`; `ms-shm clean` removes what "
+                f"crashed runs left), or give {SHM_DIR} at least {mib(size)} (docker run --shm-size="
                 f"{sizes.shm_size_flag(size)}){', or ' + self.fix if self.fix else ''}")
+
+    def _others_text(self) -> str:
+        """The other DataLoaders of this process this worker knows of (its fork's copy of the ledger; none under
+        spawn, which starts from a fresh interpreter): each was planned as iterating one after the other."""
+        try:
+            text = self.others() if self.others is not None else ""
+        except Exception as exc:  # only the message's detail: the ShmFullError must still reach the loop
+            log.debug("ms_shm guard: other loaders not read (%s: %s)", type(exc).__name__, exc)
+            return ""
+        return f"{text}; or " if text else ""
 
     def _batch(self, nbytes: int, info: Any) -> str:
         return (f"batch {self.batches} of DataLoader worker {getattr(info, 'id', '?')} is {mib(nbytes)} (planned "
@@ -140,7 +184,7 @@ class GuardedCollate:
     def _fix(self, nbytes: int) -> str:
         """The /dev/shm that holds every batch in flight at this size, for every local rank, then what the
         loader's arguments allow."""
-        host_need = int(max(nbytes, self.planned_bytes) * self.in_flight * self.shm_scale) + 1
+        host_need = int(self.need(nbytes) * self.shm_scale) + 1
         give = f"give {SHM_DIR} at least {mib(host_need)} ({sizes.where_to_set(host_need)})"
         return f"{give}, or {self.fix}" if self.fix else give
 

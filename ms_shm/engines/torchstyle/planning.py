@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ms_shm import budget as budget_mod
 from ms_shm import plan, sizes
 from ms_shm._results import Result, mib, record
 from ms_shm.budget import Budget
@@ -324,23 +325,33 @@ def _strategy_reason(items: list, best: Candidate, req: LoaderRequest) -> str:
 
 
 def _no_fit(items: list, stats: BatchStats, req: LoaderRequest, budget: Budget) -> str:
+    """The numbers, why each candidate failed, and the fixes that apply. Where ``num_workers`` is kept because
+    workers change what arrives (``req.workers_locked``), dropping it comes last, saying so: it cannot give the
+    same batches (the audit's ``bigrand.py`` was told only "drop the explicit num_workers=2")."""
     asked = [f"{k}={v}" for k, v in (("num_workers", req.workers), ("prefetch_factor", req.prefetch_factor))
              if v is not None]
     least = min((c for c, _ in items), key=lambda c: (c.shm, c.fds))
     least_memory = min((c.memory for c, _ in items), default=0)
     reasons = sorted({f"{c.workers} workers, prefetch {c.prefetch}: {c.why_not}" for c, _ in items})
-    need = int(least.shm * budget.ranks / budget.fraction) + 1
     memory = "" if budget.memory_bytes is None else (
         f", {mib(least_memory)} of memory against {mib(budget.memory_bytes)} left for it ({budget.memory_reason})")
-    fixes = [f"drop the explicit {' / '.join(asked)} so ms_shm can choose" if asked else ""]
+    drop = f"drop the explicit {' / '.join(asked)} so ms_shm can choose" if asked else ""
+    locked = req.workers_locked and req.workers is not None
+    fixes = [] if locked else [drop]
     if budget.shm_bytes is not None and least.shm > budget.shm_bytes:  # only the limits that bind
-        fixes.append(f"give /dev/shm at least {mib(need)} (docker run --shm-size={sizes.shm_size_flag(need)})")
+        need = budget_mod.shm_to_give(budget, least.shm)
+        fixes.append(f"give /dev/shm at least {mib(need)} (docker run --shm-size={sizes.shm_size_flag(need)})"
+                     f"{budget_mod.reserved_text(budget)}")
     if budget.fds is not None and least.fds > budget.fds:
         fixes.append("raise `ulimit -n`")
     fixes += [plan.memory_fix(least_memory, budget), "a smaller batch_size"]
+    if req.prefetch_factor is not None and req.prefetch_factor > 1:
+        fixes.append(f"prefetch_factor={req.prefetch_factor - 1}")
+    if locked:
+        fixes.append(f"{drop} (the batches would then differ: {req.workers_locked})")
     return (f"No DataLoader configuration honouring {', '.join(asked) or 'the request'} fits: batches of "
             f"{mib(stats.batch_bytes)} in {stats.storages} storage(s); the smallest needs {mib(least.shm)} of /dev/shm "
-            f"against {mib(budget.shm_bytes)} and {least.fds} fds against "
+            f"against {mib(budget.shm_bytes)} ({budget.reason}) and {least.fds} fds against "
             f"{budget.fds if budget.fds is not None else 'unlimited'}{memory}. Why: {' | '.join(reasons)[:600]}. "
             f"Fix: {'; or '.join(f for f in fixes if f)}.")
 

@@ -1,0 +1,337 @@
+"""``codescan.global_draw``: which code a DataLoader runs per sample or per index draws from a global generator.
+
+Pure logic on classes defined here (no DataLoader runs). The cases come from an audit: a dataset that draws for
+some samples only, and samplers that draw per index, both missed by the probe (3 samples, whether the global
+generators moved); each made ms_shm pick 2 workers where torch's default 0 gives other batches.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from random import randint
+
+import numpy as np
+import pytest
+
+from ms_shm.engines.torchstyle import codescan
+
+WORKERS_SEEDED_APART = "draws from the global generator; workers are seeded apart"
+
+
+def _torch():
+    return pytest.importorskip("torch", reason="torch is not installed: its functions are found by identity")
+
+
+class Sometimes:
+    """A random crop of the larger images only: 1 sample in 4 draws (the audit's ``sometimes_auto``)."""
+
+    def __getitem__(self, i):
+        x = list(range(10))
+        if i % 4 == 1:
+            x = x[random.randint(0, 3):]
+        return x
+
+
+class FromImport:
+    def __getitem__(self, i):
+        return randint(0, i)
+
+
+class LocalImport:
+    def __getitem__(self, i):
+        from random import uniform as jitter
+
+        return i * jitter(0.5, 2.0)
+
+
+class NumpyLegacy:
+    def __getitem__(self, i):
+        return np.random.rand(3) + i
+
+
+class NumpySeededPerSample:
+    def __getitem__(self, i):
+        return np.random.default_rng(i).random(3)
+
+
+class NumpyHeld:
+    """Its own generator: the probe reads it (``rows draw from a random generator the source holds``)."""
+
+    def __init__(self):
+        self.rng = np.random.default_rng(0)
+
+    def __getitem__(self, i):
+        return self.rng.integers(0, 5) + i
+
+
+class RandomSeeded:
+    def __getitem__(self, i):
+        return random.Random(i).random()
+
+
+class MentionsRandom:
+    """``random`` as a local name and in an attribute's name: nothing drawn."""
+
+    def __init__(self):
+        self.random_crop_size = 3
+
+    def __getitem__(self, i):
+        random = [i, i + 1]  # noqa: F811 - the point of the case
+        return random[0] + self.random_crop_size
+
+
+def jitter(x):
+    return x + random.random()
+
+
+class ThroughHelper:
+    def __getitem__(self, i):
+        return jitter(i)
+
+
+class Scale:
+    def __call__(self, x):
+        return x * random.uniform(0.5, 2.0)
+
+
+class Transformed:
+    def __init__(self):
+        self.transform = Scale()
+
+    def __getitem__(self, i):
+        return self.transform(i)
+
+
+class FillsInPlace:
+    def __getitem__(self, i):
+        return self.buffer.uniform_(0, len(str(i)))
+
+
+class FillsInPlaceSeeded:
+    def __getitem__(self, i):
+        return self.buffer.uniform_(0, len(str(i)), generator=self.g)
+
+
+def random_collate(batch):
+    return batch[:random.randint(1, len(batch))]
+
+
+@pytest.mark.parametrize("dataset, where, call", [
+    (Sometimes(), "Sometimes.__getitem__", "random.randint"),
+    (FromImport(), "FromImport.__getitem__", "random.randint"),
+    (LocalImport(), "LocalImport.__getitem__", "random.uniform"),
+    (NumpyLegacy(), "NumpyLegacy.__getitem__", "numpy.random.rand"),
+    (ThroughHelper(), "ThroughHelper.__getitem__", "random.random through jitter"),
+    (Transformed(), "Scale.__call__", "random.uniform"),
+    (FillsInPlace(), "FillsInPlace.__getitem__", "Tensor.uniform_"),
+])
+def test_a_draw_from_a_global_generator_is_named_with_where_it_is(dataset, where, call):
+    assert codescan.global_draw(dataset) == f"{where} calls {call} ({WORKERS_SEEDED_APART})"
+
+
+@pytest.mark.parametrize("dataset", [NumpySeededPerSample(), NumpyHeld(), RandomSeeded(), MentionsRandom(),
+                                     FillsInPlaceSeeded()], ids=type)
+def test_seeded_generators_and_mere_mentions_are_not_draws(dataset):
+    assert codescan.global_draw(dataset) is None
+
+
+def test_a_collate_fn_that_draws_is_named():
+    assert codescan.global_draw(MentionsRandom(), random_collate) == (
+        f"collate_fn random_collate calls random.randint ({WORKERS_SEEDED_APART})")
+
+
+def test_nothing_is_imported_to_resolve_a_name():
+    before = set(sys.modules)
+    codescan.global_draw(Sometimes(), random_collate, PerIndex())
+    assert set(sys.modules) == before
+
+
+class Plain:
+    def __getitem__(self, i):
+        return i
+
+
+class PerIndex:
+    """A class-balanced sampler's shape (the audit's ``lazysampler_auto``)."""
+
+    def __iter__(self):
+        for _ in range(10):
+            yield random.randrange(10)
+
+
+class PerEpoch:
+    """Draws once, when the epoch's first index is asked for: with and without workers before the first batch."""
+
+    def __iter__(self):
+        order = list(range(10))
+        random.shuffle(order)
+        for i in order:
+            yield i
+
+
+class PlainIter:
+    """Not a generator: it draws when ``iter()`` is called, which torch does twice per epoch with workers on
+    the index sampler (``_BaseDataLoaderIter.__init__`` and ``_reset``)."""
+
+    def __iter__(self):
+        order = list(range(10))
+        random.shuffle(order)
+        return iter(order)
+
+
+class HoldsSampler:
+    def __init__(self, sampler):
+        self.sampler = sampler
+
+    def __iter__(self):
+        batch = []
+        for i in self.sampler:
+            batch.append(i)
+            if len(batch) == 2:
+                yield batch
+                batch = []
+
+
+RUNS_AHEAD = "(with workers it runs ahead of the training loop, which may draw from the same generator)"
+
+
+def test_a_sampler_that_draws_per_index_is_named():
+    assert codescan.global_draw(Plain(), sampler=PerIndex()) == (
+        f"the sampler's PerIndex.__iter__ calls random.randrange per index {RUNS_AHEAD}")
+    assert codescan.global_draw(Plain(), batch_sampler=HoldsSampler(PerIndex())) == (
+        f"the batch_sampler's PerIndex.__iter__ calls random.randrange per index {RUNS_AHEAD}")
+
+
+def test_a_sampler_that_draws_once_per_epoch_is_not():
+    assert codescan.global_draw(Plain(), sampler=PerEpoch()) is None
+    assert codescan.global_draw(Plain(), batch_sampler=HoldsSampler(PerEpoch())) is None
+
+
+def test_a_plain_iter_that_draws_counts_only_as_the_index_sampler():
+    assert codescan.global_draw(Plain(), sampler=PlainIter()) is None  # wrapped in torch's BatchSampler
+    assert "twice per epoch" in codescan.global_draw(Plain(), sampler=PlainIter(), batch_size=None)
+    assert "twice per epoch" in codescan.global_draw(Plain(), batch_sampler=PlainIter())
+
+
+def test_torch_functions_are_draws_unless_the_call_passes_a_generator():
+    torch = _torch()
+
+    class Draws:
+        def __getitem__(self, i):
+            return torch.randint(0, 10, (1,))
+
+    class Seeded:
+        def __init__(self):
+            self.g = torch.Generator().manual_seed(0)
+
+        def __getitem__(self, i):
+            return torch.randint(0, len(str(i)), (1,), generator=self.g)
+
+    class ModuleTransform(torch.nn.Module):  # called through torch's Module.__call__: its forward is read
+        def forward(self, x):
+            return x + torch.randn_like(x)
+
+    class HoldsModule:
+        def __init__(self):
+            self.augment = ModuleTransform()
+
+        def __getitem__(self, i):
+            return self.augment(torch.zeros(3))
+
+    assert codescan.global_draw(Draws()) == f"Draws.__getitem__ calls torch.randint ({WORKERS_SEEDED_APART})"
+    assert codescan.global_draw(Seeded()) is None
+    assert codescan.global_draw(HoldsModule()) == (
+        f"ModuleTransform.forward calls torch.randn_like ({WORKERS_SEEDED_APART})")
+
+
+def test_a_torch_sampler_drawing_per_index_is_named():
+    torch = _torch()
+
+    class Balanced(torch.utils.data.Sampler):  # the audit's lazytorch_dropout_auto
+        def __init__(self, n):
+            self.n = n
+
+        def __iter__(self):
+            for _ in range(self.n):
+                yield int(torch.randint(0, self.n, ()))
+
+        def __len__(self):
+            return self.n
+
+    assert codescan.global_draw(Plain(), sampler=Balanced(8)) == (
+        f"the sampler's Balanced.__iter__ calls torch.randint per index {RUNS_AHEAD}")
+
+
+def test_torchs_own_samplers_draw_once_per_epoch_and_are_not_read():
+    torch = _torch()
+    data = torch.utils.data
+    from torch.utils.data.distributed import DistributedSampler
+
+    dataset = data.TensorDataset(torch.zeros(8))
+    for kwargs in ({"sampler": data.RandomSampler(dataset)}, {"sampler": data.SequentialSampler(dataset)},
+                   {"batch_sampler": data.BatchSampler(data.RandomSampler(dataset), 3, False)},
+                   {"sampler": DistributedSampler(dataset, num_replicas=2, rank=0)},
+                   {"sampler": data.WeightedRandomSampler([1.0] * 8, 8)}):
+        assert codescan.global_draw(dataset, data.default_collate, **kwargs) is None, kwargs
+
+
+def _chain_to_a_draw(depth: int):
+    """A dataset whose ``__getitem__`` reaches ``random.random()`` through ``depth`` module functions."""
+    source = "\n".join(f"def f{k}(x):\n    return f{k + 1}(x)" for k in range(depth))
+    source += f"\ndef f{depth}(x):\n    return random.random()\n"
+    source += "class Deep:\n    def __getitem__(self, i):\n        return f0(i)\n"
+    namespace: dict = {"random": random, "__name__": "deep_program"}
+    exec(source, namespace)
+    return namespace["Deep"]()
+
+
+def test_the_walk_stays_within_max_codes():
+    assert "random.random through f5" in codescan.global_draw(_chain_to_a_draw(5))
+    assert codescan.global_draw(_chain_to_a_draw(codescan.MAX_CODES + 10)) is None  # the probe watches the rest
+
+
+AUGMENT = Scale()  # a module-level transform object
+
+
+class GlobalTransform:
+    def __getitem__(self, i):
+        return AUGMENT(i)
+
+
+def test_a_module_level_transform_objects_call_is_read():
+    assert codescan.global_draw(GlobalTransform()) == (
+        f"GlobalTransform.__getitem__ calls random.uniform through Scale.__call__ ({WORKERS_SEEDED_APART})")
+
+
+LAZY_NUMPY = """
+import sys
+import numpy as np
+from ms_shm.engines.torchstyle import codescan
+class Legacy:
+    def __getitem__(self, i):
+        return np.random.rand(3)
+class FromImport:
+    def __getitem__(self, i):
+        from numpy.random import randint
+        return randint(3)
+before = "numpy.random" in sys.modules
+print(codescan.global_draw(Legacy()))
+print(codescan.global_draw(FromImport()))
+print(before == ("numpy.random" in sys.modules))
+"""
+
+
+def test_numpys_legacy_functions_are_read_before_numpy_random_is_imported():
+    """numpy 2 imports ``numpy.random`` on first use: a fresh process, where the dataset has not drawn yet."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    root = str(Path(codescan.__file__).resolve().parents[3])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    out = subprocess.run([sys.executable, "-c", LAZY_NUMPY], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.splitlines() == [
+        f"Legacy.__getitem__ calls numpy.random.rand ({WORKERS_SEEDED_APART})",
+        f"FromImport.__getitem__ calls numpy.random.randint ({WORKERS_SEEDED_APART})",
+        "True"]  # nothing imported by the scan

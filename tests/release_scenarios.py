@@ -105,3 +105,27 @@ def run_precheck(workers: int, prefetch: int, row_mb: int) -> None:
     except Exception as exc:
         result = {"rows": 0, "error": type(exc).__name__, "message": str(exc)[:2000]}
     print("RESULT " + json.dumps(result), flush=True)
+
+
+def run_killed_worker() -> None:
+    """A worker process SIGKILLed mid-epoch (what the OOM killer does): the run must end, as raw MindSpore's
+    watchdog ends it, not wait for that worker's rows forever. Prints ``RESULT`` only if the epoch finished."""
+    import os
+    import signal
+
+    import ms_shm
+
+    dataset = ms_shm.build_dataset(Fixed(n=200, nbytes=MiB, python_work=100_000), ["data", "label"], shuffle=False,
+                                   num_parallel_workers=2, python_multiprocessing=True)
+    rows = 0
+    for _ in dataset.create_tuple_iterator(output_numpy=True, num_epochs=1):
+        rows += 1
+        if rows == 3:
+            import multiprocessing
+            import time
+
+            time.sleep(1.0)  # killed while it runs, as the OOM killer finds it, not in its first instant
+            workers = [p for p in multiprocessing.active_children() if type(p).__module__.startswith("mindspore")]
+            print(f"KILLING {workers[0].pid} of {len(workers)} workers", flush=True)
+            os.kill(workers[0].pid, signal.SIGKILL)
+    print("RESULT " + json.dumps({"rows": rows}), flush=True)

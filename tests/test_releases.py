@@ -90,3 +90,20 @@ def test_doctor_on_this_release_predicts_what_it_does_at_64m(real_mindspore):
     else:
         assert real == {"rows": 16, "error": None}, (doc["findings"], real)
     assert bool(crash) == (installed_profile().generator_default_max_rowsize_mb is not None)
+
+
+def test_a_worker_killed_mid_epoch_ends_the_run_on_every_release(real_mindspore):
+    """The OOM killer's SIGKILL to one worker: raw MindSpore's watchdog ends the run (SIGTERM, ~1 s). On 2.0
+    ms_shm turns that watchdog off (it leaks static slots) and does its part itself (``deathwatch``): with
+    nothing doing it, the run waited for the dead worker's rows forever (measured: alive after 90 s)."""
+    code = "from tests.release_scenarios import run_killed_worker; run_killed_worker()"
+    try:
+        proc = isolated.run_shell(f"exec {shlex.quote(sys.executable)} -c {shlex.quote(code)}", shm="1g",
+                                  timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the run was still waiting 120 s after one of its workers was SIGKILLed")
+    assert "KILLING" in proc.stdout, isolated.describe(proc)
+    if "RESULT" not in proc.stdout:  # ended, as raw ends: by the watchdog's SIGTERM
+        assert proc.returncode == -15, isolated.describe(proc)
+    if installed_profile().watchdog_leaks_slots:
+        assert "was killed by SIGKILL" in proc.stderr, isolated.describe(proc)

@@ -109,7 +109,15 @@ def set_watchdog(value: bool, reason: str) -> Change | None:
         return None
     old = bool(getter())
     setter(bool(value))
+    _deathwatch(bool(value))
     return Change("enable_watchdog", old, bool(value), reason)
+
+
+def _deathwatch(watchdog_on: bool) -> None:
+    """A killed worker still ends the run while the watchdog is off (``deathwatch``)."""
+    from ms_shm.engines.mindspore import deathwatch
+
+    deathwatch.stop() if watchdog_on else deathwatch.start()
 
 
 def _quietly(func, *args):
@@ -137,6 +145,7 @@ def undo(changes: Sequence[Change]) -> None:
             _quietly(_dataset_module().config.set_enable_shared_mem, change.old)
         elif change.setting == "enable_watchdog":
             _dataset_module().config.set_enable_watchdog(change.old)
+            _deathwatch(bool(change.old))
         else:
             continue  # not MindSpore's: the session undoes it
         log.info("ms_shm restored %s to %s", change.setting, change.old)

@@ -1,0 +1,60 @@
+"""The dead-worker watch ms_shm runs while MindSpore 2.0's watchdog is off: a worker a signal ended is told from
+one a teardown ended, read without reaping it. The real run is ``test_releases.py``'s killed-worker test."""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import time
+from types import SimpleNamespace
+
+from ms_shm import procfs
+from ms_shm.engines.mindspore import deathwatch
+
+
+def _zombie(how: str) -> int:
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        faulthandler.disable()  # pytest's, inherited: it would print a "Fatal Python error" for the SIGSEGV sent
+        if how == "exit":
+            os._exit(3)
+        time.sleep(60)
+        os._exit(0)
+    if how != "exit":
+        os.kill(pid, getattr(signal, how))
+    for _ in range(200):  # until it is a zombie
+        if procfs.is_zombie(pid):
+            break
+        time.sleep(0.01)
+    return pid
+
+
+def test_the_signal_that_ended_an_unreaped_child_is_read_without_reaping_it():
+    killed, exited = _zombie("SIGKILL"), _zombie("exit")
+    try:
+        assert procfs.death_signal(killed) == signal.SIGKILL
+        assert procfs.death_signal(exited) is None  # ended by itself
+        assert procfs.death_signal(os.getpid()) is None  # alive
+        assert procfs.is_zombie(killed)  # still there for its owner to reap
+    finally:
+        os.waitpid(killed, 0)
+        os.waitpid(exited, 0)
+
+
+def _worker(pid: int, returncode: int | None = None) -> SimpleNamespace:
+    return SimpleNamespace(pid=pid, name=f"w{pid}", _popen=SimpleNamespace(returncode=returncode))
+
+
+def test_a_kill_ends_the_run_a_teardown_does_not():
+    ended = []
+    teardown = [_worker(1, -signal.SIGTERM), _worker(2, -signal.SIGINT), _worker(3, 0)]
+    assert deathwatch.killed_worker(teardown, ended.append) is None
+    assert len(ended) == 3  # each judged once, then forgotten
+    oom = _worker(4, -signal.SIGKILL)
+    assert deathwatch.killed_worker([_worker(os.getpid())] + [oom]) == (oom, signal.SIGKILL)
+    killed = _zombie("SIGSEGV")
+    try:  # not reaped yet by its owner: read from /proc
+        assert deathwatch.killed_worker([_worker(killed)])[1] == signal.SIGSEGV
+    finally:
+        os.waitpid(killed, 0)

@@ -596,7 +596,7 @@ def _removeipc_findings(facts: Any, t: Typical) -> list:
 
 
 def diagnose(facts: Any, ms_config: Any = None, *, workers: int | None = None,
-             row_bytes: int | None = None) -> tuple:
+             row_bytes: int | None = None, mindspore: bool = True) -> tuple:
     """Every problem this host has for a typical MindSpore pipeline, worst first.
 
     The typical pipeline is MindSpore's default: ``min(8, usable CPUs)`` workers, prefetch 16 (or the
@@ -608,10 +608,15 @@ def diagnose(facts: Any, ms_config: Any = None, *, workers: int | None = None,
             ``shared_mem``, ``start_method``, ``num_parallel_workers``), a dict, or ``None``.
         workers: judge for this many workers instead of the typical count.
         row_bytes: judge for rows of this size instead of the 8 MiB reference.
+        mindspore: ``False`` for a program that uses torch and not MindSpore (``tune()`` there): only what holds
+            for any framework. A torch script under ``ms-shm run`` was told of 18 GeneratorDataset slots and
+            ``ds.config`` lines; its DataLoaders are sized by ``build_dataloader`` from their own batches.
 
     Returns:
         ``Advice`` tuple sorted crash, slow, info; empty when nothing is wrong.
     """
+    if not mindspore:
+        return tuple(sorted(_neutral_findings(facts), key=lambda a: a.rank))
     t = Typical.of(facts, ms_config, workers, row_bytes)
     findings = []
     findings += _shm_findings(facts, t)
@@ -621,13 +626,25 @@ def diagnose(facts: Any, ms_config: Any = None, *, workers: int | None = None,
     findings += _config_findings(ms_config, facts)
     findings += _removeipc_findings(facts, t)
     findings += _loader_findings(facts, getattr(facts, "numpy_version", None))
-    if "assumed" in facts.ranks.source:
-        findings.append(Advice(
-            f"ranks on this host: {facts.ranks.local_size}, assumed from {facts.ranks.source}",
-            "info", "export LOCAL_WORLD_SIZE (or MS_SHM_LOCAL_RANKS) with the ranks per host to size exactly",
-            (), "ranks-assumed"))
+    findings += _ranks_findings(facts)
     findings += _unknown_findings(facts)
     return tuple(sorted(findings, key=lambda a: a.rank))
+
+
+def _neutral_findings(facts: Any) -> list:
+    """What holds whatever the framework: a /dev/shm that is missing or unreadable, ranks assumed, readings
+    that failed (MindSpore's version aside)."""
+    missing = [_shm_missing(facts, Typical.of(facts), ())] if facts.shm_total is None else []
+    unknown = [a for a in _unknown_findings(facts) if "MindSpore" not in a.problem]
+    return missing + _ranks_findings(facts) + unknown
+
+
+def _ranks_findings(facts: Any) -> list:
+    if "assumed" not in facts.ranks.source:
+        return []
+    return [Advice(f"ranks on this host: {facts.ranks.local_size}, assumed from {facts.ranks.source}",
+                   "info", "export LOCAL_WORLD_SIZE (or MS_SHM_LOCAL_RANKS) with the ranks per host to size exactly",
+                   (), "ranks-assumed")]
 
 
 # ----------------------------------------------------------------------------------------------- doctor

@@ -99,7 +99,8 @@ def tune(dry_run: bool = False, ranks: int | None = None, shm_fraction: float = 
         _mindspore_in_use() else ("a torch program that has not imported mindspore: MindSpore's settings were not "
                                   "read (importing it would cost seconds)",)))
     report = TuneReport(facts, config, b, tuple(decisions), tuple(made),
-                        tuple(advice.diagnose(_as_changed(facts, made), config)), dry_run, tuple(notes))
+                        tuple(advice.diagnose(_as_changed(facts, made), config, mindspore=_mindspore_in_use())),
+                        dry_run, tuple(notes))
     _log_tune(report)
     if clean and facts.ranks.local_rank == 0 and not dry_run:
         _clean_leftovers()

@@ -157,6 +157,16 @@ def test_docker_default_64m_is_a_crash_with_a_size_that_fits():
     assert "ds.config" in snippets
 
 
+def test_a_torch_program_gets_only_what_holds_for_any_framework():
+    f = facts(shm_total=64 * MiB, shm_free=64 * MiB, container="docker", mindspore_version="2.10.0",
+              numpy_version="2.4.0", ranks=Ranks(4, 0, "RANK_SIZE (assumed all on this host)"))
+    mindspore = codes(advice.diagnose(f))
+    assert "shm-small" in mindspore and "msloader-numpy2" in mindspore
+    assert codes(advice.diagnose(f, mindspore=False)) == ["ranks-assumed"]
+    missing = dataclasses.replace(f, shm_total=None, shm_free=None, notes=("statvfs: FileNotFoundError",))
+    assert codes(advice.diagnose(missing, mindspore=False))[0] == "shm-missing"
+
+
 def test_tight_shm_is_slow_not_crash():
     peak = model.generator_peak(8 * MiB, 8, 16)
     f = facts(shm_total=int(peak * 1.1), shm_free=int(peak * 1.1))

@@ -295,10 +295,24 @@ def _typical(facts: Any, fields: dict) -> advice.Typical:
     return advice.Typical.of(facts, row_bytes=fields.get("row_bytes"))
 
 
-def _shm_floor(facts: Any, fields: dict) -> int | None:
-    """The /dev/shm the job had at least: what the log shows (its own numbers), else this host's size."""
+ELSEWHERE = 4  # a host whose /dev/shm holds this many times a typical pipeline's need is not where it failed
+
+
+def _shm_floor(facts: Any, fields: dict, t: advice.Typical) -> int | None:
+    """The /dev/shm the job had at least: what the log shows (its own numbers), else this host's size, where
+    the job plausibly failed here. A log read on a roomy machine is not this host's story: a bus error from a
+    64 MB container, explained on a 24 GB host, was told to give /dev/shm 24g (more than it had here)."""
     seen = [v for v in (fields.get("shm_seen"), fields.get("available")) if v]
-    return max(seen) if seen else getattr(facts, "shm_total", None)
+    if seen:
+        return max(seen)
+    return getattr(facts, "shm_total", None) if _here(facts, t) else None
+
+
+def _here(facts: Any, t: advice.Typical) -> bool:
+    """Whether the job plausibly failed on this host: its /dev/shm is read, and not ``ELSEWHERE`` times what a
+    typical pipeline needs."""
+    total = getattr(facts, "shm_total", None)
+    return bool(total) and (not t.need or total < ELSEWHERE * t.need)
 
 
 def _shm_state(facts: Any, fields: dict) -> str:
@@ -328,11 +342,20 @@ def _shm_need(facts: Any, t: advice.Typical, fields: dict) -> int:
     required = fields.get("required")
     need = t.need
     if required is not None:
-        total, free = getattr(facts, "shm_total", None), getattr(facts, "shm_free", None)
-        used = total - free if total is not None and free is not None else 0
-        need = max(need, int(required / advice.HEADROOM) + used + MiB)
-    floor = _shm_floor(facts, fields)
+        need = max(need, int(required / advice.HEADROOM) + _used_at_check(facts, fields, t) + MiB)
+    floor = _shm_floor(facts, fields, t)
     return max(need, floor + 1) if floor else need
+
+
+def _used_at_check(facts: Any, fields: dict, t: advice.Typical) -> int:
+    """What was in use when the pre-check ran: this host's size less the ``Available`` the log shows, where the
+    job plausibly ran here (the pipeline's earlier stages held it: 2.0.0's batch asked 384 MiB with 103.6 MiB of
+    512 MiB available, and "512m" was said again, as the space in use *now* is none), else what is in use now."""
+    total, free, available = (getattr(facts, "shm_total", None), getattr(facts, "shm_free", None),
+                              fields.get("available"))
+    if _here(facts, t) and available is not None and available <= total:
+        return total - available
+    return total - free if total is not None and free is not None else 0
 
 
 def _limits(facts: Any, need: int) -> str:

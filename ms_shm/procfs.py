@@ -117,6 +117,21 @@ def is_zombie(pid: int | str, root: str | os.PathLike = "/") -> bool:
     return bool(fields) and fields[0] in ("Z", "X")
 
 
+def death_signal(pid: int | str, root: str | os.PathLike = "/") -> int | None:
+    """The signal that ended ``pid``, a zombie its parent has not reaped, read without reaping it (``stat``'s
+    ``exit_code`` field, Linux 3.5+, in ``waitpid``'s form); ``None`` while it lives, when it exited, or unread.
+    Reaping it here would take its status from the code that owns it (MindSpore joins its own workers)."""
+    try:
+        text = _proc(root, pid, "stat").read_text(errors="replace")
+    except OSError:
+        return None
+    fields = text.rpartition(")")[2].split()  # fields from the 3rd (state); exit_code is the 52nd
+    if len(fields) < 50 or fields[0] not in ("Z", "X") or not fields[49].lstrip("-").isdigit():
+        return None
+    status = int(fields[49])
+    return (status & 0x7F) or None
+
+
 def private_bytes(pid: int | str = "self", root: str | os.PathLike = "/") -> int | None:
     """Memory only this process holds (``Private_Dirty`` of ``smaps_rollup``): in a forked child, the pages it
     copied on write plus what it allocated, which is what the memory cgroup is charged for it. ``None`` when
@@ -176,6 +191,16 @@ def open_fd_count(pid: int | str = "self", root: str | os.PathLike = "/") -> int
     count = len(os.listdir(fd_dir))
     own = str(pid) in ("self", "thread-self", str(os.getpid()))
     return count - 1 if own and count and Path(root).resolve() == Path("/") else count
+
+
+def nofile_limits(pid: int | str, root: str | os.PathLike = "/") -> tuple:
+    """``pid``'s open-files ``(soft, hard)`` limits from ``/proc/<pid>/limits`` (``None`` for unlimited;
+    raises ``OSError``, ``ValueError`` where it cannot be read)."""
+    for line in _proc(root, pid, "limits").read_text().splitlines():
+        if line.startswith("Max open files"):
+            soft, hard = line[len("Max open files"):].split()[:2]
+            return tuple(None if v == "unlimited" else int(v) for v in (soft, hard))
+    raise ValueError(f"no 'Max open files' line in /proc/{pid}/limits")
 
 
 def fd_targets(pid: int | str, root: str | os.PathLike = "/") -> list:

@@ -43,6 +43,7 @@ import numpy as np
 
 from ms_shm import procfs
 from ms_shm._results import mib
+from ms_shm.cleanup import SHARE_LISTS_PREFIX
 from ms_shm.errors import ReadOnlyError
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ __all__ = ["SharedList", "SharedDict", "ReadOnlyError"]
 _SHM_DIR = "/dev/shm"
 #: Prefix of every block this module creates: ``ms_shm_list_<owner pid>_<random>``; the pid lets a
 #: cleaner tell an orphan (owner gone) from a live block.
-SHM_PREFIX = "ms_shm_list_"
+SHM_PREFIX = SHARE_LISTS_PREFIX  # ms_shm_list_<pid>_<random>: the pid tells `ms-shm clean` whose it was
 _PROTOCOL = 5
 _CHUNK = 65536  # items pickled per batch while building: bounds the transient list of bytes objects
 _EMPTY_BUF = np.zeros(0, np.uint8)

@@ -237,13 +237,14 @@ class Watcher:
                  shm_path: str | os.PathLike = "/dev/shm", *, shm_threshold: float = 0.8,
                  fd_threshold: float = 0.8, growth_epochs: int = 3, growth_bytes: int = 8 << 20,
                  growth_fraction: float = 0.01, uss_budget: float = 0.005, max_samples: int = 100_000,
-                 sysv_path: str | os.PathLike = "/proc/sysvipc/shm"):
+                 sysv_path: str | os.PathLike = "/proc/sysvipc/shm", main_pid: int | None = None):
         if interval <= 0:
             raise UsageError(f"interval must be positive, got {interval}")
         self.interval = float(interval)
         self.csv_path = Path(csv_path) if csv_path is not None else None
         self.shm_path = str(shm_path)
         self._pid_source = pids
+        self._main = main_pid  # the training's main process, watched from outside (``ms-shm watch PID``)
         self._sysv_path = Path(sysv_path)
         self._shm_threshold = shm_threshold
         self._fd_threshold = fd_threshold
@@ -377,8 +378,8 @@ class Watcher:
     def _workers(self) -> list:
         source = self._pid_source
         if source is None:
-            if self._fast_children:
-                return descendants(os.getpid())
+            if self._fast_children or self._main is not None:
+                return descendants(self._main or os.getpid())
             import psutil  # here, not at import: it costs ms_shm's import 60-110 ms, and most runs never watch
 
             try:
@@ -492,15 +493,17 @@ class Watcher:
         return nbytes, segments
 
     def _own_fds(self) -> tuple:
+        """The main process's fds and open-files limits: this process's, or ``main_pid``'s."""
         try:
-            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE) if self._main is None else \
+                procfs.nofile_limits(self._main)
         except (OSError, ValueError) as exc:
-            self._note(f"getrlimit(RLIMIT_NOFILE): {exc}")
+            self._note(f"open-files limit: {exc}")
             soft = hard = None
         try:
-            fds = procfs.open_fd_count()
+            fds = procfs.open_fd_count(self._main or "self")
         except OSError as exc:
-            self._note(f"/proc/self/fd: {type(exc).__name__}")
+            self._note(f"/proc/{self._main or 'self'}/fd: {type(exc).__name__}")
             fds = None
         return fds, soft, hard
 
@@ -614,11 +617,12 @@ def watch(interval: float = 1.0, csv_path: str | os.PathLike | None = None, pids
     Args:
         interval: Seconds between samples. At the default the sampler stays well under 1% of one core.
         csv_path: Stream every sample to this CSV file as it is taken (survives a crash of the run).
-        pids: Worker pids, or a callable returning them; default: every descendant of this process
+        pids: Worker pids, or a callable returning them; default: every descendant of the main process
             (MindSpore's Generator workers, MapWorkers and their clean processes are all children).
         shm_path: The shm mount to watch.
         **options: ``shm_threshold``/``fd_threshold`` (0.8), ``growth_epochs`` (3), ``growth_bytes``
-            (8 MiB), ``growth_fraction`` (0.01), ``uss_budget`` (0.005 of a core), ``max_samples``.
+            (8 MiB), ``growth_fraction`` (0.01), ``uss_budget`` (0.005 of a core), ``max_samples``,
+            ``main_pid`` (the main process, where it is another one: ``ms-shm watch PID``; default this one).
 
     Returns:
         A ``Watcher``; it starts on ``with`` (or ``.start()``), and ``.summary`` holds the result after.

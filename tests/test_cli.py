@@ -238,6 +238,27 @@ def test_clean_is_a_dry_run_by_default():
     assert json.loads(both.stdout)["dry_run"] is True
 
 
+def test_watch_follows_another_process_until_it_ends():
+    """``ms-shm watch PID`` from another shell: the job's own fds, limits and children, its summary once it
+    ends (here a process that opens 30 fds under a soft limit of 512, with one child, for 2 s)."""
+    job = subprocess.Popen([sys.executable, "-c", (
+        "import resource, subprocess, sys, time\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (512, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))\n"
+        "held = [open('/dev/null') for _ in range(30)]\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(1.5)'])\n"
+        "time.sleep(2)\n")])
+    try:
+        r = run("watch", str(job.pid), "--interval", "0.2", "--json")
+    finally:
+        job.wait(10)
+    assert r.returncode == 0, isolated.describe(r)
+    summary = json.loads(r.stdout)
+    assert summary["samples"] >= 2 and summary["fd_soft_limit"] == 512 and summary["peak_fds"] >= 30
+    assert summary["peak_workers"] >= 1
+    gone = run("watch", str(job.pid))
+    assert gone.returncode == 2 and "no process" in gone.stderr
+
+
 def test_no_command_prints_usage():
     r = run()
     assert r.returncode == 2 and "usage: ms-shm" in r.stderr

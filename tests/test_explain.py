@@ -79,6 +79,25 @@ def test_insufficient_shm_log_parses_the_numbers():
     assert "max_rowsize" in e.fix
 
 
+def test_a_pre_check_counts_what_the_pipelines_earlier_stages_held():
+    """MindSpore 2.0.0's batch asked 384 MiB with 103.6 MiB of a 512 MiB /dev/shm available (its generator and map
+    held the rest): "512m" was said again, the space in use at the check taken as what is in use now."""
+    text = ("RuntimeError: Insufficient shared memory available. Required: 402653184, Available: 108683264. The "
+            "required memory can't exceed 80% of the available shared memory\n")
+    e = only(text, shm_total=512 * MiB, shm_free=512 * MiB, mindspore_version="2.0.0")
+    size = advice.parse_size(dict(e.snippets)["docker run"].split("--shm-size=")[1].split()[0])
+    assert size - (512 * MiB - 108683264) >= 402653184 / 0.8, size  # what the stages held, and the 80% check
+
+
+def test_a_log_read_on_a_roomy_host_is_sized_for_the_job_not_for_this_host():
+    """A bus error from a 64 MB container explained on a 24 GiB host was told --shm-size=24g: this host's size
+    is a floor only where the job plausibly failed here."""
+    e = only(log("bus_error.log"), shm_total=24 * GiB, shm_free=24 * GiB)
+    size = advice.parse_size(dict(e.snippets)["docker run"].split("--shm-size=")[1].split()[0])
+    assert size * 0.8 >= advice.Typical.of(facts()).peak and size <= 1 * GiB, size
+    assert "ran elsewhere" in e.cause
+
+
 def test_full_shm_generator_log():
     e = only(log("shm_full_generator.log"), shm_free=0)
     assert e.kind == "shm-full" and "0 B free" in e.cause

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import sys
 import textwrap
@@ -413,6 +414,40 @@ def cmd_clean(args: argparse.Namespace) -> int:
     return EXIT_CRASH if getattr(report, "failed", ()) else EXIT_OK
 
 
+# ------------------------------------------------------------------------------------------- watch
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    """``ms-shm watch PID``: ``ms_shm.watch()`` on a running job from another shell (``docker exec``, a second
+    ssh session), its warnings as they come, the summary when the job ends or on Ctrl-C."""
+    import logging
+    import signal
+    import time
+
+    from ms_shm import procfs
+    from ms_shm.watch import watch
+
+    if not os.path.isdir(f"/proc/{args.pid}"):
+        print(f"ms-shm watch: no process {args.pid}", file=sys.stderr)
+        return EXIT_CRASH
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+    logging.getLogger("ms_shm").addHandler(handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a summary on `kill` too, as on Ctrl-C
+    watcher = watch(interval=args.interval, csv_path=args.csv, main_pid=args.pid)
+    try:
+        with watcher:
+            while os.path.isdir(f"/proc/{args.pid}") and not procfs.is_zombie(args.pid):
+                time.sleep(min(args.interval, 0.5))
+    except KeyboardInterrupt:
+        pass
+    if args.json:
+        _print_json(watcher.summary)
+    else:
+        print("\n".join(watcher.summary.lines()))
+    return EXIT_OK
+
+
 # ------------------------------------------------------------------------------------------- main
 
 
@@ -515,6 +550,18 @@ def _add_explain_and_clean(sub: Any) -> None:
     clean.set_defaults(func=cmd_clean)
 
 
+def _add_watch(sub: Any) -> None:
+    watch = sub.add_parser("watch", help="watch a running job's /dev/shm, SysV memory, workers and fds",
+                           description="Sample a running job (PID: its main process) and its worker processes "
+                                       "until it ends or Ctrl-C, with ms_shm.watch()'s warnings as they come; "
+                                       "then print the peaks.")
+    watch.add_argument("pid", type=_positive_int, metavar="PID", help="the job's main process")
+    watch.add_argument("--interval", type=_positive_float, default=1.0, help="seconds between samples (default 1)")
+    watch.add_argument("--csv", metavar="FILE", help="write every sample to FILE as it is taken")
+    watch.add_argument("--json", action="store_true", help="the summary as one JSON object")
+    watch.set_defaults(func=cmd_watch)
+
+
 def _add_run(sub: Any) -> None:
     run = sub.add_parser("run", help="run a script or module unchanged, with ms_shm protecting its pipelines",
                          description="Run SCRIPT (or -m MODULE) in this process as `python SCRIPT ARGS...` would, "
@@ -540,6 +587,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_doctor(sub)
     _add_plan(sub)
     _add_explain_and_clean(sub)
+    _add_watch(sub)
     _add_run(sub)
     return parser
 

@@ -337,7 +337,8 @@ def _guarded(eng: Any, asked: dict, p: Plan, b: Any) -> GuardedCollate:
     fix = guard_fix(asked.get("batch_size", 1), batch_sampler, p.workers, p.prefetch)
     return GuardedCollate(collate, eng.compat.weigh, eng.compat.worker_info, p.row_bytes,
                           arithmetic.batches_in_flight(p.workers, p.prefetch), b.shm_bytes, fix,
-                          getattr(eng.compat, "unshared_bytes", None), b.ranks, b.ranks / b.fraction,
+                          getattr(eng.compat, "unshared_bytes", None), b.ranks,
+                          functools.partial(budget_mod.shm_to_give, b),
                           getattr(eng.compat, "share", None))
 
 

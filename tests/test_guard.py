@@ -16,6 +16,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from ms_shm import budget as budget_mod
+from ms_shm.budget import Budget
 from ms_shm.engines.mindspore import arithmetic as model
 from ms_shm.engines.mindspore import guard
 from ms_shm.engines.mindspore.guard import (
@@ -71,8 +73,8 @@ class ListSource:
 
 
 def spec(slots: int = 4, worker_bytes: int = 1 << 40, planned: int = PAGE, workers: int = 1,
-         scale: float = 1.0) -> GuardSpec:
-    return GuardSpec(slots, worker_bytes, planned, "lower num_parallel_workers", workers, "/dev/shm", scale)
+         budget: Budget | None = None) -> GuardSpec:
+    return GuardSpec(slots, worker_bytes, planned, "lower num_parallel_workers", workers, "/dev/shm", budget)
 
 
 @pytest.fixture
@@ -176,7 +178,8 @@ def test_a_row_over_the_workers_share_is_refused_naming_row_size_plan_and_fix(fr
     free_space.value = 20 * MiB  # no room for both workers to grow a 12 MiB slot
     rows = [row_of(12 * MiB - 8) for _ in range(3)]
     g = GuardedSource(ListSource(rows),
-                      spec(slots=18, worker_bytes=int(25.6 * MiB), planned=MiB, workers=2, scale=1 / 0.8))
+                      spec(slots=18, worker_bytes=int(25.6 * MiB), planned=MiB, workers=2,
+                           budget=budget_mod.compute(64 * MiB, 1, None, None)))
     g[0], g[1]
     with pytest.raises(RowTooLargeError) as err:
         g[2]

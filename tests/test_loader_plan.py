@@ -261,7 +261,7 @@ def test_collate_guard_passes_batches_through_and_stops_one_that_outgrew_its_pla
     assert "batch 2 of DataLoader worker 1 is 100 B (planned 10 B)" in text, text
     assert "it and the 4 other batch(es) in flight at the planned 10 B need 140 B" in text, text
     assert "over the 100 B this loader may use, and /dev/shm has only 130 B free" in text, text
-    assert "Fix: give /dev/shm at least 141 B (docker run --shm-size=" in text and text.endswith("or batch_size=1")
+    assert "Fix: give /dev/shm at least 140 B (docker run --shm-size=" in text and text.endswith("or batch_size=1")
     in_main = GuardedCollate(collate, weigh, lambda: None, 10, 5, 100, "x")
     assert in_main([50, 50]) == [50, 50]  # the main process only calls through
     free.free = 140  # room now for it beside the others: over the budget, yet it fits what is free
@@ -750,7 +750,7 @@ def test_a_batch_within_its_plan_that_dev_shm_cannot_hold_now_is_a_clear_error(m
     monkeypatch.setattr(guard.procfs, "statvfs", lambda path: calls.append(path) or free)
     weigh = lambda batch: (sum(batch), len(batch))  # noqa: E731
     g = guard.GuardedCollate(list, weigh, lambda: _Worker(), 8 * MiB, 3, 64 * MiB, "prefetch_factor=1",
-                             ranks=1, shm_scale=1 / 0.8)
+                             ranks=1, to_give=lambda need: int(need / 0.8) + 1)
     assert g([4 * MiB]) == [4 * MiB] and calls == ["/dev/shm"]
     with pytest.raises(ShmFullError) as err:
         g([7 * MiB])

@@ -23,8 +23,10 @@ from typing import Any
 
 import numpy as np
 
+from ms_shm import budget as budget_mod
 from ms_shm import host, objects, procfs, sizes
 from ms_shm._results import Result, free_text, mib, record
+from ms_shm.budget import Budget
 from ms_shm.engines.mindspore import arithmetic as model
 from ms_shm.errors import RowTooLargeError, ShmFullError
 
@@ -44,8 +46,8 @@ class GuardSpec(Result):
         workers: Workers of the pipeline: they may all create slots at the same moment, so a free-space check
             keeps room for the other workers' next slot.
         shm_path: The mount whose free space is checked.
-        shm_scale: /dev/shm bytes the host needs per byte this pipeline uses (local ranks / budget fraction),
-            to print a size that would fit.
+        budget: the plan's budget, to print the host ``/dev/shm`` size that would fit (``budget.shm_to_give``:
+            local ranks, the headroom and what other live pipelines reserved); ``None``: the bytes themselves.
         ranks: Local ranks planned for: each may grow alike, and a full /dev/shm may be one planned as alone.
     """
 
@@ -55,7 +57,7 @@ class GuardSpec(Result):
     fix: str
     workers: int = 1
     shm_path: str = "/dev/shm"
-    shm_scale: float = 1.0
+    budget: Budget | None = None
     ranks: int = 1
 
 
@@ -199,7 +201,8 @@ class SlotGuard:
     def _fix(self, size: int) -> str:
         """The fix for rows of ``size``: the /dev/shm that would hold them in every slot, or the alternatives."""
         spec = self.spec
-        host_need = int(self._need(size) * spec.shm_scale)
+        need = self._need(size)
+        host_need = budget_mod.shm_to_give(spec.budget, need) if spec.budget is not None else need
         return (f"give /dev/shm at least {mib(host_need)} for rows of {mib(size)} ({sizes.where_to_set(host_need)}), "
                 f"or {spec.fix}")
 

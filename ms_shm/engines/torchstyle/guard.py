@@ -52,8 +52,8 @@ class GuardedCollate:
         fix: what the loader's arguments allow instead of more ``/dev/shm`` (``guard_fix``), or ``""``.
         unshared: bytes of a batch still to be written to shared memory (``None``: all of its bytes).
         ranks: local ranks planned for (they may all grow alike; a full ``/dev/shm`` may be one planned as alone).
-        shm_scale: host ``/dev/shm`` bytes per byte this loader uses (local ranks / budget fraction), to print a
-            size that would fit.
+        to_give: the host ``/dev/shm`` size at which this loader's bytes fit (``budget.shm_to_give``: local
+            ranks, the headroom and what other live pipelines reserved), to print a size that would fit.
         share: moves a batch's storages into shared memory (``None``: the framework does it when it sends).
 
     ``others`` (set by ``loaders.register``) says which other DataLoaders of this process were alive when the
@@ -62,11 +62,12 @@ class GuardedCollate:
 
     def __init__(self, collate: Callable, weigh: Callable[[Any], tuple], in_worker: Callable[[], Any],
                  planned_bytes: int, in_flight: int, limit_bytes: int, fix: str,
-                 unshared: Callable[[Any], int] | None = None, ranks: int = 1, shm_scale: float = 1.0,
+                 unshared: Callable[[Any], int] | None = None, ranks: int = 1,
+                 to_give: Callable[[int], int] = int,
                  share: Callable[[Any], None] | None = None) -> None:
         self.collate, self.weigh, self.in_worker = collate, weigh, in_worker
         self.planned_bytes, self.in_flight, self.limit_bytes, self.fix = planned_bytes, in_flight, limit_bytes, fix
-        self.unshared, self.ranks, self.shm_scale, self.share = unshared, max(1, ranks), shm_scale, share
+        self.unshared, self.ranks, self.to_give, self.share = unshared, max(1, ranks), to_give, share
         self.batches, self.over_said = 0, False
         self.others: Callable[[], str] | None = None
         functools.update_wrapper(self, collate, updated=())
@@ -184,7 +185,7 @@ class GuardedCollate:
     def _fix(self, nbytes: int) -> str:
         """The /dev/shm that holds every batch in flight at this size, for every local rank, then what the
         loader's arguments allow."""
-        host_need = int(self.need(nbytes) * self.shm_scale) + 1
+        host_need = self.to_give(self.need(nbytes))
         give = f"give {SHM_DIR} at least {mib(host_need)} ({sizes.where_to_set(host_need)})"
         return f"{give}, or {self.fix}" if self.fix else give
 

@@ -170,15 +170,17 @@ def kill_signatures() -> tuple:
     return (
         kill("oom-killed", "the kernel's OOM-kill lines ('Memory cgroup out of memory: Killed process')",
              r"(?P<scope>Memory cgroup out of memory|Out of memory): Kill(?:ed)? process (?P<victim_pid>\d+)|"
-             r"oom-kill:constraint=(?P<constraint>CONSTRAINT_\w+)|invoked oom-killer",
+             r"oom-kill:constraint=(?P<constraint>CONSTRAINT_\w+)|invoked oom-killer|"
+             r"Reason:[ \t]+OOMKilled\b|\"OOMKilled\":[ \t]*true",  # kubectl describe pod, docker inspect
              "crash", "The kernel's OOM killer killed {victim}: {where}.", ("worker-killed",)),
         kill("sigkill", "an exit status -9 or 137, or a named SIGKILL (subprocess, torchrun)",
              r"returned non-zero exit status -9\b|\bexitcode:? -9\b|\bSignal 9 \(SIGKILL\)|"
-             r"<Signals\.SIGKILL: 9>|\bexit(?:ed)?(?: with)? (?:code|status):? 137\b",
+             r"<Signals\.SIGKILL: 9>|\b[Ee]xit(?:ed)?(?: with)? (?:[Cc]ode|[Ss]tatus):?[ \t]+137\b",
              "crash", "A process was killed by SIGKILL (signal 9; exit status -9, or 137 from a shell); the "
              "log does not say who sent it.", ("worker-killed", "oom-killed")),
         kill("killed", "the shell's bare 'Killed'",
-             r"(?m)^[ \t]*(?:[^\n:]+: line \d+:[ \t]+\d+[ \t]+)?Killed(?:[ \t]+(?!process\b)[^\n]*)?$",
+             r"(?m)^[ \t]*(?:[^\n:]+: line \d+:[ \t]+\d+[ \t]+|\[\d+\][+-]?[ \t]+)?Killed(?:[ \t]+(?!process\b)"
+             r"[^\n]*)?$|^zsh: killed[ \t]",  # bash (a script's line, a job's [1]+), zsh
              "likely", "The shell printed 'Killed': the job was killed by SIGKILL; nothing else in the log "
              "says why, so this is a guess from the signal alone.", ("worker-killed", "oom-killed", "sigkill")),
     )

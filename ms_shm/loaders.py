@@ -372,9 +372,11 @@ def register(loader: Any, p: Plan) -> None:
     apart = "" if not before else (
         f"; planned apart from {len(before)} DataLoader(s) built before it ({mib(sum(r.shm_bytes for r in before))} "
         f"of /dev/shm): loaders of this process are assumed to iterate one after the other")
-    log.info("ms_shm build_dataloader: workers=%s prefetch_factor=%s batch=%s predicted /dev/shm %s of %s, %s fds; "
+    memory = "" if p.budget.memory_bytes is None else \
+        f", memory {mib(p.predicted_memory)} of {mib(p.budget.memory_bytes)} ({p.budget.memory_reason})"
+    log.info("ms_shm build_dataloader: workers=%s prefetch_factor=%s batch=%s predicted /dev/shm %s of %s, %s fds%s; "
              "%s%s", p.workers, p.prefetch or "-", mib(p.row_bytes), mib(p.predicted_shm), mib(p.budget.shm_bytes),
-             p.predicted_fds, "; ".join(str(d) for d in p.decisions), apart)
+             p.predicted_fds, memory, "; ".join(str(d) for d in p.decisions), apart)
 
 
 def other_loaders(key: int) -> str:

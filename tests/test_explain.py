@@ -399,6 +399,7 @@ SIGKILL_LINES = [
     "  Signal 9 (SIGKILL) received by PID 1234",
     "subprocess.CalledProcessError: Command '['python', 'train.py']' died with <Signals.SIGKILL: 9>.",
     "train.py exited with code 137",
+    "    Last State:     Terminated\n      Exit Code:    137",  # kubectl describe pod, columns padded
 ]
 
 
@@ -434,6 +435,15 @@ def test_a_bare_killed_is_weaker_evidence_than_an_oom_line():
     assert "memory.failcnt" in dict(e.snippets)["cgroup"]
     job = "./run.sh: line 3: 12345 Killed                  python train.py\n"
     assert only(job).kind == "killed"
+    for shell in ("[1]+  Killed                  python train.py\n", "zsh: killed     python train.py\n"):
+        assert only(shell).kind == "killed", shell  # bash job control, zsh
+
+
+def test_kubernetes_and_docker_name_the_oom_kill_themselves():
+    for text in ("    Last State:     Terminated\n      Reason:       OOMKilled\n      Exit Code:    137\n",
+                 '"State": {"Status": "exited", "OOMKilled": true, "ExitCode": 137}\n'):
+        e = only(text, cgroup_mem_limit=2 * GiB)
+        assert (e.kind, e.severity) == ("oom-killed", "crash"), text
     # a more specific line explains the same kill once
     assert [x.kind for x in explain(WORKER_KILLED + "Killed\n", facts())] == ["worker-killed"]
     assert [x.kind for x in explain(cgroup_log("oom_dmesg.log") + "Killed\n" + SIGKILL_LINES[0], facts())] == [

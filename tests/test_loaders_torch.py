@@ -554,3 +554,52 @@ def test_a_torch_program_is_told_of_torch_not_of_generatordataset_slots(real_tor
     assert "shm-small" not in proc.stdout and "msloader-numpy2" not in proc.stdout
     assert "GeneratorDataset" not in proc.stderr and "ds.config" not in proc.stderr
     assert "WARNING" in proc.stderr and "sharing_strategy from file_descriptor to file_system" in proc.stderr
+
+
+# A training set preloaded as one numpy array, 4 MiB samples normalised into new tensors, 4 workers: what the
+# memory-cgroup audit ran (/tmp/audit_tmem's train.py, trimmed).
+HELD_ARRAY = """
+import hashlib, json, sys
+import numpy as np, torch
+from torch.utils.data import DataLoader, Dataset
+
+class Held(Dataset):
+    def __init__(self):
+        self.images = np.random.default_rng(0).standard_normal((48, 1 << 20), dtype=np.float32)
+    def __len__(self):
+        return 48
+    def __getitem__(self, i):
+        return torch.from_numpy(self.images[i]).reshape(-1, 512) * 0.5 + 0.1, i
+
+if __name__ == "__main__":
+    h = [hashlib.sha256(x.numpy().tobytes()).hexdigest()[:16] for x, _ in DataLoader(Held(), batch_size=8,
+                                                                                    num_workers=4)]
+    print("RESULT " + json.dumps({"digests": h}), flush=True)
+"""
+
+
+LIMIT = "780M"  # raw is OOM-killed there; priced at one batch a worker, ms_shm kept 4 workers and was killed too
+
+
+def test_in_a_container_memory_limit_raw_workers_are_oom_killed_ms_shm_run_delivers(real_torch, tmp_path):
+    """4 workers of 32 MiB batches in a 780 MB memory cgroup (tmpfs pages charged to it): raw is OOM-killed; the
+    unchanged script under ``ms-shm run`` is adapted to what fits and delivers raw's batches. The workers'
+    memory is priced at two batches over the probe's reading (one let a 344 MiB plan be OOM-killed at 771 MB)."""
+    why = real_torch.memory_cgroup_unavailable()
+    if why:
+        pytest.skip(f"memory cgroup unavailable: {why}")
+    script = tmp_path / "held.py"
+    script.write_text(HELD_ARRAY)
+
+    def go(runner: str, limit: str):
+        with real_torch.memory_cgroup(limit) as group:
+            proc = real_torch.run_shell(f"exec {shlex.quote(sys.executable)} {runner} {shlex.quote(str(script))}",
+                                        shm="2g", timeout=300, cgroup=group)
+        return proc, group
+
+    proc, group = go("", LIMIT)
+    assert proc.returncode != 0 and group.oom_kills, real_torch.describe(proc)
+    proc, group = go("-m ms_shm run", LIMIT)
+    assert not group.oom_kills, real_torch.describe(proc)
+    reference, _ = go("", "4G")
+    assert result(proc)["digests"] == result(reference)["digests"]

@@ -61,9 +61,14 @@ def memory(batch_bytes: int, storages: int, workers: int, prefetch_factor: int, 
     batch the training loop still holds while the next is made (``for batch in loader``: the name is rebound only
     after). Measured (torch 2.13, 96 MiB batches of 3 MiB samples, default collate): the main process grew
     ~210 MB; priced at two batches (192 MiB) it was admitted under a 241 MiB budget and OOM-killed, 3 of 3. A
-    worker likewise holds the samples of the batch it is collating (its batch itself is in ``/dev/shm``)."""
+    worker holds the samples of the batch it is collating (its batch itself is in ``/dev/shm``) and what its
+    allocator kept of the last batch's: two batches over what the probe child held. Measured (torch 2.13, a
+    cgroup-v1 group, batches of 8 samples computed from a held array): 4 workers at prefetch 1 with 32 MiB
+    batches added 389 MiB beside their 160 MiB of ``/dev/shm``, ~92 MiB a worker over a 14 MiB probe reading
+    (2.4 batches); 3 workers with 64 MiB batches ~130 MiB a worker (1.8 batches). Priced at one batch, a plan of
+    344 MiB was admitted under a 344 MiB budget and OOM-killed, 3 of 3."""
     shm = shm_peak(batch_bytes, storages, workers, prefetch_factor)
-    own = workers * (worker_bytes + batch_bytes) if workers > 0 else 3 * batch_bytes
+    own = workers * (worker_bytes + 2 * batch_bytes) if workers > 0 else 3 * batch_bytes
     return shm + own + (batch_bytes if pin_memory else 0)
 
 

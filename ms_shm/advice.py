@@ -494,7 +494,8 @@ def _sysv_findings(facts: Any, t: Typical) -> list:
     return out
 
 
-def _unknown_findings(facts: Any) -> list:
+def _unknown_findings(facts: Any, mindspore: bool = True) -> list:
+    """A finding per reading that failed; MindSpore's version only where MindSpore is in use."""
     out = []
     checks = (
         ("memory", facts.mem_total, "proc/meminfo"),
@@ -502,8 +503,7 @@ def _unknown_findings(facts: Any) -> list:
         ("kernel.shmmax", facts.shmmax, "shmmax"),
         ("SysV segments in use", facts.sysv_segments, "sysvipc"),
         ("open fds", facts.open_fds, "open fds"),
-        ("MindSpore version", facts.mindspore_version, None),
-    )
+    ) + ((("MindSpore version", facts.mindspore_version, None),) if mindspore else ())
     for label, value, key in checks:
         if value is None:
             note = (_note(facts, key) if key else None) or (
@@ -635,8 +635,7 @@ def _neutral_findings(facts: Any) -> list:
     """What holds whatever the framework: a /dev/shm that is missing or unreadable, ranks assumed, readings
     that failed (MindSpore's version aside)."""
     missing = [_shm_missing(facts, Typical.of(facts), ())] if facts.shm_total is None else []
-    unknown = [a for a in _unknown_findings(facts) if "MindSpore" not in a.problem]
-    return missing + _ranks_findings(facts) + unknown
+    return missing + _ranks_findings(facts) + _unknown_findings(facts, mindspore=False)
 
 
 def _ranks_findings(facts: Any) -> list:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+from collections.abc import Sequence
 
 from ms_shm import sizes
 from ms_shm._results import Result, mib, record
@@ -110,6 +111,16 @@ class Reservation(Result):
     kind: str = ""
 
 
+def sums(items: Sequence[Reservation]) -> tuple[int, int, int]:
+    """Reserved /dev/shm, fds and memory of ``items``."""
+    return sum(r.shm_bytes for r in items), sum(r.fds for r in items), sum(r.memory for r in items)
+
+
+def but_kind(items: tuple, apart: str | None) -> tuple:
+    """``items`` but those of kind ``apart`` (``None``: all of them)."""
+    return items if apart is None else tuple(r for r in items if r.kind != apart)
+
+
 class Ledger:
     """Pipelines alive together (train and eval) share one budget: each holds its predicted peak.
 
@@ -138,14 +149,13 @@ class Ledger:
 
     def totals(self, apart: str | None = None) -> tuple[int, int, int]:
         """Reserved /dev/shm, fds and memory (of ``live(apart)``)."""
-        items = self.live(apart)
-        return (sum(r.shm_bytes for r in items), sum(r.fds for r in items), sum(r.memory for r in items))
+        return sums(self.live(apart))
 
     def live(self, apart: str | None = None) -> tuple:
         """The live reservations, but those of kind ``apart`` (a pipeline of that kind is planned without
         them)."""
         with self._lock:
-            return tuple(r for r in self._items.values() if apart is None or r.kind != apart)
+            return but_kind(tuple(self._items.values()), apart)
 
     def clear(self) -> None:
         with self._lock:

@@ -362,7 +362,7 @@ def register(loader: Any, p: Plan) -> None:
     """Reserve the loader's predicted peak for its life, apart from other DataLoaders (``Ledger``: loaders of a
     process are assumed to iterate one after the other, and the plan line says so where others are alive), and
     tell its guard which ones were, for the ``ShmFullError`` of a worker that meets them iterating at once."""
-    before = tuple(r for r in SESSION.ledger.live() if r.kind == KIND and r.shm_bytes)
+    before = _live_loaders()
     reservation = SESSION.ledger.reserve("dataloader", p.predicted_shm, p.predicted_fds, p.predicted_memory, KIND)
     weakref.finalize(loader, SESSION.ledger.release, reservation.key)
     guard = getattr(loader, "collate_fn", None)
@@ -382,12 +382,17 @@ def register(loader: Any, p: Plan) -> None:
 def other_loaders(key: int) -> str:
     """The other live DataLoaders with batches in ``/dev/shm`` this process knows of, but ``key``: in a
     worker, those alive when it was forked (its copy of the ledger; a spawn worker knows none: ``""``)."""
-    others = [r for r in SESSION.ledger.live() if r.kind == KIND and r.key != key and r.shm_bytes]
+    others = _live_loaders(but=key)
     if not others:
         return ""
     return (f"{len(others)} other DataLoader(s) of this process, alive when this worker started "
             f"({mib(sum(r.shm_bytes for r in others))} of /dev/shm in flight while iterating), were planned as "
             f"iterating one after the other with this one: if one iterates at the same time, it holds that room")
+
+
+def _live_loaders(but: int | None = None) -> list:
+    """The live DataLoaders' reservations with batches in ``/dev/shm``, but the one of key ``but``."""
+    return [r for r in SESSION.ledger.live() if r.kind == KIND and r.key != but and r.shm_bytes]
 
 
 def startup(facts: Any, dry_run: bool) -> tuple:

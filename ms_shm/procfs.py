@@ -108,24 +108,24 @@ def is_zombie(pid: int | str, root: str | os.PathLike = "/") -> bool:
     Such a process holds no fds or mappings any more. Unreadable means "no": the safe answer for a caller
     that would otherwise treat the process as gone.
     """
+    fields = _stat_fields(pid, root)
+    return bool(fields) and fields[0] in ("Z", "X")
+
+
+def _stat_fields(pid: int | str, root: str | os.PathLike) -> list:
+    """``/proc/<pid>/stat``'s fields from the 3rd (the state) on; ``[]`` where it cannot be read."""
     try:
         text = _proc(root, pid, "stat").read_text(errors="replace")
     except OSError:
-        return False
-    _, _, rest = text.rpartition(")")  # the command name may itself hold ") "
-    fields = rest.split()
-    return bool(fields) and fields[0] in ("Z", "X")
+        return []
+    return text.rpartition(")")[2].split()  # the command name may itself hold ") "
 
 
 def death_signal(pid: int | str, root: str | os.PathLike = "/") -> int | None:
     """The signal that ended ``pid``, a zombie its parent has not reaped, read without reaping it (``stat``'s
     ``exit_code`` field, Linux 3.5+, in ``waitpid``'s form); ``None`` while it lives, when it exited, or unread.
     Reaping it here would take its status from the code that owns it (MindSpore joins its own workers)."""
-    try:
-        text = _proc(root, pid, "stat").read_text(errors="replace")
-    except OSError:
-        return None
-    fields = text.rpartition(")")[2].split()  # fields from the 3rd (state); exit_code is the 52nd
+    fields = _stat_fields(pid, root)  # exit_code, the 52nd field, is the 50th of these
     if len(fields) < 50 or fields[0] not in ("Z", "X") or not fields[49].lstrip("-").isdigit():
         return None
     status = int(fields[49])

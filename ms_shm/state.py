@@ -54,9 +54,10 @@ class Session:
         if reserved is not None:
             (shm_used, fds_used, memory_used), pipelines = reserved, 0
         else:
-            shm_used, fds_used, _ = self.ledger.totals(apart)
-            memory_used = self.ledger.totals()[2]
-            pipelines = sum(1 for r in self.ledger.live(apart) if r.shm_bytes)
+            live = self.ledger.live()  # one reading: a pipeline registered meanwhile is in all three or none
+            counted = budget_mod.but_kind(live, apart)
+            (shm_used, fds_used, _), memory_used = budget_mod.sums(counted), budget_mod.sums(live)[2]
+            pipelines = sum(1 for r in counted if r.shm_bytes)
         memory_left, memory_source = facts.memory_left
         now_left = host.memory_now(facts).memory_left[0] if memory_left is not None else None
         if now_left is not None and now_left + memory_used < memory_left:  # the program took some since

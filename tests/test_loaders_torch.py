@@ -603,3 +603,54 @@ def test_in_a_container_memory_limit_raw_workers_are_oom_killed_ms_shm_run_deliv
     assert not group.oom_kills, real_torch.describe(proc)
     reference, _ = go("", "4G")
     assert result(proc)["digests"] == result(reference)["digests"]
+
+
+# A random crop applied only to the samples larger than the crop (1 in 4 here), and a class-balanced sampler
+# drawing each index from the global generator while the loop draws from it too: the probe's three samples drew
+# nothing, 2 workers were picked, and every batch differed from raw (the audit's sometimes_auto / lazysampler).
+GLOBAL_DRAWS = """
+import hashlib, json, random, time
+import numpy as np, torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+import ms_shm
+
+class Read(Dataset):
+    def __len__(self):
+        return 48
+    def __getitem__(self, i):
+        time.sleep(0.02)  # a disk read: worth workers
+        return torch.from_numpy(np.full(1 << 14, i, np.float32))
+
+class Sometimes(Read):
+    def __getitem__(self, i):
+        x = super().__getitem__(i)
+        return torch.roll(x, random.randint(1, 9)) if i % 4 == 1 else x  # the probe reads 0, 47, 23: no draw
+
+class Balanced(Sampler):
+    def __len__(self):
+        return 48
+    def __iter__(self):
+        for _ in range(48):
+            yield random.randrange(48)
+
+def epoch(make, dataset, **kwargs):
+    random.seed(0)
+    loader, out = make(dataset, batch_size=4, **kwargs), []
+    for batch in loader:
+        out.append(hashlib.sha256(batch.numpy().tobytes()).hexdigest()[:16] + str(random.random()))  # the loop draws too
+    return out, loader.num_workers
+
+ms_shm.tune()
+same = {}
+for name, dataset, kw in (("conditional", Sometimes(), {}), ("sampler", Read(), {"sampler": Balanced()})):
+    (raw, _), (ours, workers) = epoch(DataLoader, dataset, **kw), epoch(ms_shm.build_dataloader, dataset, **kw)
+    same[name] = [raw == ours, workers]
+print("RESULT " + json.dumps(same), flush=True)
+"""
+
+
+def test_global_draws_the_probe_may_not_see_keep_the_batches_raw_gives(real_torch):
+    """``build_dataloader`` left to choose ``num_workers``: the same batches, in order, and the same draws in the
+    loop as raw torch's default (0 workers), for a draw on 1 sample in 4 and a sampler drawing per index."""
+    proc = real_torch.run_python(GLOBAL_DRAWS, shm="1g")
+    assert result(proc) == {"conditional": [True, 0], "sampler": [True, 0]}, real_torch.describe(proc)

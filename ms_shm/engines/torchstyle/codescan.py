@@ -85,12 +85,18 @@ class _NotImported(NamedTuple):
 
 def worker_info_use(dataset: Any, collate_fn: Any = None) -> str | None:
     """Where ``dataset`` or ``collate_fn`` refers to one of ``NAMES``, named for the log, or ``None``."""
-    seen: set = set()
-    for where, fn, owner in itertools.chain(_held_entries(dataset, seen), _collate_entries(collate_fn)):
-        found = _walk(fn, owner, set(), [0], _name_look)
+    where, _, found = _per_sample(dataset, collate_fn, set(), _name_look)
+    return f"{where} calls {found}() (what it returns depends on the worker that reads it)" if found else None
+
+
+def _per_sample(dataset: Any, collate_fn: Any, held: set, look: Callable) -> tuple:
+    """``(where, function, found)`` for the first entry point of ``dataset`` (and the objects it holds, each in
+    ``held`` once) or of ``collate_fn`` where ``_walk`` finds something with ``look``; ``(None, None, None)``."""
+    for where, fn, owner in itertools.chain(_held_entries(dataset, held), _collate_entries(collate_fn)):
+        found = _walk(fn, owner, set(), [0], look)
         if found:
-            return f"{where} calls {found}() (what it returns depends on the worker that reads it)"
-    return None
+            return where, fn, found
+    return None, None, None
 
 
 def global_draw(dataset: Any, collate_fn: Any = None, sampler: Any = None, batch_sampler: Any = None,
@@ -131,11 +137,9 @@ def global_draw(dataset: Any, collate_fn: Any = None, sampler: Any = None, batch
     """
     targets = _Targets.now()
     held: set = set()
-    for where, fn, owner in itertools.chain(_held_entries(dataset, held), _collate_entries(collate_fn)):
-        draw = _walk(fn, owner, set(), [0], functools.partial(_draw_look, targets, None))
-        if draw:
-            return (f"{where} calls {_named_draw(draw, fn)} (draws from the global generator; workers are "
-                    f"seeded apart)")
+    where, fn, draw = _per_sample(dataset, collate_fn, held, functools.partial(_draw_look, targets, None))
+    if draw:
+        return f"{where} calls {_named_draw(draw, fn)} (draws from the global generator; workers are seeded apart)"
     index_sampler = batch_sampler if batch_sampler is not None else sampler if batch_size is None else None
     for arg, value in (("sampler", sampler), ("batch_sampler", batch_sampler)):
         for where, fn, owner in _held_entries(value, held):
@@ -201,9 +205,13 @@ def _sampler_why(draw: _Draw, plain: bool) -> str:
 
 def _user(fn: Any) -> bool:
     """Python code of the program (not a framework's, not the standard library's)."""
-    if not isinstance(fn, types.FunctionType):
-        return False
-    top = (getattr(fn, "__module__", None) or "").split(".")[0]
+    return isinstance(fn, types.FunctionType) and _programs(fn)
+
+
+def _programs(thing: Any) -> bool:
+    """Whether ``thing`` (a function, a class) was defined in the program's code: its top-level module is
+    neither a framework's nor the standard library's."""
+    top = (getattr(thing, "__module__", None) or "").split(".")[0]
     return top not in FRAMEWORKS and top not in STDLIB
 
 
@@ -357,8 +365,7 @@ def _worth_reading(code: types.CodeType, globals_: dict, cells: dict) -> bool:
 
 def _program_object(value: Any) -> bool:
     """An instance of a class of the program (a module-level transform object), whose methods may draw."""
-    top = (getattr(type(value), "__module__", None) or "").split(".")[0]
-    return top not in FRAMEWORKS and top not in STDLIB and getattr(value, "__dict__", None) is not None
+    return _programs(type(value)) and getattr(value, "__dict__", None) is not None
 
 
 def _cells(fn: Any) -> dict:

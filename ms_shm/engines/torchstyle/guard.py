@@ -126,7 +126,7 @@ class GuardedCollate:
         free space read now meets as ``/dev/shm`` fills (those already there are out of it)."""
         return max(nbytes, self.planned_bytes) + self.planned_bytes * max(0, self.in_flight - 1)
 
-    def _in_flight(self, nbytes: int) -> str:
+    def _in_flight(self) -> str:
         others = self.in_flight - 1
         return "it" if others <= 0 else \
             f"it and the {others} other batch(es) in flight at the planned {mib(self.planned_bytes)}"
@@ -141,14 +141,14 @@ class GuardedCollate:
             self.over_said = True
             log.warning("ms_shm guard: batch %s is %s (planned %s): %s need %s, over this loader's %s of %s, "
                         "which still has %s free; going on", self.batches, mib(nbytes), mib(self.planned_bytes),
-                        self._in_flight(nbytes), mib(need), mib(self.limit_bytes), SHM_DIR, mib(free))
+                        self._in_flight(), mib(need), mib(self.limit_bytes), SHM_DIR, mib(free))
 
     def _over(self, nbytes: int, free: int | None, info: Any) -> str:
         need = self.need(nbytes)
         room = "its free space unreadable" if free is None else f"only {free_text(free, need * self.ranks)} free"
         ranks = f" (for each of {self.ranks} local ranks)" if self.ranks > 1 else ""
         budget = "over" if need > self.limit_bytes else "within"
-        return (f"{self._batch(nbytes, info)}: {self._in_flight(nbytes)} need {mib(need)} of "
+        return (f"{self._batch(nbytes, info)}: {self._in_flight()} need {mib(need)} of "
                 f"{SHM_DIR}, {budget} the {mib(self.limit_bytes)} this loader may use, and {SHM_DIR} has {room}"
                 f"{ranks}: {HARM}. Fix: {self._fix(nbytes)}")
 
@@ -163,7 +163,7 @@ class GuardedCollate:
                 f"little to send it, though the plan's {self.in_flight} batches in flight fit this loader's "
                 f"{mib(self.limit_bytes)}: something else filled it after ms_shm planned this loader "
                 f"({self._others_text()}{host.sharing_hint(self.ranks)}), and {HARM}. Fix: make room, this loader "
-                f"needs {mib(need)} free for {self._in_flight(nbytes)} and {mib(used)} of the {mib(space.total)} "
+                f"needs {mib(need)} free for {self._in_flight()} and {mib(used)} of the {mib(space.total)} "
                 f"of {SHM_DIR} are in use (find what uses it: `df -h {SHM_DIR}`; `ms-shm clean` removes what "
                 f"crashed runs left), or give {SHM_DIR} at least {mib(size)} (docker run --shm-size="
                 f"{sizes.shm_size_flag(size)}){', or ' + self.fix if self.fix else ''}")

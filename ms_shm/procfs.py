@@ -121,15 +121,39 @@ def _stat_fields(pid: int | str, root: str | os.PathLike) -> list:
     return text.rpartition(")")[2].split()  # the command name may itself hold ") "
 
 
-def death_signal(pid: int | str, root: str | os.PathLike = "/") -> int | None:
-    """The signal that ended ``pid``, a zombie its parent has not reaped, read without reaping it (``stat``'s
-    ``exit_code`` field, Linux 3.5+, in ``waitpid``'s form); ``None`` while it lives, when it exited, or unread.
-    Reaping it here would take its status from the code that owns it (MindSpore joins its own workers)."""
-    fields = _stat_fields(pid, root)  # exit_code, the 52nd field, is the 50th of these
+def exit_status(pid: int | str, root: str | os.PathLike = "/", parent: int | None = None) -> int | None:
+    """How ``pid`` ended, in ``waitpid``'s form, while it is a zombie its parent has not reaped (``stat``'s
+    ``exit_code`` field, Linux 3.5+); ``None`` while it lives, once reaped, or unread. Read without reaping:
+    reaping would take the status from the code that owns the process (MindSpore joins its own workers).
+    ``parent``: only a zombie child of that pid counts (a reaped pid may come back as another process's)."""
+    fields = _stat_fields(pid, root)  # exit_code, the 52nd field, is the 50th of these; the parent the 2nd
     if len(fields) < 50 or fields[0] not in ("Z", "X") or not fields[49].lstrip("-").isdigit():
         return None
-    status = int(fields[49])
-    return (status & 0x7F) or None
+    if parent is not None and fields[1] != str(parent):
+        return None
+    return int(fields[49])
+
+
+def parent_of(pid: int | str, root: str | os.PathLike = "/") -> int | None:
+    """``pid``'s parent pid (``stat``'s 4th field), or ``None`` where unread."""
+    fields = _stat_fields(pid, root)
+    return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+
+
+def death_signal(pid: int | str, root: str | os.PathLike = "/") -> int | None:
+    """The signal that ended ``pid``, an unreaped zombie (``exit_status``); ``None`` while it lives, when it
+    exited by itself, or unread."""
+    status = exit_status(pid, root)
+    return (status & 0x7F) or None if status is not None else None
+
+
+def process_cpu_ticks(pid: int | str, root: str | os.PathLike = "/") -> int | None:
+    """User plus system CPU time ``pid`` has used, in clock ticks (``stat``'s 14th and 15th fields); ``None``
+    where unread. A process whose threads all wait on a lock uses none."""
+    fields = _stat_fields(pid, root)
+    if len(fields) < 13 or not (fields[11].isdigit() and fields[12].isdigit()):
+        return None
+    return int(fields[11]) + int(fields[12])
 
 
 def private_bytes(pid: int | str = "self", root: str | os.PathLike = "/") -> int | None:
@@ -266,4 +290,5 @@ def descendants(pid: int, root: str | os.PathLike = "/") -> list:
 
 
 __all__ = ["Space", "statvfs", "sysvipc_path", "read_sysvipc", "segment_totals", "pids", "is_zombie",
-           "cpu_ticks", "idle_cpus", "open_fd_count", "fd_targets", "mapped_paths", "children_files_exist", "descendants"]
+           "exit_status", "parent_of", "death_signal", "process_cpu_ticks", "cpu_ticks", "idle_cpus", "open_fd_count", "fd_targets",
+           "mapped_paths", "children_files_exist", "descendants"]

@@ -107,14 +107,24 @@ def run_precheck(workers: int, prefetch: int, row_mb: int) -> None:
     print("RESULT " + json.dumps(result), flush=True)
 
 
-def run_killed_worker() -> None:
+def run_killed_worker(stuck: bool = False) -> None:
     """A worker process SIGKILLed mid-epoch (what the OOM killer does): the run must end, as raw MindSpore's
-    watchdog ends it, not wait for that worker's rows forever. Prints ``RESULT`` only if the epoch finished."""
+    watchdog ends it, not wait for that worker's rows forever. Prints ``RESULT`` only if the epoch finished.
+
+    ``stuck``: as when MindSpore's SIGCHLD handler deadlocks in malloc (``ms_shm.sentinel``): the handler never
+    runs (SIGCHLD back to its default) and the main thread waits in C holding the GIL. Prints ``NO_CXX_WATCHDOG``
+    and returns on a release whose watchdog is not that handler (2.0's is a Python thread)."""
     import os
     import signal
 
     import ms_shm
 
+    if stuck:
+        import mindspore._c_dataengine as cde
+
+        if not hasattr(cde, "register_worker_pids"):
+            print("NO_CXX_WATCHDOG", flush=True)
+            return
     dataset = ms_shm.build_dataset(Fixed(n=200, nbytes=MiB, python_work=100_000), ["data", "label"], shuffle=False,
                                    num_parallel_workers=2, python_multiprocessing=True)
     rows = 0
@@ -126,6 +136,12 @@ def run_killed_worker() -> None:
 
             time.sleep(1.0)  # killed while it runs, as the OOM killer finds it, not in its first instant
             workers = [p for p in multiprocessing.active_children() if type(p).__module__.startswith("mindspore")]
+            if stuck:
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             print(f"KILLING {workers[0].pid} of {len(workers)} workers", flush=True)
             os.kill(workers[0].pid, signal.SIGKILL)
+            if stuck:
+                import ctypes
+
+                ctypes.PyDLL(None).sleep(120)  # libc's sleep, called holding the GIL
     print("RESULT " + json.dumps({"rows": rows}), flush=True)

@@ -37,6 +37,10 @@ def test_the_signal_that_ended_an_unreaped_child_is_read_without_reaping_it():
         assert procfs.death_signal(exited) is None  # ended by itself
         assert procfs.death_signal(os.getpid()) is None  # alive
         assert procfs.is_zombie(killed)  # still there for its owner to reap
+        assert procfs.exit_status(exited) == 3 << 8 and procfs.exit_status(os.getpid()) is None
+        assert procfs.parent_of(killed) == os.getpid()
+        assert procfs.exit_status(killed, parent=os.getpid()) == signal.SIGKILL
+        assert procfs.exit_status(killed, parent=os.getppid()) is None  # not that process's child: not its worker
     finally:
         os.waitpid(killed, 0)
         os.waitpid(exited, 0)

@@ -150,6 +150,16 @@ def test_worker_killed_by_sigkill_points_at_oom():
     assert "OOM" in e.cause and "2.0 GiB" in e.cause
 
 
+@pytest.mark.parametrize("how, kind", [("was killed by signal: Killed", "worker-killed"),
+                                       ("exited unexpectedly with exit code 1", "worker-exited")])
+def test_the_sentinels_line_reads_as_mindspores(how, kind):
+    """Where MindSpore's watchdog deadlocked, ``ms_shm.sentinel`` says what it would have, in its words."""
+    line = (f"ms_shm: Dataset worker process 4242 {how}. MindSpore's watchdog, which ends the run then, has not in "
+            "3 s (its SIGCHLD handler can deadlock in malloc); ms_shm's sentinel terminates the main process 1 as "
+            "the watchdog would.")
+    assert only(line).kind == kind
+
+
 def test_worker_exit_alone_is_reported_but_not_when_explained():
     line = ("SIGCHLDHandler] Dataset worker process 77 exited unexpectedly with exit code 1. "
             "Main process will be terminated.")

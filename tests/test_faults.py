@@ -103,8 +103,8 @@ def test_worker_sigkilled_mid_epoch_ends_the_pipeline_with_mindspores_message_an
     assert ready["plan"]["mode"] == "processes" and len(ready["workers"]) == 2, describe(out)
     assert ready["checked"] == [0, 1, 2, 3, 4]  # the rows delivered before the kill were bit-exact
     assert out["rc"] == -15, describe(out)
-    assert (f"Dataset worker process {ready['workers'][0]} was killed by signal: Killed. Main process will be "
-            f"terminated.") in out["stderr"]
+    # MindSpore's line, or, in the runs where its handler deadlocks (about 1 in 8), ms_shm's sentinel's, worded alike
+    assert f"Dataset worker process {ready['workers'][0]} was killed by signal: Killed." in out["stderr"]
     assert_nothing_left(out)
 
 

@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from tests import isolated, release_scenarios
+from tests.conftest import release_skip
 from tests.isolated import result_of as result
 
 pytestmark = pytest.mark.mindspore
@@ -92,18 +93,36 @@ def test_doctor_on_this_release_predicts_what_it_does_at_64m(real_mindspore):
     assert bool(crash) == (installed_profile().generator_default_max_rowsize_mb is not None)
 
 
+def run_killing_a_worker(stuck: bool) -> subprocess.CompletedProcess:
+    code = f"from tests.release_scenarios import run_killed_worker; run_killed_worker(stuck={stuck})"
+    try:
+        return isolated.run_shell(f"exec {shlex.quote(sys.executable)} -c {shlex.quote(code)}", shm="1g",
+                                  timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the run was still waiting 120 s after one of its workers was SIGKILLed")
+
+
 def test_a_worker_killed_mid_epoch_ends_the_run_on_every_release(real_mindspore):
     """The OOM killer's SIGKILL to one worker: raw MindSpore's watchdog ends the run (SIGTERM, ~1 s). On 2.0
     ms_shm turns that watchdog off (it leaks static slots) and does its part itself (``deathwatch``): with
     nothing doing it, the run waited for the dead worker's rows forever (measured: alive after 90 s)."""
-    code = "from tests.release_scenarios import run_killed_worker; run_killed_worker()"
-    try:
-        proc = isolated.run_shell(f"exec {shlex.quote(sys.executable)} -c {shlex.quote(code)}", shm="1g",
-                                  timeout=120)
-    except subprocess.TimeoutExpired:
-        pytest.fail("the run was still waiting 120 s after one of its workers was SIGKILLed")
+    proc = run_killing_a_worker(stuck=False)
     assert "KILLING" in proc.stdout, isolated.describe(proc)
     if "RESULT" not in proc.stdout:  # ended, as raw ends: by the watchdog's SIGTERM
         assert proc.returncode == -15, isolated.describe(proc)
     if installed_profile().watchdog_leaks_slots:
         assert "was killed by SIGKILL" in proc.stderr, isolated.describe(proc)
+
+
+def test_a_run_whose_watchdog_is_stuck_still_ends(real_mindspore):
+    """MindSpore's SIGCHLD handler allocates, and deadlocks when the signal lands inside malloc (raw 2.8.0, a
+    worker SIGKILLed mid-epoch: 5 hung runs in 40, the main thread in SIGCHLDHandler -> malloc holding the GIL).
+    Made certain here (the handler never runs, the main thread waits holding the GIL): ms_shm's sentinel, a
+    process outside, ends the run as the watchdog would have, naming the worker as MindSpore does."""
+    proc = run_killing_a_worker(stuck=True)
+    if "NO_CXX_WATCHDOG" in proc.stdout:
+        release_skip("the watchdog is a Python thread here (2.0), not a signal handler that can deadlock")
+    killed = proc.stdout.split("KILLING ")[-1].split()[0]
+    assert proc.returncode == -15, isolated.describe(proc)
+    assert f"Dataset worker process {killed} was killed by signal: Killed." in proc.stderr, isolated.describe(proc)
+    assert "sentinel terminates the main process" in proc.stderr, isolated.describe(proc)

@@ -37,7 +37,42 @@ class MindSporeConfig(Result):
 def _dataset_module():
     import mindspore.dataset as ds  # deferred: importing MindSpore takes seconds
 
+    if not _backed_up:
+        _back_up_watchdog()
     return ds
+
+
+_backed_up = False
+
+
+def _back_up_watchdog() -> None:
+    """Tell ``sentinel`` each worker group MindSpore's watchdog is told of, so that a run the watchdog fails to
+    end (its SIGCHLD handler can deadlock) still ends. MindSpore's modules call these through the ``cde`` module
+    object, so wrapping its attributes reaches every pool (generator, map, batch); releases without them (2.0's
+    watchdog is a Python thread) are left as they are."""
+    global _backed_up
+    _backed_up = True
+    try:
+        import mindspore._c_dataengine as cde
+    except ImportError:
+        return
+    register, deregister = getattr(cde, "register_worker_pids", None), getattr(cde, "deregister_worker_pids", None)
+    if register is None or deregister is None or getattr(register, "_ms_shm_original", None) is not None:
+        return
+    from ms_shm import sentinel
+
+    def register_worker_pids(key, pids):
+        result = register(key, pids)
+        sentinel.watch(key, pids)
+        return result
+
+    def deregister_worker_pids(key):
+        sentinel.forget(key)
+        return deregister(key)
+
+    register_worker_pids._ms_shm_original = register
+    deregister_worker_pids._ms_shm_original = deregister
+    cde.register_worker_pids, cde.deregister_worker_pids = register_worker_pids, deregister_worker_pids
 
 
 def available() -> bool:

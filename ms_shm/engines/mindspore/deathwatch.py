@@ -25,12 +25,12 @@ import weakref
 from typing import Any, Callable, Iterable
 
 from ms_shm import procfs
+from ms_shm.sentinel import TEARDOWN  # one rule for what is not a death, here and outside
 
 log = logging.getLogger("ms_shm.deathwatch")
 # seconds between looks: a dead worker ends the run within this (raw 2.0.0: 1.3 s). A worker is known from the
 # first look that finds it alive; one killed before that and reaped by MindSpore's own poll is not seen.
 INTERVAL = 0.25
-TEARDOWN = frozenset({signal.SIGTERM, signal.SIGINT})  # how MindSpore and Ctrl-C end workers: not a death
 _lock = threading.Lock()
 _stop: threading.Event | None = None
 

@@ -91,6 +91,8 @@ def _send(line: str) -> None:
 def _start() -> subprocess.Popen:
     if not sys.executable:
         raise OSError("no Python interpreter path (sys.executable is empty)")
+    if not os.path.isfile(__file__):
+        raise OSError(f"{__file__} is not a file (a zipped install?)")
     process = subprocess.Popen([sys.executable, "-I", "-S", os.path.abspath(__file__), str(os.getpid()), str(GRACE)],
                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, close_fds=True)
     log.debug("ms_shm: sentinel %s backs up MindSpore's watchdog for this process", process.pid)

@@ -175,7 +175,12 @@ def test_two_loaders_iterated_at_once_in_too_small_a_dev_shm_end_with_an_error_n
     assert proc.returncode != 0 and "ShmFullError" in text, isolated.describe(proc)
     assert "1 other DataLoader(s) of this process, alive when this worker started (40.0 MiB" in text, text[-3000:]
     assert "planned as iterating one after the other with this one" in text, text[-3000:]
-    assert "Bus error" not in text and "unable to allocate shared memory" not in text
+    assert "Bus error" not in text
+    # another worker may take the room between the guard's check and its own write of the batch: torch's error
+    # then reaches the loop only as the cause of the guard's ShmFullError (seen in 1 suite run; 0 of 6 runs alone)
+    if "unable to allocate shared memory" in text:
+        cause = text.split("unable to allocate shared memory", 1)[1]
+        assert "The above exception was the direct cause" in cause and "ShmFullError" in cause, text[-3000:]
     assert time.monotonic() - began < 120
 
 

@@ -1,6 +1,6 @@
 """``ms_shm.sentinel``: the process outside a run that ends it when MindSpore's watchdog should have and is stuck.
 
-The rule is pure (``ended_badly``, ``Watcher.overdue``); the sentinel itself is checked with real processes: a
+The rule is pure (``ended_badly``, ``sentinel_main.Watcher.overdue``); the sentinel itself is checked with real processes: a
 stand-in for a run registers a real child as its worker, the test kills that child, and the run must end (or
 not) the way the watchdog would end it. No framework is needed: MindSpore's side (its ``register_worker_pids``
 reaching the sentinel, a real stuck watchdog) is ``test_releases.py::test_a_run_whose_watchdog_is_stuck_...``.
@@ -17,11 +17,11 @@ import time
 
 import pytest
 
-from ms_shm import sentinel
+from ms_shm import sentinel, sentinel_main
 
 RUN = r"""
 import json, os, signal, subprocess, sys, time
-from ms_shm import sentinel
+from ms_shm import sentinel, sentinel_main
 sentinel.GRACE = 0.5
 mode = sys.argv[1]
 worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],  # never waited on: a zombie
@@ -86,7 +86,7 @@ class FakeProcfs:
 
 def test_a_bad_end_is_overdue_only_after_the_grace_and_only_while_its_group_is_registered():
     procfs = FakeProcfs({11: signal.SIGKILL, 1: signal.SIGKILL})
-    watcher = sentinel.Watcher(os.getppid(), procfs, grace=3.0)
+    watcher = sentinel_main.Watcher(os.getppid(), procfs, grace=3.0)
     watcher.hear("watch 5 1 10 11")  # the first pid is the main process: never judged
     assert watcher.overdue(100.0) is None  # first seen
     assert watcher.overdue(102.9) is None
@@ -97,7 +97,7 @@ def test_a_bad_end_is_overdue_only_after_the_grace_and_only_while_its_group_is_r
 
 def test_a_worker_reaped_meanwhile_starts_its_grace_afresh():
     procfs = FakeProcfs({11: signal.SIGKILL})
-    watcher = sentinel.Watcher(os.getppid(), procfs, grace=1.0)
+    watcher = sentinel_main.Watcher(os.getppid(), procfs, grace=1.0)
     watcher.hear("watch 5 1 11")
     watcher.overdue(0.0)
     del procfs.statuses[11]  # reaped (the pid could come back as another process)

@@ -144,7 +144,9 @@ def death_signal(pid: int | str, root: str | os.PathLike = "/") -> int | None:
     """The signal that ended ``pid``, an unreaped zombie (``exit_status``); ``None`` while it lives, when it
     exited by itself, or unread."""
     status = exit_status(pid, root)
-    return (status & 0x7F) or None if status is not None else None
+    if status is None:
+        return None
+    return (status & 0x7F) or None
 
 
 def process_cpu_ticks(pid: int | str, root: str | os.PathLike = "/") -> int | None:
@@ -290,5 +292,5 @@ def descendants(pid: int, root: str | os.PathLike = "/") -> list:
 
 
 __all__ = ["Space", "statvfs", "sysvipc_path", "read_sysvipc", "segment_totals", "pids", "is_zombie",
-           "exit_status", "parent_of", "death_signal", "process_cpu_ticks", "cpu_ticks", "idle_cpus", "open_fd_count", "fd_targets",
-           "mapped_paths", "children_files_exist", "descendants"]
+           "exit_status", "parent_of", "death_signal", "process_cpu_ticks", "cpu_ticks", "idle_cpus",
+           "open_fd_count", "fd_targets", "mapped_paths", "children_files_exist", "descendants"]

@@ -37,17 +37,25 @@ class Watcher:
     """The sentinel's state: the registered groups and when each dead worker was first seen."""
 
     def __init__(self, parent: int, procfs: object, grace: float = GRACE):
-        self.parent, self.procfs, self.grace = parent, procfs, grace
+        self.procfs, self.grace = procfs, grace
         self.groups: dict = {}
         self.first_seen: dict = {}
         self.main = Parent(parent)
 
+    @property
+    def parent(self) -> int:
+        return self.main.pid
+
     def hear(self, line: str) -> None:
+        """A group registered or deregistered. A pid no group holds any more is forgotten with its first sighting:
+        come back as another worker (pids are reused), its bad end gets the whole grace again."""
         words = line.split()
         if len(words) >= 2 and words[0] == "watch":
             self.groups[words[1]] = [int(w) for w in words[2:] if w.isdigit()]
         elif len(words) == 2 and words[0] == "forget":
             self.groups.pop(words[1], None)
+        held = {pid for pids in self.groups.values() for pid in pids}
+        self.first_seen = {pid: at for pid, at in self.first_seen.items() if pid in held}
 
     def overdue(self, now: float) -> tuple | None:
         """``(group, pid, how)`` for a worker whose bad end the watchdog has left unanswered for ``grace``."""

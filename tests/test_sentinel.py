@@ -106,6 +106,17 @@ def test_a_worker_reaped_meanwhile_starts_its_grace_afresh():
     assert watcher.overdue(5.5) is None
 
 
+def test_a_pid_deregistered_and_registered_again_gets_the_whole_grace_again():
+    procfs = FakeProcfs({11: signal.SIGKILL})
+    watcher = sentinel_main.Watcher(os.getppid(), procfs, grace=3.0)
+    watcher.hear("watch 5 1 11")
+    assert watcher.overdue(0.0) is None  # first seen, then its group torn down
+    watcher.hear("forget 5")
+    watcher.hear("watch 6 1 11")  # the pid, reused by a worker of a new group, found dead at once
+    assert watcher.overdue(100.0) is None
+    assert watcher.overdue(103.0) == ("6", 11, "was killed by signal: Killed")
+
+
 def test_a_run_whose_watchdog_does_nothing_is_terminated_naming_the_worker():
     proc, pids = start_run("stuck")
     os.kill(pids["worker"], signal.SIGKILL)

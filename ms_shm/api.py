@@ -369,7 +369,7 @@ def _fit(plan_for: Any, req: Request, locked: bool) -> Plan:
                           if getattr(req, field) is not None)
         if req.explicit != PREFERENCE or locked or not asked:
             raise
-        why = str(exc).split(" Fix:")[0]
+        why = exc.problem
     p = plan_for(replace(req, workers=None, multiprocessing=None, max_rowsize=None))
     adapted = Decision("explicit_arguments", "adapted", asked,
                        f"{why}; the call's explicit {asked} are preferences here (ms_shm.patch), so the fastest "

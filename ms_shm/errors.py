@@ -24,6 +24,11 @@ class Error(Exception):
         super().__init__(message)
         self.fix = fix
 
+    @property
+    def problem(self) -> str:
+        """The message up to its `` Fix:``: what went wrong, as a decision's reason when ms_shm adapts instead."""
+        return str(self).split(" Fix:")[0]
+
 
 class RowError(Error, ValueError, RuntimeError):
     """A row MindSpore cannot carry, found before any worker starts. The message names the column, the row and

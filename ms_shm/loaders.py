@@ -247,7 +247,7 @@ def _plan(eng: Any, stats: Any, req: LoaderRequest, b: Any, preferences: bool, t
             raise
         if req.workers_locked and req.workers:
             return _workers_kept(eng, stats, req, b, exc)
-        why, error = str(exc).split(" Fix:")[0], exc
+        why, error = exc.problem, exc
     if stats.seconds_per_sample is None:  # only the explicit workers were priced: now the others are
         timed, effects, _ = timed_probe()
         lock = _locked(None, effects)
@@ -282,7 +282,7 @@ def _workers_kept(eng: Any, stats: Any, req: LoaderRequest, b: Any, error: ShmBu
         except ShmBudgetError as exc:
             error = exc
         else:
-            why = str(error).split(" Fix:")[0]
+            why = error.problem
             adapted = Decision("explicit_arguments", f"prefetch_factor={p.prefetch}",
                                f"prefetch_factor={req.prefetch_factor}",
                                f"{why}; num_workers={req.workers} is kept ({req.workers_locked}), and the explicit "
@@ -370,7 +370,7 @@ def register(loader: Any, p: Plan) -> None:
         guard.others = functools.partial(other_loaders, reservation.key)
     measure.remember(loader, p, measure.Unavailable("a DataLoader's batches are not re-made in a probe"))
     apart = "" if not before else (
-        f"; planned apart from {len(before)} DataLoader(s) built before it ({mib(sum(r.shm_bytes for r in before))} "
+        f"; planned apart from {len(before)} DataLoader(s) built before it ({mib(budget_mod.sums(before)[0])} "
         f"of /dev/shm): loaders of this process are assumed to iterate one after the other")
     memory = "" if p.budget.memory_bytes is None else \
         f", memory {mib(p.predicted_memory)} of {mib(p.budget.memory_bytes)} ({p.budget.memory_reason})"
@@ -386,7 +386,7 @@ def other_loaders(key: int) -> str:
     if not others:
         return ""
     return (f"{len(others)} other DataLoader(s) of this process, alive when this worker started "
-            f"({mib(sum(r.shm_bytes for r in others))} of /dev/shm in flight while iterating), were planned as "
+            f"({mib(budget_mod.sums(others)[0])} of /dev/shm in flight while iterating), were planned as "
             f"iterating one after the other with this one: if one iterates at the same time, it holds that room")
 
 

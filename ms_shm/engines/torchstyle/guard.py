@@ -183,8 +183,8 @@ class GuardedCollate:
                 f"{mib(self.planned_bytes)})")
 
     def _fix(self, nbytes: int) -> str:
-        """The /dev/shm that holds every batch in flight at this size, for every local rank, then what the
-        loader's arguments allow."""
+        """The host /dev/shm that holds this batch and the others in flight at the planned size (``need``), for
+        every local rank, then what the loader's arguments allow."""
         host_need = self.to_give(self.need(nbytes))
         give = f"give {SHM_DIR} at least {mib(host_need)} ({sizes.where_to_set(host_need)})"
         return f"{give}, or {self.fix}" if self.fix else give

@@ -797,6 +797,32 @@ def test_room_taken_between_the_check_and_the_write_fails_in_the_worker_as_shm_f
     assert kept == [batch] and batch == [4 * MiB]
 
 
+def test_room_taken_while_the_frameworks_collate_writes_a_grown_batch_is_the_guards_error(monkeypatch):
+    """torch's default collate writes its batch to shared memory itself: a batch over its plan that had room at
+    the check (``_before``) and lost it to another worker during the collate reaches the loop as the guard's
+    ``RowTooLargeError``, torch's ENOSPC its cause (256 MB, samples growing to 24 MiB: 1 run of a suite's)."""
+    from types import SimpleNamespace
+
+    from ms_shm.engines.torchstyle import guard
+    from ms_shm.errors import RowTooLargeError
+
+    readings = iter([40 * MiB, 5 * MiB])  # checked before the collate: room; after it failed: none
+    monkeypatch.setattr(guard.procfs, "statvfs", lambda path: SimpleNamespace(free=next(readings), total=64 * MiB))
+
+    def collate(samples):
+        raise RuntimeError("unable to allocate shared memory(shm) for file </torch_1_2_3>: No space left on device")
+
+    weigh = lambda batch: (sum(batch), len(batch))  # noqa: E731
+    g = guard.GuardedCollate(collate, weigh, lambda: _Worker(), 4 * MiB, 3, 64 * MiB, "batch_size=1")
+    with pytest.raises(RowTooLargeError, match=r"is 24.0 MiB \(planned 4.0 MiB\)") as err:
+        g([24 * MiB])
+    assert isinstance(err.value.__cause__, RuntimeError) and "unable to allocate" in str(err.value.__cause__)
+    monkeypatch.setattr(guard.procfs, "statvfs", lambda path: SimpleNamespace(free=40 * MiB, total=64 * MiB))
+    with pytest.raises(RuntimeError, match="unable to allocate") as err:  # room now: the framework's own error
+        g([24 * MiB])
+    assert not isinstance(err.value, RowTooLargeError)
+
+
 @pytest.mark.parametrize("batch_size, batch_sampler, workers, prefetch, fix", [
     (4, False, 2, 2, "batch_size=2, or prefetch_factor=1, or num_workers=1"),
     (1, False, 1, 1, ""),  # nothing of the loader's can go lower: /dev/shm only

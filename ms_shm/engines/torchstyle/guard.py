@@ -77,8 +77,8 @@ class GuardedCollate:
         if info is None:
             return self.collate(samples)
         self.batches += 1
-        self._before(samples, info)
-        batch = self.collate(samples)
+        weight = self._before(samples, info)
+        batch = self._writing(lambda: self.collate(samples), weight, weight, info)
         nbytes = self.weigh(batch)[0]
         over = self.need(nbytes) > self.limit_bytes
         pending = nbytes if self.unshared is None else self.unshared(batch)
@@ -94,29 +94,40 @@ class GuardedCollate:
             self._share(batch, nbytes, pending, info)
         return batch
 
-    def _before(self, samples: Any, info: Any) -> None:
-        """Samples heavier than the planned batch, checked before the collate: torch's default collate writes
-        its batch to ``/dev/shm`` itself, so a growth that fills it failed there with torch's own "unable to
-        allocate shared memory" (1 MiB samples growing to 24 MiB, 2 workers, 256 MB, measured), before any
-        check after it. Where ``/dev/shm`` has not even this batch free now: ``RowTooLargeError``."""
+    def _before(self, samples: Any, info: Any) -> int:
+        """The samples' bytes; those heavier than the planned batch are checked before the collate: torch's
+        default collate writes its batch to ``/dev/shm`` itself, so a growth that fills it failed there with
+        torch's own "unable to allocate shared memory" (1 MiB samples growing to 24 MiB, 2 workers, 256 MB,
+        measured), before any check after it. Where ``/dev/shm`` has not even this batch free now:
+        ``RowTooLargeError``."""
         nbytes = self.weigh(samples)[0]
         if nbytes <= self.planned_bytes:
-            return
+            return nbytes
         space = _space()
         if space is not None and space.free < nbytes:
             raise RowTooLargeError(self._over(nbytes, space.free, info))
+        return nbytes
 
     def _share(self, batch: Any, nbytes: int, pending: int, info: Any) -> None:
-        """Writes the batch to shared memory here, as the framework would when sending it: another process may
-        take the room between the check and the send (4 ranks without launcher variables under 64 MB: a batch
-        lost so in torch's feeder thread in 1 of 3 runs). What fails here reaches the program: ``ShmFullError``
-        where ``/dev/shm`` is indeed full now, else the framework's own error."""
+        """Writes the batch to shared memory here, as the framework would when sending it (4 ranks without
+        launcher variables under 64 MB: a batch lost in torch's feeder thread in 1 of 3 runs, where nothing
+        reached the loop)."""
+        self._writing(lambda: self.share(batch), nbytes, pending, info)
+
+    def _writing(self, write: Callable[[], Any], nbytes: int, pending: int, info: Any) -> Any:
+        """``write()``, which puts ``pending`` bytes of a batch of ``nbytes`` in ``/dev/shm`` (torch's collate, or
+        ``share``). Another process may take the room between a check and the write (the other worker's grown
+        batch, 256 MB, 1 run of a suite's): what fails for want of it reaches the program as the guard's error,
+        with the framework's as its cause: ``RowTooLargeError`` for a batch over its plan, ``ShmFullError`` for
+        one within it. Where ``/dev/shm`` has room now, the framework's own error."""
         try:
-            self.share(batch)
+            return write()
         except RuntimeError as exc:
             space = _space()
             if space is None or space.free >= pending:
                 raise
+            if nbytes > self.planned_bytes:
+                raise RowTooLargeError(self._over(nbytes, space.free, info)) from exc
             raise ShmFullError(self._full(nbytes, pending, space, info)) from exc
 
     def need(self, nbytes: int) -> int:

@@ -79,12 +79,28 @@ def _second_core_free() -> bool:
     return parallel.parallel_fraction(cpus, together, 1.0, parallel.usable_cpus()) > 0.8
 
 
+def _fractions_with_a_core_free(source, tries: int = 6) -> list:
+    """Fractions read with a second core free just before and just after: load in between reads as the GIL.
+
+    A check before the reads alone let a loaded machine (a full suite beside other work) through: three reads of
+    rows that release the GIL all said 0.32 or less.
+    """
+    seen = []
+    for _ in range(tries):
+        if _second_core_free():
+            fraction = _fractions(source, 1)[0]
+            if _second_core_free():
+                seen.append(fraction)
+    return seen
+
+
 @pytest.mark.skipif(parallel.usable_cpus() < 2, reason="one usable CPU: nothing can run in parallel")
 def test_the_probe_tells_gil_bound_from_gil_releasing_rows():
-    if not any(_second_core_free() for _ in range(5)):
-        pytest.skip("no second core free now (machine loaded): parallelism cannot be observed")
-    gil_bound = min(_fractions(PythonLoop()))
-    releasing = max(_fractions(Hashing()))
+    releasing = _fractions_with_a_core_free(Hashing())
+    if not releasing:
+        pytest.skip("no second core free around any read (machine loaded): parallelism cannot be observed")
+    gil_bound = min(_fractions(PythonLoop()))  # load only lowers it
+    releasing = max(releasing)
     assert gil_bound < 0.3 and releasing > gil_bound + 0.35, (gil_bound, releasing)
     assert set(_fractions(Sleeping(), 1)) == {None}  # waiting rows: priced by their CPU share instead
 

@@ -395,6 +395,15 @@ def test_run_keeps_the_script_as_main_for_atexit_and_deletes_file_as_python_does
     assert ours.stdout == "done\npickled True True False\n"
 
 
+def test_run_gives_multiprocessings_main_alias_the_scripts_module(tmp_path):
+    """multiprocessing, imported by ms_shm before the script, had aliased ms_shm's own ``__main__``."""
+    (tmp_path / "alias.py").write_text(
+        "import multiprocessing, sys\nprint(sys.modules['__mp_main__'] is sys.modules['__main__'])\n")
+    plain, ours = python_and_run("alias.py", cwd=tmp_path)
+    assert_same(plain, ours)
+    assert ours.stdout == "True\n"
+
+
 def test_run_with_spawned_processes_reimports_the_script(tmp_path):
     (tmp_path / "spawner.py").write_text(
         "import multiprocessing as mp\nclass K:\n    pass\ndef square(x):\n    return x * x\n"

@@ -380,6 +380,16 @@ def test_run_behaves_like_python_for_argv_exit_codes_and_errors(real_mindspore, 
     assert proc.returncode == 4 and "'--x', '4'] __main__" in proc.stdout, proc.stderr
 
 
+def test_run_ends_a_script_holding_a_cell_as_quietly_as_python(real_mindspore, tmp_path):
+    """A network in the script's globals: its ``Cell.__del__`` at exit printed "Exception ignored" under run."""
+    script = tmp_path / "net.py"
+    script.write_text("from mindspore import nn\nnet = nn.SequentialCell([nn.Dense(4, 2), nn.ReLU()])\n"
+                      "print('built')\n")
+    plain, ours = (run(f"{prefix}{script}", shm=None) for prefix in ("", "-m ms_shm run "))
+    assert plain.returncode == ours.returncode == 0 and plain.stdout == ours.stdout == "built\n", ours.stderr
+    assert "Exception ignored" not in plain.stderr + ours.stderr, ours.stderr
+
+
 # ------------------------------------------------------------------------------------------ the rule itself
 
 

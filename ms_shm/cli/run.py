@@ -128,9 +128,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         atexit.register(write_report_at_exit, report)
     patch(strict=args.strict)
     on_framework_import(_tune_at_import)  # the script imports its framework: ms_shm imports none itself
-    if args.module:
-        return run_module(args.module, list(args.argv))
-    return run_path(args.argv[0], list(args.argv))
+    try:
+        if args.module:
+            return run_module(args.module, list(args.argv))
+        return run_path(args.argv[0], list(args.argv))
+    finally:
+        _script_globals_first_at_exit()
 
 
 # ------------------------------------------------------------------------------------------- running as python
@@ -158,7 +161,27 @@ def _new_main() -> types.ModuleType:
     main = types.ModuleType("__main__")
     main.__builtins__ = builtins
     sys.modules["__main__"] = main
+    if MP_MAIN in sys.modules:  # multiprocessing's alias, set to ms_shm's own __main__ when ms_shm imported it
+        sys.modules[MP_MAIN] = main
     return main
+
+
+MP_MAIN = "__mp_main__"
+
+
+def _script_globals_first_at_exit() -> None:
+    """Have python's exit wipe the script's globals before any module's, as it does under plain ``python``.
+
+    At exit python clears the modules still alive in reverse order of ``sys.modules``. The script's ``__main__``
+    takes the place of ms_shm's, near the start, so its objects would be destroyed after the library modules they
+    use are wiped: every MindSpore ``Cell`` left in the script's globals printed "Exception ignored in: <function
+    Cell.__del__>" (``weakref``'s globals already None). Under plain ``python`` multiprocessing's alias
+    ``__mp_main__``, added when the framework first imports it, comes after ``weakref``; re-added last here, the
+    script's globals go first, while every module is whole."""
+    main = sys.modules.get("__main__")
+    if main is not None and MP_MAIN in sys.modules:
+        del sys.modules[MP_MAIN]
+        sys.modules[MP_MAIN] = main
 
 
 def _is_path_entry(path: str) -> bool:

@@ -149,6 +149,13 @@ def death_signal(pid: int | str, root: str | os.PathLike = "/") -> int | None:
     return (status & 0x7F) or None
 
 
+def start_ticks(pid: int | str, root: str | os.PathLike = "/") -> int | None:
+    """When ``pid`` started, in clock ticks after boot (``stat``'s 22nd field): with the pid, it names one process
+    (a pid alone may be reused); ``None`` where unread."""
+    fields = _stat_fields(pid, root)
+    return int(fields[19]) if len(fields) > 19 and fields[19].isdigit() else None
+
+
 def process_cpu_ticks(pid: int | str, root: str | os.PathLike = "/") -> int | None:
     """User plus system CPU time ``pid`` has used, in clock ticks (``stat``'s 14th and 15th fields); ``None``
     where unread. A process whose threads all wait on a lock uses none."""

@@ -41,8 +41,15 @@ from ms_shm.sentinel_main import GRACE, TEARDOWN, ended_badly  # noqa: F401  (on
 log = logging.getLogger("ms_shm.sentinel")
 
 _lock = threading.Lock()
-_process: Any = None  # the sentinel (``subprocess.Popen``) this process started
+_process: Any = None  # the sentinel this process started (``Started``)
 _failed = False
+
+
+class Started:
+    """A sentinel as its starter holds it: its pid, and the write end of the pipe that is its stdin."""
+
+    def __init__(self, pid: int, fd: int):
+        self.pid, self.fd = pid, fd
 
 
 def _forget_after_fork() -> None:
@@ -64,26 +71,35 @@ def forget(key: Any) -> None:
 
 
 def _send(line: str) -> None:
-    """Tell the sentinel, starting it first if there is none; never raises into MindSpore's code."""
+    """Tell the sentinel, starting it first if there is none (or a new one, if it has ended); never raises into
+    MindSpore's code."""
     global _process, _failed
     with _lock:
-        if _failed:
+        if _failed or (_process is None and line.startswith("forget")):  # nothing watched yet
             return
         try:
-            if _process is None or _process.poll() is not None:
-                if line.startswith("forget"):
-                    return  # nothing watched yet
-                _process = _start()
-            _process.stdin.write((line + "\n").encode())
-            _process.stdin.flush()
-        except (OSError, ValueError) as exc:
+            for attempt in (1, 2):
+                if _process is None:
+                    _process = _start()
+                try:
+                    os.write(_process.fd, (line + "\n").encode())
+                    return
+                except BrokenPipeError:
+                    os.close(_process.fd)
+                    _process = None
+                    if attempt == 2:
+                        raise
+        except Exception as exc:  # noqa: BLE001 - whatever keeps it from running, the run goes on as raw's would
             _failed = True
             log.warning("ms_shm: the sentinel that ends a run MindSpore's watchdog fails to end could not run "
                         "(%s: %s); a dataset worker killed at the wrong instant may leave this run waiting, as it "
                         "can on raw MindSpore", type(exc).__name__, exc)
 
 
-def _start() -> Any:
+def _start() -> Started:
+    """The sentinel, started by ``/bin/sh`` in the background so that it is not this process's child: a program
+    that waits for all its children (``os.wait()`` until ``ECHILD``) waited for it forever, and a ``Popen`` kept
+    for it warned "subprocess is still running" at exit under ``-W default``. The shell exits at once (~2 ms)."""
     import subprocess  # only the run that registers workers pays for it
 
     script = sentinel_main.__file__
@@ -91,10 +107,20 @@ def _start() -> Any:
         raise OSError("no Python interpreter path (sys.executable is empty)")
     if not os.path.isfile(script):
         raise OSError(f"{script} is not a file (a zipped install?)")
-    process = subprocess.Popen([sys.executable, "-I", "-S", os.path.abspath(script), str(os.getpid()), str(GRACE)],
-                               stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, close_fds=True)
-    log.debug("ms_shm: sentinel %s backs up MindSpore's watchdog for this process", process.pid)
-    return process
+    read, write = os.pipe()
+    try:
+        shell = subprocess.run(
+            ["/bin/sh", "-c", f'"$@" <&{read} {read}<&- >/dev/null & echo $!', "sh",
+             sys.executable, "-I", "-S", os.path.abspath(script), str(os.getpid()), str(GRACE)],
+            pass_fds=(read,), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, timeout=30, check=True)
+        pid = int(shell.stdout)
+    except BaseException:
+        os.close(write)
+        raise
+    finally:
+        os.close(read)
+    log.debug("ms_shm: sentinel %s backs up MindSpore's watchdog for this process", pid)
+    return Started(pid, write)
 
 
 __all__ = ["watch", "forget", "ended_badly", "GRACE", "TEARDOWN"]

@@ -40,7 +40,7 @@ class Watcher:
         self.procfs, self.grace = procfs, grace
         self.groups: dict = {}
         self.first_seen: dict = {}
-        self.main = Parent(parent)
+        self.main = MainProcess(parent, procfs)
 
     @property
     def parent(self) -> int:
@@ -90,29 +90,34 @@ class Watcher:
             _kill(self.parent, signal.SIGKILL)
 
 
-class Parent:
-    """The main process, as the sentinel sees it end. A pidfd (Linux 5.3+) is readable the instant it ends, so the
-    sentinel holds the run's stderr no longer than the run; without one the parent pid is polled (the sentinel
-    is re-parented when the run ends)."""
+class MainProcess:
+    """The main process, as the sentinel sees it end. The sentinel is not its child (``sentinel._start``), so a
+    pidfd (Linux 5.3+), readable the instant it ends, tells; without one, its ``/proc`` entry does: gone, a zombie,
+    or another process's (its start time changed: pids are reused)."""
 
-    def __init__(self, pid: int):
-        self.pid = pid
+    def __init__(self, pid: int, procfs: object):
+        self.pid, self.procfs = pid, procfs
         try:
             self.fd: int | None = os.pidfd_open(pid)  # type: ignore[attr-defined]
         except (AttributeError, OSError):
             self.fd = None
+        self.started = procfs.start_ticks(pid) if self.fd is None else None
 
     def gone(self, timeout: float = 0.0) -> bool:
         """Whether it has ended, waiting up to ``timeout`` s for it to."""
+        if self.fd is not None:
+            return bool(select.select([self.fd], [], [], max(0.0, timeout))[0])
         deadline = time.monotonic() + timeout
-        while os.getppid() == self.pid:
+        while not self._ended():
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            if self.fd is not None:
-                return bool(select.select([self.fd], [], [], left)[0]) or os.getppid() != self.pid
             time.sleep(min(TICK / 5, left))
         return True
+
+    def _ended(self) -> bool:
+        started = self.procfs.start_ticks(self.pid)
+        return started is None or started != self.started or self.procfs.is_zombie(self.pid)
 
 
 def _log():
@@ -175,4 +180,4 @@ def main(argv: list) -> int:
 if __name__ == "__main__":
     sys.exit(main(sys.argv))
 
-__all__ = ["ended_badly", "Watcher", "Parent", "main", "GRACE", "TICK", "TEARDOWN"]
+__all__ = ["ended_badly", "Watcher", "MainProcess", "main", "GRACE", "TICK", "TEARDOWN"]

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from ms_shm import sentinel, sentinel_main
+from ms_shm import procfs, sentinel, sentinel_main
 
 RUN = r"""
 import json, os, signal, subprocess, sys, time
@@ -32,6 +32,13 @@ if mode == "forget":
 if mode == "ignores-sigterm":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 print(json.dumps({"worker": worker.pid, "sentinel": sentinel._process.pid}), flush=True)
+if mode == "waits-for-all":  # a program that waits for every child it has: the sentinel is none of them
+    worker.terminate()
+    while True:
+        try:
+            os.wait()
+        except ChildProcessError:
+            break
 time.sleep(float(sys.argv[2]))
 print("SURVIVED", flush=True)
 """
@@ -82,6 +89,9 @@ class FakeProcfs:
 
     def exit_status(self, pid, parent=None):
         return self.statuses.get(pid)
+
+    def start_ticks(self, pid):
+        return 1
 
 
 def test_a_bad_end_is_overdue_only_after_the_grace_and_only_while_its_group_is_registered():
@@ -152,6 +162,32 @@ def test_the_sentinel_holds_none_of_the_runs_pipes_but_its_stderr_and_leaves_wit
     assert "SURVIVED" in out
     assert gone(pids["sentinel"])
     os.kill(pids["worker"], signal.SIGKILL)
+
+
+def test_the_sentinel_is_not_a_child_a_program_waits_for():
+    proc, pids = start_run("waits-for-all", lasts=0.1)
+    out, err = finish(proc)
+    assert proc.returncode == 0 and "SURVIVED" in out, err
+    assert gone(pids["sentinel"])
+
+
+def test_without_a_pidfd_the_main_process_is_gone_once_its_pid_is_another_process_or_a_zombie():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        main = sentinel_main.MainProcess(child.pid, procfs)
+        main.fd = None
+        main.started = procfs.start_ticks(child.pid)
+        assert main.started is not None and not main.gone(0.1)
+        main.started += 1
+        assert main.gone()  # the pid is another process's
+        main.started -= 1
+        child.kill()
+        assert main.gone(5.0)  # a zombie, not reaped yet
+        child.wait()
+        assert main.gone()
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_a_sentinel_that_cannot_start_is_a_warning_not_an_error(monkeypatch, caplog):

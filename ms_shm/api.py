@@ -7,6 +7,7 @@ runs these calls in-process on a fake engine.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import sys
@@ -265,8 +266,42 @@ def _lock_mode(req: Request, why: str, default_workers: int, default_multiproces
                                                                                   reason)
 
 
-def build_dataset(source: Any, column_names: Sequence[str] | str | None = None, share_lists: bool = False, *,
-                  _explicit: str | None = None, **generator_kwargs: Any):
+def check_as_mindspore(kind: str, real: Any, named: dict, strict: bool = False) -> None:
+    """MindSpore's own argument errors, word for word, before ms_shm reads an argument: what a raw call raises
+    at once (a ``num_parallel_workers`` of 0 or ``"2"``, a ``python_multiprocessing`` of ``1``, column names that
+    are not strings), ms_shm raises, instead of planning over it or failing in its own words. ``named``: the
+    call's arguments by name (``source`` or ``operations`` included, the dataset not); ``real``: MindSpore's
+    ``GeneratorDataset.__init__`` / ``Dataset.map`` / ``Dataset.batch``. One explicit setting ms_shm adapts
+    instead, unless ``strict``: ``num_parallel_workers`` above the CPU count, which every planner caps at the CPU
+    count with a warning (``planning.cap_workers``), so it is checked at that count."""
+    workers, cpus = named.get("num_parallel_workers"), os.cpu_count() or 1
+    if not strict and type(workers) is int and workers > cpus:
+        named = dict(named, num_parallel_workers=cpus)
+    _engine().compat.validate(kind, real, **named)
+
+
+def _named(kind: str, real: Any, leading: tuple, args: tuple, kwargs: dict) -> dict:
+    """A call's arguments by name, its positional ones bound in MindSpore's own order (``GeneratorDataset``'s
+    third is ``column_types``); ``leading``: the arguments before ``args`` (``self`` excluded). Arguments that do
+    not bind are left to MindSpore's own call to refuse."""
+    if not args:
+        return kwargs
+    try:
+        sig = inspect.signature(inspect.unwrap(real))
+        bound = sig.bind(None, *leading, *args, **kwargs)
+    except (TypeError, ValueError):
+        raise TypeError(f"{kind}: too many positional arguments for MindSpore's signature") from None
+    params = list(sig.parameters.values())
+    named = {name: value for name, value in bound.arguments.items()
+             if name not in {p.name for p in params[:1 + len(leading)]}}
+    for p in params:
+        if p.kind is p.VAR_KEYWORD:
+            named.update(named.pop(p.name, {}))
+    return named
+
+
+def build_dataset(source: Any, column_names: Sequence[str] | str | None = None, *generator_args: Any,
+                  share_lists: bool = False, _explicit: str | None = None, **generator_kwargs: Any):
     """A ``mindspore.dataset.GeneratorDataset`` whose transport, workers and prefetch fit this host.
 
     Takes every ``GeneratorDataset`` argument and yields exactly what ``GeneratorDataset`` yields with them.
@@ -295,8 +330,12 @@ def build_dataset(source: Any, column_names: Sequence[str] | str | None = None, 
             processes (no /proc).
     """
     eng = _engine()
+    real = eng.compat.real_method("generator")
+    generator_kwargs = _named("GeneratorDataset", real, (source, column_names), generator_args, generator_kwargs)
     if not eng.compat.arguments_fit("generator", source, column_names, **generator_kwargs):
         return eng.compat.generator_dataset(source, column_names, generator_kwargs)  # MindSpore's own TypeError
+    if _explicit is None:  # patched calls were checked at the call
+        check_as_mindspore("generator", real, dict(generator_kwargs, source=source, column_names=column_names))
     facts, config = SESSION.host_facts(), eng.read_config()
     names = _column_names(column_names, generator_kwargs)
     req = _request(generator_kwargs, config, facts, eng, _explicit)
@@ -586,6 +625,10 @@ def map(dataset: Any, operations: Any = None, input_columns: Sequence[str] | str
     asked = _asked(map_kwargs, num_parallel_workers)
     if not eng.compat.arguments_fit("map", dataset, operations, input_columns, output_columns, **asked):
         return eng.compat.map_dataset(dataset, operations, input_columns, output_columns, asked)  # its TypeError
+    if _explicit is None:
+        check_as_mindspore("map", eng.compat.real_method("map"), dict(asked, operations=operations,
+                                                                      input_columns=input_columns,
+                                                                      output_columns=output_columns))
     facts, config = SESSION.host_facts(), eng.read_config()
     lineage = _input_lineage(dataset, eng, "map")
     ins = _names_list(input_columns) or eng.compat.column_names(dataset)[:1]
@@ -634,6 +677,9 @@ def batch(dataset: Any, batch_size: Any, drop_remainder: bool = False, num_paral
     if per_batch_map is None or isinstance(batch_size, bool) or not isinstance(batch_size, int) or \
             not eng.compat.arguments_fit("batch", dataset, batch_size, drop_remainder, **asked):
         return eng.compat.batch_dataset(dataset, batch_size, drop_remainder, _cap_unplanned(asked, _explicit, eng))
+    if _explicit is None:
+        check_as_mindspore("batch", eng.compat.real_method("batch"), dict(asked, batch_size=batch_size,
+                                                                          drop_remainder=drop_remainder))
     facts, config = SESSION.host_facts(), eng.read_config()
     ins = _names_list(batch_kwargs.get("input_columns")) or eng.compat.column_names(dataset)
     outs = _names_list(batch_kwargs.get("output_columns")) or ins

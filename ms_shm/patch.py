@@ -26,7 +26,6 @@ import importlib.machinery
 import inspect
 import json
 import logging
-import os
 import sys
 import threading
 import time
@@ -99,15 +98,13 @@ def _routed(kind: str, call: Any, result: Any = None) -> Any:
 
 def _mindspore_checks(kind: str, real: Any, bound: inspect.BoundArguments) -> None:
     """MindSpore's own argument errors, word for word, before ms_shm reads an argument: what raw code raises at
-    the call, patched code raises. ``bound``: the call's arguments, ``self`` first (left as they are). One is an
-    explicit setting ms_shm adapts instead, unless strict: ``num_parallel_workers`` above the CPU count (library
-    code written on a bigger machine), which the planner caps at the CPU count with a warning, so it is checked
-    at that count."""
-    checked = inspect.BoundArguments(bound.signature, dict(bound.arguments))
-    workers, cpus = checked.arguments.get("num_parallel_workers"), os.cpu_count() or 1
-    if not _STATE.get("strict") and type(workers) is int and workers > cpus:
-        checked.arguments["num_parallel_workers"] = cpus
-    _api()._engine().compat.validate(kind, real, *checked.args[1:], **checked.kwargs)
+    the call, patched code raises (``api.check_as_mindspore``). ``bound``: the call's arguments, ``self`` first."""
+    params = list(bound.signature.parameters.values())
+    named = {name: value for name, value in bound.arguments.items() if name != params[0].name}
+    for p in params:
+        if p.kind is p.VAR_KEYWORD:
+            named.update(named.pop(p.name, {}))
+    _api().check_as_mindspore(kind, real, named, strict=bool(_STATE.get("strict")))
 
 
 def _make_init(real: type, real_init: Any) -> Any:

@@ -328,6 +328,57 @@ def test_generator_function_exception_is_not_raised_at_construction(ds):
         rows_of(dataset)
 
 
+def _refusal(call) -> tuple:
+    try:
+        call()
+    except Exception as exc:  # noqa: BLE001 - compared with raw's
+        return type(exc).__name__, str(exc).strip().splitlines()[0]
+    return None
+
+
+@pytest.mark.parametrize("kwargs", [dict(num_parallel_workers=0), dict(num_parallel_workers=-1),
+                                    dict(num_parallel_workers="2"), dict(python_multiprocessing=1),
+                                    dict(python_multiprocessing="yes")])
+@pytest.mark.parametrize("stage", ["generator", "map", "batch"])
+def test_arguments_mindspore_refuses_are_refused_at_the_call_in_its_own_words(ds, stage, kwargs):
+    """Found by an audit: a worker count of 0 ran on 1 worker, a python_multiprocessing of 1 was overwritten by the
+    plan's own choice, a string worker count failed in ms_shm's words."""
+    import ms_shm
+
+    def per_batch_map(a, b, info):
+        return a, b
+
+    def call(raw: bool):
+        if stage == "generator":
+            return (ds.GeneratorDataset if raw else ms_shm.build_dataset)(Plain(4), ["a", "b"], **kwargs)
+        base = ds.GeneratorDataset(Plain(4), ["a", "b"], shuffle=False)
+        if stage == "map":
+            return base.map(lambda a: a, input_columns=["a"], **kwargs) if raw else \
+                ms_shm.map(base, lambda a: a, input_columns=["a"], **kwargs)
+        extra = dict(per_batch_map=per_batch_map, input_columns=["a", "b"], **kwargs)
+        return base.batch(2, **extra) if raw else ms_shm.batch(base, 2, **extra)
+
+    raw = _refusal(lambda: call(True))
+    assert raw is not None, "raw MindSpore took it: nothing to compare"
+    assert _refusal(lambda: call(False)) == raw
+
+
+def test_positional_arguments_bind_in_generatordatasets_order(ds):
+    """``GeneratorDataset(source, names, column_types)``: the third positional is ``column_types`` (ms_shm took it
+    for its own ``share_lists`` and dropped the types)."""
+    from mindspore import dtype as mstype
+
+    import ms_shm
+
+    def types():  # a list of its own per call: MindSpore converts the one it is given in place
+        return [mstype.int64]
+
+    raw = ds.GeneratorDataset(Counting(4), ["a"], types(), None, None, 1, False)
+    ours = ms_shm.build_dataset(Counting(4), ["a"], types(), None, None, 1, False)
+    assert [str(t) for t in ours.column_types] == [str(t) for t in raw.column_types] and len(raw.column_types) == 1
+    assert rows_of(ours) == rows_of(raw)
+
+
 def test_map_arguments_pass_through(ds):
     import ms_shm
 

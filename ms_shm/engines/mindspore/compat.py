@@ -203,6 +203,13 @@ def patch_targets() -> tuple:
     return ds.GeneratorDataset, Dataset
 
 
+def real_method(kind: str) -> Any:
+    """MindSpore's ``GeneratorDataset.__init__`` (``kind="generator"``), ``Dataset.map`` or ``Dataset.batch``
+    (patched or not: ``validate`` unwraps it)."""
+    generator, dataset = patch_targets()
+    return generator.__init__ if kind == "generator" else getattr(dataset, kind)
+
+
 def batch_dataset(dataset: Any, batch_size: Any, drop_remainder: Any, kwargs: dict):
     return dataset.batch(batch_size, drop_remainder, **kwargs)
 

@@ -109,10 +109,10 @@ def _start() -> Started:
         raise OSError(f"{script} is not a file (a zipped install?)")
     read, write = os.pipe()
     try:
-        shell = subprocess.run(
-            ["/bin/sh", "-c", f'"$@" <&{read} {read}<&- >/dev/null & echo $!', "sh",
+        shell = subprocess.run(  # a job in the background reads /dev/null unless told: the pipe goes by fd 3
+            ["/bin/sh", "-c", 'exec 3<&0; "$@" <&3 3<&- >/dev/null & echo $!', "sh",
              sys.executable, "-I", "-S", os.path.abspath(script), str(os.getpid()), str(GRACE)],
-            pass_fds=(read,), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, timeout=30, check=True)
+            stdin=read, stdout=subprocess.PIPE, timeout=30, check=True)
         pid = int(shell.stdout)
     except BaseException:
         os.close(write)

@@ -23,6 +23,7 @@ RUN = r"""
 import json, os, signal, subprocess, sys, time
 from ms_shm import sentinel, sentinel_main
 sentinel.GRACE = 0.5
+held = [os.open(os.devnull, os.O_RDONLY) for _ in range(12)]  # a run's pipes get fds above 9 (sh's limit)
 mode = sys.argv[1]
 worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],  # never waited on: a zombie
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

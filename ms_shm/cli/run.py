@@ -101,6 +101,35 @@ def _log_to_stderr(level: str) -> None:
     logger.addHandler(handler)
     logger.setLevel(level)
     logger.propagate = False  # ms-shm run shows ms_shm's messages once, even if the script configures logging
+    for name in _own_logger_names():
+        logging.getLogger(name).__class__ = ShownLogger
+
+
+class ShownLogger(logging.Logger):
+    """An ms_shm logger under ``ms-shm run``, which the script's logging configuration does not switch off:
+    ``logging.config.dictConfig`` / ``fileConfig`` disable every logger that exists when they run
+    (``disable_existing_loggers`` defaults to true), and ms_shm's exist before the script does. A script
+    configuring its logging so lost every line run promises, the warnings naming what it adapted and where
+    included. (``logging.disable(level)`` still applies: it is not a logger's switch.)"""
+
+    @property
+    def disabled(self) -> bool:
+        return False
+
+    @disabled.setter
+    def disabled(self, value: bool) -> None:
+        pass
+
+
+def _own_logger_names() -> list:
+    """``ms_shm`` and a logger per module of the package, made now (a logger made later would be a plain one),
+    and the loggers made so far under ``ms_shm.`` with names of their own (``ms_shm.sentinel``)."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    names = {"ms_shm", *(n for n in logging.Logger.manager.loggerDict if n.startswith("ms_shm."))}
+    for folder, _, files in os.walk(package):
+        parts = os.path.relpath(folder, os.path.dirname(package)).split(os.sep)
+        names.update(".".join(parts + [f[:-3]]) for f in files if f.endswith(".py") and f != "__init__.py")
+    return sorted(names)
 
 
 def _tune_at_import(framework: str) -> None:
@@ -159,6 +188,7 @@ def _new_main() -> types.ModuleType:
     """A fresh ``__main__`` for the rest of the process, as python's own: ``runpy.run_path`` would put a
     temporary module there and take it away when the script's code returns, under its atexit handlers."""
     main = types.ModuleType("__main__")
+    main.__annotations__ = {}  # python's own __main__ starts with one (``print(__annotations__)`` at top level)
     main.__builtins__ = builtins
     sys.modules["__main__"] = main
     if MP_MAIN in sys.modules:  # multiprocessing's alias, set to ms_shm's own __main__ when ms_shm imported it
@@ -222,10 +252,21 @@ def run_path(typed: str, argv: list) -> int:
     loader = importlib.machinery.SourcelessFileLoader if pyc else importlib.machinery.SourceFileLoader
     main.__dict__.update(__file__=path, __cached__=None, __loader__=loader("__main__", path))
     try:
-        return _guarded(lambda: exec(_compile(data, path), main.__dict__))
-    finally:
-        main.__dict__.pop("__file__", None)  # python removes both once the script's code is done
-        main.__dict__.pop("__cached__", None)
+        code = _guarded(lambda: exec(_compile(data, path), main.__dict__))
+    except SystemExit:
+        raise  # python exits at once: atexit handlers and threads still find __file__
+    except BaseException:
+        _forget_file(main)
+        raise
+    _forget_file(main)
+    return code
+
+
+def _forget_file(main: types.ModuleType) -> None:
+    """Python removes ``__file__`` and ``__cached__`` once the script's code has returned or raised (not on
+    ``sys.exit``)."""
+    main.__dict__.pop("__file__", None)
+    main.__dict__.pop("__cached__", None)
 
 
 def run_module(module: str, args: list) -> int:

@@ -417,6 +417,9 @@ def watch_effects(run: Callable[[], Any], objects: Sequence[Any], reread: Callab
         draws = "rows draw from the global random / numpy.random state"
     elif _states(generators) != own0:
         draws = f"rows draw from a random generator the source or operation holds ({_moved(generators, own0)})"
+    elif generators:
+        draws = (f"the source or operation holds a random generator ({generators[0][0]}): the rows read here did not "
+                 f"draw from it, others may")
     state1 = state_of(objects)
     differs = reread() if reread is not None and draws is None else None
     mutated = changed_attributes(state0, state1, objects)

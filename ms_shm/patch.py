@@ -107,6 +107,13 @@ def _mindspore_checks(kind: str, real: Any, bound: inspect.BoundArguments) -> No
     _api().check_as_mindspore(kind, real, named, strict=bool(_STATE.get("strict")))
 
 
+def _frameworks_own(cls: type, real: type) -> bool:
+    """Whether an instance of ``cls`` being initialised is left to the framework: its own subclasses
+    (``NumpySlicesDataset``, ``PaddedDataset``) make their sources themselves. A user's subclass (a model zoo's
+    ``class MyDataset(GeneratorDataset)`` calling ``super().__init__(...)``) is planned like a direct call."""
+    return cls is not real and cls.__module__.split(".")[0] == real.__module__.split(".")[0]
+
+
 def _make_init(real: type, real_init: Any) -> Any:
     """``GeneratorDataset.__init__``: at the caller's level, ``build_dataset`` decides the arguments and this
     very instance is initialised once, by MindSpore's own ``__init__``, with them (ms_shm's construction is
@@ -120,7 +127,7 @@ def _make_init(real: type, real_init: Any) -> Any:
         if into is not None and _depth():
             _LOCAL.into = None  # ms_shm's own GeneratorDataset(...) call: it initialises the caller's instance
             return real_init(into, *args, **kwargs)
-        if type(self) is not real or _depth() or not _STATE:
+        if _frameworks_own(type(self), real) or _depth() or not _STATE:
             return real_init(self, *args, **kwargs)
         try:
             bound = init_sig.bind(self, *args, **kwargs)

@@ -275,6 +275,18 @@ def test_generator_with_explicit_processes_dies_raw_and_runs_through_ms_shm(real
     assert pipelines[0]["plan"]["predicted_shm"] <= pipelines[0]["plan"]["budget"]["shm_bytes"]
 
 
+def test_a_generator_dataset_subclass_dies_raw_and_runs_through_ms_shm(real_mindspore):
+    """A subclass calling ``super().__init__`` with explicit processes was passed on unplanned (audit)."""
+    script = SCENARIOS / "gen_subclass.py"
+    assert_bus_error(run(f"{script} 31 12 8"))
+    proc = run(f"-m ms_shm run {script} 31 12 8")
+    res = result_of(proc)
+    assert_rows(res, 31, 12, 8 * MiB)
+    assert res["type"] == "ZooDataset"
+    warnings = adapted_warnings(proc)
+    assert len(warnings) == 1 and f"{script}:{line_of(script, 'super().__init__(')}" in warnings[0], proc.stderr
+
+
 def test_map_growing_rows_in_processes(real_mindspore, tmp_path):
     """MindSpore 2.10 moves map rows through SysV, so raw copes in 64 MB: it must deliver what ms_shm delivers."""
     script = SCENARIOS / "map_grow.py"

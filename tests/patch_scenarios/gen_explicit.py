@@ -18,12 +18,16 @@ class Rows:
         return np.resize(block, MB << 20), np.array(i, dtype=np.int64)
 
 
-def main():
-    dataset = ds.GeneratorDataset(Rows(), ["data", "label"], shuffle=False, python_multiprocessing=True, num_parallel_workers=2)
+def report(dataset):
     out = [(hashlib.sha256(r["data"].tobytes()).hexdigest(), int(r["label"]))
            for r in dataset.create_dict_iterator(output_numpy=True, num_epochs=1)]
     print("RESULT " + json.dumps({"digests": [d for d, _ in out], "labels": [lab for _, lab in out],
-                                  "type_is_generator": type(dataset) is ds.GeneratorDataset}), flush=True)
+                                  "type_is_generator": type(dataset) is ds.GeneratorDataset,
+                                  "type": type(dataset).__name__}), flush=True)
+
+
+def main():
+    report(ds.GeneratorDataset(Rows(), ["data", "label"], shuffle=False, python_multiprocessing=True, num_parallel_workers=2))
 
 
 if __name__ == "__main__":

@@ -55,13 +55,19 @@ def split_run_argv(argv: list) -> tuple:
             return argv[:i], argv[i + 1], argv[i + 2:]
         if token.startswith("-m") and not token.startswith("--") and len(token) > 2:
             return argv[:i], token[2:], argv[i + 1:]
-        if token in _VALUE_OPTIONS:
+        if _takes_a_value(token):
             i += 2
         elif token.startswith("-") and token != "-":
             i += 1
         else:
             return argv[:i], None, argv[i:]
     return argv, None, None
+
+
+def _takes_a_value(token: str) -> bool:
+    """An option of run's that takes its value from the next word: in full, or abbreviated as argparse allows
+    (``--rep FILE``, ``--log INFO``); ``--report=FILE`` holds its own."""
+    return "=" not in token and len(token) > 2 and any(o.startswith(token) for o in _VALUE_OPTIONS)
 
 
 def report_path(path: str | None) -> str | None:

@@ -348,6 +348,35 @@ def _shm_missing(facts: Any, t: Typical, fixes: tuple) -> Advice:
 
 _CLEAN_SNIPPET = (("shell", "df -h /dev/shm\nms-shm clean --dry-run"),)
 
+READONLY_FIX = ("remount /dev/shm read-write (`mount -o remount,rw /dev/shm`, as root), or give the container a "
+                "writable one: docker run --shm-size={size} (no read-only mount over /dev/shm), Kubernetes an "
+                "emptyDir with medium: Memory mounted at /dev/shm")
+
+
+def readonly_fixes(size_bytes: int, container: str | None, memory_limit: int | None = None) -> tuple:
+    """Ways to make /dev/shm writable: remount it (root, on the host or a privileged container), else the
+    container's own writable /dev/shm of ``size_bytes`` (``shm_fixes``); the one for where we run first."""
+    remount = ("shell", "sudo mount -o remount,rw /dev/shm\n"
+                        "grep ' /dev/shm ' /proc/mounts   # the options start with 'rw,' once it is writable")
+    fixes = shm_fixes(size_bytes, container, memory_limit)
+    return (remount,) + fixes if container is None else fixes + (remount,)
+
+
+def _shm_readonly_findings(facts: Any, t: Typical) -> list:
+    """A /dev/shm mounted read-only (the probe's statvfs flag; unknown is not read-only): no size helps, since
+    multiprocessing cannot create a semaphore there, so every worker pool of any framework fails at launch."""
+    if not getattr(facts, "shm_readonly", None):
+        return []
+    size = max(t.need, 1)
+    total = "" if facts.shm_total is None else f" (its {mib(facts.shm_total)} cannot be used)"
+    return [Advice(
+        f"{facts.shm_path} is mounted read-only{total}: multiprocessing cannot create its semaphores there (EROFS), "
+        "so every worker pool fails at launch: PyTorch's DataLoader and map workers with 'OSError: [Errno 30] "
+        "Read-only file system', GeneratorDataset with 'Init multiprocessing.Event() failed, This might be "
+        "caused by insufficient shm, and the recommended shm size is at least 5 GB'",
+        "crash", READONLY_FIX.format(size=human_size(size)),
+        readonly_fixes(size, facts.container, facts.cgroup_mem_limit), "shm-readonly")]
+
 
 def _shm_size_findings(facts: Any, t: Typical, fixes: tuple) -> list:
     """The /dev/shm size against the typical pipeline, judged as the release judges it (``Outcome.fits``)."""
@@ -376,7 +405,7 @@ def _shm_findings(facts: Any, t: Typical) -> list:
     total, free = facts.shm_total, facts.shm_free
     sem = model.semaphore_bytes(t.workers) * t.ranks
     used = total - free if free is not None else None
-    out = []
+    out = _shm_readonly_findings(facts, t)
     if free is not None and free < sem:
         out.append(Advice(
             f"/dev/shm is full: {mib(free)} free of {mib(total)} ({mib(used)} used). MindSpore cannot even create "
@@ -632,10 +661,12 @@ def diagnose(facts: Any, ms_config: Any = None, *, workers: int | None = None,
 
 
 def _neutral_findings(facts: Any) -> list:
-    """What holds whatever the framework: a /dev/shm that is missing or unreadable, ranks assumed, readings
-    that failed (MindSpore's version aside)."""
-    missing = [_shm_missing(facts, Typical.of(facts), ())] if facts.shm_total is None else []
-    return missing + _ranks_findings(facts) + _unknown_findings(facts, mindspore=False)
+    """What holds whatever the framework: a /dev/shm that is missing, unreadable or read-only, ranks assumed,
+    readings that failed (MindSpore's version aside)."""
+    t = Typical.of(facts)
+    missing = [_shm_missing(facts, t, ())] if facts.shm_total is None else []
+    return (missing + _shm_readonly_findings(facts, t) + _ranks_findings(facts)
+            + _unknown_findings(facts, mindspore=False))
 
 
 def _ranks_findings(facts: Any) -> list:

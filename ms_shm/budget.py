@@ -37,16 +37,23 @@ class Budget(Result):
     reserved_memory: int = 0
     memory_reason: str = ""
     reserved_pipelines: int = 0  # live pipelines of this process whose reservations ``reserved_shm`` sums
+    shm_readonly: bool = False  # /dev/shm is mounted read-only: 0 bytes, and no size helps
+
+
+READ_ONLY = ("/dev/shm is mounted read-only: no worker process can start (multiprocessing's semaphores and heap "
+             "live there)")
 
 
 def compute(shm_free: int | None, ranks: int, nofile_soft: int | None, open_fds: int | None,
             reserved_shm: int = 0, reserved_fds: int = 0, fraction: float = DEFAULT_FRACTION,
             ranks_source: str = "", memory_left: int | None = None, reserved_memory: int = 0,
-            memory_source: str = "", reserved_pipelines: int = 0) -> Budget:
+            memory_source: str = "", reserved_pipelines: int = 0, shm_readonly: bool | None = None) -> Budget:
     """The per-pipeline budget from host numbers taken before any pipeline of this process started."""
     ranks = max(1, ranks)
     if shm_free is None:
         shm, why = None, "/dev/shm could not be read: no shared-memory transport will be planned"
+    elif shm_readonly:
+        shm, why = 0, READ_ONLY
     else:
         share = int(shm_free * fraction / ranks)
         shm = max(0, share - reserved_shm)
@@ -59,7 +66,18 @@ def compute(shm_free: int | None, ranks: int, nofile_soft: int | None, open_fds:
         fds = max(0, nofile_soft - (open_fds or 0) - sizes.FD_MARGIN - reserved_fds)
     memory, memory_why = _memory_share(memory_left, ranks, fraction, reserved_memory, memory_source)
     return Budget(shm, fds, ranks, fraction, reserved_shm, reserved_fds, why, memory, reserved_memory, memory_why,
-                  reserved_pipelines)
+                  reserved_pipelines, bool(shm_readonly) and shm_free is not None)
+
+
+def shm_fix(b: Budget, need: int) -> str:
+    """The fix for ``need`` bytes of this pipeline's that /dev/shm lacks: a size to give it, or, for a read-only
+    mount, where no size helps, a writable one. One rule for every ``ShmBudgetError``."""
+    if b.shm_readonly:
+        return ("mount /dev/shm read-write (mount -o remount,rw /dev/shm; docker run --shm-size with no read-only "
+                "mount over it; Kubernetes: an emptyDir with medium: Memory at /dev/shm)")
+    host_need = shm_to_give(b, need)
+    return f"give /dev/shm at least {mib(host_need)} (docker run --shm-size={sizes.shm_size_flag(host_need)})" + \
+        reserved_text(b)
 
 
 def shm_to_give(b: Budget, need: int) -> int:

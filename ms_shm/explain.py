@@ -24,8 +24,10 @@ class Explanation(Result):
     """One recognised failure.
 
     Attributes:
-        kind: stable identifier: ``bus-error``, ``insufficient-shm``, ``shm-full``, ``no-space``,
-            ``too-many-open-files``, ``pytorch-bus-error``, ``pytorch-shm``, ``row-too-big``, ``worker-killed``,
+        kind: stable identifier: ``bus-error``, ``insufficient-shm``, ``shm-full``, ``shm-readonly`` (an EROFS in
+            /dev/shm, or MindSpore's "insufficient shm" line on a host whose /dev/shm is read-only), ``no-space``,
+            ``too-many-open-files``, ``pytorch-bus-error``, ``pytorch-shm``, ``msloader-bus-error`` (MindSpore's
+            DataLoader), ``row-too-big``, ``worker-killed``,
             ``worker-exited``, ``worker-died``, ``ipc-removed``; a process killed by SIGKILL: ``oom-killed`` (the
             kernel's OOM-kill lines), ``sigkill`` (an exit status -9 / 137 or a named SIGKILL), ``killed`` (the
             shell's bare "Killed"); ms_shm's own errors: ``shm-budget-error``, ``memory-budget-error``,
@@ -186,14 +188,44 @@ def kill_signatures() -> tuple:
     )
 
 
+# Where an EROFS is /dev/shm's: multiprocessing's semaphores and heap (its Arena files), PyTorch's and MindSpore's
+# DataLoader storages (shm_open of /torch_*, MapAllocator).
+_SHM_FILES = ms_signatures.SEMAPHORE_HINTS + ("sharedctypes.py", "heap.py", "/torch_", "MapAllocator", "shm_open")
+_READONLY_CAUSE = (" No worker pool of any framework starts there, whatever the size (PyTorch's DataLoader, "
+                   "MindSpore's DataLoader, map and GeneratorDataset workers alike).")
+READONLY = Signature(
+    "shm-readonly", "'Read-only file system' (EROFS) in /dev/shm",
+    r"\[Errno 30\] Read-only file system|Read-only file system \(30\)|errno:? 30\b|\bEROFS\b", "crash",
+    "/dev/shm is mounted read-only: multiprocessing's semaphores or heap, or a DataLoader's shared-memory file, "
+    "could not be created there (EROFS, errno 30)." + _READONLY_CAUSE + " {readonly_state}",
+    advice.READONLY_FIX, need="shm-readonly", near=_SHM_FILES, engine="os")
+
+
+def _hidden_readonly(sig: Signature) -> Signature:
+    """``sig``, a message MindSpore also prints for a read-only /dev/shm without the errno, told as the read-only
+    mount this host's /dev/shm is."""
+    return replace(READONLY, label=sig.label, regex=sig.regex, near=sig.near, not_near=sig.not_near,
+                   cause="This host's /dev/shm is mounted read-only, and MindSpore prints this line when "
+                         "multiprocessing cannot create its semaphores there: it hides the EROFS, and its '5 GB' "
+                         "has nothing to do with it." + _READONLY_CAUSE)
+
+
+def _on_this_host(sig: Signature, facts: Any) -> Signature:
+    """The signature as this host tells it: where /dev/shm is read-only (the probe's statvfs flag), a message
+    that a read-only mount also produces (``HIDES_READONLY``) is that mount, not a full /dev/shm."""
+    if getattr(facts, "shm_readonly", None) and sig.kind in ms_signatures.HIDES_READONLY:
+        return _hidden_readonly(sig)
+    return sig
+
+
 def signatures(facts: Any = None) -> tuple:
     """What ms_shm itself and every engine print when they fail, the engines' worded for the host's release of
-    each framework, then the operating system's kill lines (a framework's own line about a kill is the more
-    specific)."""
+    each framework, then the operating system's: an EROFS in /dev/shm, and the kill lines (a framework's own line
+    about a kill is the more specific)."""
     found: list = list(OWN_SIGNATURES)
     for engine in engines.all_engines():
         found += engine.signatures(getattr(facts, f"{engine.name}_version", None))
-    return tuple(found) + kill_signatures()
+    return tuple(_on_this_host(s, facts) for s in found) + (READONLY,) + kill_signatures()
 
 
 def known(facts: Any = None) -> list:
@@ -395,6 +427,19 @@ def _ipc_words(facts: Any) -> dict:
                        "systemd host, `ms-shm doctor` says whether logind's RemoveIPC does"}
 
 
+# This host's /dev/shm mount flag, ``HostFacts.shm_readonly``, in a sentence.
+_READONLY_STATE = {True: "This host's /dev/shm is mounted read-only.",
+                   False: "This host's /dev/shm is writable (if the job ran elsewhere, `ms-shm doctor` there "
+                          "checks that host's).",
+                   None: "Whether this host's /dev/shm is read-only could not be read."}
+
+
+def _size_for(facts: Any, need: str, t: advice.Typical, fields: dict) -> int:
+    """The /dev/shm to ask for: a read-only mount's size was not what failed, so a typical pipeline's need, not
+    the next step past it (``_shm_need``)."""
+    return max(t.need, 1) if need == "shm-readonly" else _shm_need(facts, t, fields)
+
+
 def _words(facts: Any, sig: Signature, fields: dict) -> dict:
     """Every template field: the matched ones, the engine's derived ones, and this host's numbers."""
     t = _typical(facts, fields)
@@ -403,7 +448,8 @@ def _words(facts: Any, sig: Signature, fields: dict) -> dict:
     words = {"pid": None, "signal": None, "code": None, "required": required, "available": available}
     words.update(fields)
     words.update(
-        shm_state=_shm_state(facts, fields), size=advice.human_size(_shm_need(facts, t, fields)),
+        shm_state=_shm_state(facts, fields), size=advice.human_size(_size_for(facts, sig.need, t, fields)),
+        readonly_state=_READONLY_STATE.get(getattr(facts, "shm_readonly", None)),
         who=f"worker {fields['pid']}" if fields.get("pid") else "a worker",
         memory_limit=mib(getattr(facts, "memory_limit", None)), workers=t.workers, prefetch=t.prefetch, fds=fds,
         target=_nofile_target(facts, fds), limits=_limits(facts, fds), required_mib=mib(required),
@@ -433,6 +479,9 @@ def _host_snippets(facts: Any, need: str, fields: dict) -> tuple:
     if need == "ipc":
         lg = getattr(facts, "logind", None)
         return advice.removeipc_fixes(lg.user) if lg is not None and lg.at_risk else ()
+    if need == "shm-readonly":
+        return advice.readonly_fixes(_size_for(facts, need, t, fields), container,
+                                     getattr(facts, "cgroup_mem_limit", None))
     if not need.startswith("shm"):
         return ()
     fixes = advice.shm_fixes(_shm_need(facts, t, fields), container, getattr(facts, "cgroup_mem_limit", None))
@@ -477,4 +526,5 @@ def explain(text: str, facts: Any) -> tuple:
     return tuple(_explanation(text, facts, *h) for h in placed)
 
 
-__all__ = ["OWN_SIGNATURES", "Explanation", "Report", "explain", "known", "signatures", "without_own_records"]
+__all__ = ["OWN_SIGNATURES", "READONLY", "Explanation", "Report", "explain", "known", "signatures",
+           "without_own_records"]

@@ -67,6 +67,7 @@ class HostFacts(Result):
     logind: LogindFacts | None = None  # systemd-logind's RemoveIPC for this user (``logind.read_logind``)
     numpy_version: str | None = None  # MindSpore's DataLoader workers need NumPy 1.x
     live: bool = False  # read from this machine (``probe`` of "/"): its memory may be read again (``memory_now``)
+    shm_readonly: bool | None = None  # /dev/shm mounted read-only (``read_shm_readonly``): no worker pool starts
 
     @property
     def memory_left(self) -> tuple:
@@ -120,6 +121,18 @@ def read_shm(shm_path: Path, notes: _Notes) -> tuple[int | None, int | None]:
         notes.add(f"statvfs({shm_path})", exc)
         return None, None
     return space.total, space.free
+
+
+def read_shm_readonly(shm_path: Path, notes: _Notes) -> bool | None:
+    """Whether the filesystem behind /dev/shm is mounted read-only (statvfs's ``ST_RDONLY`` flag): its size
+    then says nothing, since multiprocessing cannot create a semaphore there (EROFS) and no worker pool starts.
+    ``None`` when statvfs fails (the note says why)."""
+    try:
+        flags = os.statvfs(shm_path).f_flag
+    except OSError as exc:
+        notes.add(f"statvfs({shm_path}) flags", exc)
+        return None
+    return bool(flags & getattr(os, "ST_RDONLY", 1))
 
 
 def read_meminfo(root: Path, notes: _Notes) -> tuple[int | None, int | None]:
@@ -439,6 +452,7 @@ def probe(root: Path | str = Path("/"), env: Mapping[str, str] | None = None, sh
     notes = _Notes()
     shm = Path(shm_path) if shm_path is not None else root / "dev/shm"
     shm_total, shm_free = read_shm(shm, notes)
+    shm_readonly = read_shm_readonly(shm, notes) if shm_total is not None else None  # else read_shm noted why
     mem_total, mem_avail = read_meminfo(root, notes)
     cg_version, cg_limit, cg_usage, quota = read_cgroup(root, notes)
     count, affinity, usable = read_cpus(root, notes, quota)
@@ -458,7 +472,7 @@ def probe(root: Path | str = Path("/"), env: Mapping[str, str] | None = None, sh
         container=detect_container(root, env), ranks=detect_ranks(env, ranks),
         mindspore_version=mindspore_version(), start_method=start_method,
         notes=tuple(notes), **sysv, logind=read_logind(root), numpy_version=_numpy_version(),
-        live=root == Path("/"),
+        live=root == Path("/"), shm_readonly=shm_readonly,
     )
     for note in notes:
         log.debug("probe: could not determine %s", note)

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 from ms_shm import budget as budget_mod
-from ms_shm import sizes
 from ms_shm._results import Result, mib, record
 from ms_shm.budget import Budget
 from ms_shm.errors import ShmBudgetError
@@ -171,11 +170,9 @@ def no_fit_message(cands: list, req: Request, budget: Budget, stats: RowStats, r
     least_memory = min((c.memory for c in cands), default=0)
     memory = "" if budget.memory_bytes is None else (
         f", {mib(least_memory)} of memory against {mib(budget.memory_bytes)} left for it ({budget.memory_reason})")
-    host_need = budget_mod.shm_to_give(budget, smallest.shm)
     fixes = [f"drop the explicit {' / '.join(asked)} so ms_shm can choose {_untried(cands, req)}" if asked else ""]
     if budget.shm_bytes is not None and smallest.shm > budget.shm_bytes:
-        fixes.append(f"give /dev/shm at least {mib(host_need)} (docker run --shm-size="
-                     f"{sizes.shm_size_flag(host_need)}){budget_mod.reserved_text(budget)}")
+        fixes.append(budget_mod.shm_fix(budget, smallest.shm))
     if budget.fds is not None and smallest.fds > budget.fds:
         fixes.append("raise `ulimit -n`")
     fixes.append(memory_fix(least_memory, budget))

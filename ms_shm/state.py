@@ -64,7 +64,7 @@ class Session:
             memory_left, memory_source = now_left + memory_used, f"{memory_source}, read now"
         return budget_mod.compute(facts.shm_free, facts.ranks.local_size, facts.nofile_soft, facts.open_fds,
                                   shm_used, fds_used, self.fraction, facts.ranks.source, memory_left,
-                                  memory_used, memory_source, pipelines)
+                                  memory_used, memory_source, pipelines, facts.shm_readonly)
 
     def record(self, made: Sequence[Any], undo: Callable[[Sequence[Any]], None]) -> list:
         """Keep the changes that happened (``None`` means nothing changed), each with what undoes it: the

@@ -412,3 +412,36 @@ def test_cgroup_small_text_and_kubernetes_block_name_one_limit(limit):
     assert f"memory: {advice.k8s_size(target)} " in dict(small.snippets)["kubernetes"]
     t = advice.typical(facts())
     assert advice.parse_size(target) >= max(t.memory, limit)
+
+
+# ------------------------------------------------------------------------------------------- a read-only /dev/shm
+
+
+def test_read_only_shm_is_a_crash_with_the_remount_fix():
+    """A 1 GiB /dev/shm mounted read-only: plenty of room, yet multiprocessing cannot create a semaphore there, so
+    every worker pool fails at launch (torch: EROFS; GeneratorDataset: 'insufficient shm')."""
+    f = facts(shm_total=GiB, shm_free=GiB, shm_readonly=True, container="docker")
+    findings = advice.diagnose(f)
+    first = findings[0]
+    assert (first.code, first.severity) == ("shm-readonly", "crash")
+    assert "read-only" in first.problem and "1.0 GiB" in first.problem
+    assert "remount" in first.fix and "--shm-size" in first.fix and "emptyDir" in first.fix
+    snippets = dict(first.snippets)
+    assert "mount -o remount,rw /dev/shm" in snippets["shell"]
+    assert "--shm-size=" in snippets["docker run"] and "medium: Memory" in snippets["kubernetes"]
+    assert codes(findings).count("shm-readonly") == 1
+    assert advice.checkup(f).ok is False
+
+
+def test_read_only_shm_holds_for_any_framework():
+    f = facts(shm_total=GiB, shm_free=GiB, shm_readonly=True)
+    assert codes(advice.diagnose(f, mindspore=False)) == ["shm-readonly"]
+
+
+@pytest.mark.parametrize("readonly", [False, None])
+def test_writable_or_unknown_mount_flag_is_no_read_only_finding(readonly):
+    """Unknown (statvfs failed: ``shm-unknown`` says so already) is never called read-only."""
+    assert "shm-readonly" not in codes(advice.diagnose(facts(shm_readonly=readonly)))
+    unread = facts(shm_total=None, shm_free=None, shm_readonly=None,
+                   notes=("statvfs(/dev/shm): PermissionError: denied",))
+    assert codes(advice.diagnose(unread)) == ["shm-unknown"]

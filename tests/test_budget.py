@@ -183,3 +183,11 @@ def test_mindsporess_budget_error_sizes_dev_shm_past_what_live_pipelines_reserve
     size = budget.shm_to_give(b, least)
     assert size > 64 * MiB and f"give /dev/shm at least {mib(size)}" in text, text
     assert f"{mib(reserved)} reserved by 1 other live pipeline of this process" in text, text
+
+
+def test_a_read_only_dev_shm_is_a_budget_of_nothing_and_its_fix_is_a_writable_mount():
+    b = budget.compute(1 << 30, 1, None, None, shm_readonly=True)
+    assert b.shm_bytes == 0 and b.shm_readonly and "read-only" in b.reason
+    assert "remount,rw" in budget.shm_fix(b, 1 << 20) and "at least" not in budget.shm_fix(b, 1 << 20)
+    assert budget.shm_fix(budget.compute(1 << 30, 1, None, None), 1 << 20).startswith("give /dev/shm at least")
+    assert budget.compute(None, 1, None, None, shm_readonly=True).shm_bytes is None  # unread: unknown, as before

@@ -134,6 +134,37 @@ def test_doctor_strict_exit_codes_under_64m(private_shm):
     assert not [f for f in data["findings"] if f["code"].startswith("shm")]
 
 
+READ_ONLY_SHM = "mount -t tmpfs -o size=1g,ro tmpfs /dev/shm && "
+
+
+def run_read_only(ns, *args: str) -> subprocess.CompletedProcess:
+    """``python -m ms_shm ARGS`` in a fresh mount namespace whose /dev/shm is a 1 GiB tmpfs mounted read-only."""
+    command = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "ms_shm", *args])
+    return ns.run_shell(READ_ONLY_SHM + f"exec {command}", shm=None, timeout=120, env={"GLOG_v": "3"})
+
+
+@pytest.mark.privileged
+def test_doctor_on_a_read_only_dev_shm(private_shm):
+    """1 GiB is room enough, but no worker pool starts on a read-only mount: a crash, so --strict exits 2."""
+    r = run_read_only(private_shm, "doctor", "--json", "--strict")
+    assert r.returncode == 2, isolated.describe(r)
+    data = json.loads(r.stdout)
+    assert data["ok"] is False and data["host"]["shm_readonly"] is True
+    first = data["findings"][0]
+    assert (first["code"], first["severity"]) == ("shm-readonly", "crash")
+    assert any("remount,rw" in text for _, text in first["snippets"])
+    text = run_read_only(private_shm, "doctor")
+    assert text.returncode == 0, isolated.describe(text)
+    assert "mounted read-only" in text.stdout and "[crash]" in text.stdout
+
+
+@pytest.mark.privileged
+def test_explain_generator_datasets_insufficient_shm_on_the_read_only_host(private_shm):
+    r = run_read_only(private_shm, "explain", str(LOGS / "generator_readonly.log"))
+    assert r.returncode == 0, isolated.describe(r)
+    assert "1. shm-readonly [crash]" in r.stdout and "shm-full" not in r.stdout
+
+
 # ------------------------------------------------------------------------------------------- plan
 
 
@@ -180,6 +211,8 @@ def test_plan_rejects_a_bad_size():
     ("bus_error.log", "bus-error"), ("insufficient_shm.log", "insufficient-shm"),
     ("shm_full_generator.log", "shm-full"), ("shm_full_map.log", "no-space"),
     ("too_many_open_files.log", "too-many-open-files"), ("pytorch_bus_error.log", "pytorch-bus-error"),
+    ("msloader_bus_error.log", "msloader-bus-error"), ("msloader_bus_error_eof.log", "msloader-bus-error"),
+    ("torch_readonly.log", "shm-readonly"), ("map_readonly.log", "shm-readonly"),
 ])
 def test_explain_captured_logs(name, kind):
     r = run("explain", str(LOGS / name))
@@ -383,16 +416,34 @@ def test_run_of_a_directory_or_zip_runs_its_main_with_itself_on_sys_path(tmp_pat
         assert ours.stdout.startswith(f"__main__ ['{target}', 'a'] {tmp_path / target} ")
 
 
-def test_run_keeps_the_script_as_main_for_atexit_and_deletes_file_as_python_does(tmp_path):
+@pytest.mark.parametrize("end, file_kept", [("", False), ("sys.exit(3)", True), ("raise KeyError(1)", False)])
+def test_run_keeps_the_script_as_main_for_atexit_and_deletes_file_as_python_does(tmp_path, end, file_kept):
+    """``__file__`` goes once the script's code returned or raised, not on ``sys.exit`` (python exits at once:
+    an atexit handler using ``__file__`` raised NameError under run); ``__annotations__`` is there, as in python's."""
     (tmp_path / "late.py").write_text(
         "import atexit, pickle, sys\nclass C: pass\n"
         "def at_end():\n"
         "    main = sys.modules['__main__']\n"
         "    print('pickled', len(pickle.dumps(C())) > 0, hasattr(main, 'C'), '__file__' in vars(main))\n"
-        "atexit.register(at_end)\nprint('done')\n")
+        f"atexit.register(at_end)\nprint('done', __annotations__)\n{end}\n")
     plain, ours = python_and_run("late.py", cwd=tmp_path)
     assert_same(plain, ours)
-    assert ours.stdout == "done\npickled True True False\n"
+    assert ours.stdout == f"done {{}}\npickled True True {file_kept}\n"
+
+
+def test_run_keeps_ms_shms_lines_when_the_script_configures_logging(tmp_path):
+    """dictConfig's ``disable_existing_loggers`` switched off every ms_shm logger made before the script ran: the
+    warnings run promises (what it adapted, and where) were lost (audit)."""
+    (tmp_path / "configured.py").write_text(
+        "import logging, logging.config\n"
+        "logging.config.dictConfig({'version': 1, 'root': {'level': 'INFO'}})\n"
+        "for name in ('ms_shm', 'ms_shm.patch', 'ms_shm.engines.mindspore.planning'):\n"
+        "    logging.getLogger(name).warning('still shown from %s', name)\n"
+        "logging.getLogger('other').warning('not shown')\n")
+    _, ours = python_and_run("configured.py", cwd=tmp_path)
+    assert ours.returncode == 0, ours.stderr
+    for name in ('ms_shm', 'ms_shm.patch', 'ms_shm.engines.mindspore.planning'):
+        assert f"WARNING: still shown from {name}" in ours.stderr, ours.stderr
 
 
 def test_run_gives_multiprocessings_main_alias_the_scripts_module(tmp_path):
@@ -506,3 +557,15 @@ def test_run_module_errors_print_as_python_m_prints_them(tmp_path):
     plain, ours = python_and_run("-m", "pk.bad", cwd=tmp_path)
     assert_same(plain, ours)
     assert ours.returncode == 1 and "ms_shm" not in ours.stderr
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["run", "--report", "r.json", "s.py", "--log-level", "x"], (["run", "--report", "r.json"], None, ["s.py", "--log-level", "x"])),
+    (["run", "--rep", "r.json", "--log", "INFO", "s.py"], (["run", "--rep", "r.json", "--log", "INFO"], None, ["s.py"])),
+    (["run", "--report=r.json", "s.py", "a"], (["run", "--report=r.json"], None, ["s.py", "a"])),
+    (["run", "--strict", "-m", "pkg", "--rep"], (["run", "--strict"], "pkg", ["--rep"])),
+])
+def test_run_reads_its_options_as_argparse_does_abbreviations_included(argv, expected):
+    from ms_shm.cli.run import split_run_argv
+
+    assert split_run_argv(argv) == expected

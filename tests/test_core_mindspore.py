@@ -126,6 +126,18 @@ def test_small_dev_shm_raw_dies_ms_shm_delivers(real_mindspore, kind, mb, seed):
     assert_fits(res, 64 * MiB)
 
 
+def test_read_only_dev_shm_raw_fails_ms_shm_reads_in_this_process(real_mindspore):
+    """1 GiB of /dev/shm, mounted read-only: raw's worker processes cannot start (MindSpore says "insufficient shm
+    ... at least 5 GB"); ms_shm's /dev/shm budget is 0, so it plans no worker process and delivers every row."""
+    read_only = "mount -t tmpfs -o size=1g,ro tmpfs /dev/shm && "
+    raw = isolated.run_shell(read_only + f"exec {shlex.quote(sys.executable)} -m tests.scenarios fixed --mode raw "
+                             "--seed 5 --mb 1", shm=None)
+    assert raw.returncode != 0 and "RESULT " not in raw.stdout, isolated.describe(raw)
+    res = result_of(isolated.run_shell(read_only + f"exec {shlex.quote(sys.executable)} -m tests.scenarios fixed "
+                                       "--mode ms_shm --seed 5 --mb 1", shm=None))
+    assert_rows(res["received"], expected_digests(5, 64, "fixed", 1))
+
+
 def ranks(mode: str, seed: int):
     """Four ranks started together in one namespace, sharing its 320m /dev/shm; rank r uses seed + r."""
     py = shlex.quote(sys.executable)

@@ -528,3 +528,113 @@ def test_budget_error_fix_names_only_what_the_planner_did_not_rule_out():
     assert "threads" not in e.fix.split(";")[0] and "pipes" not in e.fix.split(";")[0]
     forced = only(_audit_refusal(Request(workers=2, multiprocessing=True), ("processes", "pipes")))
     assert "so ms_shm can choose threads or fewer than 2 workers" in forced.fix
+
+
+# ------------------------------------------------------------------------- MindSpore's DataLoader and a read-only /dev/shm
+
+# Captured by ``capture.py``: MindSpore 2.8's DataLoader past a 64 MiB /dev/shm (the kill line, or the rarer EOFError
+# with none), and loaders of each kind under a read-only 1 GiB tmpfs on /dev/shm.
+MSLOADER_BUS = ["msloader_bus_error.log", "msloader_bus_error_eof.log"]
+READONLY = ["torch_readonly.log", "generator_readonly.log", "map_readonly.log", "msloader_readonly.log"]
+
+
+@pytest.mark.parametrize("name", MSLOADER_BUS + READONLY)
+def test_new_captured_logs_are_real_framework_output(name):
+    text = log(name)
+    assert "Written by hand" not in text and "Traceback (most recent call last)" in text
+    assert "site-packages/mindspore/" in text or "site-packages/torch/" in text
+
+
+@pytest.mark.parametrize("name", MSLOADER_BUS)
+def test_a_mindspore_dataloader_bus_error_log_is_one_dataloader_failure(name):
+    """No GeneratorDataset in the log, and one kill: one DataLoader explanation, whether the kill line is there
+    (it then names the worker) or the main process ended in EOFError without one."""
+    text = log(name)
+    assert "GeneratorDataset" not in text and "Unexpected bus error encountered in process" in text
+    e = only(text)
+    assert (e.kind, e.severity, e.signal) == ("msloader-bus-error", "crash", "Bus error")
+    assert "DataLoader" in e.cause and "GeneratorDataset" not in e.cause + e.fix
+    assert "num_workers" in e.fix and "--shm-size=" in dict(e.snippets)["docker run"]
+    killed = re.search(r"DataLoader worker \(pid: (\d+)\) was killed by signal: Bus error", text)
+    assert e.pid == (int(killed.group(1)) if killed else None)
+
+
+def test_generator_dataset_bus_error_reads_as_a_sentence():
+    e = only(log("bus_error.log"))
+    assert e.kind == "bus-error"
+    assert f"A MindSpore GeneratorDataset worker ({e.pid}) wrote a row" in e.cause
+    assert "GeneratorDataset a worker" not in e.cause
+
+
+def test_a_bare_bus_error_line_does_not_claim_a_pipeline_the_log_does_not_show():
+    """MindSpore prints this line for a GeneratorDataset's and a DataLoader's worker alike."""
+    line = ("Unexpected bus error encountered in process. Non-existent physical address. This might be caused by "
+            "insufficient shared memory. Please check if '/dev/shm' has enough available space via 'df -h'.\n")
+    e = only(line)
+    assert e.kind == "bus-error"
+    assert "GeneratorDataset a worker" not in e.cause and "DataLoader" in e.cause
+
+
+@pytest.mark.parametrize("name", ["torch_readonly.log", "map_readonly.log", "msloader_readonly.log"])
+def test_erofs_in_dev_shm_names_the_read_only_mount(name):
+    """'[Errno 30] Read-only file system' from multiprocessing's semaphores or heap in /dev/shm: the log says it,
+    whatever this host's /dev/shm is."""
+    e = only(log(name), shm_total=GiB, shm_free=GiB)
+    assert (e.kind, e.severity) == ("shm-readonly", "crash")
+    assert "read-only" in e.cause and "remount" in e.fix
+    snippets = dict(e.snippets)
+    assert "remount,rw /dev/shm" in snippets["shell"] and "emptyDir" in snippets["kubernetes"]
+    # the size was not the problem: nothing asks for more than a typical pipeline needs
+    assert advice.parse_size(snippets["docker run"].split("--shm-size=")[1].split()[0]) <= GiB
+
+
+def test_mindspores_insufficient_shm_on_a_read_only_host_is_the_read_only_mount():
+    """GeneratorDataset hides EROFS behind its 'insufficient shm ... 5 GB' line; on a host whose /dev/shm is
+    read-only (the probe's statvfs flag), that line is the read-only mount, not a full /dev/shm."""
+    text = log("generator_readonly.log")
+    assert "Read-only file system" not in text and "recommended shm size is at least 5 GB" in text
+    e = only(text, shm_total=GiB, shm_free=GiB, shm_readonly=True)
+    assert (e.kind, e.severity) == ("shm-readonly", "crash")
+    assert "read-only" in e.cause and "remount" in e.fix and "5 GB" in e.cause
+
+
+@pytest.mark.parametrize("readonly", [False, None])
+def test_mindspores_insufficient_shm_elsewhere_stays_shm_full_and_names_the_other_cause(readonly):
+    e = only(log("generator_readonly.log"), shm_readonly=readonly)
+    assert e.kind == "shm-full"
+    assert "read-only" in e.cause
+
+
+def test_erofs_outside_dev_shm_is_not_the_read_only_shm():
+    found = explain("OSError: [Errno 30] Read-only file system: '/data/ckpt/model.ckpt'\n", facts())
+    assert "shm-readonly" not in [e.kind for e in found]
+
+
+def test_new_logs_with_unknown_host_facts():
+    unknown = facts(shm_total=None, shm_free=None, shm_readonly=None, nofile_soft=None, nofile_hard=None,
+                    open_fds=None, notes=("statvfs(/dev/shm): PermissionError: denied",))
+    for name in MSLOADER_BUS + READONLY:
+        found = explain(log(name), unknown)
+        assert found, name
+        for e in found:
+            assert e.cause and e.fix and "None" not in e.cause, (name, e)
+
+
+# Written by hand from the formats of torch's MapAllocator ("unable to open shared memory object <%s> in read-write
+# mode: %s (%d)") and MindSpore's DataLoader ("MapAllocator: shm_open failed with errno: %d"), as an EROFS reads.
+@pytest.mark.parametrize("line", [
+    "RuntimeError: unable to open shared memory object </torch_2718_3141_7> in read-write mode: Read-only file "
+    "system (30)\n",
+    "[ERROR] MapAllocator: shm_open failed with errno: 30\n",
+])
+def test_a_dataloaders_shared_memory_file_on_a_read_only_mount(line):
+    e = only(line)
+    assert e.kind == "shm-readonly" and "read-only" in e.cause
+
+
+def test_a_generator_dataset_bus_error_beside_doctors_dataloader_finding_stays_generator_datasets():
+    """The DataLoader is told by its own lines and source files, not by its module named in prose."""
+    doctor = ("  3. [info] MindSpore 2.10.0's DataLoader (mindspore.dataset.dataloader) can fail on batches from "
+              "worker processes under NumPy 2.4.6\n")
+    e = only(doctor + log("bus_error.log"))
+    assert e.kind == "bus-error" and "GeneratorDataset worker" in e.cause

@@ -6,7 +6,10 @@ is unreadable must come back as ``None`` plus a note, and the CLI must print it 
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -286,3 +289,38 @@ def test_cgroup_v2_the_level_with_least_room_binds(tmp_path):
     write(root, "sys/fs/cgroup/kubepods/pod1/memory.stat", "inactive_file 0\n")
     facts = probe(root)
     assert (facts.cgroup_mem_limit, facts.cgroup_mem_usage) == (5 * GiB, 4 * GiB)
+
+
+# ------------------------------------------------------------------------------------------- a read-only /dev/shm
+
+
+def test_writable_dev_shm_is_not_read_only(tmp_path):
+    assert probe(base_tree(tmp_path)).shm_readonly is False
+
+
+def test_unreadable_dev_shm_mount_flag_is_unknown_with_a_note(tmp_path):
+    root = base_tree(tmp_path)
+    (root / "dev/shm").rmdir()
+    facts = probe(root)
+    assert facts.shm_readonly is None
+    assert any(n.startswith("statvfs(") and "FileNotFoundError" in n for n in facts.notes)
+
+
+@pytest.mark.privileged
+def test_a_read_only_tmpfs_on_dev_shm_is_read_from_the_statvfs_flag(private_shm):
+    """A real tmpfs mounted ro on /dev/shm in a private mount namespace (the machine's own is not touched)."""
+    code = "from ms_shm import host; f = host.probe(); print(f.shm_readonly, f.shm_total)"
+    r = private_shm.run_shell("mount -t tmpfs -o size=1g,ro tmpfs /dev/shm && "
+                              f"exec {shlex.quote(sys.executable)} -c {shlex.quote(code)}", shm=None, timeout=120)
+    assert r.returncode == 0, private_shm.describe(r)
+    assert r.stdout.split() == ["True", str(GiB)]
+    rw = private_shm.run_shell(f"exec {shlex.quote(sys.executable)} -c {shlex.quote(code)}", shm="1g", timeout=120)
+    assert rw.stdout.split() == ["False", str(GiB)], private_shm.describe(rw)
+
+
+def test_doctor_row_says_read_only(tmp_path):
+    facts = probe(base_tree(tmp_path))
+    rows = cli.fact_rows(dataclasses.replace(facts, shm_readonly=True), None, "not installed",
+                         advice.Typical.of(facts))
+    (text,) = [text for label, text in rows if label == "/dev/shm"]
+    assert "mounted read-only" in text

@@ -121,8 +121,9 @@ def _shm_row(facts: host.HostFacts) -> tuple:
         return ("/dev/shm", f"{facts.shm_path}: {_unknown(facts, 'statvfs')}")
     free = facts.shm_free if facts.shm_free is not None else facts.shm_total
     used = 1 - free / facts.shm_total if facts.shm_total else 1.0
+    readonly = ", mounted read-only" if facts.shm_readonly else ""
     return ("/dev/shm", f"{mib(facts.shm_total)} total, {_size(facts.shm_free, facts, 'statvfs')} free "
-                        f"({facts.shm_path})\n{bar(used)}")
+                        f"({facts.shm_path}{readonly})\n{bar(used)}")
 
 
 def _memory_rows(facts: host.HostFacts) -> list:

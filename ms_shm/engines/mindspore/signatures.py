@@ -24,6 +24,24 @@ _DF = ("shell", "df -h /dev/shm\nms-shm clean --dry-run")
 _DMESG = ("shell", "dmesg | grep -i -E 'oom|killed process'\nipcs -m\nms-shm clean --dry-run")
 
 
+# Kinds whose message MindSpore prints for a read-only /dev/shm too: GeneratorDataset's launch turns any failure of
+# ``multiprocessing.Event()`` (EROFS there) into "insufficient shm ... at least 5 GB", and prints no errno. Where
+# the host's /dev/shm is read-only, ``explain`` names the mount instead.
+HIDES_READONLY = ("shm-full",)
+
+
+def _bus_words(fields: dict) -> dict:
+    """Who hit the bus error: a GeneratorDataset worker when its SIGCHLD line names one; else the log names no
+    pipeline (MindSpore prints the same "Unexpected bus error" line in a DataLoader's worker)."""
+    if fields.get("pid"):
+        return {"bus_who": f"A MindSpore GeneratorDataset worker ({fields['pid']}) wrote a row into a shared-memory "
+                           "slot after /dev/shm was full"}
+    return {"bus_who": "A MindSpore dataset worker wrote into /dev/shm after it was full (the log names no "
+                       "pipeline: for a mindspore.dataset.dataloader.DataLoader, lower num_workers, prefetch_factor "
+                       "or batch_size rather than the fixes below; in a GeneratorDataset, a row was written into "
+                       "a shared-memory slot)"}
+
+
 def _row_words(fields: dict) -> dict:
     """The static slot and row sizes of a "rowsize is larger" warning, and the smallest max_rowsize above."""
     slot, row = float(fields["slot_mb"]), float(fields["row_mb"])
@@ -43,12 +61,12 @@ def _shm_signatures(profile: EngineProfile) -> tuple:
             r"Unexpected bus error encountered in process|"
             r"Dataset worker process (?P<pid>\d+) was killed by signal: (?P<signal>Bus error)\.",
             "crash",
-            "MindSpore's GeneratorDataset {who} wrote a row into a shared-memory slot after /dev/shm was full; the "
-            "kernel answers that with SIGBUS, and the main process then terminates itself. Dynamic slots (the "
-            "default since 2.4) are not checked in advance. {shm_state}",
+            "{bus_who}; the kernel answers that with SIGBUS, and the main process then terminates itself. "
+            "Dynamic slots (the default since 2.4) are not checked in advance. {shm_state}",
             "give the container a /dev/shm of {size}, or lower prefetch/workers (`ms-shm plan --row-mb <row> "
             "--workers <W>` shows what fits)",
-            need="shm-slots", signal="Bus error"),
+            need="shm-slots", signal="Bus error", words=_bus_words,
+            yields_to=("msloader-bus-error",)),  # the log shows a DataLoader's frames or lines: its failure
         Signature(
             "insufficient-shm", f"'{PRECHECK_MESSAGE}'",
             PRECHECK_MESSAGE + r"\.\s*Required:\s*(?P<required>\d+),\s*Available:\s*(?P<available>\d+)",
@@ -64,7 +82,8 @@ def _shm_signatures(profile: EngineProfile) -> tuple:
             r"recommended shm size is at least\s*(?P<gb>\d+)\s*GB", "crash",
             "/dev/shm had no room left even for multiprocessing's semaphores (one page each), so the pipeline "
             "could not start: something else filled it (another job, or files a crashed run left). MindSpore's "
-            "'5 GB' is a rule of thumb. {shm_state}",
+            "'5 GB' is a rule of thumb. {shm_state} MindSpore prints the same line when /dev/shm is mounted "
+            "read-only (it hides the EROFS). {readonly_state}",
             "free /dev/shm (stop whatever holds it; `ms-shm clean` removes MindSpore's leftovers), then give the "
             "container a /dev/shm of {size}",
             need="shm-free", snippets=(_DF,)),
@@ -189,4 +208,4 @@ def signatures(version: str | None = None) -> tuple:
     return for_profile(profiles.profile_for(version))
 
 
-__all__ = ["SEMAPHORE_HINTS", "for_profile", "signatures"]
+__all__ = ["HIDES_READONLY", "SEMAPHORE_HINTS", "for_profile", "signatures"]

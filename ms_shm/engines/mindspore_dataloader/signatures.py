@@ -12,10 +12,28 @@ _SHM_CAUSE = ("MindSpore's DataLoader (PyTorch's design) moves every batch tenso
 _SHM_FIX = ("give the container a /dev/shm of {size}, or lower num_workers / prefetch_factor / batch_size; "
             "`ms_shm.build_dataloader(...)` sizes them to fit")
 
+# What only a log of this DataLoader holds: its lines ("pid: N" with a colon; PyTorch's has none) and its source
+# files, in a traceback's frames or MindSpore's log prefix (the dotted module name is not one: ms-shm doctor's own
+# DataLoader finding prints it). MindSpore's "Unexpected bus error encountered in process" line, printed in any
+# of its workers, is the DataLoader's where these are in the log; its main process may then end in an EOFError
+# with no kill line at all (tests/data/logs/msloader_bus_error_eof.log).
+HINTS = ("DataLoader worker (pid: ", "DataLoader worker (pid(s): ", "mindspore/dataset/dataloader/",
+         "mindspore\\dataset\\dataloader\\")
+
+
+def _who(fields: dict) -> dict:
+    """The worker the kill line names; the EOFError ending names none."""
+    return {"loader_worker": f"worker ({fields['pid']})" if fields.get("pid") else "worker"}
+
+
 SIGNATURES = (
+    # One signature for both lines, so one kill is one explanation (at its first line; the kill line's pid).
     Signature("msloader-bus-error", "MindSpore DataLoader's bus error",
-              r"DataLoader worker \(pid: (?P<pid>\d+)\) was killed by signal: (?P<signal>Bus error)\.",
-              "crash", _SHM_CAUSE, _SHM_FIX, need="shm", signal="Bus error", engine="mindspore-dataloader"),
+              r"DataLoader worker \(pid: (?P<pid>\d+)\) was killed by signal: (?P<signal>Bus error)\.|"
+              r"Unexpected bus error encountered in process",
+              "crash", "A MindSpore DataLoader (mindspore.dataset.dataloader) {loader_worker} was killed by SIGBUS: "
+              "it wrote a batch into /dev/shm after /dev/shm was full. " + _SHM_CAUSE, _SHM_FIX, need="shm",
+              signal="Bus error", near=HINTS, words=_who, engine="mindspore-dataloader"),
     Signature("msloader-too-many-files", "MindSpore DataLoader's 'shm_open failed with errno: 24'",
               r"MapAllocator: shm_open failed with errno: 24", "crash",
               "MindSpore's DataLoader passes one file descriptor per tensor storage of every batch in flight, and "
@@ -34,4 +52,4 @@ SIGNATURES = (
 )
 
 
-__all__ = ["SIGNATURES"]
+__all__ = ["HINTS", "SIGNATURES"]

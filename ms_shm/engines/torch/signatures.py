@@ -47,7 +47,8 @@ SIGNATURES = (
     Signature("pytorch-shm", "PyTorch's shared-memory file errors",
               r"unable to (?:write to|open shared memory object|mmap|allocate shared memory)[^\n]*</?torch_",
               "crash", _SHM_CAUSE, _SHM_FIX, need="shm",
-              yields_to=("pytorch-bus-error", "ipc-removed", "pytorch-no-space", "pytorch-too-many-files"),
+              yields_to=("pytorch-bus-error", "ipc-removed", "pytorch-no-space", "pytorch-too-many-files",
+                         "shm-readonly"),
               engine="torch"),
     Signature("ipc-removed", "PyTorch's /dev/shm/torch_* file gone ('No such file or directory')",
               r"(?:could not unlink the shared memory file |unable to open shared memory object <)/torch_"

@@ -330,6 +330,8 @@ LOADER_LINES = {
     "RuntimeError: DataLoader worker (pid(s) 4242) exited unexpectedly": "pytorch-worker-exited",
     "RuntimeError: DataLoader worker (pid: 4242) was killed by signal: Bus error.": "msloader-bus-error",
     "[ERROR] MapAllocator: shm_open failed with errno: 24": "msloader-too-many-files",
+    "RuntimeError: DataLoader worker (pid: 4242) was killed by signal: Killed.": "msloader-worker-killed",
+    "RuntimeError: DataLoader worker (pid(s): 4242) exited unexpectedly.": "msloader-worker-exited",
 }
 
 

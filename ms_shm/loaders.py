@@ -24,7 +24,7 @@ from ms_shm import changes as changes_mod
 from ms_shm import engines, measure
 from ms_shm._results import mib
 from ms_shm.engines.torchstyle import arithmetic, codescan, probe
-from ms_shm.engines.torchstyle.guard import GuardedCollate, guard_fix
+from ms_shm.engines.torchstyle.guard import GuardedCollate, guard_fix, used_now
 from ms_shm.engines.torchstyle.planning import LoaderRequest
 from ms_shm.errors import ShmBudgetError, UsageError
 from ms_shm.plan import Decision, Plan
@@ -339,7 +339,7 @@ def _guarded(eng: Any, asked: dict, p: Plan, b: Any) -> GuardedCollate:
                           arithmetic.batches_in_flight(p.workers, p.prefetch), b.shm_bytes, fix,
                           getattr(eng.compat, "unshared_bytes", None), b.ranks,
                           functools.partial(budget_mod.shm_to_give, b),
-                          getattr(eng.compat, "share", None))
+                          getattr(eng.compat, "share", None), used_now())
 
 
 def _apply(eng: Any, p: Plan) -> None:

@@ -138,6 +138,44 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
+def tensor_dataset(mib: int = 96):
+    """torch's ``TensorDataset`` of ``mib`` MiB of float32 rows of 32 KiB, and int labels: each sample a view of
+    the one tensor (the audit's ``repro_tensords.py``)."""
+    import torch
+
+    rows = (mib << 20) // (8192 * 4)
+    x = (torch.arange(rows * 8192) % 251).float().reshape(rows, 8192) + torch.arange(rows)[:, None]
+    return torch.utils.data.TensorDataset(x, torch.arange(rows))
+
+
+def preloaded_dataset(mib: int = 20):
+    """A dataset preloaded into one tensor of ``mib`` MiB, its samples views of it (the audit's
+    ``repro_preloaded.py``)."""
+    import torch
+
+    class Preloaded(torch.utils.data.Dataset):
+        def __init__(self):
+            rows = (mib << 20) // (32768 * 4)
+            self.x = (torch.arange(rows * 32768) % 251).float().reshape(rows, 32768) + torch.arange(rows)[:, None]
+            self.y = torch.arange(rows)
+
+        def __len__(self):
+            return len(self.y)
+
+        def __getitem__(self, i):
+            return self.x[i], self.y[i]
+
+    return Preloaded()
+
+
+FACTORIES = {"tensords": tensor_dataset, "preloaded": preloaded_dataset}  # torch only; fork workers only
+
+
+def zip_collate(samples):
+    """Detection-style: the samples' fields side by side, each sample's tensors kept (views, sent as they are)."""
+    return tuple(zip(*samples))
+
+
 def keep_apart(samples):
     return [t for s in samples for t in s]
 
@@ -188,7 +226,11 @@ SCENARIOS = {  # scenario: (dataset, DataLoader arguments a user writes, what ms
                dict(batch_size=1, num_workers=2, collate_fn=as_list)),
     "outlier": ("outlier", dict(batch_size=4, num_workers=2, collate_fn=as_list),
                 dict(batch_size=4, num_workers=2, collate_fn=as_list)),
+    "tensords": ("tensords", dict(batch_size=32, num_workers=2), dict(batch_size=32, num_workers=2)),
+    "preloaded": ("preloaded", dict(batch_size=8, num_workers=2, collate_fn=zip_collate),
+                  dict(batch_size=8, num_workers=2, collate_fn=zip_collate)),
 }
+PEAK = ("tensords", "preloaded")  # scenarios whose /dev/shm peak is measured (sampled every 2 ms)
 FILL = {"filled": 2 << 20}  # scenario: bytes another process leaves free in /dev/shm once the loader is built
 
 
@@ -196,7 +238,7 @@ def run(framework: str, scenario: str, mode: str) -> None:
     import ms_shm
 
     kind, raw_args, ours = SCENARIOS[scenario]
-    dataset = datasets(framework)[kind]()
+    dataset = (FACTORIES.get(kind) or datasets(framework)[kind])()
     torch, _, _, loader_cls, _ = _framework(framework)
     if torch is not None:
         torch.manual_seed(0)
@@ -207,25 +249,65 @@ def run(framework: str, scenario: str, mode: str) -> None:
         loader = ms_shm.build_dataloader(dataset, **ours)
     if scenario in FILL:
         fill_dev_shm(FILL[scenario])
-    digests = [_digest(batch) for batch in loader]
+    with ShmPeak(scenario in PEAK) as peak:
+        digests = [_digest(batch) for batch in loader]
     p = ms_shm.plan_of(loader)
     plan = None if p is None else {"workers": p.workers, "prefetch": p.prefetch, "shm": p.predicted_shm,
                                    "fds": p.predicted_fds, "decisions": [str(d) for d in p.decisions]}
     torch = sys.modules.get("torch")
     strategy = torch.multiprocessing.get_sharing_strategy() if torch is not None else None
-    print("RESULT " + json.dumps({"digests": digests, "plan": plan, "strategy": strategy}), flush=True)
+    print("RESULT " + json.dumps({"digests": digests, "plan": plan, "strategy": strategy, "peak": peak.bytes}),
+          flush=True)
 
 
-def run_batch_sampler(framework: str, mode: str) -> None:
-    """A batch_sampler of uneven batches, one worker per batch index parity."""
+class ShmPeak:
+    """The most ``/dev/shm`` held (``statvfs``, every process's files) above what it held on entry, sampled every
+    2 ms by a thread while the block runs; ``bytes`` is ``None`` when not ``measured``."""
+
+    def __init__(self, measured: bool = True) -> None:
+        import threading
+
+        self.measured, self.bytes, self.stop = measured, None, threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+
+    @staticmethod
+    def _used() -> int:
+        import os
+
+        st = os.statvfs("/dev/shm")
+        return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+    def _sample(self) -> None:
+        while not self.stop.is_set():
+            self.bytes = max(self.bytes, self._used() - self.base)
+            time.sleep(0.002)
+
+    def __enter__(self) -> "ShmPeak":
+        if self.measured:
+            self.base, self.bytes = self._used(), 0
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.measured:
+            self.stop.set()
+            self.thread.join()
+
+
+def run_batch_sampler(framework: str, mode: str, batches: list | None = None) -> None:
+    """A batch_sampler of uneven batches of 8 MiB samples (default: 2, 3, 1 and 2 of them), one worker per batch
+    index parity."""
     import ms_shm
 
     dataset = datasets(framework)["big"]()
-    batches = [[0, 1], [2, 3, 4], [5], [6, 7]]
+    batches = batches or [[0, 1], [2, 3, 4], [5], [6, 7]]
     loader_cls = _framework(framework)[3]
     loader = loader_cls(dataset, batch_sampler=batches, num_workers=2) if mode == "raw" else \
         ms_shm.build_dataloader(dataset, batch_sampler=batches, num_workers=2)
-    print("RESULT " + json.dumps({"digests": [_digest(b) for b in loader]}), flush=True)
+    digests = [_digest(b) for b in loader]
+    p = ms_shm.plan_of(loader)
+    plan = None if p is None else {"workers": p.workers, "prefetch": p.prefetch, "shm": p.predicted_shm}
+    print("RESULT " + json.dumps({"digests": digests, "plan": plan}), flush=True)
 
 
 def run_two(framework: str, mode: str, together: bool) -> None:

@@ -14,6 +14,7 @@ import shlex
 import subprocess
 import sys
 import time
+import types
 
 import pytest
 
@@ -158,6 +159,60 @@ def test_one_big_batch_among_small_ones_arrives_bit_exact_in_64m(real_torch):
     reference = result(run("outlier", "raw", "64m"))["digests"]
     ours = result(run("outlier", "ms_shm", "64m"))
     assert ours["digests"] == reference and ours["plan"]["workers"] == 2, ours["plan"]
+
+
+MiB = 1 << 20
+
+
+def test_a_tensor_datasets_batches_weigh_their_views_not_the_dataset(real_torch):
+    """A 96 MiB ``TensorDataset``, default collate, 2 workers, 64 MB: raw torch runs it (its batches are 1 MiB
+    copies: /dev/shm peaked at 6.1 MiB, measured). The guard weighed each sample's whole storage before the
+    collate, the 96 MiB tensor it is a view of, and raised ``RowTooLargeError: batch 1 ... is 96.0 MiB (planned
+    1.0 MiB)``. The same batches as raw, in order, with the workers asked."""
+    reference = result(run("tensords", "raw", "64m"))
+    ours = result(run("tensords", "ms_shm", "64m"))
+    assert ours["digests"] == reference["digests"] and ours["plan"]["workers"] == 2, ours["plan"]
+    assert ours["peak"] < 16 * MiB and reference["peak"] < 16 * MiB, (ours["peak"], reference["peak"])
+
+
+def test_a_preloaded_tensor_sent_as_views_is_priced_once_per_worker(real_torch):
+    """A dataset preloaded into one 20 MiB tensor, a collate keeping the samples' views apart, 2 workers, 64 MB:
+    torch moves the tensor to /dev/shm once per worker and sends it again by reference (raw peaked at 40 MiB,
+    measured here too). Priced per batch in flight (3-5 x 20 MiB) it raised ShmBudgetError at build; priced once
+    per worker the plan is the measured peak, and the batches are raw's."""
+    reference = result(run("preloaded", "raw", "64m"))
+    ours = result(run("preloaded", "ms_shm", "64m"))
+    assert ours["digests"] == reference["digests"] and ours["plan"]["workers"] == 2, ours["plan"]
+    assert reference["peak"] >= 40 * MiB and ours["peak"] >= 40 * MiB, (reference["peak"], ours["peak"])
+    assert ours["peak"] <= ours["plan"]["shm"] + MiB, (ours["peak"], ours["plan"])  # measured 40.1 vs 40.0
+    assert any("20.0 MiB the dataset holds, in /dev/shm once per worker" in d for d in ours["plan"]["decisions"])
+
+
+def run_batches(mode: str, batches: list, shm: str = "64m", timeout: float = 180) -> subprocess.CompletedProcess:
+    code = f"from tests.loader_scenarios import run_batch_sampler; run_batch_sampler('torch', {mode!r}, {batches!r})"
+    return isolated.run_shell(f"exec {shlex.quote(sys.executable)} -c {shlex.quote(code)}", shm=shm,
+                              timeout=timeout)
+
+
+def test_a_batch_torchs_collate_wrote_to_dev_shm_is_not_counted_twice(real_torch):
+    """batch_sampler [[0, 1], [5, 3, 2]] of 8 MiB samples, 2 workers, 64 MB (the audit's torch_bsampler.py): a
+    16 MiB batch planned, prefetch 1. torch's collate writes the 24 MiB batch to /dev/shm in the worker, beside
+    the first batch (40.1 MiB in use, 23.9 MiB free, measured); the guard then wanted it and the other batches in
+    flight, 56 MiB, free again: ``RowTooLargeError`` where raw torch ran it. A batch that cannot fit beside
+    the planned others even in all of /dev/shm (40 MiB + 2 x 16 MiB) still stops with the guard's error, never
+    torch's ENOSPC, a bus error or a hang."""
+    batches = [[0, 1], [5, 3, 2]]
+    reference = result(run_batches("raw", batches))
+    ours = result(run_batches("ms_shm", batches))
+    assert ours["digests"] == reference["digests"] and ours["plan"]["prefetch"] == 1, ours["plan"]
+    began = time.monotonic()
+    proc = run_batches("ms_shm", [[0, 1], [2, 3, 4, 5, 6], [7, 8]], timeout=120)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "RowTooLargeError" in text and "is 40.0 MiB (planned 16.0 MiB)" in text, \
+        isolated.describe(proc)
+    assert "killed by signal" not in text and "Bus error" not in text
+    assert_enospc_only_as_cause_of(text, "RowTooLargeError")
+    assert time.monotonic() - began < 120
 
 
 def run_two(mode: str, how: str, shm: str = "64m") -> subprocess.CompletedProcess:
@@ -669,3 +724,119 @@ def test_global_draws_the_probe_may_not_see_keep_the_batches_raw_gives(real_torc
     loop as raw torch's default (0 workers), for a draw on 1 sample in 4 and a sampler drawing per index."""
     proc = real_torch.run_python(GLOBAL_DRAWS, shm="1g")
     assert result(proc) == {"conditional": [True, 0], "sampler": [True, 0]}, real_torch.describe(proc)
+
+
+# --- what a batch of views puts in /dev/shm (in this process: the probe's split, the guard's accounting)
+
+
+class Preloaded(Dataset if Dataset is not None else object):
+    """All samples views of one tensor the dataset holds."""
+
+    def __init__(self, rows: int = 16, width: int = 1024):
+        self.x, self.y = torch.arange(rows * width, dtype=torch.float32).reshape(rows, width), torch.arange(rows)
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+
+class Crops(Preloaded):
+    """Each sample a view of a tensor made for it (a crop of a freshly read image): its storage goes with it."""
+
+    def __getitem__(self, i):
+        return torch.full((4, 1024), float(i))[1:3], self.y[i]
+
+
+class Held(Preloaded):
+    """One tensor per sample, held by the dataset: each batch sends its samples' own storages."""
+
+    def __init__(self):
+        super().__init__()
+        self.items = [torch.full((1024,), float(i)) for i in range(16)]
+
+    def __getitem__(self, i):
+        return self.items[i]
+
+
+def zip_collate(samples):
+    return tuple(zip(*samples))
+
+
+@pytest.mark.parametrize("timed", [False, True])
+def test_the_probe_prices_a_tensor_the_dataset_holds_once_per_worker_and_fresh_storages_per_batch(fresh_torch,
+                                                                                                 timed):
+    from ms_shm.engines.torch import compat
+    from ms_shm.engines.torchstyle import probe
+
+    def measured(ds, collate, batch_size=4):
+        return probe.measure_batch(ds, batch_size, collate, compat.weigh, False,
+                                   twin=None if timed else compat.twin)
+
+    held = Preloaded()
+    kept = measured(held, zip_collate)  # views of x and y travel: each worker shares both once
+    assert (kept.batch_bytes, kept.shared_bytes) == (0, held.x.nbytes + held.y.nbytes), kept
+    stacked = measured(held, torch.utils.data.default_collate)  # copied into a new batch: nothing shared once
+    assert (stacked.batch_bytes, stacked.shared_bytes) == (4 * 1024 * 4 + 4 * 8, 0), stacked
+    crops = measured(Crops(), zip_collate) if timed else None  # the twin keeps a view as it is: timed only
+    assert crops is None or (crops.batch_bytes, crops.shared_bytes) == (4 * 4 * 1024 * 4, held.y.nbytes), crops
+    own = measured(Held(), list)  # each sample's storage is all of it: per batch, as before
+    assert (own.batch_bytes, own.shared_bytes) == (4 * 1024 * 4, 0), own
+
+
+class _Worker:
+    id = 1
+
+
+KiB = 1 << 10
+
+
+def collated_in_shared_memory(samples):
+    """torch's default collate in a worker: the batch stacked into a new tensor in shared memory."""
+    return torch.stack(samples).share_memory_()
+
+
+@pytest.mark.parametrize("free, used, baseline, outcome", [
+    (24 * KiB, 40 * KiB, 0, "goes on"),  # this 24 KiB batch and the first 16 KiB one in use: 64 KiB hold 56
+    (24 * KiB, 40 * KiB, None, "RowTooLargeError"),  # ... unknown what was in use at the plan: this batch only
+    (24 * KiB, 40 * KiB, 30 * KiB, "RowTooLargeError"),  # 30 KiB were another's before the plan
+])
+def test_the_guard_counts_a_batch_torch_wrote_to_dev_shm_once(fresh_torch, monkeypatch, caplog, free, used,
+                                                               baseline, outcome):
+    """A 24 KiB batch planned at 16 KiB, 3 in flight, a 51 KiB budget: it and the others need 56 KiB. torch's
+    collate wrote it into /dev/shm (in ``used``): it, and the others in flight up to what /dev/shm gained since
+    the plan, are not wanted free a second time. What was in use before the plan is another's."""
+    from ms_shm.engines.torch import compat
+    from ms_shm.engines.torchstyle import guard
+    from ms_shm.errors import RowTooLargeError
+
+    monkeypatch.setattr(guard.procfs, "statvfs",
+                        lambda path: types.SimpleNamespace(total=64 * KiB, free=free, used=used))
+    g = guard.GuardedCollate(collated_in_shared_memory, compat.weigh, lambda: _Worker(), 16 * KiB, 3, 51 * KiB,
+                             "num_workers=1", compat.unshared_bytes, share=compat.share, baseline_used=baseline)
+    samples = [torch.full((2 * KiB,), float(i)) for i in range(3)]  # 8 KiB each
+    if outcome == "RowTooLargeError":
+        with pytest.raises(RowTooLargeError, match=r"is 24.0 KiB \(planned 16.0 KiB\).* need 56.0 KiB"):
+            g(samples)
+        return
+    with caplog.at_level(logging.WARNING, logger="ms_shm"):
+        assert torch.equal(g(samples), torch.stack(samples))
+    assert "going on" in caplog.text and "beside the 40.0 KiB of them it may hold already" in caplog.text
+
+
+def test_the_guard_weighs_views_by_their_own_bytes_before_the_collate(fresh_torch, monkeypatch):
+    """Samples of a 96 KiB tensor, 1 KiB views each: a batch of 4 is 4 KiB copied, never the 96 KiB it views;
+    a batch that cannot fit what /dev/shm has free is still refused before the collate writes it."""
+    from ms_shm.engines.torch import compat
+    from ms_shm.engines.torchstyle import guard
+    from ms_shm.errors import RowTooLargeError
+
+    space = types.SimpleNamespace(total=64 * KiB, free=8 * KiB, used=56 * KiB)
+    monkeypatch.setattr(guard.procfs, "statvfs", lambda path: space)
+    data = torch.zeros(96, 256)
+    g = guard.GuardedCollate(torch.utils.data.default_collate, compat.weigh, lambda: _Worker(), 4 * KiB, 3,
+                             51 * KiB, "", compat.unshared_bytes, share=compat.share, baseline_used=0)
+    assert g([data[i] for i in range(4)]).shape == (4, 256)
+    with pytest.raises(RowTooLargeError, match=r"is 12.0 KiB \(planned 4.0 KiB\)"):
+        g([data[i] for i in range(12)])

@@ -106,4 +106,22 @@ class Engine(Protocol):
         ``to_dict()``). ``doctor``, ``plan`` and ``explain`` all size from it."""
 
 
-__all__ = ["Engine", "Signature"]
+def worker_killed(kind: str, owner: str, loader: str, regex: str, engine: str) -> Signature:
+    """A DataLoader worker killed by a signal other than SIGBUS, in ``owner``'s words (``regex`` names ``pid`` and
+    ``signal``): the OOM killer's checks, one answer for PyTorch's DataLoader and MindSpore's."""
+    return Signature(kind, f"{owner}'s worker-killed line", regex, "crash",
+                     f"A {loader} worker {{pid}} was killed by signal {{signal}}. " + OOM_CAUSE,
+                     "check `dmesg | grep -i oom`, lower num_workers or batch size, raise the memory limit",
+                     snippets=(("shell", "dmesg | grep -i -E 'oom|killed process'"),), engine=engine)
+
+
+def worker_exited(kind: str, owner: str, loader: str, regex: str, fix: str, engine: str) -> Signature:
+    """A DataLoader's 'worker ... exited unexpectedly' (``regex`` names ``pid``): a consequence, told only where
+    nothing else in the log explains it."""
+    return Signature(kind, f"{owner}'s 'DataLoader worker ... exited unexpectedly'", regex, "crash",
+                     f"A {loader} worker ({{pid}}) died without a Python error: usually a signal (bus error when "
+                     "/dev/shm filled, SIGKILL from the OOM killer). {shm_state}", fix, need="shm", alone=True,
+                     engine=engine)
+
+
+__all__ = ["Engine", "Signature", "worker_killed", "worker_exited"]

@@ -5,7 +5,7 @@ the same bus error means a different pipeline and a different fix.
 
 from __future__ import annotations
 
-from ms_shm.engines.base import OOM_CAUSE, Signature
+from ms_shm.engines.base import Signature, worker_exited, worker_killed
 
 _SHM_CAUSE = ("MindSpore's DataLoader (PyTorch's design) moves every batch tensor from its workers through a "
               "shared-memory file in /dev/shm: (num_workers x prefetch_factor + 1) batches at once. {shm_state}")
@@ -34,16 +34,12 @@ SIGNATURES = (
               "crash", "A MindSpore DataLoader (mindspore.dataset.dataloader) {loader_worker} was killed by SIGBUS: "
               "it wrote a batch into /dev/shm after /dev/shm was full. " + _SHM_CAUSE, _SHM_FIX, need="shm",
               signal="Bus error", near=HINTS, words=_who, engine="mindspore-dataloader"),
-    Signature("msloader-worker-killed", "MindSpore DataLoader's worker-killed line",
-              r"DataLoader worker \(pid: (?P<pid>\d+)\) was killed by signal: (?!Bus error)(?P<signal>[A-Za-z ]+?)\.",
-              "crash", "A MindSpore DataLoader worker {pid} was killed by signal {signal}. " + OOM_CAUSE,
-              "check `dmesg | grep -i oom`, lower num_workers or batch size, raise the memory limit",
-              snippets=(("shell", "dmesg | grep -i -E 'oom|killed process'"),), engine="mindspore-dataloader"),
-    Signature("msloader-worker-exited", "MindSpore DataLoader's 'DataLoader worker ... exited unexpectedly'",
-              r"DataLoader worker \(pid\(s\): (?P<pid>[\d, ]+)\) exited unexpectedly", "crash",
-              "A MindSpore DataLoader worker ({pid}) died without a Python error: usually a signal (bus error when "
-              "/dev/shm filled, SIGKILL from the OOM killer). {shm_state}", _SHM_FIX, need="shm", alone=True,
-              engine="mindspore-dataloader"),
+    worker_killed("msloader-worker-killed", "MindSpore DataLoader", "MindSpore DataLoader",
+                  r"DataLoader worker \(pid: (?P<pid>\d+)\) was killed by signal: (?!Bus error)(?P<signal>[A-Za-z ]+?)\.",
+                  "mindspore-dataloader"),
+    worker_exited("msloader-worker-exited", "MindSpore DataLoader", "MindSpore DataLoader",
+                  r"DataLoader worker \(pid\(s\): (?P<pid>[\d, ]+)\) exited unexpectedly", _SHM_FIX,
+                  "mindspore-dataloader"),
     Signature("msloader-too-many-files", "MindSpore DataLoader's 'shm_open failed with errno: 24'",
               r"MapAllocator: shm_open failed with errno: 24", "crash",
               "MindSpore's DataLoader passes one file descriptor per tensor storage of every batch in flight, and "

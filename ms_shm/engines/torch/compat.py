@@ -11,6 +11,7 @@ from typing import Any
 
 from ms_shm.changes import Change
 from ms_shm.engines.torchstyle.compat import DataModule
+from ms_shm.engines.torchstyle.storages import attributes
 
 log = logging.getLogger(__name__)
 SHARING_STRATEGY = "sharing_strategy"
@@ -68,24 +69,12 @@ def _storages(batch: Any) -> dict:
             stack.extend(value)
         else:
             visited.add(id(value))
-            stack.extend(_attributes(value))
+            stack.extend(attributes(value))
     return seen
 
 
 _LEAVES = (str, bytes, bytearray, int, float, complex, bool, type(None), type, types.ModuleType, types.FunctionType,
            types.BuiltinFunctionType, types.MethodType)
-
-
-def _attributes(value: Any) -> list:
-    """The attribute values of an object a batch holds (``__dict__`` and slots)."""
-    attrs = getattr(value, "__dict__", None)
-    out = list(attrs.values()) if isinstance(attrs, dict) else []
-    for klass in type(value).__mro__:
-        slots = klass.__dict__.get("__slots__", ())
-        for name in (slots,) if isinstance(slots, str) else slots:
-            if hasattr(value, name):
-                out.append(getattr(value, name))
-    return out
 
 
 def twin(sample: Any) -> Any:

@@ -6,7 +6,7 @@ Pure: no torch import.
 
 from __future__ import annotations
 
-from ms_shm.engines.base import OOM_CAUSE, Signature
+from ms_shm.engines.base import Signature, worker_exited, worker_killed
 
 _SHM_CAUSE = ("A PyTorch DataLoader moves every batch tensor from its workers through a shared-memory file in "
               "/dev/shm: (num_workers x prefetch_factor + 1) batches at once. {shm_state}")
@@ -33,17 +33,11 @@ SIGNATURES = (
               r"unable to open shared memory object </?torch_[^\n]*Too many open files|"
               r"received 0 items of ancdata|Too many open files \(24\)",
               "crash", _FD_CAUSE, _FD_FIX, need="nofile", engine="torch"),
-    Signature("worker-killed", "PyTorch's worker-killed line",
-              r"DataLoader worker \(pid (?P<pid>\d+)\) is killed by signal: (?!Bus error)(?P<signal>[A-Za-z ]+?)\.",
-              "crash",
-              "A PyTorch DataLoader worker {pid} was killed by signal {signal}. " + OOM_CAUSE,
-              "check `dmesg | grep -i oom`, lower num_workers or batch size, raise the memory limit",
-              snippets=(("shell", "dmesg | grep -i -E 'oom|killed process'"),), engine="torch"),
-    Signature("pytorch-worker-exited", "PyTorch's 'DataLoader worker ... exited unexpectedly'",
-              r"DataLoader worker \(pid\(s\) (?P<pid>[\d, ]+)\) exited unexpectedly", "crash",
-              "A PyTorch DataLoader worker ({pid}) died without a Python error: usually a signal (bus error when "
-              "/dev/shm filled, SIGKILL from the OOM killer). {shm_state}", _SHM_FIX, need="shm", alone=True,
-              engine="torch"),
+    worker_killed("worker-killed", "PyTorch", "PyTorch DataLoader",
+                  r"DataLoader worker \(pid (?P<pid>\d+)\) is killed by signal: (?!Bus error)(?P<signal>[A-Za-z ]+?)\.",
+                  "torch"),
+    worker_exited("pytorch-worker-exited", "PyTorch", "PyTorch DataLoader",
+                  r"DataLoader worker \(pid\(s\) (?P<pid>[\d, ]+)\) exited unexpectedly", _SHM_FIX, "torch"),
     Signature("pytorch-shm", "PyTorch's shared-memory file errors",
               r"unable to (?:write to|open shared memory object|mmap|allocate shared memory)[^\n]*</?torch_",
               "crash", _SHM_CAUSE, _SHM_FIX, need="shm",

@@ -29,12 +29,15 @@ def batches_in_flight(workers: int, prefetch_factor: int) -> int:
     return workers * prefetch_factor + 1 if workers > 0 else 0
 
 
-def shm_peak(batch_bytes: int, storages: int, workers: int, prefetch_factor: int) -> int:
-    """Peak ``/dev/shm`` bytes: every storage of every batch in flight, each in whole pages."""
+def shm_peak(batch_bytes: int, storages: int, workers: int, prefetch_factor: int, shared_bytes: int = 0) -> int:
+    """Peak ``/dev/shm`` bytes: every storage of every batch in flight, each in whole pages, and ``shared_bytes``
+    once per worker: storages the dataset holds that batches send views of (torch moves such a storage to shared
+    memory on its first send and sends it again by reference: a 20 MiB preloaded tensor, 2 workers, a collate
+    keeping samples apart, peaked at 40 MiB, measured, where pricing it per batch in flight said 60-100 MiB)."""
     if workers <= 0:
         return 0
     per_batch = pages(batch_bytes) + max(0, storages - 1) * PAGE  # each storage rounds up to a page
-    return batches_in_flight(workers, prefetch_factor) * per_batch
+    return batches_in_flight(workers, prefetch_factor) * per_batch + workers * pages(shared_bytes)
 
 
 def main_fds(storages: int, workers: int, prefetch_factor: int, strategy: str) -> int:
@@ -53,7 +56,7 @@ def worker_fds(storages: int, prefetch_factor: int, strategy: str) -> int:
 
 
 def memory(batch_bytes: int, storages: int, workers: int, prefetch_factor: int, worker_bytes: int,
-           pin_memory: bool) -> int:
+           pin_memory: bool, shared_bytes: int = 0) -> int:
     """Host memory the loader adds to the memory cgroup: its ``/dev/shm`` pages, each worker's own pages, the
     batches alive in the main process without workers, and a pinned copy of one batch with ``pin_memory``.
 
@@ -67,7 +70,7 @@ def memory(batch_bytes: int, storages: int, workers: int, prefetch_factor: int, 
     batches added 389 MiB beside their 160 MiB of ``/dev/shm``, ~92 MiB a worker over a 14 MiB probe reading
     (2.4 batches); 3 workers with 64 MiB batches ~130 MiB a worker (1.8 batches). Priced at one batch, a plan of
     344 MiB was admitted under a 344 MiB budget and OOM-killed, 3 of 3."""
-    shm = shm_peak(batch_bytes, storages, workers, prefetch_factor)
+    shm = shm_peak(batch_bytes, storages, workers, prefetch_factor, shared_bytes)
     own = workers * (worker_bytes + 2 * batch_bytes) if workers > 0 else 3 * batch_bytes
     return shm + own + (batch_bytes if pin_memory else 0)
 

@@ -9,8 +9,13 @@ returned (and so before the framework writes it to ``/dev/shm``):
   (``need``), would fit neither the plan's ``/dev/shm`` budget nor what ``/dev/shm`` has free now, kept for every
   local rank alike: ``RowTooLargeError``. A rare big batch is one among planned ones: pricing every batch in
   flight at its size refused one 16 MiB sample among 1 MiB ones (a 19 MiB batch "needing" 5 x 19 = 95 MiB)
-  under 64 MB, where raw torch ran both epochs bit-exact (the audit's ``ragged.py``). Batches already in
-  ``/dev/shm`` are in its free space read now, so a systematic growth still meets that check as it fills.
+  under 64 MB, where raw torch ran both epochs bit-exact (the audit's ``ragged.py``). What of ``need`` is in
+  ``/dev/shm`` already is not wanted free again: this batch where torch's collate wrote it, and the other batches
+  in flight up to what ``/dev/shm`` gained since the plan (``_ours``; a batch sampler's 24 MiB batch beside a
+  16 MiB one was refused under 64 MB, where raw torch ran it). A batch with the others at their planned size
+  that all of that cannot hold still stops, and a write that finds no room is the guard's error (``_writing``).
+  Torch's batches weigh their new storages only (``storages``): a dataset's tensor sent by an earlier batch
+  costs no other, and samples that are views weigh the views' bytes before the collate, not the tensor viewed.
 * **Free space.** Every batch the worker has yet to write to shared memory (a collate that keeps the samples'
   tensors, as ``list`` does; torch's default collate writes its batch there itself) must fit what ``/dev/shm``
   has free now: other processes or ranks, each sizing itself as if alone, may have filled it since the plan.
@@ -30,6 +35,7 @@ from typing import Any, Callable
 
 from ms_shm import host, procfs, sizes
 from ms_shm._results import free_text, mib
+from ms_shm.engines.torchstyle import storages
 from ms_shm.errors import RowTooLargeError, ShmFullError
 
 log = logging.getLogger("ms_shm.guard")
@@ -55,6 +61,8 @@ class GuardedCollate:
         to_give: the host ``/dev/shm`` size at which this loader's bytes fit (``budget.shm_to_give``: local
             ranks, the headroom and what other live pipelines reserved), to print a size that would fit.
         share: moves a batch's storages into shared memory (``None``: the framework does it when it sends).
+        baseline_used: bytes of ``/dev/shm`` in use when the loader was planned (``used_now``; ``None``:
+            unknown). What it gained since is at most partly this loader's own batches in flight (``_ours``).
 
     ``others`` (set by ``loaders.register``) says which other DataLoaders of this process were alive when the
     worker started: a text for ``ShmFullError``, or ``""``.
@@ -64,10 +72,11 @@ class GuardedCollate:
                  planned_bytes: int, in_flight: int, limit_bytes: int, fix: str,
                  unshared: Callable[[Any], int] | None = None, ranks: int = 1,
                  to_give: Callable[[int], int] = int,
-                 share: Callable[[Any], None] | None = None) -> None:
+                 share: Callable[[Any], None] | None = None, baseline_used: int | None = None) -> None:
         self.collate, self.weigh, self.in_worker = collate, weigh, in_worker
         self.planned_bytes, self.in_flight, self.limit_bytes, self.fix = planned_bytes, in_flight, limit_bytes, fix
         self.unshared, self.ranks, self.to_give, self.share = unshared, max(1, ranks), to_give, share
+        self.baseline_used = baseline_used
         self.batches, self.over_said = 0, False
         self.others: Callable[[], str] | None = None
         functools.update_wrapper(self, collate, updated=())
@@ -77,36 +86,57 @@ class GuardedCollate:
         if info is None:
             return self.collate(samples)
         self.batches += 1
-        weight = self._before(samples, info)
+        seen = storages.samples_view(samples)
+        weight = self._before(samples, info, seen)
         batch = self._writing(lambda: self.collate(samples), weight, weight, info)
-        nbytes = self.weigh(batch)[0]
+        nbytes, written = self._weigh(batch, seen)
         over = self.need(nbytes) > self.limit_bytes
         pending = nbytes if self.unshared is None else self.unshared(batch)
         if not over and not pending:
             return batch
         space = _space()
-        free = None if space is None else space.free
         if over:
-            self._check_budget(nbytes, free, info)
+            self._check_budget(nbytes, written, space, info)
         if space is not None and pending > space.free:
             raise ShmFullError(self._full(nbytes, pending, space, info))
         if pending and self.share is not None:
             self._share(batch, nbytes, pending, info)
         return batch
 
-    def _before(self, samples: Any, info: Any) -> int:
+    def _before(self, samples: Any, info: Any, seen: tuple | None) -> int:
         """The samples' bytes; those heavier than the planned batch are checked before the collate: torch's
         default collate writes its batch to ``/dev/shm`` itself, so a growth that fills it failed there with
         torch's own "unable to allocate shared memory" (1 MiB samples growing to 24 MiB, 2 workers, 256 MB,
         measured), before any check after it. Where ``/dev/shm`` has not even this batch free now:
-        ``RowTooLargeError``."""
-        nbytes = self.weigh(samples)[0]
+        ``RowTooLargeError``. Torch's samples weigh what a collate writes at least (``storages.samples_view``):
+        a ``TensorDataset``'s are views of one tensor, whose whole storage read 96 MiB for a 1 MiB batch."""
+        nbytes = seen[0] if seen is not None else self.weigh(samples)[0]
         if nbytes <= self.planned_bytes:
             return nbytes
         space = _space()
         if space is not None and space.free < nbytes:
             raise RowTooLargeError(self._over(nbytes, space.free, info))
         return nbytes
+
+    def _weigh(self, batch: Any, seen: tuple | None) -> tuple:
+        """``(bytes, of them written already)``: the batch's new bytes in ``/dev/shm`` (storages its samples had
+        shared before, a dataset's tensor sent by an earlier batch, cost it nothing), and those the collate has
+        written there (torch's default collate, in a worker). Without torch's storages: ``weigh``'s, none."""
+        view = storages.batch_view(batch, seen[1] if seen is not None else set())
+        return view if view is not None else (self.weigh(batch)[0], 0)
+
+    def _ours(self, written: int, space: Any) -> int:
+        """Of ``/dev/shm``'s use now, what may be this loader's own batches, which ``need`` counts too: this batch,
+        where the collate wrote it, and at most the others in flight at their planned size, within what
+        ``/dev/shm`` gained since the plan (``baseline_used``). Counted twice, a batch sampler's 24 MiB batch
+        among 16 MiB ones, written by torch's collate beside the first batch (40.1 MiB in use, 23.9 MiB free of
+        64 MB), "needed" 56 MiB free where raw torch ran it; within plain free space a batch that cannot fit
+        beside the others still stops, and any write that finds no room is the guard's error (``_writing``)."""
+        used = getattr(space, "used", None)
+        if self.baseline_used is None or used is None:
+            return written
+        others = self.planned_bytes * max(0, self.in_flight - 1)
+        return max(written, min(max(0, used - self.baseline_used), self.ranks * (written + others)))
 
     def _share(self, batch: Any, nbytes: int, pending: int, info: Any) -> None:
         """Writes the batch to shared memory here, as the framework would when sending it (4 ranks without
@@ -142,21 +172,27 @@ class GuardedCollate:
         return "it" if others <= 0 else \
             f"it and the {others} other batch(es) in flight at the planned {mib(self.planned_bytes)}"
 
-    def _check_budget(self, nbytes: int, free: int | None, info: Any) -> None:
+    def _check_budget(self, nbytes: int, written: int, space: Any, info: Any) -> None:
         """Over the budget, yet ``/dev/shm`` has room now for it and the other batches in flight, for every
-        local rank: go on, and say so once per worker; else ``RowTooLargeError``."""
+        local rank, beside what of them it may hold already (``_ours``): go on, and say so once per worker;
+        else ``RowTooLargeError``."""
         need = self.need(nbytes)
-        if free is None or free < need * self.ranks:
-            raise RowTooLargeError(self._over(nbytes, free, info))
+        free = None if space is None else space.free
+        ours = self._ours(written, space)
+        if free is None or free + ours < need * self.ranks:
+            raise RowTooLargeError(self._over(nbytes, free, info, ours))
         if not self.over_said:
             self.over_said = True
             log.warning("ms_shm guard: batch %s is %s (planned %s): %s need %s, over this loader's %s of %s, "
-                        "which still has %s free; going on", self.batches, mib(nbytes), mib(self.planned_bytes),
-                        self._in_flight(), mib(need), mib(self.limit_bytes), SHM_DIR, mib(free))
+                        "which still has %s free%s; going on", self.batches, mib(nbytes), mib(self.planned_bytes),
+                        self._in_flight(), mib(need), mib(self.limit_bytes), SHM_DIR, mib(free),
+                        f" beside the {mib(ours)} of them it may hold already" if ours else "")
 
-    def _over(self, nbytes: int, free: int | None, info: Any) -> str:
+    def _over(self, nbytes: int, free: int | None, info: Any, ours: int = 0) -> str:
         need = self.need(nbytes)
-        room = "its free space unreadable" if free is None else f"only {free_text(free, need * self.ranks)} free"
+        room = "its free space unreadable" if free is None else \
+            f"only {free_text(free, need * self.ranks - ours)} free" + (
+                f" beside the {mib(ours)} of them it may hold already" if ours else "")
         ranks = f" (for each of {self.ranks} local ranks)" if self.ranks > 1 else ""
         budget = "over" if need > self.limit_bytes else "within"
         return (f"{self._batch(nbytes, info)}: {self._in_flight()} need {mib(need)} of "
@@ -219,6 +255,13 @@ def guard_fix(batch_size: int | None, batch_sampler: bool, workers: int, prefetc
     return ", or ".join(out)
 
 
+def used_now() -> int | None:
+    """Bytes of ``/dev/shm`` in use now (``None``: unreadable): a guard's ``baseline_used``, read when its loader
+    is planned."""
+    space = _space()
+    return None if space is None else space.used
+
+
 def _space() -> Any:
     """``/dev/shm`` now: total, free and used bytes (``None``: unreadable; then the budget is all there is to go
     by)."""
@@ -228,4 +271,4 @@ def _space() -> Any:
         return None
 
 
-__all__ = ["GuardedCollate", "guard_fix", "HARM"]
+__all__ = ["GuardedCollate", "guard_fix", "used_now", "HARM"]

@@ -75,6 +75,8 @@ class BatchStats(Result):
             local class, a tensor that requires grad and is not a leaf), or ``None``.
         batch_bytes_min: where the probe's samples differ in size, the batch of the smallest (``batch_bytes``
             is the largest's); ``None``: they weighed alike.
+        shared_bytes: storages the dataset holds that batches send views of (``storages.once_per_worker``):
+            in ``/dev/shm`` once per worker, not per batch in flight; ``batch_bytes`` leaves them out.
     """
 
     batch_bytes: int
@@ -88,6 +90,7 @@ class BatchStats(Result):
     cpu_seconds_per_sample: float | None = None
     unsent: str | None = None
     batch_bytes_min: int | None = None
+    shared_bytes: int = 0
 
     @property
     def ragged(self) -> bool:
@@ -209,10 +212,11 @@ def _candidates(stats: BatchStats, req: LoaderRequest, budget: Budget, costs: Wo
         for strategy in _strategy_options(req) if w else [req.strategy]:
             for pf in _prefetch_options(req, w):
                 p = pf or 0
-                shm = model.shm_peak(stats.batch_bytes, stats.storages, w, p)
+                shm = model.shm_peak(stats.batch_bytes, stats.storages, w, p, stats.shared_bytes)
                 fds = model.main_fds(stats.storages, w, p, strategy)
                 wfds = model.worker_fds(stats.storages, p, strategy) if w else 0
-                mem = model.memory(stats.batch_bytes, stats.storages, w, p, worker_bytes, req.pin_memory)
+                mem = model.memory(stats.batch_bytes, stats.storages, w, p, worker_bytes, req.pin_memory,
+                                   stats.shared_bytes)
                 why = _why_not(shm, fds, wfds, mem, budget, req)
                 seconds = _seconds(stats, w, req, costs)
                 out.append((Candidate(PROCESSES if w else INLINE, w, p, shm, fds, seconds, not why, "; ".join(why),
@@ -293,7 +297,7 @@ def kept_plan(req: LoaderRequest, budget: Budget, profile: object = None) -> Pla
 
 def _mode_decision(best: Candidate, stats: BatchStats, req: LoaderRequest, fitting: list) -> Decision:
     default = req.workers if req.workers is not None else 0
-    timing = f"probe batch: {mib(stats.batch_bytes)} in {stats.storages} storage(s), " + (
+    timing = f"probe batch: {mib(stats.batch_bytes)} in {stats.storages} storage(s){_shared_text(stats)}, " + (
         "samples not timed" if stats.seconds_per_sample is None else
         f"{stats.seconds_per_sample * 1e3:.2f} ms per sample")
     if req.workers is not None:
@@ -310,6 +314,11 @@ def _mode_decision(best: Candidate, stats: BatchStats, req: LoaderRequest, fitti
                 if tie else "fastest that fits")
         why = f"{lead}: {est}{timing}"
     return Decision("num_workers", best.workers, default, why)
+
+
+def _shared_text(stats: BatchStats) -> str:
+    """The dataset's storages the batches send views of, where there are any: each worker shares them once."""
+    return f" + {mib(stats.shared_bytes)} the dataset holds, in /dev/shm once per worker" if stats.shared_bytes else ""
 
 
 def _why_at(items: list, best: Candidate, prefetch: int, strategy: str) -> str:
@@ -339,9 +348,7 @@ def _no_fit(items: list, stats: BatchStats, req: LoaderRequest, budget: Budget) 
     locked = req.workers_locked and req.workers is not None
     fixes = [] if locked else [drop]
     if budget.shm_bytes is not None and least.shm > budget.shm_bytes:  # only the limits that bind
-        need = budget_mod.shm_to_give(budget, least.shm)
-        fixes.append(f"give /dev/shm at least {mib(need)} (docker run --shm-size={sizes.shm_size_flag(need)})"
-                     f"{budget_mod.reserved_text(budget)}")
+        fixes.append(budget_mod.shm_fix(budget, least.shm))
     if budget.fds is not None and least.fds > budget.fds:
         fixes.append("raise `ulimit -n`")
     fixes += [plan.memory_fix(least_memory, budget), "a smaller batch_size"]
@@ -350,7 +357,7 @@ def _no_fit(items: list, stats: BatchStats, req: LoaderRequest, budget: Budget) 
     if locked:
         fixes.append(f"{drop} (the batches would then differ: {req.workers_locked})")
     return (f"No DataLoader configuration honouring {', '.join(asked) or 'the request'} fits: batches of "
-            f"{mib(stats.batch_bytes)} in {stats.storages} storage(s); the smallest needs {mib(least.shm)} of /dev/shm "
+            f"{mib(stats.batch_bytes)} in {stats.storages} storage(s){_shared_text(stats)}; the smallest needs {mib(least.shm)} of /dev/shm "
             f"against {mib(budget.shm_bytes)} ({budget.reason}) and {least.fds} fds against "
             f"{budget.fds if budget.fds is not None else 'unlimited'}{memory}. Why: {' | '.join(reasons)[:600]}. "
             f"Fix: {'; or '.join(f for f in fixes if f)}.")

@@ -7,8 +7,10 @@ generators do not move), or, where the framework makes the sampler (``shuffle``)
 together with the loader's ``collate_fn`` (the framework's default where none was passed), and extrapolates to
 ``batch_size``: a default collate stacks each field into one storage, a ``collate_fn`` that keeps samples apart
 carries one storage per sample and field, and the two sizes tell which. Where the samples weigh differently, the
-batch of the largest is the one planned (``planning.planned_batch`` adds the margin). Nothing read there reaches
-the loader.
+batch of the largest is the one planned (``planning.planned_batch`` adds the margin). A storage the dataset holds
+that the batch sends views of (a preloaded tensor, a ``TensorDataset``'s under a collate that keeps samples) is
+priced once per worker, not per batch (``storages.once_per_worker``: torch shares it once and sends it again by
+reference). Nothing read there reaches the loader.
 
 What the samples depend on is watched (``sandbox.watch_effects``) over the dataset's reads and the collates only:
 the sampler's first indices are taken before (a ``RandomSampler`` draws from torch's generator, which says
@@ -41,6 +43,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ms_shm import procfs, rows, sandbox
+from ms_shm.engines.torchstyle import storages
 from ms_shm.engines.torchstyle.planning import BatchStats
 
 PROBE_SAMPLES = 3  # the first one cold, then two warm ones: the faster of those is the sample's time
@@ -125,6 +128,8 @@ def measure_batch(dataset: Any, batch_size: int | None, collate: Callable, weigh
     ``seconds_per_sample`` is ``None``. ``first``: ``first_batch``'s ``(indices, size)``, taken beforehand (else
     here); ``keep``: the first sample read is appended to it (for ``reread_differs``)."""
     timed = twin is None
+    held = storages.dataset_storages(dataset)  # shared once per worker where batches send views of them
+    weigh = storages.per_batch_weigh(weigh, held)
     indices, size = first if first is not None else first_batch(
         batch_size, sampler, batch_sampler, PROBE_SAMPLES, None if iterable else dataset_length(dataset))
     want = PROBE_SAMPLES if timed else 1  # a map-style dataset's indices are capped already (``first_batch``)
@@ -144,7 +149,7 @@ def measure_batch(dataset: Any, batch_size: int | None, collate: Callable, weigh
     c0 = time.perf_counter()
     batch = collate(samples[:1]) if batched else collate(samples[0])
     collates = [time.perf_counter() - c0]
-    one = weigh(batch)
+    one, shared = weigh(batch), storages.once_per_worker(batch, held)
     alone = [one[0]] + [weigh(collate(samples[k:k + 1]) if batched else collate(samples[k]))[0]
                         for k in range(1, read)]
     two = pair = None
@@ -152,19 +157,20 @@ def measure_batch(dataset: Any, batch_size: int | None, collate: Callable, weigh
         c0 = time.perf_counter()
         batch, pair = _pair(collate, samples)
         collates.append((time.perf_counter() - c0) / 2)
-        two = weigh(batch)
+        two, shared = weigh(batch), max(shared, storages.once_per_worker(batch, held))
     second = alone[1] if two is not None and pair[1] is not samples[0] and read > 1 else one[0]
     largest, smallest = batch_bytes_at(alone, two[0] if two else None, second, size)
-    storages = one[1] + max(0, (two[1] - one[1]) if two else 0) * (size - 1)
+    count = one[1] + max(0, (two[1] - one[1]) if two else 0) * (size - 1)  # storages per batch
     length = None if iterable else _length(dataset, sampler, batch_sampler, size)
     unsent = why_not_sent(batch)
     low = int(smallest) if smallest != largest else None
     if not timed:
-        return BatchStats(int(largest), int(max(1, storages)), None, length, size, unsent=unsent,
-                          batch_bytes_min=low)
+        return BatchStats(int(largest), int(max(1, count)), None, length, size, unsent=unsent,
+                          batch_bytes_min=low, shared_bytes=shared)
     wall, cpu = sample_seconds(walls)
-    return BatchStats(int(largest), int(max(1, storages)), wall + min(collates), length, size,
-                      cpu_seconds_per_sample=min(cpu, wall) + min(collates), unsent=unsent, batch_bytes_min=low)
+    return BatchStats(int(largest), int(max(1, count)), wall + min(collates), length, size,
+                      cpu_seconds_per_sample=min(cpu, wall) + min(collates), unsent=unsent, batch_bytes_min=low,
+                      shared_bytes=shared)
 
 
 def _pair(collate: Callable, samples: list) -> tuple:

@@ -291,9 +291,15 @@ def _named(kind: str, real: Any, leading: tuple, args: tuple, kwargs: dict) -> d
         bound = sig.bind(None, *leading, *args, **kwargs)
     except (TypeError, ValueError):
         raise TypeError(f"{kind}: too many positional arguments for MindSpore's signature") from None
-    params = list(sig.parameters.values())
-    named = {name: value for name, value in bound.arguments.items()
-             if name not in {p.name for p in params[:1 + len(leading)]}}
+    return by_name(bound, 1 + len(leading))
+
+
+def by_name(bound: inspect.BoundArguments, skip: int = 1) -> dict:
+    """A bound call's arguments by name, ``**kwargs`` spread among them, less its first ``skip`` parameters
+    (``self``, and those the caller holds apart)."""
+    params = list(bound.signature.parameters.values())
+    apart = {p.name for p in params[:skip]}
+    named = {name: value for name, value in bound.arguments.items() if name not in apart}
     for p in params:
         if p.kind is p.VAR_KEYWORD:
             named.update(named.pop(p.name, {}))

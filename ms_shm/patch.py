@@ -99,12 +99,7 @@ def _routed(kind: str, call: Any, result: Any = None) -> Any:
 def _mindspore_checks(kind: str, real: Any, bound: inspect.BoundArguments) -> None:
     """MindSpore's own argument errors, word for word, before ms_shm reads an argument: what raw code raises at
     the call, patched code raises (``api.check_as_mindspore``). ``bound``: the call's arguments, ``self`` first."""
-    params = list(bound.signature.parameters.values())
-    named = {name: value for name, value in bound.arguments.items() if name != params[0].name}
-    for p in params:
-        if p.kind is p.VAR_KEYWORD:
-            named.update(named.pop(p.name, {}))
-    _api().check_as_mindspore(kind, real, named, strict=bool(_STATE.get("strict")))
+    _api().check_as_mindspore(kind, real, _api().by_name(bound), strict=bool(_STATE.get("strict")))
 
 
 def _frameworks_own(cls: type, real: type) -> bool:

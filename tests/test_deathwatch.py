@@ -14,13 +14,18 @@ from ms_shm.engines.mindspore import deathwatch
 
 
 def _zombie(how: str) -> int:
+    ready, told = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - child
         faulthandler.disable()  # pytest's, inherited: it would print a "Fatal Python error" for the SIGSEGV sent
+        os.write(told, b"!")  # only now may it be killed (a SIGSEGV that came first printed one in a full suite)
         if how == "exit":
             os._exit(3)
         time.sleep(60)
         os._exit(0)
+    os.close(told)
+    os.read(ready, 1)
+    os.close(ready)
     if how != "exit":
         os.kill(pid, getattr(signal, how))
     for _ in range(200):  # until it is a zombie

@@ -174,6 +174,13 @@ def test_dev_shm_filled_by_another_process_after_planning(faults):
 # row 5 before worker 0 wrote row 4 finds 1 + 12 + 24 = 37 MiB in use, 27 MiB free, and goes on; worker 0 is then
 # refused at row 6, its slots at 37 MiB (seen once, in a full suite on a loaded machine).
 REFUSED_AT = {5: "36.0 MiB", 6: "37.0 MiB"}  # row -> its worker's slots then
+# Worker 1 may also run far ahead of worker 0 (seen once in a full suite, a quiet machine): rows 1-9 written before
+# row 2, its rows 5 and 7 going on over its share by that rule (26-39 MiB free each time, >= 2 x 12 MiB), row 9
+# (1 MiB) too; worker 0 then finds 12.9 MiB free for row 2's 12 MiB plus 1 MiB kept for worker 1, and stops with
+# ShmFullError before writing it. A clean stop, never a bus error (the wording blames "something else": the guard
+# of one worker does not see the other's slots).
+FAR_AHEAD = re.compile(r"ShmFullError: row (\d*[02468]) needs a new 12\.0 MiB shared-memory slot plus 1\.0 MiB for "
+                       r"the other 1 worker\(s\)' next slot")
 WORKER_SHARE = 26_804_633
 
 
@@ -193,6 +200,11 @@ def test_rows_much_larger_than_the_probe_saw(faults):
     assert (plan["guard_slots"], plan["guard_worker_bytes"]) == (18, WORKER_SHARE)
     assert res["probed"] == [0, 9, 18, 27, 36, 45, 54, 63]
     message = guard_message(res["error"])
+    ahead = FAR_AHEAD.match(message)
+    if ahead:
+        assert 1 <= res["rows"] <= int(ahead.group(1)) and res["bad"] == [], describe(out)
+        assert_nothing_left(out)
+        return
     k = int(message.split("row ", 1)[1].split()[0]) if message.startswith("RowTooLargeError: row ") else None
     assert k in REFUSED_AT, message
     assert message.startswith(f"RowTooLargeError: row {k} is 12.0 MiB, ms_shm planned rows of 1.0 MiB: this "

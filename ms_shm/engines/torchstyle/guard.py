@@ -149,14 +149,12 @@ class GuardedCollate:
         ``share``). Another process may take the room between a check and the write (the other worker's grown
         batch, 256 MB, 1 run of a suite's): what fails for want of it reaches the program as the guard's error,
         with the framework's as its cause: ``RowTooLargeError`` for a batch over its plan, ``ShmFullError`` for
-        one within it. Where ``/dev/shm`` has room now and the framework's error does not say it had none
-        (ENOSPC: the room may be back once the other batch was taken, as seen once in a full suite), the
-        framework's own error."""
+        one within it. Where ``/dev/shm`` has room now, the framework's own error."""
         try:
             return write()
         except RuntimeError as exc:
             space = _space()
-            if space is None or (space.free >= pending and not _no_room(exc)):
+            if space is None or space.free >= pending:
                 raise
             if nbytes > self.planned_bytes:
                 raise RowTooLargeError(self._over(nbytes, space.free, info)) from exc
@@ -262,12 +260,6 @@ def used_now() -> int | None:
     is planned."""
     space = _space()
     return None if space is None else space.used
-
-
-def _no_room(exc: BaseException) -> bool:
-    """Whether the framework's error says ``/dev/shm`` had no room (torch: "No space left on device (28)")."""
-    text = str(exc)
-    return "No space left on device" in text or "(28)" in text
 
 
 def _space() -> Any:

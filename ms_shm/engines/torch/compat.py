@@ -6,12 +6,11 @@ on first use; ``torch`` itself only when a function is called.
 from __future__ import annotations
 
 import logging
-import types
 from typing import Any
 
 from ms_shm.changes import Change
 from ms_shm.engines.torchstyle.compat import DataModule
-from ms_shm.engines.torchstyle.storages import attributes
+from ms_shm.engines.torchstyle.storages import tensors
 
 log = logging.getLogger(__name__)
 SHARING_STRATEGY = "sharing_strategy"
@@ -48,33 +47,12 @@ def share(batch: Any) -> None:
 
 
 def _storages(batch: Any) -> dict:
-    """Every tensor storage in ``batch``, once each, by address."""
-    import torch
-
+    """Every tensor storage in ``batch``, once each, by address (``storages.tensors``' walk)."""
     seen: dict = {}
-    visited: set = set()
-    stack = [batch]
-    while stack:
-        value = stack.pop()
-        if isinstance(value, torch.Tensor):
-            storage = value.untyped_storage()
-            seen[storage.data_ptr() or id(storage)] = storage
-        elif id(value) in visited or isinstance(value, _LEAVES):
-            continue
-        elif isinstance(value, dict):
-            visited.add(id(value))
-            stack.extend(value.values())
-        elif isinstance(value, (list, tuple, set, frozenset)):
-            visited.add(id(value))
-            stack.extend(value)
-        else:
-            visited.add(id(value))
-            stack.extend(attributes(value))
+    for tensor in tensors(batch):
+        storage = tensor.untyped_storage()
+        seen[storage.data_ptr() or id(storage)] = storage
     return seen
-
-
-_LEAVES = (str, bytes, bytearray, int, float, complex, bool, type(None), type, types.ModuleType, types.FunctionType,
-           types.BuiltinFunctionType, types.MethodType)
 
 
 def twin(sample: Any) -> Any:

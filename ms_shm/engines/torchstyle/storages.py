@@ -37,7 +37,7 @@ def _is_tensor(value: Any) -> bool:
     return callable(getattr(value, "untyped_storage", None)) and hasattr(value, "element_size")
 
 
-def _tensors(value: Any, limit: int | None = None) -> Iterator:
+def tensors(value: Any, limit: int | None = None) -> Iterator:
     """Every tensor in ``value`` (each occurrence), through dicts, sequences and objects' attributes; with
     ``limit``, among that many objects at most."""
     visited: set = set()
@@ -80,7 +80,7 @@ def attributes(value: Any) -> list:
 def _by_storage(value: Any) -> dict:
     """``{key: [storage, bytes of its views]}`` of every tensor in ``value`` (the key: the storage's address)."""
     out: dict = {}
-    for tensor in _tensors(value):
+    for tensor in tensors(value):
         storage = tensor.untyped_storage()
         entry = out.setdefault(storage.data_ptr() or id(storage), [storage, 0])
         entry[1] += tensor.numel() * tensor.element_size()
@@ -115,7 +115,7 @@ def dataset_storages(dataset: Any, limit: int = DATASET_WALK_LIMIT) -> set:
     """Keys of the storages of the tensors ``dataset`` holds (``TensorDataset.tensors``, a preloaded ``self.x``),
     among ``limit`` objects: those a worker keeps, and so shares once, whatever number of batches send them."""
     keys = set()
-    for tensor in _tensors(dataset, limit):
+    for tensor in tensors(dataset, limit):
         storage = tensor.untyped_storage()
         if storage.data_ptr():
             keys.add(storage.data_ptr())

@@ -27,11 +27,15 @@ class Space(NamedTuple):
         free: What an unprivileged process may still write (``f_bavail``): a MindSpore worker is one, and
             tmpfs reserves nothing for root, so this is the room that decides SIGBUS.
         used: What is written, by anyone (``f_blocks - f_bfree``): what fills the mount.
+        out_of_files: No file can be created for want of inodes (a tmpfs's ``nr_inodes``), though bytes may be
+            free: a write then fails with "No space left on device" too. A mount without an inode limit reports
+            none at all (``f_files == 0``), which is not out of them.
     """
 
     total: int
     free: int
     used: int
+    out_of_files: bool = False
 
 
 def statvfs(path: str | os.PathLike) -> Space:
@@ -40,7 +44,8 @@ def statvfs(path: str | os.PathLike) -> Space:
     Files in ``/dev/shm`` that MindSpore unlinks at once still count here, which ``du`` would miss.
     """
     st = os.statvfs(path)
-    return Space(st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize, (st.f_blocks - st.f_bfree) * st.f_frsize)
+    return Space(st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize, (st.f_blocks - st.f_bfree) * st.f_frsize,
+                 st.f_files > 0 and st.f_favail == 0)
 
 
 # ------------------------------------------------------------------------------------------------ SysV IPC

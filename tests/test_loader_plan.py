@@ -787,9 +787,10 @@ def test_room_taken_between_the_check_and_the_write_fails_in_the_worker_as_shm_f
     with pytest.raises(ShmFullError, match="has 1.0 MiB free, too little to send it") as err:
         g([4 * MiB])
     assert isinstance(err.value.__cause__, RuntimeError)
-    with pytest.raises(RuntimeError, match="unable to allocate") as err:  # room again: the framework's own error
+    # room again when read after the failure (the batches beside it taken since): still the guard's error
+    with pytest.raises(ShmFullError, match="had too little free to send it when it was written") as err:
         g([4 * MiB])
-    assert not isinstance(err.value, ShmFullError)
+    assert isinstance(err.value.__cause__, RuntimeError)
     kept = []
     ok = guard.GuardedCollate(list, weigh, lambda: _Worker(), 8 * MiB, 3, 64 * MiB, "", share=kept.append)
     monkeypatch.setattr(guard.procfs, "statvfs", lambda path: SimpleNamespace(free=8 * MiB, total=64 * MiB))
@@ -818,9 +819,34 @@ def test_room_taken_while_the_frameworks_collate_writes_a_grown_batch_is_the_gua
         g([24 * MiB])
     assert isinstance(err.value.__cause__, RuntimeError) and "unable to allocate" in str(err.value.__cause__)
     monkeypatch.setattr(guard.procfs, "statvfs", lambda path: SimpleNamespace(free=40 * MiB, total=64 * MiB))
-    with pytest.raises(RuntimeError, match="unable to allocate") as err:  # room now: the framework's own error
+    with pytest.raises(RowTooLargeError, match="no room for it when it was written") as err:  # room back since
         g([24 * MiB])
-    assert not isinstance(err.value, RowTooLargeError)
+    assert isinstance(err.value.__cause__, RuntimeError)
+
+
+@pytest.mark.parametrize("message, out_of_files", [
+    ("unable to allocate shared memory(shm) for file </torch_1_2_3>: No space left on device (28)", True),
+    ("stack expects each tensor to be equal size", False),
+])
+def test_a_failed_write_not_for_want_of_room_is_the_frameworks_own_error(monkeypatch, message, out_of_files):
+    """Where ``/dev/shm`` has room after the failure, only a failure for want of room is the guard's: a tmpfs
+    out of inodes says ENOSPC too, and a collate's own error is the caller's to read as it was."""
+    from types import SimpleNamespace
+
+    from ms_shm.engines.torchstyle import guard
+    from ms_shm.errors import Error
+
+    monkeypatch.setattr(guard.procfs, "statvfs", lambda path: SimpleNamespace(
+        free=40 * MiB, total=64 * MiB, out_of_files=out_of_files))
+
+    def collate(samples):
+        raise RuntimeError(message)
+
+    for planned in (4 * MiB, 64 * MiB):  # over its plan, within it
+        g = guard.GuardedCollate(collate, lambda b: (sum(b), len(b)), lambda: _Worker(), planned, 3, 64 * MiB, "")
+        with pytest.raises(RuntimeError, match=message[:20]) as err:
+            g([24 * MiB])
+        assert not isinstance(err.value, Error)
 
 
 @pytest.mark.parametrize("batch_size, batch_sampler, workers, prefetch, fix", [

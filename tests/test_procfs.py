@@ -40,6 +40,15 @@ def test_statvfs_counts_free_as_a_user_and_used_as_written(fixed_statvfs):
     assert procfs.statvfs("/anywhere") == fixed_statvfs
 
 
+@pytest.mark.parametrize("files, favail, out", [(100, 0, True), (100, 3, False), (0, 0, False)])
+def test_statvfs_says_a_mount_is_out_of_inodes_only_where_it_has_a_limit(monkeypatch, files, favail, out):
+    """A tmpfs out of inodes fails writes with ENOSPC though bytes are free; one mounted without a limit
+    reports no inodes at all."""
+    result = os.statvfs_result((4096, 4096, 1000, 300, 200, files, favail, favail, 0, 255))
+    monkeypatch.setattr(os, "statvfs", lambda path: result)
+    assert procfs.statvfs("/anywhere").out_of_files is out
+
+
 def test_statvfs_of_a_real_directory_and_a_missing_one(tmp_path):
     st = os.statvfs(tmp_path)
     space = procfs.statvfs(tmp_path)

@@ -149,16 +149,19 @@ class GuardedCollate:
         ``share``). Another process may take the room between a check and the write (the other worker's grown
         batch, 256 MB, 1 run of a suite's): what fails for want of it reaches the program as the guard's error,
         with the framework's as its cause: ``RowTooLargeError`` for a batch over its plan, ``ShmFullError`` for
-        one within it. Where ``/dev/shm`` has room now, the framework's own error."""
+        one within it. A write that failed for want of room (``_for_want_of_room``) is the guard's error though
+        ``/dev/shm`` has room when read after it: the batches beside it may have been taken since (a 40 MiB
+        batch planned at 16 MiB under 64 MB: torch's ENOSPC reached the program once in a full suite)."""
         try:
             return write()
         except RuntimeError as exc:
             space = _space()
-            if space is None or space.free >= pending:
+            if space is None or not _for_want_of_room(exc, space, pending):
                 raise
+            room_now = space.free >= pending
             if nbytes > self.planned_bytes:
-                raise RowTooLargeError(self._over(nbytes, space.free, info)) from exc
-            raise ShmFullError(self._full(nbytes, pending, space, info)) from exc
+                raise RowTooLargeError(self._over(nbytes, space.free, info, failed=room_now)) from exc
+            raise ShmFullError(self._full(nbytes, pending, space, info, failed=room_now)) from exc
 
     def need(self, nbytes: int) -> int:
         """``/dev/shm`` this loader needs while a batch of ``nbytes`` is in flight: it, and the other batches in
@@ -188,26 +191,31 @@ class GuardedCollate:
                         self._in_flight(), mib(need), mib(self.limit_bytes), SHM_DIR, mib(free),
                         f" beside the {mib(ours)} of them it may hold already" if ours else "")
 
-    def _over(self, nbytes: int, free: int | None, info: Any, ours: int = 0) -> str:
+    def _over(self, nbytes: int, free: int | None, info: Any, ours: int = 0, failed: bool = False) -> str:
+        """``failed``: writing the batch has failed for want of room, whatever ``/dev/shm`` has free now."""
         need = self.need(nbytes)
         room = "its free space unreadable" if free is None else \
             f"only {free_text(free, need * self.ranks - ours)} free" + (
                 f" beside the {mib(ours)} of them it may hold already" if ours else "")
+        if failed:
+            room = f"no room for it when it was written ({_read_after(free)})"
         ranks = f" (for each of {self.ranks} local ranks)" if self.ranks > 1 else ""
         budget = "over" if need > self.limit_bytes else "within"
         return (f"{self._batch(nbytes, info)}: {self._in_flight()} need {mib(need)} of "
                 f"{SHM_DIR}, {budget} the {mib(self.limit_bytes)} this loader may use, and {SHM_DIR} has {room}"
                 f"{ranks}: {HARM}. Fix: {self._fix(nbytes)}")
 
-    def _full(self, nbytes: int, pending: int, space: Any, info: Any) -> str:
+    def _full(self, nbytes: int, pending: int, space: Any, info: Any, failed: bool = False) -> str:
         """What is free, what this loader needs free, who else of this process may hold it, and the /dev/shm
-        size that would hold both what others hold now and this loader's batches in flight."""
+        size that would hold both what others hold now and this loader's batches in flight. ``failed``: sending
+        it has failed for want of room, whatever ``/dev/shm`` has free now."""
         new = "" if pending == nbytes else f" ({mib(pending)} of it not yet in shared memory)"
         need = self.need(nbytes)
         used = max(0, space.total - space.free)
         size = used + need + 1
-        return (f"{self._batch(nbytes, info)}{new}: {SHM_DIR} has {free_text(space.free, pending)} free, too "
-                f"little to send it, though the plan's {self.in_flight} batches in flight fit this loader's "
+        room = (f"had too little free to send it when it was written ({_read_after(space.free)})" if failed else
+                f"has {free_text(space.free, pending)} free, too little to send it")
+        return (f"{self._batch(nbytes, info)}{new}: {SHM_DIR} {room}, though the plan's {self.in_flight} batches in flight fit this loader's "
                 f"{mib(self.limit_bytes)}: something else filled it after ms_shm planned this loader "
                 f"({self._others_text()}{host.sharing_hint(self.ranks)}), and {HARM}. Fix: make room, this loader "
                 f"needs {mib(need)} free for {self._in_flight()} and {mib(used)} of the {mib(space.total)} "
@@ -238,6 +246,20 @@ class GuardedCollate:
 
     def __repr__(self) -> str:
         return repr(self.collate)
+
+
+def _for_want_of_room(exc: BaseException, space: Any, pending: int) -> bool:
+    """Whether a framework's failed write to shared memory failed for want of room: ``/dev/shm`` lacks it now,
+    or the framework said ENOSPC (torch's "unable to allocate shared memory ... No space left on device (28)" is
+    a ``RuntimeError`` carrying only the text) while inodes are free; a tmpfs out of inodes says ENOSPC too,
+    and room is not what it needs."""
+    if space.free < pending:
+        return True
+    return "No space left on device" in str(exc) and not getattr(space, "out_of_files", False)
+
+
+def _read_after(free: int) -> str:
+    return f"{mib(free)} free when read after that: the batches in flight beside it may have been taken since"
 
 
 def guard_fix(batch_size: int | None, batch_sampler: bool, workers: int, prefetch: int | None) -> str:

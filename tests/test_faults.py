@@ -177,10 +177,11 @@ REFUSED_AT = {5: "36.0 MiB", 6: "37.0 MiB"}  # row -> its worker's slots then
 # Worker 1 may also run far ahead of worker 0 (seen once in a full suite, a quiet machine): rows 1-9 written before
 # row 2, its rows 5 and 7 going on over its share by that rule (26-39 MiB free each time, >= 2 x 12 MiB), row 9
 # (1 MiB) too; worker 0 then finds 12.9 MiB free for row 2's 12 MiB plus 1 MiB kept for worker 1, and stops with
-# ShmFullError before writing it. A clean stop, never a bus error (the wording blames "something else": the guard
-# of one worker does not see the other's slots).
+# ShmFullError before writing it. A clean stop, never a bus error (the guard of one worker does not see the
+# other's slots: the wording names both causes).
 FAR_AHEAD = re.compile(r"ShmFullError: row (\d*[02468]) needs a new 12\.0 MiB shared-memory slot plus 1\.0 MiB for "
-                       r"the other 1 worker\(s\)' next slot")
+                       r"the other 1 worker\(s\)' next slot, but /dev/shm has only [\d.]+ MiB free: another worker "
+                       r"of this pipeline grew its slots past its share")
 WORKER_SHARE = 26_804_633
 
 

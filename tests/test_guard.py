@@ -238,7 +238,8 @@ def test_a_full_dev_shm_is_refused_naming_row_need_free_and_fix(free_space):
     need = 2 * 4 * 2 * MiB + model.semaphore_bytes(2)
     assert str(err.value) == (
         "row 0 needs a new 2.0 MiB shared-memory slot plus 2.0 MiB for the other 1 worker(s)' next slot, but "
-        "/dev/shm has only 3.0 MiB free: something else filled it after ms_shm planned this pipeline, and "
+        "/dev/shm has only 3.0 MiB free: another worker of this pipeline grew its slots past its share for rows "
+        "larger than the probe saw, or something else filled it after ms_shm planned this pipeline, and "
         "writing the row would end in a bus error (ms_shm planned for 1 rank(s) using this host's /dev/shm; where "
         "more ranks run here, tell each how many: export LOCAL_WORLD_SIZE (or MS_SHM_LOCAL_RANKS), or "
         f"ms_shm.tune(ranks=N)). Fix: make room, this pipeline needs {need / MiB:.1f} MiB of "

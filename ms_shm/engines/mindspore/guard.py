@@ -185,9 +185,13 @@ class SlotGuard:
         if free >= size + margin:
             return
         room = f" plus {mib(margin)} for the other {spec.workers - 1} worker(s)' next slot" if margin else ""
+        # a worker's guard does not see the others' slots: one that went over its share (``_room_beyond_share``)
+        # may be what took the room
+        sibling = ("another worker of this pipeline grew its slots past its share for rows larger than the probe "
+                   "saw, or " if spec.workers > 1 else "")
         raise ShmFullError(
             f"row {index} needs a new {mib(size)} shared-memory slot{room}, but {spec.shm_path} has only "
-            f"{free_text(free, size + margin)} free: something else filled it after ms_shm planned this "
+            f"{free_text(free, size + margin)} free: {sibling}something else filled it after ms_shm planned this "
             f"pipeline, and writing the row would end in a bus error ({host.sharing_hint(spec.ranks)}). Fix: "
             f"make room, this pipeline needs {mib(self._need(size))} of {spec.shm_path} for its slots (find what "
             f"else uses it: `df -h {spec.shm_path}`; `ms-shm clean` removes what crashed runs left), or {spec.fix}")

@@ -472,7 +472,8 @@ def _beside_probe(facts: host.HostFacts) -> Any:
 
 
 def _register(dataset: Any, p: Plan, lineage: measure.Lineage, label: str) -> None:
-    reservation = SESSION.ledger.reserve(label, p.predicted_shm, p.predicted_fds, p.predicted_memory)
+    reservation = SESSION.ledger.reserve(label, p.predicted_shm, p.predicted_fds, p.predicted_memory,
+                                         in_use=_engine().compat.in_use(dataset))
     weakref.finalize(dataset, SESSION.ledger.release, reservation.key)
     measure.remember(dataset, p, lineage)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ms_shm import sizes
 from ms_shm._results import Result, mib, record
@@ -143,8 +143,9 @@ class Ledger:
     """Pipelines alive together (train and eval) share one budget: each holds its predicted peak.
 
     A reservation is released when the dataset it belongs to is garbage-collected (``weakref.finalize``), or
-    explicitly. A MindSpore pipeline's iterator lives across epochs, so its reservation counts for its whole
-    life. A DataLoader holds batches only while an iterator with workers runs, and train / val loaders built up
+    explicitly. A MindSpore pipeline's iterator lives across epochs, so its reservation counts while it may
+    iterate: until an iterator has run on it, then while one runs (``in_use``, the engine's; an eval built
+    after a finished train, the train's dataset still bound, was refused where raw ran). A DataLoader holds batches only while an iterator with workers runs, and train / val loaders built up
     front iterate one after the other far more often than at once (two 40 MiB loaders in a 64 MB container:
     the second refused while the first, idle, held its reservation): DataLoaders reserve with ``kind``
     ``"dataloader"`` and are planned ``apart`` from each other.
@@ -153,28 +154,36 @@ class Ledger:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._items: dict = {}
+        self._in_use: dict = {}  # key -> whether its pipeline may hold /dev/shm now (absent: always)
         self._ids = itertools.count(1)
 
-    def reserve(self, label: str, shm_bytes: int, fds: int, memory: int = 0, kind: str = "") -> Reservation:
+    def reserve(self, label: str, shm_bytes: int, fds: int, memory: int = 0, kind: str = "",
+                in_use: Callable[[], bool] | None = None) -> Reservation:
         with self._lock:
             item = Reservation(next(self._ids), label, int(shm_bytes), int(fds), int(memory), kind)
             self._items[item.key] = item
+            if in_use is not None:
+                self._in_use[item.key] = in_use
             return item
 
     def release(self, key: int) -> None:
         with self._lock:
             self._items.pop(key, None)
+            self._in_use.pop(key, None)
 
     def totals(self, apart: str | None = None) -> tuple[int, int, int]:
         """Reserved /dev/shm, fds and memory (of ``live(apart)``)."""
         return sums(self.live(apart))
 
     def live(self, apart: str | None = None) -> tuple:
-        """The live reservations, but those of kind ``apart`` (a pipeline of that kind is planned without
-        them)."""
+        """The live reservations whose pipelines may hold /dev/shm now, but those of kind ``apart`` (a pipeline
+        of that kind is planned without them)."""
         with self._lock:
-            return but_kind(tuple(self._items.values()), apart)
+            items, checks = tuple(self._items.values()), dict(self._in_use)
+        held = tuple(r for r in items if r.key not in checks or checks[r.key]())  # outside the lock: the engine's
+        return but_kind(held, apart)
 
     def clear(self) -> None:
         with self._lock:
             self._items.clear()
+            self._in_use.clear()

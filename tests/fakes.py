@@ -81,6 +81,9 @@ class FakeCompat:
     def processes_blocker(self):
         return None
 
+    def in_use(self, dataset):
+        return lambda: True  # no iterators without MindSpore: every pipeline keeps its reservation
+
     def generator_dataset(self, source, column_names, kwargs):
         self.engine.built.append(FakeDataset(source, column_names, dict(kwargs)))
         return self.engine.built[-1]

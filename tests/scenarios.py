@@ -148,7 +148,7 @@ def plan_fields(ms_shm, dataset) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("kind", choices=[*SOURCES, "generator", "map", "pair", "foreign-map"])
+    ap.add_argument("kind", choices=[*SOURCES, "generator", "map", "pair", "foreign-map", "sequence"])
     ap.add_argument("--mode", choices=["raw", "ms_shm"], required=True)
     ap.add_argument("--seed", type=int, required=True)
     ap.add_argument("--rows", type=int, default=64)
@@ -169,6 +169,8 @@ def main(argv=None) -> int:
         return pair(args, ds, ms_shm, peak)
     if args.kind == "foreign-map":
         return foreign_map(args, ds, ms_shm, peak)
+    if args.kind == "sequence":
+        return sequence(args, ms_shm, peak)
     if args.spawn:
         ds.config.set_multiprocessing_start_method("spawn")
     if args.kind == "generator":
@@ -230,6 +232,30 @@ def pair(args, ds, ms_shm, peak) -> int:
     plans = {name: plan_fields(ms_shm, d if args.mode == "ms_shm" else None)
              for name, d in (("train", train), ("eval", evalu))}
     print("RESULT " + json.dumps({"received": got, "plans": plans, **peak.stop()}), flush=True)
+    return 0
+
+
+def sequence(args, ms_shm, peak) -> int:
+    """Train, then eval, each with explicit worker processes, the train's dataset still bound: an eval built
+    after train's iterator ended, and (planned only) one built while that eval's iterator runs."""
+    kwargs = {"num_parallel_workers": args.workers, "python_multiprocessing": True, "shuffle": False}
+    ms_shm.tune()
+
+    def build(seed):
+        return ms_shm.build_dataset(FixedRows(args.rows, args.mb, seed), ["data", "label"], **kwargs)
+
+    train = build(args.seed)
+    it = train.create_tuple_iterator(output_numpy=True, num_epochs=1)
+    got = {"train": received(it)}
+    del it
+    after = build(args.seed + 1)
+    it = after.create_tuple_iterator(output_numpy=True, num_epochs=1)
+    got["eval"] = received([next(it)])
+    during = ms_shm.plan_of(build(args.seed + 2)).budget.shm_bytes
+    got["eval"] += received(it)
+    del it
+    print("RESULT " + json.dumps({"received": got, "during": during, "train": plan_fields(ms_shm, train),
+                                  "eval": plan_fields(ms_shm, after), **peak.stop()}), flush=True)
     return 0
 
 

@@ -73,6 +73,21 @@ def test_ledger_reserve_release_totals():
     assert ledger.totals() == (0, 0, 0) and ledger.live() == ()
 
 
+def test_a_reservation_counts_only_while_its_pipeline_may_hold_dev_shm():
+    """A MindSpore pipeline whose iterators have ended holds nothing (the engine's ``in_use``): an eval built
+    after a finished train is planned without the train's reservation, which counts again once it runs."""
+    ledger, running = budget.Ledger(), [True]
+    train = ledger.reserve("train", 40 * MiB, 20, 8 * MiB, in_use=lambda: running[0])
+    ledger.reserve("eval", 5 * MiB, 7)
+    assert ledger.totals() == (45 * MiB, 27, 8 * MiB)
+    running[0] = False
+    assert ledger.totals() == (5 * MiB, 7, 0) and [r.label for r in ledger.live()] == ["eval"]
+    running[0] = True
+    assert ledger.totals() == (45 * MiB, 27, 8 * MiB)
+    ledger.release(train.key)
+    assert ledger.totals() == (5 * MiB, 7, 0)
+
+
 def test_ledger_feeds_the_next_budget():
     ledger = budget.Ledger()
     ledger.reserve("train", 100 * MiB, 50)

@@ -248,6 +248,48 @@ def test_train_and_eval_alive_together_share_one_budget(real_mindspore):
     assert_fits(res, 64 * MiB)
 
 
+def test_an_eval_built_after_train_ended_is_not_planned_beside_it(real_mindspore):
+    """Explicit worker processes, 2 MiB rows, 64 MB, the train's dataset still bound (train: shared memory,
+    prefetch 10, 50.5 MiB of the 51.2 MiB budget). An eval built after train's iterator ended gets the whole
+    budget (train's workers are gone) and runs as train did, where it was planned beside train's reservation
+    (pipes) while train's dataset lived; a pipeline built while that eval's iterator runs is planned beside
+    it."""
+    res = result_of(scenario("sequence", "ms_shm", 121, "--mb", "2", shm="64m"))
+    assert_rows(res["received"]["train"], expected_digests(121, 64, mb=2))
+    assert_rows(res["received"]["eval"], expected_digests(122, 64, mb=2))
+    assert res["eval"] == res["train"] and res["train"]["mode"] == "processes", res
+    assert res["during"] < res["train"]["budget"] // 10, res  # eval's 50.5 MiB counted while it runs
+    assert_fits(res, 64 * MiB)
+
+
+def test_a_pipeline_is_in_use_until_an_iterator_ran_on_it_then_while_one_runs(real_mindspore):
+    """``compat.in_use``, on MindSpore's own iterators: a tree's leaf is in use before any iterator (sizes and
+    column names make none), while an iterator on a stage above it runs, and not after that iterator ended."""
+    proc = isolated.run_python("""
+        import numpy as np, mindspore.dataset as ds
+        from ms_shm.engines.mindspore import compat
+        compat.available()
+        leaf = ds.GeneratorDataset([(np.array([i]),) for i in range(4)], ["x"], shuffle=False)
+        top = leaf.map(lambda x: x + 1, input_columns=["x"]).batch(2)
+        in_use = compat.in_use(leaf)
+        seen = [in_use()]
+        top.get_dataset_size(), top.get_col_names()
+        seen.append(in_use())
+        it = top.create_tuple_iterator(num_epochs=1)
+        next(it)
+        seen.append(in_use())
+        for _ in it:
+            pass
+        del it
+        seen.append(in_use())
+        for _ in leaf:
+            seen.append(in_use())
+            break
+        print("SEEN", seen)
+    """)
+    assert "SEEN [True, True, True, False, True]" in proc.stdout, isolated.describe(proc)
+
+
 def test_map_on_a_dataset_ms_shm_did_not_build(real_mindspore):
     """``ms_shm.map`` on a plain GeneratorDataset: a pipeline ms_shm did not build that runs Python code cannot be
     read ahead without side effects, so the map keeps MindSpore's own settings (not measured) and delivers the

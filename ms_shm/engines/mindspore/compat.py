@@ -7,9 +7,11 @@ in ``profiles.profile_for``. Every change is returned as a ``Change`` with its o
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import types
+import weakref
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -39,6 +41,7 @@ def _dataset_module():
 
     if not _backed_up:
         _back_up_watchdog()
+        _watch_iterators()
     return ds
 
 
@@ -73,6 +76,81 @@ def _back_up_watchdog() -> None:
     register_worker_pids._ms_shm_original = register
     deregister_worker_pids._ms_shm_original = deregister
     cde.register_worker_pids, cde.deregister_worker_pids = register_worker_pids, deregister_worker_pids
+
+
+_ITERATED: Any = weakref.WeakSet()  # every stage of a tree an iterator was made on, in this process
+
+
+def _watch_iterators() -> None:
+    """Note the stages of every tree MindSpore makes an iterator on (``Iterator.__init__``, which every tuple
+    and dict iterator, ``for row in dataset`` and ``Model.train`` run), so ``in_use`` can tell a pipeline that
+    has run and ended from one not started yet. The iterator is made first, unchanged; a failure to note it only
+    keeps the pipeline counted as in use."""
+    try:
+        from mindspore.dataset.engine import iterators
+    except ImportError:
+        return
+    make = iterators.Iterator.__init__
+    if getattr(make, "_ms_shm_original", None) is not None:
+        return
+
+    @functools.wraps(make)
+    def __init__(self, dataset, *args, **kwargs):
+        make(self, dataset, *args, **kwargs)
+        try:
+            _ITERATED.update(_stages(dataset))
+        except Exception as exc:  # noqa: BLE001  (the iterator is made: this is only bookkeeping)
+            log.debug("ms_shm: the stages of a new iterator's tree were not noted (%s: %s)", type(exc).__name__, exc)
+
+    __init__._ms_shm_original = make
+    iterators.Iterator.__init__ = __init__
+
+
+def _stages(top: Any) -> list:
+    """``top`` and every stage below it (``children``), each once."""
+    out, todo, seen = [], [top], set()
+    while todo:
+        node = todo.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        out.append(node)
+        todo.extend(getattr(node, "children", None) or ())
+    return out
+
+
+def in_use(dataset: Any) -> Callable[[], bool]:
+    """Whether ``dataset``'s pipeline may hold ``/dev/shm`` now: not iterated yet (train and eval built up front
+    may run at once, as ``Model.train`` with an eval callback does), or a stage of a live iterator's tree. One
+    whose iterators have all ended (an eval built after a finished train) holds nothing: its workers are gone.
+    Unreadable: in use. A stage fed by other means than an iterator (``device_que`` in sink mode) is in use until
+    an iterator has run on it."""
+    ref = weakref.ref(dataset)
+
+    def check() -> bool:
+        stage = ref()
+        if stage is None:
+            return False
+        try:
+            return stage not in _ITERATED or any(any(s is stage for s in _stages(top)) for top in _live_trees())
+        except Exception as exc:  # noqa: BLE001  (the safe answer: it keeps its reservation)
+            log.debug("ms_shm: live iterators not read (%s: %s)", type(exc).__name__, exc)
+            return True
+
+    return check
+
+
+def _live_trees() -> list:
+    """The trees of this process's iterators still running (MindSpore's own list; ``stop()`` drops the runtime
+    context, and a dead reference reads ``None``)."""
+    from mindspore.dataset.engine import iterators
+
+    trees = []
+    for ref in list(iterators.ITERATORS_LIST):
+        it = ref()
+        if it is not None and getattr(it, "_runtime_context", None) is not None:
+            trees.append(getattr(it, "_Iterator__ori_dataset", None))
+    return [t for t in trees if t is not None]
 
 
 def available() -> bool:

@@ -670,7 +670,7 @@ def _neutral_findings(facts: Any) -> list:
 
 
 def _ranks_findings(facts: Any) -> list:
-    if "assumed" not in facts.ranks.source:
+    if "assumed" not in facts.ranks.source and "at least" not in facts.ranks.source:
         return []
     return [Advice(f"ranks on this host: {facts.ranks.local_size}, assumed from {facts.ranks.source}",
                    "info", "export LOCAL_WORLD_SIZE (or MS_SHM_LOCAL_RANKS) with the ranks per host to size exactly",

@@ -420,6 +420,9 @@ def detect_ranks(env: Mapping[str, str], override: int | None = None) -> Ranks:
         size = _int(env, size_var)
         if size:
             return Ranks(size, _int(env, rank_var) or 0, size_var)
+    slurm = _slurm_tasks_here(env)
+    if slurm:
+        return _at_least(Ranks(slurm[0], local_rank or 0, slurm[1]))
     for size_var in ("MS_WORKER_NUM", "RANK_SIZE"):
         size = _int(env, size_var)
         if size:
@@ -428,8 +431,44 @@ def detect_ranks(env: Mapping[str, str], override: int | None = None) -> Ranks:
                 rank_id = _int(env, "RANK_ID")
                 local_rank = rank_id % local if rank_id is not None else 0
             how = "assumed all on this host" if size <= _DEVICES_PER_HOST else f"assumed {_DEVICES_PER_HOST} per host"
-            return Ranks(local, local_rank, f"{size_var}={size} ({how})")
-    return Ranks(1, 0, "default (no launcher variables)")
+            return _at_least(Ranks(local, local_rank, f"{size_var}={size} ({how})"))
+    if local_rank:
+        return _at_least(Ranks(1, local_rank, "a local rank without a local size"))
+    return Ranks(1, local_rank or 0, "default (no launcher variables)")
+
+
+def _at_least(ranks: Ranks) -> Ranks:
+    """A local rank of k means k + 1 ranks on this host at least: msrun's ``DEVICE_ID=11`` on a 16-device host,
+    whose ``MS_WORKER_NUM=16`` reads as 8 per host, or a rank index without a count."""
+    if ranks.local_rank < ranks.local_size:
+        return ranks
+    return Ranks(ranks.local_rank + 1, ranks.local_rank,
+                 f"{ranks.source}; at least {ranks.local_rank + 1}: local rank {ranks.local_rank}")
+
+
+def _slurm_tasks_here(env: Mapping[str, str]) -> tuple | None:
+    """``(tasks on this node, the variable)`` from Slurm's per-node layout, which ``srun -n N`` sets without
+    ``--ntasks-per-node``: ``SLURM_STEP_TASKS_PER_NODE`` (this step's) or ``SLURM_TASKS_PER_NODE`` (the job's),
+    e.g. ``2(x3),1``: this node's entry by ``SLURM_NODEID``, else the largest (the smaller share)."""
+    for name in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+        counts = _per_node(str(env.get(name, "")))
+        if counts:
+            node = _int(env, "SLURM_NODEID")
+            here = counts[node] if node is not None and node < len(counts) else max(counts)
+            return (here, name) if here > 0 else None
+    return None
+
+
+def _per_node(layout: str) -> list:
+    """Slurm's ``2(x3),1`` as ``[2, 2, 2, 1]`` (``[]``: unreadable)."""
+    counts: list = []
+    for part in filter(None, layout.replace(" ", "").split(",")):
+        count, _, times = part.partition("(x")
+        try:
+            counts += [int(count)] * (int(times.rstrip(")")) if times else 1)
+        except ValueError:
+            return []
+    return counts
 
 
 def mindspore_version() -> str | None:

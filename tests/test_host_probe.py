@@ -240,6 +240,14 @@ def test_container_detection(tmp_path, setup, env, expected):
     ({"MS_WORKER_NUM": "16", "RANK_ID": "11"}, 8, 3, "assumed 8 per host"),  # msrun, two hosts
     ({"RANK_SIZE": "2", "DEVICE_ID": "1"}, 2, 1, "RANK_SIZE=2"),
     ({"MS_SHM_LOCAL_RANKS": "3"}, 3, 0, "MS_SHM_LOCAL_RANKS"),
+    # srun -n 4 without --ntasks-per-node: the per-node layout, this node's entry
+    ({"SLURM_NTASKS": "4", "SLURM_LOCALID": "2", "SLURM_TASKS_PER_NODE": "4"}, 4, 2, "SLURM_TASKS_PER_NODE"),
+    ({"SLURM_STEP_TASKS_PER_NODE": "2(x3),1", "SLURM_TASKS_PER_NODE": "8", "SLURM_NODEID": "3", "SLURM_LOCALID": "0"},
+     1, 0, "SLURM_STEP_TASKS_PER_NODE"),
+    ({"SLURM_TASKS_PER_NODE": "3,5", "SLURM_LOCALID": "1"}, 5, 1, "SLURM_TASKS_PER_NODE"),  # node unknown: largest
+    # a local rank proves as many ranks here: msrun's DEVICE_ID on a 16-device host, a rank without a count
+    ({"MS_WORKER_NUM": "16", "RANK_SIZE": "16", "RANK_ID": "11", "DEVICE_ID": "11"}, 12, 11, "at least 12"),
+    ({"LOCAL_RANK": "3"}, 4, 3, "a local rank without a local size"),
 ])
 def test_ranks_from_launcher_env(tmp_path, env, size, rank, source):
     facts = probe(base_tree(tmp_path), env)
@@ -252,8 +260,9 @@ def test_ranks_override_wins(tmp_path):
     assert (facts.ranks.local_size, facts.ranks.source) == (2, "override")
 
 
-def test_assumed_ranks_are_said_in_the_findings(tmp_path):
-    facts = probe(base_tree(tmp_path), {"MS_WORKER_NUM": "32"})
+@pytest.mark.parametrize("env", [{"MS_WORKER_NUM": "32"}, {"SLURM_LOCALID": "5"}])
+def test_assumed_ranks_are_said_in_the_findings(tmp_path, env):
+    facts = probe(base_tree(tmp_path), env)
     assert any(f.code == "ranks-assumed" for f in advice.diagnose(facts))
 
 

@@ -290,6 +290,40 @@ def test_a_pipeline_is_in_use_until_an_iterator_ran_on_it_then_while_one_runs(re
     assert "SEEN [True, True, True, False, True]" in proc.stdout, isolated.describe(proc)
 
 
+def test_a_slot_whose_pages_are_gone_when_created_is_the_guards_error_not_a_bus_error(real_mindspore):
+    """MindSpore's worker queue (``_SharedQueue``), a real 64 MB tmpfs with 4 MiB left: the 2 MiB row goes
+    through; the 8 MiB row's new slot cannot be committed, so the queue carries ``ShmFullError`` (MindSpore's
+    wrapper of a worker's error) where the copy into the sparse slot was a SIGBUS (4 ranks planned as alone in
+    256 MB, another rank taking the pages between the guard's check and the copy: 5 of 7 runs)."""
+    proc = isolated.run_python("""
+        import multiprocessing, os, numpy as np
+        from ms_shm.engines.mindspore import compat
+        if not compat.available():
+            raise SystemExit("no MindSpore")
+        import importlib
+        shared = importlib.import_module("mindspore.dataset.engine.queue")._SharedQueue
+        if not hasattr(shared, "check_and_create_shm"):
+            print("RELEASE without dynamic slots")
+            raise SystemExit(0)
+        q = shared(4, multiprocessing.Value("i", 0))
+        with open("/dev/shm/filler", "wb") as f:
+            st = os.statvfs("/dev/shm")
+            os.posix_fallocate(f.fileno(), 0, st.f_bavail * st.f_frsize - 4 * 1024 * 1024)
+        q.put((np.ones(2 * 1024 * 1024, np.uint8),))
+        print("SMALL", int(q.get()[0].sum()))
+        q.put((np.ones(8 * 1024 * 1024, np.uint8),))
+        try:
+            q.get().reraise()
+        except Exception as exc:
+            print("RAISED", type(exc).__name__, exc)
+    """, shm="64m")
+    if "RELEASE without dynamic slots" in proc.stdout:
+        pytest.skip("this MindSpore has no dynamic slots (static max_rowsize slots are committed up front)")
+    assert "SMALL 2097152" in proc.stdout and "RAISED ShmFullError" in proc.stdout, isolated.describe(proc)
+    assert "had no room for it when the worker created it" in proc.stdout, proc.stdout
+    assert "Bus error" not in proc.stderr
+
+
 def test_map_on_a_dataset_ms_shm_did_not_build(real_mindspore):
     """``ms_shm.map`` on a plain GeneratorDataset: a pipeline ms_shm did not build that runs Python code cannot be
     read ahead without side effects, so the map keeps MindSpore's own settings (not measured) and delivers the

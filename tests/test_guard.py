@@ -248,6 +248,21 @@ def test_a_full_dev_shm_is_refused_naming_row_need_free_and_fix(free_space):
     assert g._ms_shm_guard._slots == []
 
 
+def test_a_slot_not_committed_is_named_as_the_guard_that_let_its_row_through(free_space):
+    """The guard lets a new slot through (room at its check); MindSpore then finds no pages for it
+    (``compat._commit_new_slots``): the error names that row, and says when the room was missing."""
+    free_space.value = 64 * MiB
+    g = GuardedSource(ListSource([row_of(2 * MiB - 8)] * 2), spec(slots=4, planned=2 * MiB, workers=2))
+    g[1]
+    free_space.value = 1 * MiB
+    text = str(guard.slot_not_committed(2 * MiB - 8))
+    assert text.startswith("row 1 needs a new 2.0 MiB shared-memory slot, but /dev/shm had no room for it when "
+                           "the worker created it (1.0 MiB free when read after that)"), text
+    assert "Fix: make room" in text
+    other = str(guard.slot_not_committed(8 * MiB))  # not the row the guard saw: what is known
+    assert other.startswith("a row of 8.0 MiB needs a new shared-memory slot"), other
+
+
 @pytest.mark.parametrize("workers, planned, free, ok", [
     (1, MiB, MiB, True),  # one worker: no margin, exactly enough
     (1, MiB, MiB - 1, False),

@@ -136,6 +136,7 @@ class SlotGuard:
                 f"{mib(spec.worker_bytes)} share of /dev/shm, which would end in a bus error. "
                 f"Fix: {self._fix(size)}")
         self._check_free(committed, index)
+        _LAST[0] = (self, index, committed)
         if slot < len(self._slots):
             self._slots[slot] = size
         else:
@@ -184,17 +185,27 @@ class SlotGuard:
         margin = (spec.workers - 1) * min(size, model.pages(spec.planned_row_bytes))
         if free >= size + margin:
             return
+        raise self.no_room(size, index, free, margin=margin)
+
+    def no_room(self, size: int, index: Any, free: int | None, margin: int = 0,
+                when_written: bool = False) -> ShmFullError:
+        """``ShmFullError`` for row ``index``'s new slot of ``size``: found too little free at the check, or
+        (``when_written``) its pages not there when MindSpore created the slot."""
+        spec = self.spec
         room = f" plus {mib(margin)} for the other {spec.workers - 1} worker(s)' next slot" if margin else ""
         # a worker's guard does not see the others' slots: one that went over its share (``_room_beyond_share``)
         # may be what took the room
         sibling = ("another worker of this pipeline grew its slots past its share for rows larger than the probe "
                    "saw, or " if spec.workers > 1 else "")
-        raise ShmFullError(
-            f"row {index} needs a new {mib(size)} shared-memory slot{room}, but {spec.shm_path} has only "
-            f"{free_text(free, size + margin)} free: {sibling}something else filled it after ms_shm planned this "
-            f"pipeline, and writing the row would end in a bus error ({host.sharing_hint(spec.ranks)}). Fix: "
-            f"make room, this pipeline needs {mib(self._need(size))} of {spec.shm_path} for its slots (find what "
-            f"else uses it: `df -h {spec.shm_path}`; `ms-shm clean` removes what crashed runs left), or {spec.fix}")
+        have = f"has only {free_text(free, size + margin)} free" if not when_written else (
+            f"had no room for it when the worker created it ({'?' if free is None else mib(free)} free when read "
+            f"after that)")
+        return ShmFullError(
+            f"row {index} needs a new {mib(size)} shared-memory slot{room}, but {spec.shm_path} {have}: {sibling}"
+            f"something else filled it after ms_shm planned this pipeline, and writing the row would end in a bus "
+            f"error ({host.sharing_hint(spec.ranks)}). Fix: make room, this pipeline needs "
+            f"{mib(self._need(size))} of {spec.shm_path} for its slots (find what else uses it: `df -h "
+            f"{spec.shm_path}`; `ms-shm clean` removes what crashed runs left), or {spec.fix}")
 
     def _need(self, size: int) -> int:
         """/dev/shm this pipeline needs when every slot of every worker holds rows of ``size``."""
@@ -209,6 +220,27 @@ class SlotGuard:
         host_need = budget_mod.shm_to_give(spec.budget, need) if spec.budget is not None else need
         return (f"give /dev/shm at least {mib(host_need)} for rows of {mib(size)} ({sizes.where_to_set(host_need)}), "
                 f"or {spec.fix}")
+
+
+_LAST: list = [None]  # this worker's guard and the row it last let create a slot: (SlotGuard, index, pages)
+
+
+def slot_not_committed(size: int) -> ShmFullError:
+    """The error for a slot of ``size`` whose pages ``/dev/shm`` no longer had when MindSpore created it
+    (``compat._commit_new_slots``), named as the guard that let it through would have named it."""
+    try:
+        free = _free_bytes("/dev/shm")
+    except OSError:
+        free = None
+    last = _LAST[0]
+    if last is not None and last[2] == model.pages(size):
+        return last[0].no_room(size, last[1], free, when_written=True)
+    have = "its free space unreadable" if free is None else f"{mib(free)} free"
+    return ShmFullError(
+        f"a row of {mib(size)} needs a new shared-memory slot, and /dev/shm had no room for it when the worker "
+        f"created it ({have} when read after that): something else filled it ({host.sharing_hint(1)}), and "
+        f"writing the row would have ended in a bus error. Fix: make room (find what uses it: `df -h /dev/shm`; "
+        f"`ms-shm clean` removes what crashed runs left), or give /dev/shm more")
 
 
 def row_nbytes(row: Any) -> int:

@@ -324,6 +324,25 @@ def test_a_slot_whose_pages_are_gone_when_created_is_the_guards_error_not_a_bus_
     assert "Bus error" not in proc.stderr
 
 
+def test_a_map_operation_mindspore_refuses_is_refused_before_any_probe(real_mindspore):
+    """``vision.HWC2CHW`` without parentheses, or a number: ``MapDataset`` refuses it with its ``ValueError``;
+    ms_shm makes the plain call, so the operations never run in a probe first (found running MindSpore's
+    ``test_map_c_transform_exception`` under ``patch()``)."""
+    proc = isolated.run_python("""
+        import logging, sys, numpy as np
+        logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)
+        import mindspore.dataset.vision as vision, ms_shm
+        d = ms_shm.build_dataset([(np.zeros((4, 4, 3), np.uint8),) for _ in range(4)], ["image"], shuffle=False)
+        for ops in ([vision.HWC2CHW], [3]):
+            try:
+                ms_shm.map(d, ops, input_columns=["image"])
+            except ValueError as exc:
+                print("REFUSED", exc)
+    """)
+    assert proc.stdout.count("REFUSED Parameter operations's element of method map") == 2, isolated.describe(proc)
+    assert "the operations raised" not in proc.stderr, proc.stderr[-2000:]
+
+
 def test_map_on_a_dataset_ms_shm_did_not_build(real_mindspore):
     """``ms_shm.map`` on a plain GeneratorDataset: a pipeline ms_shm did not build that runs Python code cannot be
     read ahead without side effects, so the map keeps MindSpore's own settings (not measured) and delivers the

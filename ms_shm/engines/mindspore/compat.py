@@ -353,17 +353,25 @@ def arguments_fit(kind: str, *args: Any, **kwargs: Any) -> bool:
     """Whether ``GeneratorDataset(*args, **kwargs)`` (``kind="generator"``) or ``dataset.map(...)`` /
     ``dataset.batch(...)`` (``"map"``, ``"batch"``, ``args[0]`` the dataset) binds to MindSpore's signature.
     Where it does not, the caller makes the plain call, so the user gets MindSpore's (Python's) own
-    ``TypeError`` before anything is probed."""
+    ``TypeError`` before anything is probed. Likewise a map's operation that ``MapDataset`` refuses
+    (``_refused_operation``): MindSpore's ``ValueError``, without running the operations in a probe first."""
     try:
         func = _dataset_module().GeneratorDataset if kind == "generator" else getattr(args[0], kind)
         signature = inspect.signature(func)
     except (TypeError, ValueError, AttributeError):
         return True  # cannot tell: go on
     try:
-        signature.bind(*(args if kind == "generator" else args[1:]), **kwargs)
+        bound = signature.bind(*(args if kind == "generator" else args[1:]), **kwargs)
     except TypeError:
         return False
-    return True
+    return not (kind == "map" and _refused_operation(bound.arguments.get("operations")))
+
+
+def _refused_operation(operations: Any) -> bool:
+    """What ``MapDataset.__init__`` refuses among ``operations``: a class where an instance was meant
+    (``vision.HWC2CHW`` without parentheses), or something not callable."""
+    ops = operations if isinstance(operations, (list, tuple)) else [operations] if operations is not None else []
+    return any(type(op) is type or not callable(op) for op in ops)
 
 
 # MindSpore's checker decorating each patched method, by release (2.0: ``check_generatordataset``)

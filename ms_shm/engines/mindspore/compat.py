@@ -124,8 +124,8 @@ def _slot_committed(queue: Any, data: Any, total_size: Callable, handler: Any) -
     try:
         os.posix_fallocate(slot.fd(), 0, size)
     except OSError as exc:
-        if exc.errno not in (errno.ENOSPC, errno.ENOMEM):
-            return data  # a mount without fallocate: the copy goes on as MindSpore's own
+        if exc.errno != errno.ENOSPC:
+            return data  # a mount without fallocate, or memory short (not room): the copy goes on as MindSpore's
         from ms_shm.engines.mindspore import guard
 
         try:

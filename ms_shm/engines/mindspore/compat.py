@@ -116,16 +116,18 @@ def _slot_committed(queue: Any, data: Any, total_size: Callable, handler: Any) -
     size = total_size(row)
     if size <= 0:
         return data
-    before = queue.shm_list[queue.seg_pos] if len(queue.shm_list) > queue.seg_pos else None
+    pos = queue.seg_pos
+    before = (queue.shm_list[pos], queue.fd_list[pos]) if len(queue.shm_list) > pos else None
     queue.check_and_create_shm(size)  # what put does first; it does nothing more when called again
-    slot = queue.shm_list[queue.seg_pos]
-    if slot is before:
+    slot = queue.shm_list[pos]
+    if before is not None and slot is before[0]:
         return data
     try:
         os.posix_fallocate(slot.fd(), 0, size)
     except OSError as exc:
         if exc.errno != errno.ENOSPC:
             return data  # a mount without fallocate, or memory short (not room): the copy goes on as MindSpore's
+        _put_back(queue, pos, before)  # the worker goes on: its next row must not land in the sparse slot
         from ms_shm.engines.mindspore import guard
 
         try:
@@ -135,32 +137,62 @@ def _slot_committed(queue: Any, data: Any, total_size: Callable, handler: Any) -
     return data
 
 
-_ITERATED: Any = weakref.WeakSet()  # every stage of a tree an iterator was made on, in this process
+def _put_back(queue: Any, pos: int, before: tuple | None) -> None:
+    """The slot at ``pos`` as it was before a failed commit (none, or the smaller one): the worker goes on after
+    sending the error (as after a source's exception), and a row landing in the uncommitted slot was a SIGBUS
+    (the next row of the same worker, 64 MB filled by another process: 3 of 3 runs)."""
+    if before is None:
+        del queue.shm_list[pos:], queue.fd_list[pos:]
+    else:
+        queue.shm_list[pos], queue.fd_list[pos] = before
+
+
+_ITERATORS: Any = weakref.WeakSet()  # this process's MindSpore iterators still alive (stopped ones included)
+_FINISHED: Any = weakref.WeakSet()  # every stage of a tree an iterator ran to its end on
 
 
 def _watch_iterators() -> None:
-    """Note the stages of every tree MindSpore makes an iterator on (``Iterator.__init__``, which every tuple
-    and dict iterator, ``for row in dataset`` and ``Model.train`` run), so ``in_use`` can tell a pipeline that
-    has run and ended from one not started yet. The iterator is made first, unchanged; a failure to note it only
-    keeps the pipeline counted as in use."""
+    """Note every iterator MindSpore makes (``Iterator.__init__``, which every tuple and dict iterator,
+    ``for row in dataset`` and ``Model.train`` run) and the stages of each tree one ran to its end on
+    (``Iterator.__next__`` raising ``StopIteration``), so ``in_use`` can tell a pipeline that has run and ended
+    from one not started, or only peeked at. The iterator itself is MindSpore's, unchanged; a failure to note
+    it only keeps the pipeline counted as in use."""
     try:
         from mindspore.dataset.engine import iterators
     except ImportError:
         return
-    make = iterators.Iterator.__init__
+    cls = iterators.Iterator
+    make, step = cls.__init__, cls.__next__
     if getattr(make, "_ms_shm_original", None) is not None:
         return
 
     @functools.wraps(make)
     def __init__(self, dataset, *args, **kwargs):
         make(self, dataset, *args, **kwargs)
-        try:
-            _ITERATED.update(_stages(dataset))
-        except Exception as exc:  # noqa: BLE001  (the iterator is made: this is only bookkeeping)
-            log.debug("ms_shm: the stages of a new iterator's tree were not noted (%s: %s)", type(exc).__name__, exc)
+        _noting(_ITERATORS.add, self)
 
-    __init__._ms_shm_original = make
-    iterators.Iterator.__init__ = __init__
+    @functools.wraps(step)
+    def __next__(self):
+        try:
+            return step(self)
+        except StopIteration:
+            _noting(lambda it: _FINISHED.update(_stages(_tree(it))), self)
+            raise
+
+    __init__._ms_shm_original, __next__._ms_shm_original = make, step
+    cls.__init__, cls.__next__ = __init__, __next__
+
+
+def _noting(note: Callable[[Any], Any], iterator: Any) -> None:
+    try:
+        note(iterator)
+    except Exception as exc:  # noqa: BLE001  (only bookkeeping: the pipeline stays counted as in use)
+        log.debug("ms_shm: an iterator was not noted (%s: %s)", type(exc).__name__, exc)
+
+
+def _tree(iterator: Any) -> Any:
+    """The dataset an iterator was made on (MindSpore's private ``__ori_dataset``, kept after ``stop()``)."""
+    return getattr(iterator, "_Iterator__ori_dataset", None)
 
 
 def _stages(top: Any) -> list:
@@ -168,7 +200,7 @@ def _stages(top: Any) -> list:
     out, todo, seen = [], [top], set()
     while todo:
         node = todo.pop()
-        if id(node) in seen:
+        if node is None or id(node) in seen:
             continue
         seen.add(id(node))
         out.append(node)
@@ -177,11 +209,13 @@ def _stages(top: Any) -> list:
 
 
 def in_use(dataset: Any) -> Callable[[], bool]:
-    """Whether ``dataset``'s pipeline may hold ``/dev/shm`` now: not iterated yet (train and eval built up front
-    may run at once, as ``Model.train`` with an eval callback does), or a stage of a live iterator's tree. One
-    whose iterators have all ended (an eval built after a finished train) holds nothing: its workers are gone.
-    Unreadable: in use. A stage fed by other means than an iterator (``device_que`` in sink mode) is in use until
-    an iterator has run on it."""
+    """Whether ``dataset``'s pipeline may hold ``/dev/shm`` now: until an iterator has run to its end on it
+    (train and eval built up front may run at once, as ``Model.train`` with an eval callback does; a train only
+    peeked at, ``next(train.create_dict_iterator())``, runs again later), and while an iterator on a tree holding
+    it is alive (a stopped one keeps its workers and slots until it is gone, measured on 2.7.2-2.10). A pipeline
+    run to its end whose iterators are gone (an eval built after a finished train) holds nothing: its workers
+    are gone. Unreadable: in use. Not seen: a finished pipeline run again beside one planned while it was idle
+    (a warm-up epoch, then ``fit`` with a validation set built after it); the guard meets that."""
     ref = weakref.ref(dataset)
 
     def check() -> bool:
@@ -189,25 +223,13 @@ def in_use(dataset: Any) -> Callable[[], bool]:
         if stage is None:
             return False
         try:
-            return stage not in _ITERATED or any(any(s is stage for s in _stages(top)) for top in _live_trees())
+            return stage not in _FINISHED or any(any(s is stage for s in _stages(_tree(it)))
+                                                 for it in list(_ITERATORS))
         except Exception as exc:  # noqa: BLE001  (the safe answer: it keeps its reservation)
             log.debug("ms_shm: live iterators not read (%s: %s)", type(exc).__name__, exc)
             return True
 
     return check
-
-
-def _live_trees() -> list:
-    """The trees of this process's iterators still running (MindSpore's own list; ``stop()`` drops the runtime
-    context, and a dead reference reads ``None``)."""
-    from mindspore.dataset.engine import iterators
-
-    trees = []
-    for ref in list(iterators.ITERATORS_LIST):
-        it = ref()
-        if it is not None and getattr(it, "_runtime_context", None) is not None:
-            trees.append(getattr(it, "_Iterator__ori_dataset", None))
-    return [t for t in trees if t is not None]
 
 
 def available() -> bool:

@@ -178,6 +178,8 @@ def describe(result: subprocess.CompletedProcess) -> str:
 BUS_WORKER = "Unexpected bus error encountered in process. Non-existent physical address."
 BUS_MAIN = "was killed by signal: Bus error. Main process will be terminated."
 TERMINATED = -15
+RAW_LIMIT = "timeout -s KILL 120"  # prefix of a raw run that may hang after its worker's bus error
+HUNG = 128 + 9  # the shell's status of a run ``RAW_LIMIT`` killed
 
 
 def run_loader_scenario(framework: str, scenario: str, mode: str, shm: str = "64m", nofile: int | None = None,
@@ -198,8 +200,14 @@ def result_of(proc: subprocess.CompletedProcess) -> dict:
     return json.loads(lines[-1][len("RESULT "):])
 
 
-def assert_bus_error(proc: subprocess.CompletedProcess) -> None:
-    """Raw dynamic slots past the end of /dev/shm: SIGBUS in a worker, then MindSpore kills the main process."""
-    assert proc.returncode == TERMINATED, "raw MindSpore was expected to die of SIGBUS:\n" + describe(proc)
+def assert_bus_error(proc: subprocess.CompletedProcess, hung_ok: bool = False) -> None:
+    """Raw dynamic slots past the end of /dev/shm: SIGBUS in a worker, then MindSpore kills the main process.
+    ``hung_ok``: the run was limited by ``RAW_LIMIT``, and a main process that hung after its worker's bus error
+    (MindSpore's SIGCHLD handler deadlocks in malloc, about 1 run in 8 on 2.7.2-2.10) was killed by it."""
+    if hung_ok and proc.returncode == HUNG:
+        assert BUS_WORKER in proc.stderr and "RESULT " not in proc.stdout, describe(proc)
+        return
+    assert proc.returncode in (TERMINATED, 128 - TERMINATED), \
+        "raw MindSpore was expected to die of SIGBUS:\n" + describe(proc)
     assert BUS_WORKER in proc.stderr and BUS_MAIN in proc.stderr, describe(proc)
     assert "RESULT " not in proc.stdout

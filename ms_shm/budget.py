@@ -13,11 +13,14 @@ split and held back the same way.
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from ms_shm import sizes
 from ms_shm._results import Result, mib, record
+
+log = logging.getLogger(__name__)
 
 DEFAULT_FRACTION = sizes.HEADROOM
 
@@ -144,9 +147,10 @@ class Ledger:
 
     A reservation is released when the dataset it belongs to is garbage-collected (``weakref.finalize``), or
     explicitly. A MindSpore pipeline's iterator lives across epochs, so its reservation counts while it may
-    iterate: until an iterator has run on it, then while one runs (``in_use``, the engine's; an eval built
-    after a finished train, the train's dataset still bound, was refused where raw ran). A DataLoader holds batches only while an iterator with workers runs, and train / val loaders built up
-    front iterate one after the other far more often than at once (two 40 MiB loaders in a 64 MB container:
+    iterate: until an iterator has run to its end on it, and while one lives (``in_use``, the engine's; an eval
+    built after a finished train, the train's dataset still bound, was refused where raw ran); one it stops
+    counting is said once (``_say_ended``). A DataLoader holds batches only while an iterator with workers
+    runs, and train / val loaders built up front iterate one after the other far more often than at once (two 40 MiB loaders in a 64 MB container:
     the second refused while the first, idle, held its reservation): DataLoaders reserve with ``kind``
     ``"dataloader"`` and are planned ``apart`` from each other.
     """
@@ -155,6 +159,7 @@ class Ledger:
         self._lock = threading.Lock()
         self._items: dict = {}
         self._in_use: dict = {}  # key -> whether its pipeline may hold /dev/shm now (absent: always)
+        self._ended: set = set()  # keys of reservations said to count no more
         self._ids = itertools.count(1)
 
     def reserve(self, label: str, shm_bytes: int, fds: int, memory: int = 0, kind: str = "",
@@ -181,9 +186,25 @@ class Ledger:
         with self._lock:
             items, checks = tuple(self._items.values()), dict(self._in_use)
         held = tuple(r for r in items if r.key not in checks or checks[r.key]())  # outside the lock: the engine's
+        kept = {r.key for r in held}
+        self._say_ended(r for r in items if r.key not in kept)
         return but_kind(held, apart)
+
+    def _say_ended(self, ended: Iterable[Reservation]) -> None:
+        """Each reservation that stopped counting, once: what the next plans get beside it, and why."""
+        for r in ended:
+            with self._lock:
+                if r.key in self._ended:
+                    continue
+                self._ended.add(r.key)
+            log.info("ms_shm: %s's reservation (%s of /dev/shm) no longer counts against pipelines planned from "
+                     "now on: an iterator ran to its end on it and none is alive, so its workers and slots are "
+                     "gone. Where it runs again beside a pipeline planned meanwhile, keep one iterator alive "
+                     "across its runs (dataset.create_tuple_iterator(num_epochs=-1)): it then keeps counting",
+                     r.label, mib(r.shm_bytes))
 
     def clear(self) -> None:
         with self._lock:
             self._items.clear()
             self._in_use.clear()
+            self._ended.clear()

@@ -434,7 +434,7 @@ def detect_ranks(env: Mapping[str, str], override: int | None = None) -> Ranks:
             return _at_least(Ranks(local, local_rank, f"{size_var}={size} ({how})"))
     if local_rank:
         return _at_least(Ranks(1, local_rank, "a local rank without a local size"))
-    return Ranks(1, local_rank or 0, "default (no launcher variables)")
+    return Ranks(1, 0, "default (no launcher variables)")
 
 
 def _at_least(ranks: Ranks) -> Ranks:

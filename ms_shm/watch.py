@@ -632,7 +632,7 @@ def watch(interval: float = 1.0, csv_path: str | os.PathLike | None = None, pids
         ...     for epoch in range(epochs):
         ...         for batch in it: ...
         ...         w.mark_epoch()
-        >>> print("\\n".join(w.summary.lines()))                # doctest: +SKIP
+        >>> logging.getLogger("train").info("\\n".join(w.summary.lines()))  # doctest: +SKIP
     """
     return Watcher(interval, csv_path, pids, shm_path, **options)
 

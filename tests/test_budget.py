@@ -88,6 +88,18 @@ def test_a_reservation_counts_only_while_its_pipeline_may_hold_dev_shm():
     assert ledger.totals() == (5 * MiB, 7, 0)
 
 
+def test_a_reservation_that_stops_counting_is_said_once_with_the_fix(caplog):
+    ledger = budget.Ledger()
+    ledger.reserve("GeneratorDataset(Src)", 40 * MiB, 20, in_use=lambda: False)
+    with caplog.at_level("INFO", logger="ms_shm.budget"):
+        ledger.totals()
+        ledger.totals()
+    said = [r.getMessage() for r in caplog.records if "no longer counts" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "GeneratorDataset(Src)'s reservation (40.0 MiB of /dev/shm)" in said[0]
+    assert "create_tuple_iterator(num_epochs=-1)" in said[0]
+
+
 def test_ledger_feeds_the_next_budget():
     ledger = budget.Ledger()
     ledger.reserve("train", 100 * MiB, 50)

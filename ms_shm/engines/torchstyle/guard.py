@@ -194,11 +194,13 @@ class GuardedCollate:
     def _over(self, nbytes: int, free: int | None, info: Any, ours: int = 0, failed: bool = False) -> str:
         """``failed``: writing the batch has failed for want of room, whatever ``/dev/shm`` has free now."""
         need = self.need(nbytes)
-        room = "its free space unreadable" if free is None else \
-            f"only {free_text(free, need * self.ranks - ours)} free" + (
-                f" beside the {mib(ours)} of them it may hold already" if ours else "")
         if failed:
             room = f"no room for it when it was written ({_read_after(free)})"
+        elif free is None:
+            room = "its free space unreadable"
+        else:
+            room = f"only {free_text(free, need * self.ranks - ours)} free" + (
+                f" beside the {mib(ours)} of them it may hold already" if ours else "")
         ranks = f" (for each of {self.ranks} local ranks)" if self.ranks > 1 else ""
         budget = "over" if need > self.limit_bytes else "within"
         return (f"{self._batch(nbytes, info)}: {self._in_flight()} need {mib(need)} of "
@@ -215,8 +217,8 @@ class GuardedCollate:
         size = used + need + 1
         room = (f"had too little free to send it when it was written ({_read_after(space.free)})" if failed else
                 f"has {free_text(space.free, pending)} free, too little to send it")
-        return (f"{self._batch(nbytes, info)}{new}: {SHM_DIR} {room}, though the plan's {self.in_flight} batches in flight fit this loader's "
-                f"{mib(self.limit_bytes)}: something else filled it after ms_shm planned this loader "
+        return (f"{self._batch(nbytes, info)}{new}: {SHM_DIR} {room}, though the plan's {self.in_flight} batches "
+                f"in flight fit this loader's {mib(self.limit_bytes)}: something else filled it after ms_shm planned this loader "
                 f"({self._others_text()}{host.sharing_hint(self.ranks)}), and {HARM}. Fix: make room, this loader "
                 f"needs {mib(need)} free for {self._in_flight()} and {mib(used)} of the {mib(space.total)} "
                 f"of {SHM_DIR} are in use (find what uses it: `df -h {SHM_DIR}`; `ms-shm clean` removes what "

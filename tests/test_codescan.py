@@ -245,6 +245,55 @@ def test_torch_functions_are_draws_unless_the_call_passes_a_generator():
         f"ModuleTransform.forward calls torch.randn_like ({WORKERS_SEEDED_APART})")
 
 
+def test_torchs_random_library_code_is_a_draw_called_held_or_made():
+    """The audit's datasets that augment one sample in four through torch's own code (``F.dropout``, a held
+    ``nn.Dropout``, a ``Normal`` sampled): the probe's three samples did not draw, and 2 workers changed the
+    batches. torch's code is not read, so its random functions, modules and distributions are known by class."""
+    torch = _torch()
+    import torch.nn.functional as F
+
+    class CallsDropout:
+        def __getitem__(self, i):
+            x = torch.full((4,), float(i))
+            return F.dropout(x, 0.5, training=True) if i % 4 == 1 else x
+
+    class HoldsDropout:
+        def __init__(self):
+            self.drop = torch.nn.Dropout(0.5)
+
+        def __getitem__(self, i):
+            x = torch.full((4,), float(i))
+            return self.drop(x) if i % 4 == 1 else x
+
+    class HoldsModel(HoldsDropout):
+        def __init__(self, training=True):
+            self.features = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Sequential(torch.nn.Dropout(0.1)))
+            self.features.train(training)
+
+    class HoldsNormal(HoldsDropout):
+        def __init__(self):
+            self.noise = torch.distributions.Normal(0.0, 1.0)
+
+    class MakesNormal:
+        def __getitem__(self, i):
+            return torch.distributions.Normal(0.0, 1.0).sample((4,)) if i % 4 == 1 else torch.zeros(4)
+
+    assert codescan.global_draw(CallsDropout()) == (
+        f"CallsDropout.__getitem__ calls torch.nn.functional.dropout ({WORKERS_SEEDED_APART})")
+    held = "(draws from torch's global generator; workers are seeded apart)"
+    assert codescan.global_draw(HoldsDropout()) == f"HoldsDropout holds nn.Dropout (in training mode) {held}"
+    assert codescan.global_draw(HoldsModel()) == (
+        f"HoldsModel holds nn.Dropout inside Sequential (in training mode) {held}")
+    assert codescan.global_draw(HoldsNormal()) == f"HoldsNormal holds torch.distributions.Normal (sampled) {held}"
+    assert codescan.global_draw(MakesNormal()) == (
+        f"MakesNormal.__getitem__ calls torch.distributions.Normal ({WORKERS_SEEDED_APART})")
+
+    evaluating = HoldsDropout()
+    evaluating.drop.eval()  # a module in eval mode draws nothing
+    assert codescan.global_draw(evaluating) is None
+    assert codescan.global_draw(HoldsModel(training=False)) is None
+
+
 def test_a_torch_sampler_drawing_per_index_is_named():
     torch = _torch()
 

@@ -56,6 +56,20 @@ STDLIB = getattr(sys, "stdlib_module_names", None) or frozenset({
 # torch's functions that draw from its default generator unless passed ``generator=``
 TORCH_DRAWS = ("rand", "randn", "randint", "randperm", "bernoulli", "multinomial", "normal", "rand_like",
                "randn_like", "randint_like", "poisson")
+# ... and those that take no ``generator=`` at all, by module: dropout and its kin (the audit's sample augmented
+# with ``F.dropout`` one time in four: the probe's three samples did not draw, and 2 workers changed the batches)
+TORCH_DRAWS_ALWAYS = (
+    ("torch", ("dropout", "dropout_", "alpha_dropout", "alpha_dropout_", "feature_dropout", "feature_dropout_",
+               "feature_alpha_dropout", "feature_alpha_dropout_", "native_dropout", "rrelu", "rrelu_")),
+    ("torch.nn.functional", ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
+                             "feature_alpha_dropout", "rrelu", "rrelu_", "gumbel_softmax")),
+)
+# torch's objects whose call or ``sample()`` draws from the default generator: modules in training mode (their
+# ``forward`` is torch's code, not read) and distributions, held by the dataset or made in its code
+RANDOM_CLASSES = (("torch.nn.modules.dropout", "_DropoutNd", "nn.Dropout"),
+                  ("torch.nn.modules.activation", "RReLU", "nn.RReLU"),
+                  ("torch.distributions.distribution", "Distribution", "torch.distributions"))
+MAX_SUBMODULES = 2000  # of a held nn.Module, the submodules looked at for a random one
 # tensor methods that fill in place from the default generator unless passed ``generator=``; read on any
 # object, since the tensor's type is not known before the call (numpy's generators have no such names)
 INPLACE_DRAWS = frozenset({"uniform_", "normal_", "bernoulli_", "random_", "exponential_", "cauchy_",
@@ -140,6 +154,8 @@ def global_draw(dataset: Any, collate_fn: Any = None, sampler: Any = None, batch
     where, fn, draw = _per_sample(dataset, collate_fn, held, functools.partial(_draw_look, targets, None))
     if draw:
         return f"{where} calls {_named_draw(draw, fn)} (draws from the global generator; workers are seeded apart)"
+    for owner, obj in _held_random(dataset, collate_fn, targets):
+        return f"{type(owner).__name__} holds {obj} (draws from torch's global generator; workers are seeded apart)"
     index_sampler = batch_sampler if batch_sampler is not None else sampler if batch_size is None else None
     for arg, value in (("sampler", sampler), ("batch_sampler", batch_sampler)):
         for where, fn, owner in _held_entries(value, held):
@@ -161,7 +177,8 @@ class _Targets(NamedTuple):
     has not drawn), and torch's sampling functions by identity."""
 
     instances: dict  # id(global generator instance) -> (instance, label prefix)
-    functions: dict  # id(torch function) -> (function, label)
+    functions: dict  # id(torch function) -> (function, label, whether it takes ``generator=``)
+    classes: tuple  # (class, label) of torch's random objects (``RANDOM_CLASSES``) whose module is imported
 
     @classmethod
     def now(cls) -> _Targets:
@@ -171,25 +188,61 @@ class _Targets(NamedTuple):
             inst = getattr(sys.modules.get(module), attr, None)
             if inst is not None:
                 instances[id(inst)] = (inst, prefix)
-        torch = sys.modules.get("torch")
         functions = {}
-        for name in TORCH_DRAWS if torch is not None else ():
-            fn = vars(torch).get(name)
-            if fn is not None:
-                functions[id(fn)] = (fn, f"torch.{name}")
-        return cls(instances, functions)
+        for path, names, takes in (("torch", TORCH_DRAWS, True),
+                                   *((path, names, False) for path, names in TORCH_DRAWS_ALWAYS)):
+            space = vars(sys.modules[path]) if path in sys.modules else {}
+            for name in names:
+                fn = space.get(name)
+                if fn is not None:
+                    functions.setdefault(id(fn), (fn, f"{path}.{name}", takes))
+        classes = tuple((getattr(sys.modules[path], name), label) for path, name, label in RANDOM_CLASSES
+                        if isinstance(getattr(sys.modules.get(path), name, None), type))
+        return cls(instances, functions, classes)
 
     def label(self, value: Any) -> tuple[str, bool] | None:
         """``(label, takes a generator)`` when ``value`` is a global draw, else ``None``."""
         fn = self.functions.get(id(value))
         if fn is not None and fn[0] is value:
-            return fn[1], True
+            return fn[1], fn[2]
+        made = self.random_class(value) if isinstance(value, type) else self.random_object(value)
+        if made:  # a random object made in the code (``Normal(mu, s).sample()``, ``nn.Dropout(p)(x)``) or a
+            return made, False  # module-level one it calls (``DROP(x)``)
         if isinstance(value, (types.MethodType, types.BuiltinMethodType)):
             inst = self.instances.get(id(getattr(value, "__self__", None)))
             name = getattr(value, "__name__", "?")
             if inst is not None and inst[0] is value.__self__ and name not in STATE_READS:
                 return f"{inst[1]}.{name}", False
         return None
+
+    def random_class(self, cls: type) -> str | None:
+        """The label of ``cls`` where it is one of torch's random objects' classes, else ``None``."""
+        base = next((label for each, label in self.classes if issubclass(cls, each)), None)
+        return None if base is None else f"{base}.{cls.__name__}" if base == "torch.distributions" else \
+            f"nn.{cls.__name__}"
+
+    def random_object(self, obj: Any) -> str | None:
+        """How ``obj`` draws where it is one of torch's random objects (a module only in training mode, the mode
+        every module starts in; an ``nn.Module`` through its submodules too), else ``None``."""
+        if not self.classes or isinstance(obj, type):
+            return None
+        made = self.random_class(type(obj))
+        if made is not None:
+            if not made.startswith("nn."):
+                return f"{made} (sampled)"
+            return f"{made} (in training mode)" if _training(obj) else None
+        module = sys.modules.get("torch.nn.modules.module")
+        if module is None or not isinstance(obj, module.Module) or not _training(obj):
+            return None
+        for sub in itertools.islice(obj.modules(), 1, MAX_SUBMODULES):
+            made = self.random_class(type(sub))
+            if made and _training(sub):
+                return f"{made} inside {type(obj).__name__} (in training mode)"
+        return None
+
+
+def _training(module: Any) -> bool:
+    return getattr(module, "training", False) is True
 
 
 def _named_draw(draw: _Draw, entry: Any) -> str:
@@ -242,12 +295,18 @@ def _entries(obj: Any) -> Iterator:
             yield f"{cls.__name__}.{name}", fn, obj
 
 
-def _held_entries(obj: Any, seen: set, depth: int = 0) -> Iterator:
+def _held_entries(obj: Any, seen: set) -> Iterator:
     """The entry points of ``obj`` and of the objects it holds as attributes (``HELD_DEPTH`` levels down)."""
+    for each in _held(obj, seen):
+        yield from _entries(each)
+
+
+def _held(obj: Any, seen: set, depth: int = 0) -> Iterator:
+    """``obj`` and the objects it holds as attributes, ``HELD_DEPTH`` levels down, each once (``seen``)."""
     if id(obj) in seen or isinstance(obj, (str, bytes, int, float, bool, type(None))):
         return
     seen.add(id(obj))
-    yield from _entries(obj)
+    yield obj
     if depth >= HELD_DEPTH:
         return
     attrs = getattr(obj, "__dict__", None)
@@ -256,7 +315,23 @@ def _held_entries(obj: Any, seen: set, depth: int = 0) -> Iterator:
                  list(itertools.islice(value.values(), HELD_ITEMS)) if isinstance(value, dict) else (value,))
         for item in items:
             if getattr(item, "__dict__", None) is not None and not isinstance(item, type):
-                yield from _held_entries(item, seen, depth + 1)
+                yield from _held(item, seen, depth + 1)
+
+
+def _held_random(dataset: Any, collate_fn: Any, targets: _Targets) -> Iterator:
+    """``(owner, how it draws)`` for each of torch's random objects the dataset or a ``collate_fn`` object holds
+    (an ``nn.Dropout`` the code calls as ``self.drop(x)``, where the bytecode cannot know ``self``; a held
+    ``Normal`` it samples): held in training mode is taken as used, the safe side (the framework's default
+    ``num_workers`` is kept)."""
+    if not targets.classes:
+        return
+    for root in (dataset, collate_fn):
+        seen: set = set()
+        for obj in _held(root, seen) if root is not None else ():
+            found = targets.random_object(obj)
+            if found:
+                yield root, found
+                return
 
 
 def _collate_entries(collate_fn: Any) -> Iterator:
@@ -399,6 +474,9 @@ def _scan(code: types.CodeType, globals_: dict, cells: dict, targets: _Targets) 
             if name in INPLACE_DRAWS and not _foreign_module(parent) \
                     and not _passes_generator(ins, start, code, depth):
                 yield f"Tensor.{name}", instr.offset, None
+            drawn = targets.random_object(parent) if parent is not _UNKNOWN else None
+            if drawn:  # a method of a module-level random object: ``NOISE.sample()``
+                yield drawn, instr.offset, None
             pending = (_attr(parent, name, targets), start)
             continue
         if pending and not (op in _STORES and isinstance(name, str)):

@@ -67,7 +67,19 @@ def _request(eng: Any, asked: dict, facts: Any, locked: str | None) -> LoaderReq
     return LoaderRequest(eng.name, asked.get("num_workers"), asked.get("prefetch_factor"),
                          eng.compat.sharing_strategy(), profile.can_switch_strategy, locked,
                          bool(asked.get("pin_memory", False)), _start_method(asked.get("multiprocessing_context")),
-                         facts.usable_cpus, facts.nofile_soft, facts.nofile_hard)
+                         facts.usable_cpus, facts.nofile_soft, facts.nofile_hard,
+                         1 if _seeds_once(eng, asked) else 0)
+
+
+def _seeds_once(eng: Any, asked: dict) -> bool:
+    """Whether the loader asked for draws its seed once, where one without workers would draw it every epoch:
+    torch draws it from the global generator (or ``generator``) for every iterator, and a loader with
+    ``persistent_workers`` makes one iterator only. Adapted to ``num_workers=0`` under ``ms_shm.patch``, such a
+    loader moved the generator every epoch: the audit's shuffle order and next ``torch.rand`` differed from the
+    second epoch on. So at least one worker stays."""
+    workers = asked.get("num_workers")
+    return bool(getattr(eng.compat, "EVERY_ITERATOR_DRAWS_SEED", False) and asked.get("persistent_workers") is True
+                and type(workers) is int and workers > 0)
 
 
 def _asked_lock(eng: Any, dataset: Any, asked: dict) -> str | None:
@@ -254,7 +266,16 @@ def _plan(eng: Any, stats: Any, req: LoaderRequest, b: Any, preferences: bool, t
         if req.workers and lock:
             return _kept(eng, stats, replace(req, workers_locked=lock), b, error)
         stats = timed or stats
-    p = eng.planning.plan_loader(stats, replace(req, workers=None, prefetch_factor=None), b, eng.profile())
+    try:
+        p = eng.planning.plan_loader(stats, replace(req, workers=None, prefetch_factor=None), b, eng.profile())
+    except ShmBudgetError as exc:
+        if not req.min_workers:
+            raise
+        raise ShmBudgetError(f"ms_shm could not adapt the explicit num_workers={req.workers}: no configuration "
+                             f"with workers fits, and none without them keeps persistent_workers=True's batches "
+                             f"(without workers the framework draws the loader's seed from the random generator "
+                             f"every epoch, persistent workers once: the shuffle order and the program's random "
+                             f"numbers would change from the second epoch on). {exc}") from None
     now = f"num_workers={p.workers}" + (f", prefetch_factor={p.prefetch}" if p.workers else "")
     adapted = Decision("explicit_arguments", now, asked,
                        f"{why}; the call's explicit {asked} are preferences here (ms_shm.patch), so the fastest "
@@ -307,7 +328,7 @@ def _probe(eng: Any, dataset: Any, asked: dict, b: Any, timed: bool) -> tuple:
     return probe.probe_loader(dataset, asked.get("batch_size", 1), collate, eng.compat.weigh,
                               eng.compat.is_iterable(dataset), asked.get("sampler"), asked.get("batch_sampler"),
                               budget_mod.memory_may_bind(b), None if timed else eng.compat.twin,
-                              eng.compat.tensor_bytes, reread=timed)
+                              eng.compat.tensor_bytes, reread=timed, read=eng.compat.sample_reader(batched))
 
 
 def _arguments(eng: Any, asked: dict, p: Plan, b: Any) -> dict:

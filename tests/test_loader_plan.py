@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import types
 
 import pytest
 
@@ -365,6 +366,30 @@ def test_explicit_workers_that_cannot_fit_are_timed_only_to_adapt_them(preferenc
     assert timed == [1] and p.workers == 0 and p.decisions[0].setting == "explicit_arguments"
     assert "ms per sample" in str(p.decisions[1])
     assert p.decisions[0].value == "num_workers=0" and p.decisions[0].default == "num_workers=2"
+
+
+def test_persistent_workers_adapted_under_patch_keep_one_worker_or_raise_saying_why():
+    """The audit's ``persistent_workers=True`` loader under 64 MB went to ``num_workers=0``: torch then drew the
+    base seed every epoch (a persistent iterator draws it once), and the shuffle order and the loop's next
+    ``torch.rand`` differed from the second epoch on. At least one worker stays; where none fits, the error."""
+    from ms_shm import loaders
+    from ms_shm.engines.mindspore_dataloader import compat as ms_compat
+    from ms_shm.engines.torch import compat as torch_compat
+
+    def adapted(batch_mb: float, **kw):
+        timed = stats(batch_mb, per_sample=0.02)
+        return loaders._plan(_Engine, stats(batch_mb, per_sample=None), ask(workers=2, **kw), room(50 * MiB), True,
+                             lambda: (timed, Effects(), None))
+
+    asked = {"num_workers": 2, "persistent_workers": True}
+    assert loaders._seeds_once(types.SimpleNamespace(compat=torch_compat), asked)
+    assert not loaders._seeds_once(types.SimpleNamespace(compat=torch_compat), dict(asked, persistent_workers=False))
+    assert not loaders._seeds_once(types.SimpleNamespace(compat=ms_compat), asked)  # seeds with workers only
+    one = adapted(16, min_workers=1)  # 1 worker at prefetch 1 holds 2 batches of 16 MiB: 32 of 40 MiB
+    assert one.workers == 1 and one.decisions[0].value == "num_workers=1, prefetch_factor=1"
+    with pytest.raises(ShmBudgetError, match="none without them keeps persistent_workers=True's batches"):
+        adapted(32, min_workers=1)
+    assert adapted(32).workers == 0  # not persistent: a loader draws the seed per epoch with workers or without
 
 
 def test_explicit_workers_are_not_adapted_where_the_timed_probe_finds_samples_that_depend_on_the_reader():

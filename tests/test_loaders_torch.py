@@ -394,6 +394,37 @@ def test_explicit_workers_that_fit_cost_the_probe_one_sample_read_once(fresh_tor
     assert read[:2] == ["0", "11"] and read.count("0") == 2 and len(read) <= probe_reads(), read
 
 
+class BatchedOnly(Dataset if Dataset is not None else object):
+    """Reads in batches only, as Hugging Face's datasets and a ``__getitems__`` over a database do: torch's fetcher
+    calls ``__getitems__(indices)`` and never ``__getitem__``."""
+
+    def __init__(self, n: int = 12, opaque: bool = False):
+        self.n, self.opaque = n, opaque
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        raise NotImplementedError("read in batches: __getitems__")
+
+    def __getitems__(self, indices):
+        samples = [torch.full((256,), float(i)) for i in indices]
+        return {"data": torch.stack(samples)} if self.opaque else samples
+
+
+def test_a_dataset_read_in_batches_is_probed_as_torch_reads_it(fresh_torch, caplog):
+    """The audit's ``__getitems__`` dataset: the probe read ``dataset[i]``, warned of a ``NotImplementedError`` the
+    loader never meets and planned nothing (16 MiB samples under 64 MB then died of ENOSPC, as raw)."""
+    with caplog.at_level(logging.WARNING, logger="ms_shm"):
+        loader = ms_shm.build_dataloader(BatchedOnly(), batch_size=4, num_workers=2)
+    assert ms_shm.plan_of(loader).row_bytes == 4 * 256 * 4 and not caplog.records, caplog.text
+    assert [b[:, 0].tolist() for b in loader] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    with caplog.at_level(logging.WARNING, logger="ms_shm"):  # batches only its collate unpacks: said, as asked
+        opaque = ms_shm.build_dataloader(BatchedOnly(opaque=True), batch_size=4, num_workers=2,
+                                         collate_fn=lambda batch: batch["data"])
+    assert opaque.num_workers == 2 and "not a list of one sample" in caplog.text, caplog.text
+
+
 def probe_reads() -> int:
     from ms_shm.engines.torchstyle import probe
 

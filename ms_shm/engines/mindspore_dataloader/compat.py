@@ -12,7 +12,7 @@ from ms_shm.engines.torchstyle.compat import DataModule
 _DATA = DataModule("mindspore.dataset.dataloader")  # DataLoader, datasets, collate functions, worker info: shared
 available, loader_class, owns = _DATA.available, _DATA.loader_class, _DATA.owns
 is_iterable, default_collate, worker_info = _DATA.is_iterable, _DATA.default_collate, _DATA.worker_info
-warn_as_asked = _DATA.warn_as_asked
+warn_as_asked, sample_reader = _DATA.warn_as_asked, _DATA.sample_reader
 
 
 # MindSpore's multi-process iterator draws its workers' base seed from the loader's ``generator``, the one its

@@ -15,10 +15,15 @@ from ms_shm.engines.torchstyle.storages import tensors
 log = logging.getLogger(__name__)
 SHARING_STRATEGY = "sharing_strategy"
 
-_DATA = DataModule("torch.utils.data")  # DataLoader, datasets, collate functions, worker info: shared
+_DATA = DataModule("torch.utils.data", batched_reads=True)  # DataLoader, datasets, collates, worker info: shared
 available, loader_class, owns = _DATA.available, _DATA.loader_class, _DATA.owns
 is_iterable, default_collate, worker_info = _DATA.is_iterable, _DATA.default_collate, _DATA.worker_info
-warn_as_asked = _DATA.warn_as_asked
+warn_as_asked, sample_reader = _DATA.warn_as_asked, _DATA.sample_reader
+
+# torch draws its iterators' base seed from the global generator (or the loader's ``generator``) in every
+# iterator, with workers or without (2.13: ``_BaseDataLoaderIter.__init__``); a loader with persistent workers
+# makes one iterator for all its epochs. MindSpore 2.8 draws it with workers only (``WORKERS_DRAW_FROM_GENERATOR``).
+EVERY_ITERATOR_DRAWS_SEED = True
 
 
 def weigh(batch: Any) -> tuple:

@@ -8,16 +8,25 @@ is weighed, the sharing strategy, NumPy). The framework is imported only when a 
 from __future__ import annotations
 
 import importlib
+import operator
 import sys
 import types
-from typing import Any
+from typing import Any, Callable
+
+
+class UnreadableSamples(Exception):
+    """A map-style dataset whose samples cannot be read one at a time as its loader reads them."""
 
 
 class DataModule:
-    """The framework's data module, reached by its path (never imported before a method needs it)."""
+    """The framework's data module, reached by its path (never imported before a method needs it).
 
-    def __init__(self, path: str) -> None:
+    ``batched_reads``: the loader's fetcher reads a batch's samples with ``dataset.__getitems__(indices)`` where
+    the dataset has one (torch since 2.0); MindSpore 2.8's reads ``dataset[i]`` only."""
+
+    def __init__(self, path: str, batched_reads: bool = False) -> None:
         self.path = path
+        self.batched_reads = batched_reads
 
     def __repr__(self) -> str:
         return f"DataModule({self.path!r})"
@@ -48,6 +57,13 @@ class DataModule:
         data = self._data()
         return data.default_collate if batched else data.default_convert
 
+    def sample_reader(self, batched: bool) -> Callable[[Any, Any], Any]:
+        """``read(dataset, index)``: one sample of a map-style dataset, read as the loader's fetcher reads it. A
+        dataset that reads in batches (Hugging Face's, a ``__getitems__`` over a database) may refuse
+        ``__getitem__``: the probe read it there and warned of an error the loader never meets, then planned
+        nothing (the audit's 16 MiB samples under 64 MB died of ENOSPC as without ms_shm)."""
+        return _one_of_a_batch if self.batched_reads and batched else operator.getitem
+
     def worker_info(self) -> Any:
         return self._data().get_worker_info()
 
@@ -61,4 +77,23 @@ class DataModule:
             check(types.SimpleNamespace(num_workers=num_workers))
 
 
-__all__ = ["DataModule"]
+def _one_of_a_batch(dataset: Any, index: Any) -> Any:
+    """``dataset.__getitems__([index])``'s one sample where the dataset has ``__getitems__`` (torch's fetcher
+    reads ``dataset.__getitems__(indices)`` then, and collates what it returns), else ``dataset[index]``.
+
+    Raises:
+        UnreadableSamples: ``__getitems__`` returned something else than a list of one sample (its batches are
+            the collate's to unpack, so a sample cannot be weighed alone).
+    """
+    getitems = getattr(dataset, "__getitems__", None)
+    if not getitems:
+        return dataset[index]
+    samples = getitems([index])
+    if isinstance(samples, (list, tuple)) and len(samples) == 1:
+        return samples[0]
+    raise UnreadableSamples(f"{type(dataset).__name__}.__getitems__([{index!r}]) returned "
+                            f"{type(samples).__name__}{f' of {len(samples)}' if isinstance(samples, (list, tuple)) else ''}"
+                            f", not a list of one sample, so its samples cannot be weighed one by one")
+
+
+__all__ = ["DataModule", "UnreadableSamples"]

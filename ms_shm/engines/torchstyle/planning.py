@@ -112,6 +112,7 @@ class LoaderRequest(Result):
     usable_cpus: int = 1
     nofile_soft: int | None = None
     nofile_hard: int | None = None  # the soft limit may be raised up to this
+    min_workers: int = 0  # where ms_shm chooses: the fewest workers that keep what arrives (``persistent_workers``)
 
 
 def _worker_options(req: LoaderRequest) -> list:
@@ -119,7 +120,7 @@ def _worker_options(req: LoaderRequest) -> list:
         return [req.workers]
     if req.workers_locked:
         return [0]  # the framework's default: samples read in the main process
-    return list(range(0, max(1, req.usable_cpus) + 1))
+    return list(range(req.min_workers, max(1, req.usable_cpus, req.min_workers) + 1))
 
 
 def _prefetch_options(req: LoaderRequest, workers: int) -> list:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import operator
 import pickle
 import time
 from dataclasses import replace
@@ -44,6 +45,7 @@ import numpy as np
 
 from ms_shm import procfs, rows, sandbox
 from ms_shm.engines.torchstyle import storages
+from ms_shm.engines.torchstyle.compat import UnreadableSamples
 from ms_shm.engines.torchstyle.planning import BatchStats
 
 PROBE_SAMPLES = 3  # the first one cold, then two warm ones: the faster of those is the sample's time
@@ -93,17 +95,18 @@ def first_batch(batch_size: int | None, sampler: Any, batch_sampler: Any, count:
     return indices, size
 
 
-def _first_samples(dataset: Any, iterable: bool, indices: list, count: int) -> tuple:
+def _first_samples(dataset: Any, iterable: bool, indices: list, count: int, read: Callable = operator.getitem
+                   ) -> tuple:
     """The first ``count`` samples the loader would read (``indices``: its first ones, for a map-style
-    dataset)."""
+    dataset, each read with ``read(dataset, index)``: the engine's ``sample_reader``)."""
     if iterable:
-        return _samples(dataset, True, [], count)
-    return _samples(dataset, False, indices, min(count, len(indices)))
+        return _samples(dataset, True, [], count, read)
+    return _samples(dataset, False, indices, min(count, len(indices)), read)
 
 
-def _samples(dataset: Any, iterable: bool, indices: list, count: int) -> tuple:
-    """``(samples, (wall, CPU) seconds each)``: the first ``count`` of an iterable dataset, else ``dataset[i]``;
-    after two, none more once they took ``PROBE_SECONDS``."""
+def _samples(dataset: Any, iterable: bool, indices: list, count: int, read: Callable) -> tuple:
+    """``(samples, (wall, CPU) seconds each)``: the first ``count`` of an iterable dataset, else ``read(dataset,
+    i)``; after two, none more once they took ``PROBE_SECONDS``."""
     out, walls = [], []
     source = iter(dataset) if iterable else None
     for k in range(count):
@@ -111,7 +114,7 @@ def _samples(dataset: Any, iterable: bool, indices: list, count: int) -> tuple:
             break
         w0, c0 = time.perf_counter(), time.process_time()
         try:
-            sample = next(source) if iterable else dataset[indices[k]]
+            sample = next(source) if iterable else read(dataset, indices[k])
         except (StopIteration, IndexError):
             break
         walls.append((time.perf_counter() - w0, time.process_time() - c0))
@@ -122,43 +125,54 @@ def _samples(dataset: Any, iterable: bool, indices: list, count: int) -> tuple:
 def measure_batch(dataset: Any, batch_size: int | None, collate: Callable, weigh: Callable[[Any], tuple],
                   iterable: bool, sampler: Any = None, batch_sampler: Any = None,
                   twin: Callable[[Any], Any] | None = None, first: tuple | None = None,
-                  keep: list | None = None) -> BatchStats | str:
-    """In the probe child: the batch's stats, or why there are none (an empty dataset). With ``twin`` (the
-    framework's second sample made from a first) the samples are not timed: one is read, and its
-    ``seconds_per_sample`` is ``None``. ``first``: ``first_batch``'s ``(indices, size)``, taken beforehand (else
-    here); ``keep``: the first sample read is appended to it (for ``reread_differs``)."""
+                  keep: list | None = None, read: Callable = operator.getitem) -> BatchStats | str:
+    """In the probe child: the batch's stats, or why there are none (an empty dataset, samples that cannot be
+    read one by one). With ``twin`` (the framework's second sample made from a first) the samples are not timed:
+    one is read, and its ``seconds_per_sample`` is ``None``. ``first``: ``first_batch``'s ``(indices, size)``,
+    taken beforehand (else here); ``keep``: the first sample read is appended to it (for ``reread_differs``);
+    ``read``: how the loader reads a sample of a map-style dataset (``sample_reader``)."""
+    try:
+        return _measure_batch(dataset, batch_size, collate, weigh, iterable, sampler, batch_sampler, twin, first,
+                              keep, read)
+    except UnreadableSamples as exc:
+        return str(exc)
+
+
+def _measure_batch(dataset: Any, batch_size: int | None, collate: Callable, weigh: Callable[[Any], tuple],
+                   iterable: bool, sampler: Any, batch_sampler: Any, twin: Callable[[Any], Any] | None,
+                   first: tuple | None, keep: list | None, read: Callable) -> BatchStats | str:
     timed = twin is None
     held = storages.dataset_storages(dataset)  # shared once per worker where batches send views of them
     weigh = storages.per_batch_weigh(weigh, held)
     indices, size = first if first is not None else first_batch(
         batch_size, sampler, batch_sampler, PROBE_SAMPLES, None if iterable else dataset_length(dataset))
     want = PROBE_SAMPLES if timed else 1  # a map-style dataset's indices are capped already (``first_batch``)
-    samples, walls = _first_samples(dataset, iterable, indices, min(want, size) if iterable else want)
+    samples, walls = _first_samples(dataset, iterable, indices, min(want, size) if iterable else want, read)
     if not samples:
         return "the dataset gave no sample to measure"
     if keep is not None:
         keep.append(samples[0])
     batched = batch_size is not None or batch_sampler is not None
-    read = len(samples)
+    reads = len(samples)
     if not timed and size > 1:
         try:
             samples.append(twin(samples[0]))
         except Exception:  # a sample the framework's copy cannot make: read the second one
-            samples, walls = _first_samples(dataset, iterable, indices, 2)
-            read = len(samples)
+            samples, walls = _first_samples(dataset, iterable, indices, 2, read)
+            reads = len(samples)
     c0 = time.perf_counter()
     batch = collate(samples[:1]) if batched else collate(samples[0])
     collates = [time.perf_counter() - c0]
     one, shared = weigh(batch), storages.once_per_worker(batch, held)
     alone = [one[0]] + [weigh(collate(samples[k:k + 1]) if batched else collate(samples[k]))[0]
-                        for k in range(1, read)]
+                        for k in range(1, reads)]
     two = pair = None
     if len(samples) > 1 and batched:
         c0 = time.perf_counter()
         batch, pair = _pair(collate, samples)
         collates.append((time.perf_counter() - c0) / 2)
         two, shared = weigh(batch), max(shared, storages.once_per_worker(batch, held))
-    second = alone[1] if two is not None and pair[1] is not samples[0] and read > 1 else one[0]
+    second = alone[1] if two is not None and pair[1] is not samples[0] and reads > 1 else one[0]
     largest, smallest = batch_bytes_at(alone, two[0] if two else None, second, size)
     count = one[1] + max(0, (two[1] - one[1]) if two else 0) * (size - 1)  # storages per batch
     length = None if iterable else _length(dataset, sampler, batch_sampler, size)
@@ -247,12 +261,13 @@ def _length(dataset: Any, sampler: Any, batch_sampler: Any, size: int) -> int | 
 def probe_loader(dataset: Any, batch_size: int | None, collate: Callable, weigh: Callable[[Any], tuple],
                  iterable: bool, sampler: Any = None, batch_sampler: Any = None,
                  worker_pages: bool = False, twin: Callable[[Any], Any] | None = None,
-                 tensor_bytes: Callable[[Any], tuple | None] = lambda value: None, reread: bool = True) -> tuple:
+                 tensor_bytes: Callable[[Any], tuple | None] = lambda value: None, reread: bool = True,
+                 read: Callable = operator.getitem) -> tuple:
     """``(BatchStats or None, Effects, why not measured)``, measured in a forked child, with the child's
     fork-to-ready time and the CPUs free while it ran. The child's reads cannot move what the parent reads
     through shared descriptors (``sandbox``'s ``fdguard``), and with ``reread`` the first sample of a map-style
     dataset is read twice (``tensor_bytes``: a tensor's dtype, shape and bytes) to tell samples that draw from a
-    generator the watch cannot see."""
+    generator the watch cannot see. ``read``: how the loader reads a sample (``sample_reader``)."""
     shared = sandbox.shared_with_processes([dataset, collate])
     if shared:
         return None, sandbox.Effects(), shared
@@ -263,10 +278,11 @@ def probe_loader(dataset: Any, batch_size: int | None, collate: Callable, weigh:
         first = first_batch(batch_size, sampler, batch_sampler, PROBE_SAMPLES,  # unwatched: the sampler's draws
                             None if iterable else dataset_length(dataset))
         kept: list = []
-        again = None if iterable or not reread else lambda: reread_differs(dataset, first[0], kept, tensor_bytes)
+        again = None if iterable or not reread else \
+            lambda: reread_differs(dataset, first[0], kept, tensor_bytes, read)
         stats, effects = sandbox.watch_effects(
             lambda: measure_batch(dataset, batch_size, collate, weigh, iterable, sampler, batch_sampler, twin,
-                                  first, kept),
+                                  first, kept, read),
             [dataset, collate], again)
         if isinstance(stats, BatchStats):  # the CPU the child kept busy since its fork (a collate may use threads)
             stats = replace(stats, fork_seconds=ready, free_cpus=time.process_time())
@@ -290,8 +306,8 @@ def probe_loader(dataset: Any, batch_size: int | None, collate: Callable, weigh:
     return replace(stats, worker_bytes=outcome.private_bytes, free_cpus=free), effects, None
 
 
-def reread_differs(dataset: Any, indices: list, kept: list,
-                   tensor_bytes: Callable[[Any], tuple | None]) -> str | None:
+def reread_differs(dataset: Any, indices: list, kept: list, tensor_bytes: Callable[[Any], tuple | None],
+                   read: Callable = operator.getitem) -> str | None:
     """In the child, after the probe's reads: the first sample read again, compared byte for byte with the
     first read; why they differ, or ``None``. One more read: a sample that draws from a generator held where the
     watch does not look (a transform's, a module's, a ``torch.Generator``) changes between reads, and workers,
@@ -299,7 +315,7 @@ def reread_differs(dataset: Any, indices: list, kept: list,
     if not kept or not indices:
         return None
     try:
-        again = dataset[indices[0]]
+        again = read(dataset, indices[0])
     except Exception as exc:  # it read once: a second read that fails cannot be what a worker would see
         return f"sample {indices[0]!r} read again raised {type(exc).__name__}"
     where = rows.difference(kept[0], again, "sample", tensor_bytes)

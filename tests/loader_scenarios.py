@@ -73,13 +73,14 @@ def _make(name: str) -> dict:
             return [tensor(np.full(16, i * 8 + k, dtype=np.float32)) for k in range(8)]
 
     class Growing(base):
-        """1 MiB samples, then 24 MiB from sample 16 on: the batch outgrows its plan mid-epoch."""
+        """1 MiB samples, but 24 MiB ones from sample 16 to 27 (whole batches of 4): with explicit workers the
+        probe reads the first and the last, and the batch outgrows its plan mid-epoch."""
 
         def __len__(self):
             return SAMPLES
 
         def __getitem__(self, i):
-            return tensor(sample_array(i, 1.0 if i < 16 else 24.0))
+            return tensor(sample_array(i, 24.0 if 16 <= i < SAMPLES - 4 else 1.0))
 
     class Ragged(base):
         """24 samples of 4-8 MiB in no order of size (the 4-rank audit's), 30 ms each: worth workers."""

@@ -306,20 +306,41 @@ def distinct(batch: list) -> tuple:
     return 8 * len({id(x) for x in batch}), len({id(x) for x in batch})
 
 
-def test_with_workers_given_one_sample_is_read_and_weighed_beside_its_twin_untimed():
+def test_with_workers_given_the_first_and_last_samples_are_read_untimed():
     dataset = Sleepy(0.001, 0.001)
     s = probe.measure_batch(dataset, 4, lambda samples: samples, distinct, False, twin=list)
-    assert dataset.reads == 1 and s.seconds_per_sample is None  # the one sample twice would weigh 8 B, 1 storage
+    assert dataset.reads == 2 and s.seconds_per_sample is None
     assert s.batch_bytes == 32 and s.storages == 4 and s.batch_size == 4 and s.samples == 8
 
 
-def test_a_sample_without_a_twin_is_weighed_beside_the_next_one():
+class SortedByLength(Sleepy):
+    """Samples that grow with their index, as a dataset sorted by length: the largest is the last."""
+
+    def __getitem__(self, i):
+        return [i] * (i + 1)
+
+
+def test_with_workers_given_a_dataset_sorted_by_length_is_planned_at_its_last_sample():
+    """An audit's samples of 8-32 MiB by index, planned from sample 0 alone, met the guard mid-epoch under 64 MB
+    (``ms-shm run``) where no workers would have delivered them."""
+    s = probe.measure_batch(SortedByLength(0, 0), 4, lambda samples: samples, lambda b: (sum(map(len, b)), 1),
+                            False, twin=list, first=([0, 7], 4))
+    assert (s.batch_bytes, s.batch_bytes_min) == (4 * 8, 4 * 1)
+
+
+class Single(Sleepy):
+    def __len__(self):
+        return 1
+
+
+def test_a_dataset_of_one_sample_is_weighed_beside_its_twin_or_alone():
     def no_twin(sample):
         raise TypeError("cannot copy")
 
-    dataset = Sleepy(0.001, 0.001)
-    s = probe.measure_batch(dataset, 4, lambda samples: samples, distinct, False, twin=no_twin)
-    assert dataset.reads == 3 and s.batch_bytes == 32 and s.storages == 4 and s.seconds_per_sample is None
+    twinned = probe.measure_batch(Single(0, 0), 4, lambda samples: samples, distinct, False, twin=list)
+    assert (twinned.batch_bytes, twinned.storages) == (32, 4)  # the twin brings a second storage
+    alone = probe.measure_batch(Single(0, 0), 4, lambda samples: samples, distinct, False, twin=no_twin)
+    assert (alone.batch_bytes, alone.storages) == (32, 1)  # its bytes times the batch, its storage once
 
 
 def test_torchs_twin_copies_owned_storages_and_keeps_views_of_a_shared_one():

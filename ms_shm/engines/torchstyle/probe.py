@@ -19,10 +19,13 @@ byte, for a generator the watch does not see. The child's descriptors are guarde
 dataset reads is rewound after, a pipe reads as empty, so the program's own reads find every byte.
 
 Where ``num_workers`` was passed, the samples' time decides nothing (the plan keeps the workers and picks the
-largest prefetch and the strategy that fit, by bytes and fds), so one sample is read and collated alone and
-beside its twin (the engine's ``twin``: the storages a second sample would bring): what the batch weighs is
-known, and the program is spared the probe's other reads (measured: torch 2.13, 8 MiB samples of 25-60 ms each
-in the fork, ``DataLoader(...)`` under ``ms_shm.patch`` 162-225 ms before, 92-102 ms after).
+largest prefetch and the strategy that fit, by bytes and fds), so two samples are read, untimed, and collated
+alone and together: the first and the last where the loader makes its own order (a dataset sorted by length
+holds its largest last: an audit's samples of 8-32 MiB by index, planned from sample 0 alone, met the guard
+mid-epoch under 64 MB where no workers would have delivered them), and the program is spared the probe's other
+reads (measured: torch 2.13, 8 MiB samples of 25-60 ms each in the fork, ``DataLoader(...)`` under
+``ms_shm.patch`` 162-225 ms with three samples timed and one read again). A dataset of one sample is weighed
+beside its twin (the engine's ``twin``: the storages a second sample would bring).
 
 A sample's time is the fastest of the samples after the first: the first in a fresh fork pays for the child's
 first touches (its copied-on-write pages, the allocator growing), 2-3x a warm one (measured: 22 ms vs 11-12 ms
@@ -53,6 +56,7 @@ PROBE_SAMPLES = 3  # the first one cold, then two warm ones: the faster of those
 # reading, and a third would cost the epoch another sample's time (measured: torch 2.13, ~8 ms of numpy work per
 # sample, 15-24 ms each in the probe's fork, the probe 100 ms -> ~80 ms)
 PROBE_SECONDS = 0.03
+UNTIMED_SAMPLES = 2  # where num_workers was passed: the batch's weight only, from the first and the last
 
 
 def _first_indices(sampler: Any, count: int) -> list:
@@ -128,7 +132,8 @@ def measure_batch(dataset: Any, batch_size: int | None, collate: Callable, weigh
                   keep: list | None = None, read: Callable = operator.getitem) -> BatchStats | str:
     """In the probe child: the batch's stats, or why there are none (an empty dataset, samples that cannot be
     read one by one). With ``twin`` (the framework's second sample made from a first) the samples are not timed:
-    one is read, and its ``seconds_per_sample`` is ``None``. ``first``: ``first_batch``'s ``(indices, size)``,
+    ``UNTIMED_SAMPLES`` are read (the twin stands for a second one the dataset lacks), and ``seconds_per_sample``
+    is ``None``. ``first``: ``first_batch``'s ``(indices, size)``,
     taken beforehand (else here); ``keep``: the first sample read is appended to it (for ``reread_differs``);
     ``read``: how the loader reads a sample of a map-style dataset (``sample_reader``)."""
     try:
@@ -146,7 +151,7 @@ def _measure_batch(dataset: Any, batch_size: int | None, collate: Callable, weig
     weigh = storages.per_batch_weigh(weigh, held)
     indices, size = first if first is not None else first_batch(
         batch_size, sampler, batch_sampler, PROBE_SAMPLES, None if iterable else dataset_length(dataset))
-    want = PROBE_SAMPLES if timed else 1  # a map-style dataset's indices are capped already (``first_batch``)
+    want = PROBE_SAMPLES if timed else UNTIMED_SAMPLES  # a map-style dataset's indices are capped already
     samples, walls = _first_samples(dataset, iterable, indices, min(want, size) if iterable else want, read)
     if not samples:
         return "the dataset gave no sample to measure"
@@ -154,7 +159,7 @@ def _measure_batch(dataset: Any, batch_size: int | None, collate: Callable, weig
         keep.append(samples[0])
     batched = batch_size is not None or batch_sampler is not None
     reads = len(samples)
-    if not timed and size > 1:
+    if not timed and size > 1 and reads == 1:
         try:
             samples.append(twin(samples[0]))
         except Exception:  # a sample the framework's copy cannot make: read the second one

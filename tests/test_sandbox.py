@@ -5,8 +5,10 @@ from __future__ import annotations
 import functools
 import os
 import random
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -480,3 +482,45 @@ def test_a_probe_killed_under_a_memory_limit_names_the_oom_killer(monkeypatch):
     assert "(signal 9)" in out.unavailable and "OOM killer" in out.unavailable and "230.0 MiB" in out.unavailable
     monkeypatch.setattr(sandbox.host, "read_memory", lambda *a: (None, 1 << 20))
     assert "OOM" not in sandbox.run_in_fork(lambda: os.kill(os.getpid(), signal.SIGKILL)).unavailable
+
+
+PROBING_FOREVER = """
+import os, sys, time
+from ms_shm import sandbox
+
+def probe():
+    print(os.getpid(), flush=True, file=sys.__stdout__)  # the child's pid, before the sandbox's silence
+    time.sleep(60)
+
+sys.__stdout__ = os.fdopen(os.dup(1), "w")
+print("parent", os.getpid(), flush=True)
+sandbox.run_in_fork(probe, timeout=120)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[-1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG and /proc are Linux's")
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name)
+def test_a_probe_child_dies_with_the_program_that_was_stopped_while_it_probed(how):
+    """An audit: Ctrl-C or SIGTERM while a source's slow rows were probed left the child reading on, orphaned (19 s
+    for 10 s rows; a source that hangs, for ever), where raw MindSpore leaves no process."""
+    proc = subprocess.Popen([sys.executable, "-c", PROBING_FOREVER], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().startswith("parent")
+        child = int(proc.stdout.readline())
+        proc.send_signal(how)
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 5
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(child), f"probe child {child} outlived its program (stopped by {how.name})"
+    finally:
+        proc.kill()
+        proc.wait()

@@ -486,14 +486,13 @@ def test_a_probe_killed_under_a_memory_limit_names_the_oom_killer(monkeypatch):
 
 PROBING_FOREVER = """
 import os, sys, time
+from pathlib import Path
 from ms_shm import sandbox
 
 def probe():
-    print(os.getpid(), flush=True, file=sys.__stdout__)  # the child's pid, before the sandbox's silence
+    Path(sys.argv[1]).write_text(str(os.getpid()))  # the child's pid, for the test to watch
     time.sleep(60)
 
-sys.__stdout__ = os.fdopen(os.dup(1), "w")
-print("parent", os.getpid(), flush=True)
 sandbox.run_in_fork(probe, timeout=120)
 """
 
@@ -506,20 +505,25 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _until(ready, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while not ready() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG and /proc are Linux's")
 @pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name)
-def test_a_probe_child_dies_with_the_program_that_was_stopped_while_it_probed(how):
+def test_a_probe_child_dies_with_the_program_that_was_stopped_while_it_probed(how, tmp_path):
     """An audit: Ctrl-C or SIGTERM while a source's slow rows were probed left the child reading on, orphaned (19 s
     for 10 s rows; a source that hangs, for ever), where raw MindSpore leaves no process."""
-    proc = subprocess.Popen([sys.executable, "-c", PROBING_FOREVER], stdout=subprocess.PIPE, text=True)
+    pid_file = tmp_path / "child.pid"
+    proc = subprocess.Popen([sys.executable, "-c", PROBING_FOREVER, str(pid_file)])
     try:
-        assert proc.stdout.readline().startswith("parent")
-        child = int(proc.stdout.readline())
+        _until(lambda: pid_file.exists() and pid_file.read_text())
+        child = int(pid_file.read_text())
         proc.send_signal(how)
         proc.wait(timeout=30)
-        deadline = time.monotonic() + 5
-        while _alive(child) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _until(lambda: not _alive(child), 5)
         assert not _alive(child), f"probe child {child} outlived its program (stopped by {how.name})"
     finally:
         proc.kill()

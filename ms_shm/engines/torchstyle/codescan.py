@@ -66,8 +66,8 @@ TORCH_DRAWS_ALWAYS = (
 )
 # torch's objects whose call or ``sample()`` draws from the default generator: modules in training mode (their
 # ``forward`` is torch's code, not read) and distributions, held by the dataset or made in its code
-RANDOM_CLASSES = (("torch.nn.modules.dropout", "_DropoutNd", "nn.Dropout"),
-                  ("torch.nn.modules.activation", "RReLU", "nn.RReLU"),
+RANDOM_CLASSES = (("torch.nn.modules.dropout", "_DropoutNd", "nn"),  # (module, base class, label prefix)
+                  ("torch.nn.modules.activation", "RReLU", "nn"),
                   ("torch.distributions.distribution", "Distribution", "torch.distributions"))
 MAX_SUBMODULES = 2000  # of a held nn.Module, the submodules looked at for a random one
 # tensor methods that fill in place from the default generator unless passed ``generator=``; read on any
@@ -154,8 +154,10 @@ def global_draw(dataset: Any, collate_fn: Any = None, sampler: Any = None, batch
     where, fn, draw = _per_sample(dataset, collate_fn, held, functools.partial(_draw_look, targets, None))
     if draw:
         return f"{where} calls {_named_draw(draw, fn)} (draws from the global generator; workers are seeded apart)"
-    for owner, obj in _held_random(dataset, collate_fn, targets):
-        return f"{type(owner).__name__} holds {obj} (draws from torch's global generator; workers are seeded apart)"
+    held_draw = _held_random(dataset, collate_fn, targets)
+    if held_draw:
+        owner, how = held_draw
+        return f"{type(owner).__name__} holds {how} (draws from torch's global generator; workers are seeded apart)"
     index_sampler = batch_sampler if batch_sampler is not None else sampler if batch_size is None else None
     for arg, value in (("sampler", sampler), ("batch_sampler", batch_sampler)):
         for where, fn, owner in _held_entries(value, held):
@@ -178,7 +180,7 @@ class _Targets(NamedTuple):
 
     instances: dict  # id(global generator instance) -> (instance, label prefix)
     functions: dict  # id(torch function) -> (function, label, whether it takes ``generator=``)
-    classes: tuple  # (class, label) of torch's random objects (``RANDOM_CLASSES``) whose module is imported
+    classes: tuple  # (class, label prefix) of torch's random objects (``RANDOM_CLASSES``) already imported
 
     @classmethod
     def now(cls) -> _Targets:
@@ -196,7 +198,7 @@ class _Targets(NamedTuple):
                 fn = space.get(name)
                 if fn is not None:
                     functions.setdefault(id(fn), (fn, f"{path}.{name}", takes))
-        classes = tuple((getattr(sys.modules[path], name), label) for path, name, label in RANDOM_CLASSES
+        classes = tuple((getattr(sys.modules[path], name), prefix) for path, name, prefix in RANDOM_CLASSES
                         if isinstance(getattr(sys.modules.get(path), name, None), type))
         return cls(instances, functions, classes)
 
@@ -217,9 +219,7 @@ class _Targets(NamedTuple):
 
     def random_class(self, cls: type) -> str | None:
         """The label of ``cls`` where it is one of torch's random objects' classes, else ``None``."""
-        base = next((label for each, label in self.classes if issubclass(cls, each)), None)
-        return None if base is None else f"{base}.{cls.__name__}" if base == "torch.distributions" else \
-            f"nn.{cls.__name__}"
+        return next((f"{prefix}.{cls.__name__}" for base, prefix in self.classes if issubclass(cls, base)), None)
 
     def random_object(self, obj: Any) -> str | None:
         """How ``obj`` draws where it is one of torch's random objects (a module only in training mode, the mode
@@ -318,20 +318,19 @@ def _held(obj: Any, seen: set, depth: int = 0) -> Iterator:
                 yield from _held(item, seen, depth + 1)
 
 
-def _held_random(dataset: Any, collate_fn: Any, targets: _Targets) -> Iterator:
-    """``(owner, how it draws)`` for each of torch's random objects the dataset or a ``collate_fn`` object holds
-    (an ``nn.Dropout`` the code calls as ``self.drop(x)``, where the bytecode cannot know ``self``; a held
-    ``Normal`` it samples): held in training mode is taken as used, the safe side (the framework's default
-    ``num_workers`` is kept)."""
+def _held_random(dataset: Any, collate_fn: Any, targets: _Targets) -> tuple | None:
+    """``(owner, how it draws)`` for the first of torch's random objects the dataset or a ``collate_fn`` object
+    holds (an ``nn.Dropout`` the code calls as ``self.drop(x)``, where the bytecode cannot know ``self``; a held
+    ``Normal`` it samples), or ``None``: held in training mode is taken as used, the safe side (the framework's
+    default ``num_workers`` is kept)."""
     if not targets.classes:
-        return
+        return None
     for root in (dataset, collate_fn):
-        seen: set = set()
-        for obj in _held(root, seen) if root is not None else ():
+        for obj in _held(root, set()) if root is not None else ():
             found = targets.random_object(obj)
             if found:
-                yield root, found
-                return
+                return root, found
+    return None
 
 
 def _collate_entries(collate_fn: Any) -> Iterator:

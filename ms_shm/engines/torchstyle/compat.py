@@ -91,9 +91,9 @@ def _one_of_a_batch(dataset: Any, index: Any) -> Any:
     samples = getitems([index])
     if isinstance(samples, (list, tuple)) and len(samples) == 1:
         return samples[0]
-    raise UnreadableSamples(f"{type(dataset).__name__}.__getitems__([{index!r}]) returned "
-                            f"{type(samples).__name__}{f' of {len(samples)}' if isinstance(samples, (list, tuple)) else ''}"
-                            f", not a list of one sample, so its samples cannot be weighed one by one")
+    what = f"a list of {len(samples)}" if isinstance(samples, (list, tuple)) else type(samples).__name__
+    raise UnreadableSamples(f"{type(dataset).__name__}.__getitems__([{index!r}]) returned {what}, not a list of "
+                            f"one sample, so its samples cannot be weighed one by one")
 
 
 __all__ = ["DataModule", "UnreadableSamples"]

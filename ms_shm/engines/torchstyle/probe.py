@@ -133,9 +133,9 @@ def measure_batch(dataset: Any, batch_size: int | None, collate: Callable, weigh
     """In the probe child: the batch's stats, or why there are none (an empty dataset, samples that cannot be
     read one by one). With ``twin`` (the framework's second sample made from a first) the samples are not timed:
     ``UNTIMED_SAMPLES`` are read (the twin stands for a second one the dataset lacks), and ``seconds_per_sample``
-    is ``None``. ``first``: ``first_batch``'s ``(indices, size)``,
-    taken beforehand (else here); ``keep``: the first sample read is appended to it (for ``reread_differs``);
-    ``read``: how the loader reads a sample of a map-style dataset (``sample_reader``)."""
+    is ``None``. ``first``: ``first_batch``'s ``(indices, size)``, taken beforehand (else here); ``keep``: the
+    first sample read is appended to it (for ``reread_differs``); ``read``: how the loader reads a sample of a
+    map-style dataset (``sample_reader``)."""
     try:
         return _measure_batch(dataset, batch_size, collate, weigh, iterable, sampler, batch_sampler, twin, first,
                               keep, read)
@@ -159,12 +159,11 @@ def _measure_batch(dataset: Any, batch_size: int | None, collate: Callable, weig
         keep.append(samples[0])
     batched = batch_size is not None or batch_sampler is not None
     reads = len(samples)
-    if not timed and size > 1 and reads == 1:
+    if not timed and size > 1 and reads == 1:  # the dataset has no second sample: its twin stands for one
         try:
             samples.append(twin(samples[0]))
-        except Exception:  # a sample the framework's copy cannot make: read the second one
-            samples, walls = _first_samples(dataset, iterable, indices, 2, read)
-            reads = len(samples)
+        except Exception:  # a sample the framework's copy cannot make: the one sample is weighed alone
+            pass
     c0 = time.perf_counter()
     batch = collate(samples[:1]) if batched else collate(samples[0])
     collates = [time.perf_counter() - c0]

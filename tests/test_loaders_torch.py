@@ -728,6 +728,17 @@ class Sometimes(Read):
         x = super().__getitem__(i)
         return torch.roll(x, random.randint(1, 9)) if i % 4 == 1 else x  # the probe reads 0, 47, 23: no draw
 
+class Dropped(Read):  # torch's own code draws: F.dropout, a held nn.Dropout, a Normal, one sample in four
+    def __init__(self):
+        self.drop, self.noise = torch.nn.Dropout(0.5), torch.distributions.Normal(0.0, 1.0)
+    def __getitem__(self, i):
+        x = super().__getitem__(i)
+        if i % 4 == 1:
+            x = torch.nn.functional.dropout(x, 0.5, training=True)
+        if i % 4 == 2:
+            x = self.drop(x) + self.noise.sample(x.shape)
+        return x
+
 class Balanced(Sampler):
     def __len__(self):
         return 48
@@ -737,6 +748,7 @@ class Balanced(Sampler):
 
 def epoch(make, dataset, **kwargs):
     random.seed(0)
+    torch.manual_seed(0)
     loader, out = make(dataset, batch_size=4, **kwargs), []
     for batch in loader:
         out.append(hashlib.sha256(batch.numpy().tobytes()).hexdigest()[:16] + str(random.random()))  # the loop draws too
@@ -744,7 +756,8 @@ def epoch(make, dataset, **kwargs):
 
 ms_shm.tune()
 same = {}
-for name, dataset, kw in (("conditional", Sometimes(), {}), ("sampler", Read(), {"sampler": Balanced()})):
+for name, dataset, kw in (("conditional", Sometimes(), {}), ("sampler", Read(), {"sampler": Balanced()}),
+                          ("torch_code", Dropped(), {})):
     (raw, _), (ours, workers) = epoch(DataLoader, dataset, **kw), epoch(ms_shm.build_dataloader, dataset, **kw)
     same[name] = [raw == ours, workers]
 print("RESULT " + json.dumps(same), flush=True)
@@ -753,9 +766,11 @@ print("RESULT " + json.dumps(same), flush=True)
 
 def test_global_draws_the_probe_may_not_see_keep_the_batches_raw_gives(real_torch):
     """``build_dataloader`` left to choose ``num_workers``: the same batches, in order, and the same draws in the
-    loop as raw torch's default (0 workers), for a draw on 1 sample in 4 and a sampler drawing per index."""
+    loop as raw torch's default (0 workers), for a draw on 1 sample in 4 (``random``'s, and torch's own code's:
+    ``F.dropout``, a held ``nn.Dropout``, a ``Normal``) and a sampler drawing per index."""
     proc = real_torch.run_python(GLOBAL_DRAWS, shm="1g")
-    assert result(proc) == {"conditional": [True, 0], "sampler": [True, 0]}, real_torch.describe(proc)
+    assert result(proc) == {"conditional": [True, 0], "sampler": [True, 0], "torch_code": [True, 0]}, \
+        real_torch.describe(proc)
 
 
 # --- what a batch of views puts in /dev/shm (in this process: the probe's split, the guard's accounting)

@@ -184,8 +184,8 @@ HUNG = 128 + 9  # the shell's status of a run ``RAW_LIMIT`` killed
 
 def run_loader_scenario(framework: str, scenario: str, mode: str, shm: str = "64m", nofile: int | None = None,
                         hard: int | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    """One ``tests.loader_scenarios`` run (``framework`` 'torch' or 'mindspore', ``mode`` 'raw' or 'ms_shm') in a
-    private namespace: ``shm`` of /dev/shm, optionally a soft / hard open-files limit."""
+    """One ``tests.loader_scenarios`` run (``framework`` 'torch' or 'mindspore'; ``mode`` 'raw', 'ms_shm' or
+    'patch') in a private namespace: ``shm`` of /dev/shm, optionally a soft / hard open-files limit."""
     code = f"from tests.loader_scenarios import run; run({framework!r}, {scenario!r}, {mode!r})"
     return run_shell(f"exec {shlex.quote(sys.executable)} -c {shlex.quote(code)}", shm=shm, nofile=nofile,
                      nofile_hard=hard, timeout=timeout)

@@ -1,8 +1,9 @@
 """DataLoader pipelines run in a private namespace by ``tests/test_loaders_torch.py`` and
-``tests/test_loaders_mindspore.py``: raw (the framework's DataLoader as a user writes it) or through
-``ms_shm.build_dataloader``. Each prints one ``RESULT {json}`` line: every batch's digest in order, and the plan.
+``tests/test_loaders_mindspore.py``: raw (the framework's DataLoader as a user writes it), through
+``ms_shm.build_dataloader``, or the user's own call under ``ms_shm.patch()``. Each prints one ``RESULT {json}``
+line: every batch's digest in order, and the plan.
 
-    python -m tests.loader_scenarios FRAMEWORK SCENARIO raw|ms_shm
+    python -m tests.loader_scenarios FRAMEWORK SCENARIO raw|ms_shm|patch
 """
 
 from __future__ import annotations
@@ -82,6 +83,16 @@ def _make(name: str) -> dict:
         def __getitem__(self, i):
             return tensor(sample_array(i, 24.0 if 16 <= i < SAMPLES - 4 else 1.0))
 
+    class Rising(base):
+        """Samples that grow with their index, batch by batch (a dataset sorted by length): 1 MiB in the first
+        batch of 4, 22 MiB in the last, 88 MiB."""
+
+        def __len__(self):
+            return SAMPLES
+
+        def __getitem__(self, i):
+            return tensor(sample_array(i, 1.0 + 3 * (i // 4)))
+
     class Ragged(base):
         """24 samples of 4-8 MiB in no order of size (the 4-rank audit's), 30 ms each: worth workers."""
 
@@ -118,7 +129,7 @@ def _make(name: str) -> dict:
             for i in range(SAMPLES):
                 yield tensor(sample_array(i, 0.5))
 
-    made = {"big": Big, "many_small": ManySmall, "growing": Growing, "stream": Stream, "ragged": Ragged,
+    made = {"big": Big, "many_small": ManySmall, "growing": Growing, "rising": Rising, "stream": Stream, "ragged": Ragged,
             "quarter": Quarter, "outlier": Outlier}
     prefix = _PREFIX[name]
     for cls in made.values():  # importable by name, so spawn workers can unpickle them
@@ -220,6 +231,7 @@ SCENARIOS = {  # scenario: (dataset, DataLoader arguments a user writes, what ms
                    dict(batch_size=2, num_workers=2, persistent_workers=True, prefetch_factor=1)),
     "stream": ("stream", dict(batch_size=4, num_workers=2), dict(batch_size=4, num_workers=2)),
     "growing": ("growing", dict(batch_size=4, num_workers=2), dict(batch_size=4, num_workers=2)),
+    "rising": ("rising", dict(batch_size=4, num_workers=2), dict(batch_size=4, num_workers=2)),
     # shuffled by torch's global generator, seeded in ``run``: the same order raw and through ms_shm
     "ragged": ("ragged", dict(batch_size=1, shuffle=True, num_workers=2, collate_fn=as_list),
                dict(batch_size=1, shuffle=True, collate_fn=as_list)),
@@ -245,6 +257,10 @@ def run(framework: str, scenario: str, mode: str) -> None:
         torch.manual_seed(0)
     if mode == "raw":
         loader = loader_cls(dataset, **raw_args)
+    elif mode == "patch":  # the user's own call, unchanged, as ``ms-shm run`` sees it
+        ms_shm.tune()
+        with ms_shm.patched():
+            loader = loader_cls(dataset, **raw_args)
     else:
         ms_shm.tune()
         loader = ms_shm.build_dataloader(dataset, **ours)

@@ -129,6 +129,22 @@ def test_a_batch_that_outgrows_its_plan_meets_the_guard(real_torch):
             assert result(proc)["digests"] == result(run("growing", "raw", "2g"))["digests"]
 
 
+def test_samples_that_grow_with_their_index_are_planned_from_the_last_one(real_torch):
+    """Samples of 1 MiB up to 22 MiB by index, batches of 4, 2 workers, 64 MB: raw torch dies (its last batch is
+    88 MiB). Planned from the first sample, the guard stopped the run mid-epoch; the probe reads the last one
+    too, so the explicit call raises ShmBudgetError before any worker starts, and the same call under patch()
+    adapts to the main process and delivers raw's batches, in order."""
+    failed = raw_fails("rising")
+    assert failed == "hang" or "No space left on device" in failed or "Bus error" in failed, failed[-3000:]
+    explicit = run("rising", "ms_shm")
+    text = explicit.stdout + explicit.stderr
+    assert explicit.returncode != 0 and "ShmBudgetError" in text, isolated.describe(explicit)
+    assert "RowTooLargeError" not in text and "RESULT " not in explicit.stdout, text[-3000:]
+    patched = result(run("rising", "patch"))
+    assert patched["digests"] == result(run("rising", "raw", "2g"))["digests"]
+    assert patched["plan"]["workers"] == 0, patched["plan"]
+
+
 def test_shuffled_samples_of_4_to_8_mib_arrive_bit_exact_where_the_first_ones_planned_4(real_torch):
     """The 4-rank audit's samples: read spread over the dataset, planned at build_dataset's margin over the
     largest, under 32 MB (the first samples alone planned 4 MiB batches: RowTooLargeError "8.0 MiB (planned

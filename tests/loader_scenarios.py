@@ -327,6 +327,32 @@ def run_batch_sampler(framework: str, mode: str, batches: list | None = None) ->
     print("RESULT " + json.dumps({"digests": digests, "plan": plan}), flush=True)
 
 
+def run_epochs(mode: str, batch_size: int = 3, epochs: int = 3) -> None:
+    """Torch: persistent workers over ``epochs`` shuffled epochs of the 8 MiB samples; after each epoch the loop
+    draws from torch's global generator, as a training loop's dropout would (a persistent iterator draws its base
+    seed once, a loader without workers every epoch)."""
+    import torch
+
+    import ms_shm
+
+    torch.manual_seed(0)
+    args = dict(batch_size=batch_size, shuffle=True, num_workers=2, persistent_workers=True, prefetch_factor=1)
+    dataset = datasets("torch")["big"]()
+    if mode == "raw":
+        loader = torch.utils.data.DataLoader(dataset, **args)
+    else:
+        ms_shm.tune()
+        with ms_shm.patched():
+            loader = torch.utils.data.DataLoader(dataset, **args)
+    digests, draws = [], []
+    for _ in range(epochs):
+        digests += [_digest(b) for b in loader]
+        draws.append(torch.rand(1).item())
+    p = ms_shm.plan_of(loader)
+    print("RESULT " + json.dumps({"digests": digests, "draws": draws, "workers": getattr(p, "workers", None)}),
+          flush=True)
+
+
 def run_two(framework: str, mode: str, together: bool) -> None:
     """Train and val built up front, 40 MiB of batches in flight each (8 MiB batches, 2 workers, prefetch 2):
     two epochs of train then val, or (``together``) both iterated at once, zipped."""
@@ -346,7 +372,9 @@ def run_two(framework: str, mode: str, together: bool) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[2] in ("sequential", "together"):
+    if sys.argv[2] == "epochs":
+        run_epochs(sys.argv[3])
+    elif sys.argv[2] in ("sequential", "together"):
         run_two(sys.argv[1], sys.argv[3], sys.argv[2] == "together")
     elif sys.argv[2] == "batch_sampler":
         run_batch_sampler(sys.argv[1], sys.argv[3])

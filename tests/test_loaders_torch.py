@@ -46,6 +46,12 @@ run = functools.partial(isolated.run_loader_scenario, "torch")
 result = isolated.result_of
 
 
+def raw_fails_with(proc: subprocess.CompletedProcess) -> str:
+    """A raw run that must have failed: what it printed."""
+    assert proc.returncode != 0, isolated.describe(proc)
+    return proc.stdout + proc.stderr
+
+
 def raw_fails(scenario: str, **kw) -> str:
     """How raw torch fails: its error text, or "hang" (out of fds, a worker's queue feeder can block for good:
     measured under ``ulimit -Sn 256``)."""
@@ -53,8 +59,7 @@ def raw_fails(scenario: str, **kw) -> str:
         proc = run(scenario, "raw", timeout=90, **kw)
     except subprocess.TimeoutExpired:
         return "hang"
-    assert proc.returncode != 0, isolated.describe(proc)
-    return proc.stdout + proc.stderr
+    return raw_fails_with(proc)
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +99,24 @@ def test_iterable_dataset_and_persistent_workers_as_raw(reference):
     assert result(run("stream", "ms_shm", "2g"))["digests"] == reference["stream"]
     ours = result(run("persistent", "ms_shm", "2g"))
     assert ours["digests"] == reference["persistent"] and ours["plan"]["workers"] == 2
+
+
+def test_persistent_workers_adapted_under_patch_keep_raws_shuffles_and_draws_every_epoch(real_torch):
+    """Shuffled batches of 3 x 8 MiB, 2 persistent workers, 64 MB: raw torch dies of ENOSPC. The same call under
+    patched() keeps one worker: three epochs of raw's batches in raw's order, and the loop's torch.rand after each
+    epoch draws what raw's draws (with no worker torch draws the base seed every epoch, not once)."""
+    def epochs(mode, shm, timeout=300):
+        code = f"from tests.loader_scenarios import run_epochs; run_epochs({mode!r})"
+        return isolated.run_python(code, shm=shm, timeout=timeout)
+
+    try:
+        failed = raw_fails_with(epochs("raw", "64m", timeout=90))
+        assert "No space left on device" in failed or "Bus error" in failed, failed[-3000:]
+    except subprocess.TimeoutExpired:  # a worker blocked on the full /dev/shm (as in the "big" scenario)
+        pass
+    reference, ours = result(epochs("raw", "2g")), result(epochs("patch", "64m"))
+    assert ours["digests"] == reference["digests"] and ours["draws"] == reference["draws"]
+    assert ours["workers"] == 1, ours
 
 
 def test_batch_sampler_as_raw(real_torch):

@@ -243,18 +243,6 @@ def _probe_blocker(source: Any, kwargs: dict, eng: Any) -> str | None:
     return None
 
 
-def _state_stays_here(req: Request, effects: Any, default_multiprocessing: bool) -> tuple:
-    """``(request, decisions)``: a source or operation that keeps state per read (a counter, a cache) is read
-    in this process (inline or threads) unless the caller asked for processes: a worker process would change its
-    own copy, and the program's object would not show it."""
-    if not effects.state_per_read or effects.order_dependent or req.multiprocessing is not None:
-        return req, []
-    return replace(req, multiprocessing=False), [Decision(
-        "python_multiprocessing", False, default_multiprocessing,
-        f"{effects.state_per_read}: worker processes would change copies of it that the program never sees, so rows "
-        f"are read in this process (inline or threads, which share it)")]
-
-
 def _lock_mode(req: Request, why: str, default_workers: int, default_multiprocessing: bool) -> tuple:
     """Rows that depend on which worker reads them keep MindSpore's own mode and workers."""
     workers = req.workers if req.workers is not None else default_workers
@@ -376,8 +364,6 @@ def _plan_source(probe: measure.StageProbe, req: Request, kwargs: dict, config: 
     if probe.effects.mode_bound:
         req, locked = _lock_mode(req, probe.effects.mode_bound, 1, True)
         decisions.append(locked)
-    req, kept_here = _state_stays_here(req, probe.effects, True)
-    decisions += kept_here
     blocker = eng.compat.processes_blocker() if config is not None else None
     if blocker:
         req = _without_processes(req, blocker)
@@ -548,12 +534,30 @@ def _log_plan(p: Plan, asked: dict, explicit: str | None = None) -> None:
         or (d.setting == "mode" and {"num_parallel_workers", "python_multiprocessing"} & asked.keys()))]
     changed = [d for i, d in enumerate(changed) if all(e.setting != d.setting for e in changed[:i])]
     if explicit and changed:
-        log.warning("ms_shm adapted %s at %s: %s", _STAGE_NAMES.get(p.kind, p.kind), sites.call_site(),
-                    "; ".join(f"{d.setting} {d.default} -> {d.value} ({d.reason})" for d in changed))
+        log.warning("ms_shm adapted %s at %s: %s%s", _STAGE_NAMES.get(p.kind, p.kind), sites.call_site(),
+                    "; ".join(f"{d.setting} {d.default} -> {d.value} ({d.reason})" for d in changed),
+                    _edits_note(changed))
     for d in p.decisions:
         mine = d.setting in asked and asked[d.setting] != d.value
         level = logging.WARNING if mine else logging.INFO if d.setting == "mode_locked" else logging.DEBUG
         log.log(min(level, logging.INFO) if explicit else level, "ms_shm decision %s", d)
+
+
+_PROCESS_MODES = ("processes", "pipes")
+
+
+def _edits_note(changed: list) -> str:
+    """What a change between worker processes and this process's readers means for the program's own edits of
+    the source or operations while an iterator runs (an audit's epoch-end callback set ``source.mosaic``)."""
+    for d in changed:
+        if d.setting == "mode" and (d.default in _PROCESS_MODES) != (d.value in _PROCESS_MODES):
+            was_processes = d.default in _PROCESS_MODES
+            when = ("at once, not only with the next iterator" if was_processes else
+                    "only with the next iterator, not at once")
+            return (f". Edits the program makes to the source or operations while an iterator runs now reach "
+                    f"the rows {when}: pass python_multiprocessing={was_processes} to keep "
+                    f"{'processes' if was_processes else 'this process'}")
+    return ""
 
 
 def plan_of(dataset: Any) -> Plan | None:
@@ -730,7 +734,6 @@ def _plan_operations(probe: measure.StageProbe, req: Request, config: Any, facts
     if why:
         req = replace(req, workers=req.workers if req.workers is not None else _map_default_workers(config),
                       multiprocessing=bool(req.multiprocessing))
-    req, kept_here = _state_stays_here(req, probe.effects, False)
     if probe.stats is None:
         p = eng.planning.plan_unmeasured(req, b, profile, probe.unmeasured, kind=kind)
     else:
@@ -743,7 +746,7 @@ def _plan_operations(probe: measure.StageProbe, req: Request, config: Any, facts
                                                  parallel_fraction=st.parallel_fraction), req, bool(why))
     p = replace(p, kind=kind, rows_per_epoch=rows)
     if not why:
-        return replace(p, decisions=tuple(kept_here) + p.decisions)
+        return p
     return replace(p, decisions=(Decision("mode_locked", True, False,
                                           f"{why}: MindSpore's own {p.kind} settings are kept"),) + p.decisions)
 

@@ -21,9 +21,9 @@ from typing import Any
 
 from ms_shm import budget as budget_mod
 from ms_shm import changes as changes_mod
-from ms_shm import engines, measure
+from ms_shm import codescan, engines, measure
 from ms_shm._results import mib
-from ms_shm.engines.torchstyle import arithmetic, codescan, probe
+from ms_shm.engines.torchstyle import arithmetic, probe
 from ms_shm.engines.torchstyle.guard import GuardedCollate, guard_fix, used_now
 from ms_shm.engines.torchstyle.planning import LoaderRequest
 from ms_shm.errors import ShmBudgetError, UsageError

@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ms_shm import objects, parallel, rows, sandbox
+from ms_shm import codescan, objects, parallel, rows, sandbox
 from ms_shm._results import Result, record
 
 log = logging.getLogger(__name__)
@@ -211,7 +211,7 @@ def probe_random_access(source: Any, names: Sequence[str] | None, check: Callabl
     """
     shared = sandbox.shared_with_processes([source])
     if shared:
-        return StageProbe(None, unmeasured=shared)
+        return _drawing_code(StageProbe(None, unmeasured=shared), source)
 
     def in_child():
         stats: list = []
@@ -226,8 +226,8 @@ def probe_random_access(source: Any, names: Sequence[str] | None, check: Callabl
 
         return sandbox.watch_effects(measured, [source], lambda: stats[0].reread_differs, again)
 
-    return _outcome(sandbox.run_in_fork(in_child, worker_pages=worker_pages, meanwhile=meanwhile), "source",
-                    defer_row_errors)
+    return _drawing_code(_outcome(sandbox.run_in_fork(in_child, worker_pages=worker_pages, meanwhile=meanwhile),
+                                  "source", defer_row_errors), source)
 
 
 def probe_operations(lineage: Lineage, operations: Any, input_columns: Sequence[str],
@@ -257,7 +257,8 @@ def probe_operations(lineage: Lineage, operations: Any, input_columns: Sequence[
                      defer_row_errors)
     if isinstance(probe.stats, str):  # MindSpore raises on these columns when the pipeline starts
         return StageProbe(None, unmeasured=probe.stats)
-    return StageProbe(probe.stats, _random_ops(operations, probe.effects), probe.unmeasured)
+    return _drawing_code(StageProbe(probe.stats, _random_ops(operations, probe.effects), probe.unmeasured),
+                         operations=operations)
 
 
 class ProbeBatchInfo:
@@ -299,7 +300,7 @@ def probe_batch(lineage: Lineage, per_batch_map: Any, batch_size: int, input_col
                      "per_batch_map", defer_row_errors)
     if isinstance(probe.stats, str):
         return StageProbe(None, unmeasured=probe.stats)
-    return probe
+    return _drawing_code(probe, operations=per_batch_map)
 
 
 def time_batch(per_batch_map: Any, columns: list, batch_size: int, keep: list | None = None) -> OperationStats:
@@ -378,6 +379,15 @@ def _operation_objects(operations: Any) -> list:
         elif not isinstance(op, types.BuiltinFunctionType):
             out.append(op)
     return out
+
+
+def _drawing_code(probe: StageProbe, source: Any = None, operations: Any = ()) -> StageProbe:
+    """``probe``, with the draws its rows did not make but the code makes for other rows
+    (``codescan.stage_draw``): rows that draw for some indices only lock the mode as rows that always draw."""
+    if probe.effects.draws_random is not None:
+        return probe
+    found = codescan.stage_draw(source, operations)
+    return probe if found is None else replace(probe, effects=replace(probe.effects, draws_random=found))
 
 
 def _random_ops(operations: Any, effects: sandbox.Effects) -> sandbox.Effects:

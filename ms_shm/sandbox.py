@@ -52,14 +52,15 @@ class Effects(Result):
 
     Attributes:
         draws_random: reading advanced the global ``random`` / ``numpy.random`` state, or a generator the
-            source or an operation holds (at any depth: ``_generators``).
+            source or an operation holds (at any depth: ``held_generators``).
         rereads_differ: the same row, read again, came back different.
         mutates_state: reading changed the objects' own attributes (a counter, a cache, lazy set-up).
         state_per_read: the objects' attributes changed again on a later read, not only on the first (lazy
-            set-up): a counter, a cache, a list of what was read. Worker processes would change their own
-            copies and the program's object would not see it (its counter stays 0), so rows are not read in
-            processes the caller did not ask for; threads share the object. Rows that depend on that state
-            read back differently (``rereads_differ``).
+            set-up): a counter, a cache, a list of what was read. What the rows see of it depends on who reads
+            them: one reader counts every read in order, threads interleave their reads on the shared object,
+            worker processes count in their own copies (and the program's object stays as it was), so the
+            framework's own workers read them. Rows that depend on that state only past the probe's reads (an
+            augmentation switched off after 25 reads) read back the same in the probe.
         holds_handle: after the probe's reads the objects hold an open stream or connection (``held_handles``),
             opened lazily or before: its position and its thread belong to whoever reads it, so the workers'
             kind and count stay the framework's (threads sharing one file race on its offset).
@@ -79,7 +80,7 @@ class Effects(Result):
     @property
     def mode_bound(self) -> str | None:
         """Why the framework's own workers (kind and count) must read the rows, or ``None``."""
-        return self.order_dependent or self.holds_handle
+        return self.order_dependent or self.state_per_read or self.holds_handle
 
 
 @record
@@ -430,7 +431,7 @@ def watch_effects(run: Callable[[], Any], objects: Sequence[Any], reread: Callab
 
     Where ``run()`` changed the objects' attributes, one more read tells lazy set-up (changed once, on the first
     read) from state kept per read (changed again): whatever ``reread`` read, or else ``again()``, one read."""
-    generators = _generators(objects)
+    generators = held_generators(objects)
     rng0, state0, own0 = rng_state(), state_of(objects), _states(generators)
     value = run()
     draws = None
@@ -471,7 +472,7 @@ def _generator_kinds() -> tuple:
     return tuple(kinds)
 
 
-def _generators(objects: Sequence[Any]) -> list:
+def held_generators(objects: Sequence[Any]) -> list:
     """``(where, generator)`` for the random generators ``objects`` hold (``_holding``). A generator a worker
     process copies draws the same numbers in every worker, so these decide as the global RNG does."""
     return _holding(objects, _generator_kinds())
@@ -684,4 +685,4 @@ def _moved(generators: list, before: tuple) -> str:
 
 
 __all__ = ["Effects", "Outcome", "run_in_fork", "wait_for_parent", "watch_effects", "blinded", "rng_state",
-           "state_of"]
+           "state_of", "held_generators"]

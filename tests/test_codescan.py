@@ -14,7 +14,7 @@ from random import randint
 import numpy as np
 import pytest
 
-from ms_shm.engines.torchstyle import codescan
+from ms_shm import codescan
 
 WORKERS_SEEDED_APART = "draws from the global generator; workers are seeded apart"
 
@@ -356,7 +356,7 @@ def test_a_module_level_transform_objects_call_is_read():
 LAZY_NUMPY = """
 import sys
 import numpy as np
-from ms_shm.engines.torchstyle import codescan
+from ms_shm import codescan
 class Legacy:
     def __getitem__(self, i):
         return np.random.rand(3)
@@ -384,3 +384,72 @@ def test_numpys_legacy_functions_are_read_before_numpy_random_is_imported():
         f"Legacy.__getitem__ calls numpy.random.rand ({WORKERS_SEEDED_APART})",
         f"FromImport.__getitem__ calls numpy.random.randint ({WORKERS_SEEDED_APART})",
         "True"]  # nothing imported by the scan
+
+
+class ShufflesWithItsOwnGenerator:
+    """A batch sampler whose plain ``__iter__`` shuffles with a generator it holds (an audit's): the framework
+    calls it twice per epoch with workers, so epoch 0 got epoch 1's batches."""
+
+    def __init__(self):
+        self.rng = np.random.default_rng(0)
+
+    def __iter__(self):
+        return iter(np.array_split(self.rng.permutation(8), 4))
+
+
+class ShufflesLazily(ShufflesWithItsOwnGenerator):
+    def __iter__(self):  # a generator: the second call's iterator is the one read, and the first drew nothing
+        yield from np.array_split(self.rng.permutation(8), 4)
+
+
+def test_an_index_sampler_holding_a_generator_with_a_plain_iter_is_named():
+    why = codescan.global_draw(Plain(), batch_sampler=ShufflesWithItsOwnGenerator())
+    assert why and "ShufflesWithItsOwnGenerator.__iter__" in why and "twice per epoch" in why, why
+    assert codescan.global_draw(Plain(), batch_sampler=ShufflesLazily()) is None
+    assert codescan.global_draw(Plain(), sampler=ShufflesWithItsOwnGenerator()) is None  # torch's BatchSampler
+
+
+class SourceDrawingSometimes:
+    """A GeneratorDataset source that draws for 2 rows in 5 (an audit's): the probe's spread rows drew none."""
+
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        x = np.full(4, i, np.float32)
+        return (x + np.random.rand(4).astype(np.float32),) if i % 5 in (1, 2) else (x,)
+
+
+class Scale:
+    def __call__(self, x):
+        return x * 2
+
+
+def test_a_mindspore_stage_that_draws_in_its_code_is_named():
+    assert codescan.stage_draw(SourceDrawingSometimes()) == (
+        "SourceDrawingSometimes.__getitem__ calls numpy.random.rand (draws from the global generator)")
+    assert codescan.stage_draw(operations=[Scale(), jitter]) == "jitter calls random.random (draws from the global " \
+                                                                "generator)"
+    assert codescan.stage_draw(Plain(), [Scale()]) is None
+    assert codescan.stage_draw(NumpyHeld()) is None  # a held generator: the probe child names it
+
+
+def test_mindspores_random_transforms_and_functions_are_draws():
+    ms = pytest.importorskip("mindspore", reason="mindspore is not installed: its functions are found by identity")
+    from mindspore.dataset import vision
+
+    class Crops:
+        def __init__(self):
+            self.crop = vision.RandomCrop(4)
+
+        def __getitem__(self, i):
+            return self.crop(np.zeros((8, 8, 3), np.uint8))
+
+    class Noise:
+        def __getitem__(self, i):
+            return ms.ops.rand(1).asnumpy()
+
+    assert codescan.global_draw(Crops()) == ("Crops holds mindspore.dataset.vision.RandomCrop (draws from "
+                                             "MindSpore's seed; workers are seeded apart)")
+    assert codescan.stage_draw(Crops()) == "Crops holds mindspore.dataset.vision.RandomCrop (draws from MindSpore's seed)"
+    assert codescan.global_draw(Noise()) == f"Noise.__getitem__ calls mindspore.ops.rand ({WORKERS_SEEDED_APART})"

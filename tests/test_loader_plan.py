@@ -610,7 +610,7 @@ def tag_collate(samples, extra=None):
 def test_code_that_calls_get_worker_info_is_found_through_helpers_wrappers_and_collates():
     import functools
 
-    from ms_shm.engines.torchstyle import codescan
+    from ms_shm import codescan
 
     assert "Tagged.__getitem__" in codescan.worker_info_use(Tagged())
     assert "Shard.__getitem__" in codescan.worker_info_use(Shard())
@@ -637,14 +637,14 @@ class SeededAug:
 
 
 def test_code_that_seeds_from_torch_initial_seed_is_found():
-    from ms_shm.engines.torchstyle import codescan
+    from ms_shm import codescan
 
     assert "SeededAug.__getitem__ calls initial_seed()" in codescan.worker_info_use(SeededAug())
 
 
 def test_the_frameworks_own_collate_is_not_read():
     torch = pytest.importorskip("torch")  # its collate asks for the worker only to place a batch in shared memory
-    from ms_shm.engines.torchstyle import codescan
+    from ms_shm import codescan
 
     subset = torch.utils.data.Subset(torch.utils.data.TensorDataset(torch.zeros(4)), [0, 1])
     assert codescan.worker_info_use(subset, torch.utils.data.default_collate) is None

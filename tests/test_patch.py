@@ -522,3 +522,17 @@ def test_run_tunes_once_the_script_imports_its_framework_and_imports_no_other(tm
     lines = proc.stderr.splitlines()
     tuned = [n for n, line in enumerate(lines) if line.startswith("INFO: ms_shm.tune:")]
     assert tuned and tuned[0] > lines.index("before-import"), proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("old, new, keep", [("processes", "threads", "python_multiprocessing=True to keep processes"),
+                                            ("pipes", "inline", "python_multiprocessing=True to keep processes"),
+                                            ("threads", "processes", "python_multiprocessing=False to keep this "),
+                                            ("processes", "pipes", None), ("inline", "threads", None)])
+def test_an_adapted_mode_that_moves_rows_between_processes_and_this_one_says_what_edits_do(old, new, keep):
+    """An audit's epoch-end callback set ``source.mosaic = False``: raw's worker processes never saw it in that
+    iterator, ms_shm's threads saw it at once, mid-prefetch. Pure logic: the adapted warning's note."""
+    from ms_shm import api
+    from ms_shm.plan import Decision
+
+    note = api._edits_note([Decision("mode", new, old, "fastest that fits")])
+    assert (keep in note and "while an iterator runs" in note) if keep else note == "", note

@@ -175,7 +175,7 @@ def test_a_generator_the_rows_read_did_not_draw_from_still_counts():
 
 def test_a_big_list_is_data_and_not_walked():
     big = [np.random.default_rng(k) for k in range(sandbox._WALK_ITEMS + 1)]
-    assert sandbox._generators([big]) == []
+    assert sandbox.held_generators([big]) == []
 
 
 class Counter:

@@ -280,6 +280,8 @@ def _mode_reason(best: Candidate, fitting: list, req: Request, stats: RowStats) 
         r = rivals[0]
         return (f"fastest that fits: ~{best.seconds:.2f} s/epoch vs {r.mode} x{r.workers} ~{r.seconds:.2f} s; "
                 f"{timing}")
+    if req.workers is not None and (req.workers <= 1 or req.multiprocessing is not None):
+        return f"the transport the call's settings give; {timing}"  # asked for, or MindSpore's own (mode_locked)
     return f"the only transport that fits; {timing}"
 
 

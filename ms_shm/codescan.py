@@ -1,4 +1,5 @@
-"""Whether a DataLoader's samples can depend on the worker that reads them, read from the code alone (no call).
+"""Whether a DataLoader's samples (or a MindSpore stage's rows) can depend on the worker that reads them, read
+from the code alone (no call).
 
 A dataset or ``collate_fn`` that calls ``get_worker_info()`` gives other samples in a worker than in the main
 process (a per-worker shard, a tag, a per-worker cache), and one that seeds from ``torch.initial_seed()`` other
@@ -17,8 +18,9 @@ default). The probe sees a dataset that moves a global generator on each of the 
 that draws for some samples only (a random crop of the images larger than the crop: 1 in 4 in the audit's
 ``sometimes_auto``), nor a sampler that draws per index (a class-balanced ``yield random.randrange(n)``): with
 workers the sampler runs ``prefetch_factor * num_workers`` batches ahead of the training loop, so when the loop
-draws from the same generator (CPU ``nn.Dropout``, ``random.random()``) both sequences change. Here the
-bytecode is read: attribute chains (``np.random.randint``, ``random.randint``, a ``from random import
+draws from the same generator (CPU ``nn.Dropout``, ``random.random()``) both sequences change. ``stage_draw`` asks it
+of a MindSpore ``GeneratorDataset`` source, ``map`` operations and ``per_batch_map``, whose rows change with
+the mode MindSpore reads them in. Here the bytecode is read: attribute chains (``np.random.randint``, ``random.randint``, a ``from random import
 randint``) are resolved against the function's globals and closure at scan time and compared by identity with
 the global generators' bound methods and torch's sampling functions.
 
@@ -38,6 +40,8 @@ import itertools
 import sys
 import types
 from typing import Any, Callable, Iterator, NamedTuple
+
+from ms_shm import sandbox
 
 NAMES = ("get_worker_info", "initial_seed")  # what a worker answers apart from the main process
 # ``forward``: a held ``nn.Module`` transform is called through torch's ``Module.__call__``, which is not read
@@ -63,6 +67,17 @@ TORCH_DRAWS_ALWAYS = (
                "feature_alpha_dropout", "feature_alpha_dropout_", "native_dropout", "rrelu", "rrelu_")),
     ("torch.nn.functional", ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
                              "feature_alpha_dropout", "rrelu", "rrelu_", "gumbel_softmax")),
+)
+# MindSpore's random functions: they draw from its global seed in the process that calls them (an audit's sample
+# added ``ms.ops.rand(1)``: the probe's re-read in one process cannot tell it from a seeded constant)
+MINDSPORE_DRAWS = (
+    ("mindspore.ops", ("rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "uniform",
+                       "standard_normal", "normal", "bernoulli", "multinomial", "multinomial_with_replacement",
+                       "randperm", "shuffle", "dropout", "dropout1d", "dropout2d", "dropout3d", "gamma", "poisson",
+                       "random_gamma", "random_poisson", "random_categorical", "laplace", "standard_laplace",
+                       "choice_with_mask", "rrelu", "gumbel_softmax")),
+    ("mindspore.mint", ("rand", "randn", "randint", "randperm", "normal", "bernoulli", "multinomial", "rand_like",
+                        "randn_like", "randint_like")),
 )
 # torch's objects whose call or ``sample()`` draws from the default generator: modules in training mode (their
 # ``forward`` is torch's code, not read) and distributions, held by the dataset or made in its code
@@ -157,7 +172,7 @@ def global_draw(dataset: Any, collate_fn: Any = None, sampler: Any = None, batch
     held_draw = _held_random(dataset, collate_fn, targets)
     if held_draw:
         owner, how = held_draw
-        return f"{type(owner).__name__} holds {how} (draws from torch's global generator; workers are seeded apart)"
+        return f"{type(owner).__name__} holds {how} (draws from {_drawn_from(how)}; workers are seeded apart)"
     index_sampler = batch_sampler if batch_sampler is not None else sampler if batch_size is None else None
     for arg, value in (("sampler", sampler), ("batch_sampler", batch_sampler)):
         for where, fn, owner in _held_entries(value, held):
@@ -165,6 +180,35 @@ def global_draw(dataset: Any, collate_fn: Any = None, sampler: Any = None, batch
             draw = _walk(fn, owner, set(), [0], functools.partial(_draw_look, targets, None if plain else fn))
             if draw:
                 return f"the {arg}'s {where} calls {_named_draw(draw, fn)} {_sampler_why(draw, plain)}"
+            generators = sandbox.held_generators([value]) if plain else ()
+            if generators:  # an audit's batch sampler shuffled with its own default_rng: epoch 1 came first
+                return (f"the {arg}'s {where} returns a new iterator each call and {type(value).__name__} holds a "
+                        f"random generator ({generators[0][0]}): with workers the framework calls it twice per "
+                        f"epoch, so each epoch gets the indices of the next")
+    return None
+
+
+def stage_draw(source: Any = None, operations: Any = ()) -> str | None:
+    """Where a ``GeneratorDataset`` source (its ``__getitem__``, and the objects it holds), a ``map``'s Python
+    operations or a ``per_batch_map`` draws from a global random generator in its code, or ``None``.
+
+    MindSpore reads rows in its own thread (one worker), in threads that share the global generators (their
+    draws interleave as the threads run) or in processes seeded apart (``seed + worker_id``): rows that draw give
+    other values in another mode. The probe child sees a source that draws on the rows it reads, not one that
+    draws for some rows only (an audit's source drew for 2 rows in 5, none of them among the probe's spread
+    rows, and 2 threads changed the rows in 2 runs of 3)."""
+    targets = _Targets.now()
+    ops = operations if isinstance(operations, (list, tuple)) else [operations]
+    entries = itertools.chain(_held_entries(source, set()), *(_callable_entries(op) for op in ops))
+    for where, fn, owner in entries:
+        draw = _walk(fn, owner, set(), [0], functools.partial(_draw_look, targets, None))
+        if draw:
+            return f"{where} calls {_named_draw(draw, fn)} (draws from the global generator)"
+    for root in (source, *ops):
+        held_draw = _held_random(root, None, targets)
+        if held_draw:
+            owner, how = held_draw
+            return f"{type(owner).__name__} holds {how} (draws from {_drawn_from(how)})"
     return None
 
 
@@ -192,7 +236,7 @@ class _Targets(NamedTuple):
                 instances[id(inst)] = (inst, prefix)
         functions = {}
         for path, names, takes in (("torch", TORCH_DRAWS, True),
-                                   *((path, names, False) for path, names in TORCH_DRAWS_ALWAYS)):
+                                   *((path, names, False) for path, names in TORCH_DRAWS_ALWAYS + MINDSPORE_DRAWS)):
             space = vars(sys.modules[path]) if path in sys.modules else {}
             for name in names:
                 fn = space.get(name)
@@ -223,9 +267,13 @@ class _Targets(NamedTuple):
 
     def random_object(self, obj: Any) -> str | None:
         """How ``obj`` draws where it is one of torch's random objects (a module only in training mode, the mode
-        every module starts in; an ``nn.Module`` through its submodules too), else ``None``."""
-        if not self.classes or isinstance(obj, type):
+        every module starts in; an ``nn.Module`` through its submodules too) or one of MindSpore's random
+        transforms, else ``None``."""
+        if isinstance(obj, type):
             return None
+        transform = _mindspore_random(obj)
+        if transform is not None or not self.classes:
+            return transform
         made = self.random_class(type(obj))
         if made is not None:
             if not made.startswith("nn."):
@@ -239,6 +287,21 @@ class _Targets(NamedTuple):
             if made and _training(sub):
                 return f"{made} inside {type(obj).__name__} (in training mode)"
         return None
+
+
+def _mindspore_random(obj: Any) -> str | None:
+    """MindSpore's random transforms (``vision.RandomCrop``, ``transforms.RandomApply``), called eagerly in a
+    dataset's code: each draws from MindSpore's seed in the process that calls it (an audit's dataset cropped
+    with a held ``RandomCrop``: 2 workers gave other batches than raw's main process, and others each run)."""
+    cls = type(obj)
+    module = getattr(cls, "__module__", None) or ""
+    if cls.__name__.startswith("Random") and module.startswith("mindspore.dataset."):
+        return f"{module.rsplit('.', 1)[0]}.{cls.__name__}"
+    return None
+
+
+def _drawn_from(how: str) -> str:
+    return "MindSpore's seed" if how.startswith("mindspore.") else "torch's global generator"
 
 
 def _training(module: Any) -> bool:
@@ -323,8 +386,6 @@ def _held_random(dataset: Any, collate_fn: Any, targets: _Targets) -> tuple | No
     holds (an ``nn.Dropout`` the code calls as ``self.drop(x)``, where the bytecode cannot know ``self``; a held
     ``Normal`` it samples), or ``None``: held in training mode is taken as used, the safe side (the framework's
     default ``num_workers`` is kept)."""
-    if not targets.classes:
-        return None
     for root in (dataset, collate_fn):
         for obj in _held(root, set()) if root is not None else ():
             found = targets.random_object(obj)
@@ -334,14 +395,20 @@ def _held_random(dataset: Any, collate_fn: Any, targets: _Targets) -> tuple | No
 
 
 def _collate_entries(collate_fn: Any) -> Iterator:
-    fn = _function(collate_fn)
+    return _callable_entries(collate_fn, "collate_fn ")
+
+
+def _callable_entries(value: Any, prefix: str = "") -> Iterator:
+    """The entry points of a function or callable object (its ``__call__``, and what it holds), named with
+    ``prefix``."""
+    fn = _function(value)
     if fn is None:
         return
     if isinstance(fn, types.FunctionType):
         if _user(fn):
-            yield f"collate_fn {getattr(fn, '__qualname__', fn)}", fn, None
+            yield f"{prefix}{getattr(fn, '__qualname__', fn)}", fn, None
     else:  # a callable object: its __call__, and what it holds
-        yield from ((f"collate_fn {where}", f, owner) for where, f, owner in _held_entries(fn, set()))
+        yield from ((f"{prefix}{where}", f, owner) for where, f, owner in _held_entries(fn, set()))
 
 
 def _codes(code: types.CodeType) -> Iterator:

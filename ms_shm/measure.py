@@ -215,6 +215,11 @@ def probe_random_access(source: Any, names: Sequence[str] | None, check: Callabl
 
     def in_child():
         stats: list = []
+        try:
+            len(source)
+        except Exception as exc:  # MindSpore calls it when the dataset is built, and raises it there
+            return (f"len(source) raised {type(exc).__name__}: {str(exc)[:200]} (MindSpore raises it when the "
+                    f"dataset is built)"), None
 
         def measured():
             stats.append(rows.measure_random_access(source, names, check=check, column_dtypes=column_dtypes))
@@ -226,8 +231,11 @@ def probe_random_access(source: Any, names: Sequence[str] | None, check: Callabl
 
         return sandbox.watch_effects(measured, [source], lambda: stats[0].reread_differs, again)
 
-    return _drawing_code(_outcome(sandbox.run_in_fork(in_child, worker_pages=worker_pages, meanwhile=meanwhile),
-                                  "source", defer_row_errors), source)
+    probe = _outcome(sandbox.run_in_fork(in_child, worker_pages=worker_pages, meanwhile=meanwhile), "source",
+                     defer_row_errors)
+    if isinstance(probe.stats, str):
+        probe = StageProbe(None, unmeasured=probe.stats)
+    return _drawing_code(probe, source)
 
 
 def probe_operations(lineage: Lineage, operations: Any, input_columns: Sequence[str],
@@ -355,7 +363,12 @@ def _outcome(outcome: sandbox.Outcome, what: str, defer_row_errors: bool = False
 
 
 def _error_text(exc: BaseException, remote_traceback: str, what: str) -> str:
-    """The user's exception, where it was raised, and what it means: MindSpore will raise it mid-epoch."""
+    """The user's exception, where it was raised, and what it means: MindSpore will raise it mid-epoch. A
+    ``RowError`` is ms_shm's own finding, deferred under ``ms_shm.patch``: said as such, not as the source's."""
+    if isinstance(exc, rows.RowError):
+        return (f"a probe row of the {what} is one MindSpore refuses: {exc} (under ms_shm.patch MindSpore raises "
+                f"its own error when the pipeline reaches that row), so the pipeline is built as asked, without a "
+                f"measurement")
     lines = [line.strip() for line in remote_traceback.strip().splitlines() if line.strip().startswith("File ")]
     where = f" ({lines[-1]})" if lines else ""
     hint = ""

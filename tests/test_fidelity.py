@@ -232,6 +232,29 @@ def test_getitem_without_len_fails_as_raw_does(ds):
     assert errors[0] == errors[1]
 
 
+def test_a_len_that_raises_fails_as_raw_does_and_is_not_called_a_rows_error(ds, caplog):
+    """``__len__`` returning -1: MindSpore raises ValueError when the dataset is built. ms_shm raised it too, but
+    first warned that the source raised it "on a probe row" and that MindSpore would raise it "when the pipeline
+    reaches that row" (an audit)."""
+    import ms_shm
+
+    class BadLen:
+        def __getitem__(self, index):
+            return (np.array([index]),)
+
+        def __len__(self):
+            return -1
+
+    errors = []
+    with caplog.at_level("INFO", logger="ms_shm"):
+        for build in (ds.GeneratorDataset, ms_shm.build_dataset):
+            with pytest.raises(ValueError) as info:
+                build(BadLen(), ["x"], shuffle=False)
+            errors.append(str(info.value))
+    assert errors[0] == errors[1]
+    assert "probe row" not in caplog.text and not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
 def test_dataset_getitem_returns_what_the_source_returns(ds):
     import ms_shm
 

@@ -461,6 +461,18 @@ def test_the_budget_errors_first_fix_applies(locked):
     assert fix.startswith("drop the explicit num_workers=2 / prefetch_factor=2") != bool(locked), fix
 
 
+@pytest.mark.parametrize("batch_size, limits, offered", [(4, dict(shm=64 * MiB), True),
+                                                           (1, dict(shm=64 * MiB), False),
+                                                           (4, dict(nofile=40), False)])
+def test_a_smaller_batch_size_is_offered_only_where_it_can_help(batch_size, limits, offered):
+    """An audit's 24 MiB samples at ``batch_size=1`` under 64 MB, and batches too many fds for ``ulimit -n``
+    (a stacked field is one storage at any batch size), were both told "or a smaller batch_size"."""
+    with pytest.raises(ShmBudgetError) as err:
+        planning.plan_loader(stats(batch_mb=24 * batch_size, storages=40, batch_size=batch_size),
+                             ask(workers=2), room(**limits))
+    assert ("a smaller batch_size" in str(err.value).split("Fix: ")[1]) == offered, str(err.value)
+
+
 def test_the_budget_error_sizes_dev_shm_past_what_other_live_pipelines_reserved():
     """64 MB with another loader holding 40 MiB was told "give /dev/shm at least 30.0 MiB (--shm-size=64m)"."""
     b = budget.compute(64 * MiB, 1, 65536, 10, reserved_shm=40 * MiB, reserved_pipelines=1)

@@ -343,16 +343,20 @@ def _no_fit(items: list, stats: BatchStats, req: LoaderRequest, budget: Budget) 
     least = min((c for c, _ in items), key=lambda c: (c.shm, c.fds))
     least_memory = min((c.memory for c, _ in items), default=0)
     reasons = sorted({f"{c.workers} workers, prefetch {c.prefetch}: {c.why_not}" for c, _ in items})
-    memory = "" if budget.memory_bytes is None else (
+    memory_text = "" if budget.memory_bytes is None else (
         f", {mib(least_memory)} of memory against {mib(budget.memory_bytes)} left for it ({budget.memory_reason})")
     drop = f"drop the explicit {' / '.join(asked)} so ms_shm can choose" if asked else ""
     locked = req.workers_locked and req.workers is not None
     fixes = [] if locked else [drop]
-    if budget.shm_bytes is not None and least.shm > budget.shm_bytes:  # only the limits that bind
+    shm_binds = budget.shm_bytes is not None and least.shm > budget.shm_bytes  # only the limits that bind
+    if shm_binds:
         fixes.append(budget_mod.shm_fix(budget, least.shm))
     if budget.fds is not None and least.fds > budget.fds:
         fixes.append("raise `ulimit -n`")
-    fixes += [plan.memory_fix(least_memory, budget), "a smaller batch_size"]
+    memory = plan.memory_fix(least_memory, budget)
+    # bytes shrink with the batch, not below one sample (fds: a default collate stacks each field into one storage)
+    smaller = "a smaller batch_size" if stats.batch_size > 1 and (shm_binds or memory) else ""
+    fixes += [memory, smaller]
     if req.prefetch_factor is not None and req.prefetch_factor > 1:
         fixes.append(f"prefetch_factor={req.prefetch_factor - 1}")
     if locked:
@@ -360,7 +364,7 @@ def _no_fit(items: list, stats: BatchStats, req: LoaderRequest, budget: Budget) 
     return (f"No DataLoader configuration honouring {', '.join(asked) or 'the request'} fits: batches of "
             f"{mib(stats.batch_bytes)} in {stats.storages} storage(s){_shared_text(stats)}; the smallest needs {mib(least.shm)} of /dev/shm "
             f"against {mib(budget.shm_bytes)} ({budget.reason}) and {least.fds} fds against "
-            f"{budget.fds if budget.fds is not None else 'unlimited'}{memory}. Why: {' | '.join(reasons)[:600]}. "
+            f"{budget.fds if budget.fds is not None else 'unlimited'}{memory_text}. Why: {' | '.join(reasons)[:600]}. "
             f"Fix: {'; or '.join(f for f in fixes if f)}.")
 
 

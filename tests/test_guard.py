@@ -383,3 +383,25 @@ def test_each_error_can_be_rebuilt_from_its_text_alone(exc):
     cls = pickle.loads(pickle.dumps(type(exc)))
     rebuilt = cls("Traceback ...\n" + str(exc))
     assert isinstance(rebuilt, type(exc)) and str(exc) in str(rebuilt)
+
+
+def test_a_loader_batch_over_its_plan_that_dev_shm_cannot_take_is_named_as_the_cause(monkeypatch):
+    """An audit's three 24 MiB samples among 2 MiB ones (MindSpore's DataLoader, 2 workers, 64 MB): the batch
+    was within the loader's budget when checked, then /dev/shm had too little free to send it, and the error
+    said "something else filled it after ms_shm planned this loader" while this loader's own batches had. A batch
+    over its plan is ``RowTooLargeError``, as where its write fails (pure logic: a collate of byte strings)."""
+    import types
+
+    from ms_shm.engines.torchstyle import guard as loader_guard
+
+    MiB = 1 << 20
+    free = iter([30 * MiB, 10 * MiB, 1 * MiB])  # before the collate; after it, as the other worker wrote; later
+    monkeypatch.setattr(loader_guard.procfs, "statvfs",
+                        lambda path: types.SimpleNamespace(total=64 * MiB, free=(f := next(free)), used=64 * MiB - f))
+    worker = types.SimpleNamespace(id=0)
+    g = loader_guard.GuardedCollate(lambda samples: samples, lambda batch: (sum(map(len, batch)), len(batch)),
+                                    lambda: worker, 2 * MiB, 5, 1 << 30, "num_workers=1")
+    with pytest.raises(RowTooLargeError, match=r"is 24.0 MiB \(planned 2.0 MiB\)"):
+        g([b"x" * (24 * MiB)])
+    with pytest.raises(ShmFullError, match="something else filled it"):  # within its plan: another's doing
+        g([b"x" * (2 * MiB)])

@@ -11,7 +11,6 @@ Examples:
 """
 
 import importlib
-import logging
 
 from ms_shm.errors import (
     Error,
@@ -61,7 +60,10 @@ def __dir__():
     return sorted(set(globals()) | set(_HOME))
 
 
-logging.getLogger(__name__).addHandler(logging.NullHandler())
+# No NullHandler: in a program that configures no logging, Python's last-resort handler prints ms_shm's warnings
+# (explicit arguments adapted under patch(), a probe that timed out, NumPy 2 under MindSpore's DataLoader) to
+# stderr, as MindSpore prints its own; INFO and DEBUG stay silent until the program asks for them (an audit found
+# each of those warnings lost in a program that had not called logging.basicConfig).
 
 __version__ = "0.1.0"
 

@@ -536,3 +536,26 @@ def test_an_adapted_mode_that_moves_rows_between_processes_and_this_one_says_wha
 
     note = api._edits_note([Decision("mode", new, old, "fastest that fits")])
     assert (keep in note and "while an iterator runs" in note) if keep else note == "", note
+
+
+def test_a_program_that_configures_no_logging_still_sees_the_adapted_warning(real_mindspore):
+    """``patch()`` in a program without ``logging.basicConfig``: the warning naming the call and what changed
+    reached nobody (ms_shm's logger had a NullHandler), an audit's adapted DataLoader and timed-out probe alike."""
+    proc = isolated.run_python("""
+        import numpy as np
+        import mindspore.dataset as ds
+        import ms_shm
+
+        class Rows:
+            def __getitem__(self, i):
+                return (np.zeros(4, np.float32),)
+
+            def __len__(self):
+                return 4
+
+        with ms_shm.patched():
+            ds.GeneratorDataset(Rows(), ["x"], num_parallel_workers=64)
+        print("built")
+    """, shm="1g")
+    assert proc.returncode == 0 and "built" in proc.stdout, isolated.describe(proc)
+    assert "ms_shm adapted GeneratorDataset at <string>:14: num_parallel_workers 64 -> " in proc.stderr, proc.stderr

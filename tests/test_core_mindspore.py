@@ -432,3 +432,38 @@ def test_copy_on_read_warning_and_shared_lists(real_mindspore, kind, share, expe
     assert (warned, container) == outcome, proc.stderr[-2000:]
     if expect == "warned":
         assert "captions" in proc.stderr and ("200,000" in proc.stderr or "200000" in proc.stderr), proc.stderr[-2000:]
+
+
+def test_an_earlier_iterator_kept_alive_is_named_when_the_next_one_finds_no_room(real_mindspore):
+    """An audit's script kept ``it`` after its two epochs and made a dict iterator: the first iterator's workers
+    still held their slots, and the second's guard said "something else filled it". It now names the earlier
+    iterator and ``del it``; the epochs before it are the rows raw MindSpore gives."""
+    proc = isolated.run_python("""
+        import hashlib
+        import numpy as np
+        import ms_shm
+
+        class Big:
+            def __getitem__(self, i):
+                return np.full((1448, 1448, 3), i, np.uint8), np.array(i, np.int32)
+
+            def __len__(self):
+                return 10
+
+        ms_shm.tune()
+        d = ms_shm.build_dataset(Big(), ["img", "label"], shuffle=False, python_multiprocessing=True,
+                                 num_parallel_workers=2)
+        it = d.create_tuple_iterator(num_epochs=2, output_numpy=True)
+        for _ in range(2):
+            print("epoch", [int(label) for _, label in it], flush=True)
+        try:
+            for row in d.create_dict_iterator(num_epochs=1, output_numpy=True):
+                pass
+            print("second iterator ran")
+        except RuntimeError as exc:
+            print("ERROR", " ".join(str(exc).split()))
+    """, shm="64m", timeout=300)
+    assert proc.returncode == 0, isolated.describe(proc)
+    assert proc.stdout.count(f"epoch {list(range(10))}") == 2, isolated.describe(proc)
+    assert "1 earlier iterator(s) of this pipeline are still alive" in proc.stdout and "`del it`" in proc.stdout, \
+        isolated.describe(proc)

@@ -208,6 +208,26 @@ def _stages(top: Any) -> list:
     return out
 
 
+def iterators_reading(guard: Any) -> int:
+    """Live iterators on a tree whose ``GeneratorDataset`` reads through the runtime ``guard`` (a worker's fork
+    sees them as the program held them when it started its workers: its own iterator among them, since
+    MindSpore starts them after ``Iterator.__init__``, measured on 2.10). An earlier iterator kept alive (``it =
+    ds.create_tuple_iterator(...)`` run to its end, then another made) keeps its workers and their slots."""
+    def reads_through(stage: Any) -> bool:
+        source = getattr(stage, "source", None)
+        for _ in range(4):  # the thread cap's wrapper, then the guard's
+            if getattr(source, "_ms_shm_guard", None) is guard:
+                return True
+            source = getattr(source, "_ms_shm_wrapped", None)
+        return False
+
+    try:
+        return sum(1 for it in list(_ITERATORS) if any(reads_through(s) for s in _stages(_tree(it))))
+    except Exception as exc:  # noqa: BLE001  (only an error message's detail)
+        log.debug("ms_shm: live iterators not read (%s: %s)", type(exc).__name__, exc)
+        return 0
+
+
 def in_use(dataset: Any) -> Callable[[], bool]:
     """Whether ``dataset``'s pipeline may hold ``/dev/shm`` now: until an iterator has run to its end on it
     (train and eval built up front may run at once, as ``Model.train`` with an eval callback does; a train only

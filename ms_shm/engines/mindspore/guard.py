@@ -197,6 +197,7 @@ class SlotGuard:
         # may be what took the room
         sibling = ("another worker of this pipeline grew its slots past its share for rows larger than the probe "
                    "saw, or " if spec.workers > 1 else "")
+        sibling = _earlier_iterators(self) + sibling
         have = f"has only {free_text(free, size + margin)} free" if not when_written else (
             f"had no room for it when the worker created it ({'?' if free is None else mib(free)} free when read "
             f"after that)")
@@ -220,6 +221,19 @@ class SlotGuard:
         host_need = budget_mod.shm_to_give(spec.budget, need) if spec.budget is not None else need
         return (f"give /dev/shm at least {mib(host_need)} for rows of {mib(size)} ({sizes.where_to_set(host_need)}), "
                 f"or {spec.fix}")
+
+
+def _earlier_iterators(guard: "SlotGuard") -> str:
+    """Where an earlier iterator of this pipeline is alive beside the one these workers serve, what it holds and
+    the fix (an audit kept ``it`` after its last epoch and made a dict iterator: "something else filled it")."""
+    from ms_shm.engines.mindspore import compat
+
+    earlier = compat.iterators_reading(guard) - 1
+    if earlier <= 0:
+        return ""
+    return (f"{earlier} earlier iterator(s) of this pipeline are still alive, and their workers keep their slots "
+            f"until they are gone, stopped or not (`del it` before making another, or read every epoch through one "
+            f"iterator: create_tuple_iterator(num_epochs=N)), or ")
 
 
 _LAST: list = [None]  # this worker's guard and the row it last let create a slot: (SlotGuard, index, pages)

@@ -133,19 +133,24 @@ def run_in_fork(probe: Callable[[], Any], timeout: float | None = None, worker_p
     parent = os.getpid()
     read_end, write_end = os.pipe()
     gate = os.pipe() if meanwhile is not None else ()
+    hooks = _mindspore_fork_hooks()
+    _call_hook(hooks, "prepare_before_fork")
     try:
         with warnings.catch_warnings():  # 3.12+ warns on fork in a threaded process; MindSpore forks the same way
             warnings.simplefilter("ignore", DeprecationWarning)
             pid = os.fork()
     except OSError as exc:
+        _call_hook(hooks, "parent_at_fork")
         for fd in (read_end, write_end, *gate):
             os.close(fd)
         return Outcome(unavailable=f"fork failed ({type(exc).__name__}: {exc})")
     if pid == 0:  # pragma: no cover - runs in the child, reported through the pipe
+        _call_hook(hooks, "child_at_fork")
         _die_with(parent)
         os.close(read_end)
         _hold_at_gate(gate)
         _child(probe, write_end, worker_pages)
+    _call_hook(hooks, "parent_at_fork")
     os.close(write_end)
     try:
         if gate:
@@ -155,6 +160,27 @@ def run_in_fork(probe: Callable[[], Any], timeout: float | None = None, worker_p
     except BaseException:  # Ctrl-C, SIGTERM's handler: the child's reads are no one's now
         _kill(pid)
         raise
+
+
+def _mindspore_fork_hooks() -> Any:
+    """MindSpore's own fork callbacks (``mindspore._c_expression.fork_utils``: ``prepare_before_fork``,
+    ``parent_at_fork``, ``child_at_fork``), which ``mindspore.multiprocessing.Process`` calls around its fork and
+    which are not registered with ``pthread_atfork``: without them a child that runs an op after the parent ran
+    one hangs on the runtime's state copied mid-use (an audit: 60 s, the probe's timeout). Only where MindSpore
+    is loaded already; never imported here. ``None`` on releases without them (2.0.0 has none; 2.7.2 has them)."""
+    if "mindspore" not in sys.modules:
+        return None
+    return getattr(sys.modules.get("mindspore._c_expression"), "fork_utils", None)
+
+
+def _call_hook(hooks: Any, name: str) -> None:
+    if hooks is None:
+        return
+    try:
+        getattr(hooks, name)()
+    except Exception as exc:  # a foreign or partial module: the fork goes on as a bare one
+        if name != "child_at_fork":
+            log.debug("ms_shm probe: mindspore fork_utils.%s raised %s: %s", name, type(exc).__name__, exc)
 
 
 def _die_with(parent: int) -> None:  # pragma: no cover - child side

@@ -528,3 +528,40 @@ def test_a_probe_child_dies_with_the_program_that_was_stopped_while_it_probed(ho
     finally:
         proc.kill()
         proc.wait()
+
+
+MINDSPORE_OPS_IN_A_PROBE = """
+import sys, time
+import numpy as np
+import mindspore as ms
+from mindspore import Tensor, ops
+from ms_shm import sandbox
+
+ops.matmul(Tensor(np.ones((4, 4), np.float32)), Tensor(np.ones((4, 4), np.float32)))  # the program ran an op
+
+
+def rows():
+    return [ops.relu(Tensor(np.arange(64, dtype=np.float32).reshape(8, 8) - 20 - i)).asnumpy() for i in range(4)]
+
+
+for _ in range(2):  # and again after the probe
+    began = time.monotonic()
+    out = sandbox.run_in_fork(rows, timeout=20)
+    same = out.value is not None and all(np.array_equal(a, b) for a, b in zip(out.value, rows()))
+    print("PROBE", round(time.monotonic() - began, 1), out.unavailable, same, flush=True)
+"""
+
+
+def test_a_probe_running_mindspore_ops_after_the_program_ran_one_does_not_hang():
+    """An audit's dataset called ``ops.relu`` after the program had run a matmul: the bare fork's child hung on
+    MindSpore's runtime and the build waited the probe's 60 s. MindSpore's own fork hooks
+    (``_c_expression.fork_utils``, which its ``multiprocessing.Process`` calls) now run around the probe's fork,
+    where the release has them (2.7.2+)."""
+    ms = pytest.importorskip("mindspore", reason="mindspore is not installed")
+    if getattr(getattr(ms, "_c_expression", None), "fork_utils", None) is None:
+        pytest.skip(f"MindSpore {ms.__version__} has no fork hooks (2.0.0 has none): its probe child still waits")
+    proc = subprocess.run([sys.executable, "-c", MINDSPORE_OPS_IN_A_PROBE], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, PYTHONPATH=os.getcwd()))
+    probes = [line.split() for line in proc.stdout.splitlines() if line.startswith("PROBE")]
+    assert proc.returncode == 0 and len(probes) == 2, proc.stdout + proc.stderr[-3000:]
+    assert all(p[2:] == ["None", "True"] and float(p[1]) < 10 for p in probes), probes

@@ -385,15 +385,15 @@ def _shm_size_findings(facts: Any, t: Typical, fixes: tuple) -> list:
     if t.need and not at_total.fits:
         p_fit, config = prefetch_fixes(t, total)
         return [Advice(
-            f"/dev/shm is {mib(total)}, but a typical pipeline here ({t.shape}) peaks at {mib(t.peak)}. "
-            f"{at_total.why}",
+            f"/dev/shm is {mib(total)}, but a typical GeneratorDataset pipeline here ({t.shape}) peaks at "
+            f"{mib(t.peak)}. {at_total.why}",
             "crash", f"give the container a /dev/shm of {human_size(t.need)}"
                      + (f", or lower the prefetch to {p_fit}" if p_fit else ", or turn shared memory off"),
             fixes + config, "shm-small")]
     if t.need and total < t.need:
         return [Advice(
-            f"/dev/shm is {mib(total)}: a typical pipeline here ({t.shape}) fits ({mib(t.peak)}) but not with "
-            f"the 20% headroom ms_shm keeps ({mib(t.need)}), so ms_shm will lower the prefetch",
+            f"/dev/shm is {mib(total)}: a typical GeneratorDataset pipeline here ({t.shape}) fits ({mib(t.peak)}) "
+            f"but not with the 20% headroom ms_shm keeps ({mib(t.need)}), so ms_shm will lower the prefetch",
             "slow", f"give the container a /dev/shm of {human_size(t.need)}", fixes, "shm-tight")]
     return []
 
@@ -418,7 +418,7 @@ def _shm_findings(facts: Any, t: Typical) -> list:
     if free is not None and t.need and sem <= free and t.at(total).fits and not t.at(free).fits:
         out.append(Advice(
             f"/dev/shm is nearly full: {mib(free)} free of {mib(total)}; {mib(used)} is held by other processes "
-            f"or leftovers, and a typical pipeline here ({t.shape}) needs {mib(t.peak)}",
+            f"or leftovers, and a typical GeneratorDataset pipeline here ({t.shape}) needs {mib(t.peak)}",
             "crash", "find what holds it (`lsof +D /dev/shm`, `ipcs -m`) or remove leftovers with `ms-shm clean`",
             _CLEAN_SNIPPET, "shm-nearly-full"))
     return out
@@ -460,7 +460,8 @@ def _cgroup_findings(facts: Any, t: Typical) -> list:
     out = []
     if t.memory and limit < t.memory:
         out.append(Advice(
-            f"the cgroup memory limit is {mib(limit)}, smaller than the {mib(t.memory)} a typical pipeline here "
+            f"the cgroup memory limit is {mib(limit)}, smaller than the {mib(t.memory)} a typical GeneratorDataset "
+            f"pipeline here "
             f"adds ({mib(t.peak)} of /dev/shm, rows in flight and each worker's own pages, 20% headroom): tmpfs "
             "pages are charged to the writer's cgroup (a Kubernetes emptyDir to the pod), so the kernel "
             "OOM-kills the job (exit 137) before /dev/shm fills; ms_shm plans within the memory left, slower",

@@ -461,8 +461,8 @@ def _cgroup_findings(facts: Any, t: Typical) -> list:
     if t.memory and limit < t.memory:
         out.append(Advice(
             f"the cgroup memory limit is {mib(limit)}, smaller than the {mib(t.memory)} a typical GeneratorDataset "
-            f"pipeline here "
-            f"adds ({mib(t.peak)} of /dev/shm, rows in flight and each worker's own pages, 20% headroom): tmpfs "
+            f"pipeline here adds ({mib(t.peak)} of /dev/shm, rows in flight and each worker's own pages, 20% "
+            f"headroom): tmpfs "
             "pages are charged to the writer's cgroup (a Kubernetes emptyDir to the pod), so the kernel "
             "OOM-kills the job (exit 137) before /dev/shm fills; ms_shm plans within the memory left, slower",
             "crash", f"raise the memory limit to at least {memory_target(limit, human_size(t.need), t.memory)} "

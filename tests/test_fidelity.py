@@ -613,7 +613,12 @@ def test_a_source_that_draws_for_some_rows_only_keeps_mindspores_mode(ds):
     dataset = ms_shm.build_dataset(SometimesDraws(), ["a", "b"], shuffle=False)
     assert rows_of(dataset) == raw
     locked = [d for d in ms_shm.plan_of(dataset).decisions if d.setting == "mode_locked"]
-    assert locked and "SometimesDraws.__getitem__ calls numpy.random.rand" in locked[0].reason, locked
+    assert locked, ms_shm.plan_of(dataset)  # seen by the probe where a read row drew, else read from the code
+    from ms_shm import measure
+
+    unseen = measure._drawing_code(measure.StageProbe(None), SometimesDraws())  # the probe's rows drew nothing
+    assert unseen.effects.draws_random == ("SometimesDraws.__getitem__ calls numpy.random.rand (draws from the "
+                                           "global generator)"), unseen
 
 
 def test_rows_that_depend_on_the_call_count_lock_the_mode(ds):

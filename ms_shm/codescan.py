@@ -18,11 +18,12 @@ default). The probe sees a dataset that moves a global generator on each of the 
 that draws for some samples only (a random crop of the images larger than the crop: 1 in 4 in the audit's
 ``sometimes_auto``), nor a sampler that draws per index (a class-balanced ``yield random.randrange(n)``): with
 workers the sampler runs ``prefetch_factor * num_workers`` batches ahead of the training loop, so when the loop
-draws from the same generator (CPU ``nn.Dropout``, ``random.random()``) both sequences change. ``stage_draw`` asks it
-of a MindSpore ``GeneratorDataset`` source, ``map`` operations and ``per_batch_map``, whose rows change with
-the mode MindSpore reads them in. Here the bytecode is read: attribute chains (``np.random.randint``, ``random.randint``, a ``from random import
-randint``) are resolved against the function's globals and closure at scan time and compared by identity with
-the global generators' bound methods and torch's sampling functions.
+draws from the same generator (CPU ``nn.Dropout``, ``random.random()``) both sequences change. ``stage_draw``
+asks the same of a MindSpore ``GeneratorDataset`` source, ``map`` operations and ``per_batch_map``, whose rows
+change with the mode MindSpore reads them in. Here the bytecode is read: attribute chains
+(``np.random.randint``, ``random.randint``, a ``from random import randint``) are resolved against the
+function's globals and closure at scan time and compared by identity with the global generators' bound methods
+and torch's sampling functions.
 
 Cheap: a bounded walk over code objects (``MAX_CODES``), no sample read, nothing imported; ``global_draw`` took
 0.7-1.5 ms on 3.11 (first call in a fresh process) for an image dataset with a 4-transform Compose, and 0.7-1.1
@@ -114,14 +115,16 @@ class _NotImported(NamedTuple):
 
 def worker_info_use(dataset: Any, collate_fn: Any = None) -> str | None:
     """Where ``dataset`` or ``collate_fn`` refers to one of ``NAMES``, named for the log, or ``None``."""
-    where, _, found = _per_sample(dataset, collate_fn, set(), _name_look)
+    where, _, found = _per_sample(dataset, (collate_fn,), set(), _name_look)
     return f"{where} calls {found}() (what it returns depends on the worker that reads it)" if found else None
 
 
-def _per_sample(dataset: Any, collate_fn: Any, held: set, look: Callable) -> tuple:
+def _per_sample(dataset: Any, callables: tuple, held: set, look: Callable, prefix: str = "collate_fn ") -> tuple:
     """``(where, function, found)`` for the first entry point of ``dataset`` (and the objects it holds, each in
-    ``held`` once) or of ``collate_fn`` where ``_walk`` finds something with ``look``; ``(None, None, None)``."""
-    for where, fn, owner in itertools.chain(_held_entries(dataset, held), _collate_entries(collate_fn)):
+    ``held`` once) or of ``callables`` (a ``collate_fn``, a map's operations; named with ``prefix``) where
+    ``_walk`` finds something with ``look``; ``(None, None, None)``."""
+    entries = itertools.chain(_held_entries(dataset, held), *(_callable_entries(c, prefix) for c in callables))
+    for where, fn, owner in entries:
         found = _walk(fn, owner, set(), [0], look)
         if found:
             return where, fn, found
@@ -166,13 +169,9 @@ def global_draw(dataset: Any, collate_fn: Any = None, sampler: Any = None, batch
     """
     targets = _Targets.now()
     held: set = set()
-    where, fn, draw = _per_sample(dataset, collate_fn, held, functools.partial(_draw_look, targets, None))
-    if draw:
-        return f"{where} calls {_named_draw(draw, fn)} (draws from the global generator; workers are seeded apart)"
-    held_draw = _held_random(dataset, collate_fn, targets)
-    if held_draw:
-        owner, how = held_draw
-        return f"{type(owner).__name__} holds {how} (draws from {_drawn_from(how)}; workers are seeded apart)"
+    found = _sample_draw(dataset, (collate_fn,), held, targets, "collate_fn ")
+    if found:
+        return f"{found[0]} (draws from {found[1]}; workers are seeded apart)"
     index_sampler = batch_sampler if batch_sampler is not None else sampler if batch_size is None else None
     for arg, value in (("sampler", sampler), ("batch_sampler", batch_sampler)):
         for where, fn, owner in _held_entries(value, held):
@@ -197,18 +196,21 @@ def stage_draw(source: Any = None, operations: Any = ()) -> str | None:
     other values in another mode. The probe child sees a source that draws on the rows it reads, not one that
     draws for some rows only (an audit's source drew for 2 rows in 5, none of them among the probe's spread
     rows, and 2 threads changed the rows in 2 runs of 3)."""
-    targets = _Targets.now()
-    ops = operations if isinstance(operations, (list, tuple)) else [operations]
-    entries = itertools.chain(_held_entries(source, set()), *(_callable_entries(op) for op in ops))
-    for where, fn, owner in entries:
-        draw = _walk(fn, owner, set(), [0], functools.partial(_draw_look, targets, None))
-        if draw:
-            return f"{where} calls {_named_draw(draw, fn)} (draws from the global generator)"
-    for root in (source, *ops):
-        held_draw = _held_random(root, None, targets)
-        if held_draw:
-            owner, how = held_draw
-            return f"{type(owner).__name__} holds {how} (draws from {_drawn_from(how)})"
+    ops = tuple(operations) if isinstance(operations, (list, tuple)) else (operations,)
+    found = _sample_draw(source, ops, set(), _Targets.now(), "")
+    return f"{found[0]} (draws from {found[1]})" if found else None
+
+
+def _sample_draw(dataset: Any, callables: tuple, held: set, targets: _Targets, prefix: str) -> tuple | None:
+    """What ``global_draw`` and ``stage_draw`` read per sample (or row): ``(where it draws, what from)`` for a
+    draw in the code of ``dataset`` or ``callables``, else for a random object one of them holds; or ``None``."""
+    where, fn, draw = _per_sample(dataset, callables, held, functools.partial(_draw_look, targets, None), prefix)
+    if draw:
+        return f"{where} calls {_named_draw(draw, fn)}", "the global generator"
+    held_draw = _held_random((dataset, *callables), targets)
+    if held_draw:
+        owner, how = held_draw
+        return f"{type(owner).__name__} holds {how}", _drawn_from(how)
     return None
 
 
@@ -381,21 +383,17 @@ def _held(obj: Any, seen: set, depth: int = 0) -> Iterator:
                 yield from _held(item, seen, depth + 1)
 
 
-def _held_random(dataset: Any, collate_fn: Any, targets: _Targets) -> tuple | None:
-    """``(owner, how it draws)`` for the first of torch's random objects the dataset or a ``collate_fn`` object
-    holds (an ``nn.Dropout`` the code calls as ``self.drop(x)``, where the bytecode cannot know ``self``; a held
-    ``Normal`` it samples), or ``None``: held in training mode is taken as used, the safe side (the framework's
-    default ``num_workers`` is kept)."""
-    for root in (dataset, collate_fn):
+def _held_random(roots: tuple, targets: _Targets) -> tuple | None:
+    """``(owner, how it draws)`` for the first random object (torch's, or a MindSpore random transform) one of
+    ``roots`` (the dataset, a ``collate_fn`` object, a map's operations) holds (an ``nn.Dropout`` the code calls
+    as ``self.drop(x)``, where the bytecode cannot know ``self``; a held ``Normal`` it samples), or ``None``: held
+    in training mode is taken as used, the safe side (the framework's default ``num_workers`` is kept)."""
+    for root in roots:
         for obj in _held(root, set()) if root is not None else ():
             found = targets.random_object(obj)
             if found:
                 return root, found
     return None
-
-
-def _collate_entries(collate_fn: Any) -> Iterator:
-    return _callable_entries(collate_fn, "collate_fn ")
 
 
 def _callable_entries(value: Any, prefix: str = "") -> Iterator:

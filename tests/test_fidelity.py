@@ -621,6 +621,32 @@ def test_a_source_that_draws_for_some_rows_only_keeps_mindspores_mode(ds):
                                            "global generator)"), unseen
 
 
+class EagerCrops(Plain):
+    """Crops with a held MindSpore ``RandomCrop`` called in ``__getitem__`` (an audit's DataLoader dataset did the
+    same: its 2 worker processes gave other batches than raw's main process, and others each run). Here 2 threads
+    gave raw's rows, yet the mode is MindSpore's: the code read cannot tell threads from processes apart."""
+
+    def __init__(self):
+        from mindspore.dataset import vision
+
+        super().__init__(n=24)
+        self.crop = vision.RandomCrop(4)
+
+    def __getitem__(self, index):
+        time.sleep(0.06)
+        return (self.crop(np.arange(8 * 8 * 3, dtype=np.uint8).reshape(8, 8, 3) + np.uint8(index)),)
+
+
+def test_a_source_calling_a_held_mindspore_random_transform_gives_raws_rows(ds):
+    import ms_shm
+
+    raw, ours = both(ds, EagerCrops, ["crop"], seed=7, shuffle=False)
+    assert_same(raw, ours, 24)
+    dataset = ms_shm.build_dataset(EagerCrops(), ["crop"], shuffle=False)
+    locked = [d for d in ms_shm.plan_of(dataset).decisions if d.setting == "mode_locked"]
+    assert locked, ms_shm.plan_of(dataset).summary()
+
+
 def test_rows_that_depend_on_the_call_count_lock_the_mode(ds):
     import ms_shm
 

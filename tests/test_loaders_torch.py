@@ -16,6 +16,7 @@ import sys
 import time
 import types
 
+import numpy as np
 import pytest
 
 import ms_shm
@@ -411,6 +412,38 @@ def test_a_samplers_own_draws_do_not_lock_a_deterministic_dataset(fresh_torch, s
     stats, effects, why = measured(Numbers(12), **kw)
     assert stats is not None and effects.order_dependent is None, (effects, why)
     assert measured(GlobalDraw(12), **kw)[1].draws_random  # the samples' own draws still count
+
+
+class OwnShuffle:
+    """Batches of 4 shuffled by a generator the sampler holds, from a plain ``__iter__`` (an audit's): with
+    workers the framework calls it twice per epoch, and epoch 0 got the batches of epoch 1."""
+
+    def __init__(self, n: int):
+        self.n, self.rng = n, np.random.default_rng(0)
+
+    def __len__(self):
+        return self.n // 4
+
+    def __iter__(self):
+        order = self.rng.permutation(self.n).tolist()
+        return iter([order[k:k + 4] for k in range(0, self.n, 4)])
+
+
+class SlowNumbers(Numbers):
+    """Every sample 30 ms of waiting: worth workers where nothing else decides."""
+
+    def __getitem__(self, i):
+        time.sleep(0.03)
+        return super().__getitem__(i)
+
+
+def test_a_batch_sampler_shuffling_with_its_own_generator_keeps_raws_batches(fresh_torch):
+    dataset = SlowNumbers(24)
+    raw_loader = DataLoader(dataset, batch_sampler=OwnShuffle(24))
+    raw = [batches(raw_loader) for _ in range(2)]
+    ours_loader = ms_shm.build_dataloader(dataset, batch_sampler=OwnShuffle(24))
+    assert [batches(ours_loader) for _ in range(2)] == raw
+    assert ours_loader.num_workers == 0, ms_shm.plan_of(ours_loader).summary()
 
 
 def test_a_sample_that_reads_back_different_keeps_the_default(fresh_torch):

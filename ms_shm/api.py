@@ -342,7 +342,7 @@ def build_dataset(source: Any, column_names: Sequence[str] | str | None = None, 
         measure.probe_random_access(source, names, eng.compat.row_check(), _worker_pages(facts),
                                     defer_row_errors=_explicit is not None,  # patched: MindSpore raises it later
                                     column_dtypes=eng.compat.column_dtypes(generator_kwargs.get("column_types")),
-                                    meanwhile=_beside_probe(facts))
+                                    beside=_beside_probe(facts))
     if not share_lists:
         probe = _with_copies(probe, source, facts, req.start_method)
     p = _plan_source(probe, req, generator_kwargs, config, facts, eng)
@@ -451,10 +451,12 @@ def _worker_pages(facts: host.HostFacts) -> bool:
     return budget_mod.memory_may_bind(SESSION.budget(facts))
 
 
-def _beside_probe(facts: host.HostFacts) -> Any:
-    """What this process reads while a probe child runs: the native thread pools (``threads.probe``, kept for the
-    plan's cap), on a CPU the child leaves idle; with one usable CPU, nothing (it would slow the child's reads)."""
-    return threads.probe if facts.usable_cpus >= 2 else None
+def _beside_probe(facts: host.HostFacts) -> bool:
+    """Whether this process reads the stage's code while a probe child runs, on a CPU the child leaves idle; with
+    one usable CPU it would slow the child's reads, and is read after. The native thread pools are not read
+    here: 15-28 ms with MindSpore loaded, which a child of cheap rows would wait for; only where the plan has
+    worker processes whose probe rows started a native thread (``threads.plan_cap``)."""
+    return facts.usable_cpus >= 2
 
 
 def _register(dataset: Any, p: Plan, lineage: measure.Lineage, label: str) -> None:
@@ -645,7 +647,7 @@ def map(dataset: Any, operations: Any = None, input_columns: Sequence[str] | str
     ins = _names_list(input_columns) or eng.compat.column_names(dataset)[:1]
     outs = _names_list(output_columns) or ins
     probe = measure.probe_operations(lineage, operations, ins, outs, _worker_pages(facts),
-                                     defer_row_errors=_explicit is not None, meanwhile=_beside_probe(facts))
+                                     defer_row_errors=_explicit is not None, beside=_beside_probe(facts))
     p = _plan_operations(probe, _request(asked, config, facts, eng, _explicit), config, facts, eng,
                          eng.compat.rows_per_epoch(dataset, _rows_known), "map")
     kwargs = _stage_kwargs(map_kwargs, p, num_parallel_workers, config)
@@ -696,7 +698,7 @@ def batch(dataset: Any, batch_size: Any, drop_remainder: bool = False, num_paral
     outs = _names_list(batch_kwargs.get("output_columns")) or ins
     probe = measure.probe_batch(_input_lineage(dataset, eng, "batch"), per_batch_map, batch_size, ins, outs,
                                 _worker_pages(facts), defer_row_errors=_explicit is not None,
-                                meanwhile=_beside_probe(facts))
+                                beside=_beside_probe(facts))
     rows = eng.compat.batches(eng.compat.rows_per_epoch(dataset, _rows_known), batch_size, drop_remainder)
     p = _plan_operations(probe, _request(asked, config, facts, eng, _explicit), config, facts, eng, rows, "batch")
     kwargs = _stage_kwargs(batch_kwargs, p, num_parallel_workers, config)

@@ -33,6 +33,7 @@ import time
 import traceback
 import types
 import warnings
+from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -99,6 +100,7 @@ class Outcome:
     unavailable: str | None = None
     private_bytes: int | None = None  # what the child held alone when it finished: a forked worker's growth
     threads_started: int | None = None  # threads the probe left running in the child (``_threads_started``)
+    beside: Any = None  # what ``meanwhile`` returned in the parent while the child ran
 
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -118,10 +120,11 @@ def run_in_fork(probe: Callable[[], Any], timeout: float | None = None, worker_p
     the whole address space, ~20 ms with MindSpore loaded, so only where memory may bind).
 
     ``meanwhile()`` runs here while the child starts and reads its first rows alone, on a CPU the child leaves
-    idle (a read of the host the plan needs next, such as the native thread pools: ~28 ms with MindSpore
-    loaded, which the caller would otherwise pay after the child). The child holds its reads of two rows at
-    once (``wait_for_parent``) until it returns, so they never share the CPUs with it. Its result is not
-    returned, and what it raises is logged: the caller asks again for what it needs.
+    idle: a short read the plan needs next (the stage's code, 3-10 ms), which the caller would otherwise pay
+    after the child. Its value comes back as ``Outcome.beside`` (``None`` where it raised: logged, and the caller
+    reads again). The child holds its reads of two rows at once (``wait_for_parent``) until it returns, so they
+    never share the CPUs with it: a long read here (the native thread pools, 15-28 ms with MindSpore loaded)
+    would hold up cheap rows' probe by as much.
 
     Never raises for the child's sake: a fork that fails, a child that dies or hangs past ``timeout`` gives an
     ``Outcome`` with ``unavailable`` set, and the caller plans without a measurement.
@@ -153,10 +156,11 @@ def run_in_fork(probe: Callable[[], Any], timeout: float | None = None, worker_p
     _call_hook(hooks, "parent_at_fork")
     os.close(write_end)
     try:
+        beside = None
         if gate:
             os.close(gate[0])
-            _run_meanwhile(meanwhile, gate[1])
-        return _collect(pid, read_end, timeout)
+            beside = _run_meanwhile(meanwhile, gate[1])
+        return replace(_collect(pid, read_end, timeout), beside=beside)
     except BaseException:  # Ctrl-C, SIGTERM's handler: the child's reads are no one's now
         _kill(pid)
         raise
@@ -206,11 +210,12 @@ def _hold_at_gate(gate: tuple) -> None:  # pragma: no cover - child side
         _gate = gate[0]
 
 
-def _run_meanwhile(meanwhile: Callable[[], Any], gate: int) -> None:
+def _run_meanwhile(meanwhile: Callable[[], Any], gate: int) -> Any:
     try:
-        meanwhile()
+        return meanwhile()
     except Exception as exc:  # the caller's own read, which it will make again: never the probe's failure
         log.debug("ms_shm probe: %r beside the probe child raised %s: %s", meanwhile, type(exc).__name__, exc)
+        return None
     finally:
         os.close(gate)  # the child's wait_for_parent returns
 

@@ -156,14 +156,15 @@ def _read_pools() -> ThreadPools:
     return ThreadPools(tuple(pools), True, tuple(notes))
 
 
-def decide(workers: int, pools: ThreadPools, usable_cpus: int, enabled: bool = True,
+def decide(workers: int, pools: ThreadPools | None, usable_cpus: int, enabled: bool = True,
            threads_started: int | None = None) -> ThreadCap:
     """Pure: cap each worker to ``max(1, C // W)`` threads when ``W x T > C`` and the stage's work starts a
     pool, else leave the pools alone.
 
     Args:
         workers: worker processes that run the user's code at once (0 when rows are made in this process).
-        pools: the pools loaded now; the largest one's threads are ``T``.
+        pools: the pools loaded now; the largest one's threads are ``T``. ``None``: not read, which only a
+            stage whose rows started no native thread may skip (there is nothing to cap).
         usable_cpus: ``C``, the CPUs this process may use (affinity, cgroup quota).
         enabled: False when the caller opted out (``MS_SHM_THREAD_CAP=0``).
         threads_started: native threads the stage's probe rows left running in the probe child (``None``:
@@ -175,23 +176,23 @@ def decide(workers: int, pools: ThreadPools, usable_cpus: int, enabled: bool = T
         ThreadCap: the limit, or ``None`` with the reason nothing is capped.
     """
     cpus = max(1, usable_cpus)
-    largest = pools.largest()
+    largest = pools.largest() if pools is not None else None
     threads = largest.num_threads if largest else None
     if workers < 1:
         return ThreadCap(None, workers, threads, cpus, "not capped: no worker processes, rows are made in this "
                                                        "process, whose pools ms_shm never changes")
-    if not pools.known:
-        return ThreadCap(None, workers, None, cpus, f"not capped: native thread pools unknown "
-                                                    f"({'; '.join(pools.notes)})")
+    if threads_started == 0:
+        return ThreadCap(None, workers, threads, cpus, "not capped: the probe rows' work started no native thread "
+                                                       "(it runs on the worker's own thread), so the pools stay "
+                                                       "idle in the workers")
+    if pools is None or not pools.known:
+        why = "; ".join(pools.notes) if pools is not None else "not read"
+        return ThreadCap(None, workers, None, cpus, f"not capped: native thread pools unknown ({why})")
     if largest is None:
         return ThreadCap(None, workers, None, cpus, "not capped: no BLAS, OpenMP or OpenCV thread pool is loaded")
     over = f"{workers} workers × {threads} {_APIS[largest.user_api]} threads"
     if workers * threads <= cpus:
         return ThreadCap(None, workers, threads, cpus, f"not capped: {over} <= {cpus} CPUs")
-    if threads_started == 0:
-        return ThreadCap(None, workers, threads, cpus, "not capped: the probe rows' work started no native thread "
-                                                       "(it runs on the worker's own thread), so the pools stay "
-                                                       "idle in the workers")
     if not enabled:
         return ThreadCap(None, workers, threads, cpus, f"not capped ({OPT_OUT}=0): {over} > {cpus} CPUs")
     n = max(1, cpus // workers)
@@ -216,7 +217,8 @@ def plan_cap(p: Plan, usable_cpus: int, threads_started: int | None = None,
     workers = worker_processes(p)
     if workers < 1:
         return p, None
-    cap = decide(workers, probe(), usable_cpus, enabled(environ), threads_started)
+    pools = probe() if threads_started != 0 else None  # rows that start no thread leave nothing to cap
+    cap = decide(workers, pools, usable_cpus, enabled(environ), threads_started)
     level = logging.INFO if cap.threads_per_worker is not None else logging.DEBUG
     log.log(level, "%s: %s", SETTING, cap.reason)
     return replace(p, decisions=p.decisions + (cap.decision(),)), cap.threads_per_worker

@@ -80,9 +80,16 @@ def test_a_failing_meanwhile_does_not_fail_the_probe_and_without_one_the_child_n
         sandbox.wait_for_parent()
         return time.monotonic() - t0
 
-    assert sandbox.run_in_fork(child, meanwhile=broken).error is None
+    outcome = sandbox.run_in_fork(child, meanwhile=broken)
+    assert outcome.error is None and outcome.beside is None
     waited = sandbox.run_in_fork(child).value
     assert waited < 1.0, waited  # no gate: at once (GATE_SECONDS is 5)
+
+
+def test_meanwhile_comes_back_to_the_parent():
+    """The code read beside the child is the parent's to keep (``Outcome.beside``)."""
+    outcome = sandbox.run_in_fork(lambda: 1, meanwhile=lambda: "code read")
+    assert (outcome.value, outcome.beside) == (1, "code read")
 
 
 # --- generators held at any depth, and state kept per read -------------------------------------------------

@@ -65,6 +65,19 @@ def test_a_stage_whose_probe_rows_start_no_native_thread_is_not_capped(started, 
     assert (got.threads_per_worker, got.reason) == (cap, reason)
 
 
+def test_the_pools_are_read_only_where_a_stage_in_worker_processes_started_a_native_thread(monkeypatch):
+    """Reading the pools walks every loaded library (15-28 ms with MindSpore loaded): a plan without worker
+    processes, or whose probe rows started no native thread, has nothing to cap and does not pay it."""
+    reads = []
+    monkeypatch.setattr(threads, "probe", lambda: reads.append(1) or BLAS(2))
+    processes, inline = plan(), plan("inline", 1, False)
+    assert threads.plan_cap(inline, 2, threads_started=1) == (inline, None) and not reads
+    p, n = threads.plan_cap(processes, 2, threads_started=0)
+    assert (n, p.decisions[-1].reason, reads) == (None, NO_THREAD_STARTED, [])
+    assert threads.plan_cap(processes, 2, threads_started=1)[1] == 1 and reads == [1]
+    assert decide(2, None, 2, True, threads_started=None).reason == "not capped: native thread pools unknown (not read)"
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 @pytest.mark.parametrize("work, started", [("numpy elementwise", 0), ("BLAS matmul", 1)])
 def test_the_probe_child_counts_the_native_threads_the_rows_start(work, started, monkeypatch):

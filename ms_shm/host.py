@@ -383,6 +383,11 @@ _LOCAL_SIZE_VARS = (
     ("MPI_LOCALNRANKS", "MPI_LOCALRANKID"),
     ("SLURM_NTASKS_PER_NODE", "SLURM_LOCALID"),
 )
+# Launchers that say only the global count: msrun (``MS_WORKER_NUM``, ``RANK_SIZE``), and torch's legacy
+# ``torch.distributed.launch`` and hand-rolled ``mp.spawn`` scripts (``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``): read
+# as MindSpore's own shm check reads them. WORLD_SIZE was not read: under 64 MB two such ranks planned for 1 and 2
+# ranks, and one or both died of ShmFullError (an audit, 3 runs of 3).
+_GLOBAL_SIZE_VARS = (("MS_WORKER_NUM", "RANK_ID"), ("RANK_SIZE", "RANK_ID"), ("WORLD_SIZE", "RANK"))
 _DEVICES_PER_HOST = 8  # MindSpore's own assumption: device_num = min(group_size, 8)
 
 
@@ -423,16 +428,16 @@ def detect_ranks(env: Mapping[str, str], override: int | None = None) -> Ranks:
     slurm = _slurm_tasks_here(env)
     if slurm:
         return _at_least(Ranks(slurm[0], local_rank or 0, slurm[1]))
-    for size_var in ("MS_WORKER_NUM", "RANK_SIZE"):
+    for size_var, rank_var in _GLOBAL_SIZE_VARS:
         size = _int(env, size_var)
         if size:
             local = min(size, _DEVICES_PER_HOST)
             if local_rank is None:
-                rank_id = _int(env, "RANK_ID")
+                rank_id = _int(env, rank_var)
                 local_rank = rank_id % local if rank_id is not None else 0
             how = "assumed all on this host" if size <= _DEVICES_PER_HOST else f"assumed {_DEVICES_PER_HOST} per host"
             return _at_least(Ranks(local, local_rank, f"{size_var}={size} ({how})"))
-    if local_rank:
+    if local_rank is not None:
         return _at_least(Ranks(1, local_rank, "a local rank without a local size"))
     return Ranks(1, 0, "default (no launcher variables)")
 

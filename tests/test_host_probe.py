@@ -248,6 +248,11 @@ def test_container_detection(tmp_path, setup, env, expected):
     # a local rank proves as many ranks here: msrun's DEVICE_ID on a 16-device host, a rank without a count
     ({"MS_WORKER_NUM": "16", "RANK_SIZE": "16", "RANK_ID": "11", "DEVICE_ID": "11"}, 12, 11, "at least 12"),
     ({"LOCAL_RANK": "3"}, 4, 3, "a local rank without a local size"),
+    ({"LOCAL_RANK": "0"}, 1, 0, "a local rank without a local size"),  # not "no launcher variables"
+    # torch.distributed.launch (legacy) and mp.spawn scripts: the global count only, as msrun's
+    ({"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}, 2, 0, "WORLD_SIZE=2 (assumed all on this host)"),
+    ({"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}, 2, 1, "WORLD_SIZE=2 (assumed all on this host)"),
+    ({"WORLD_SIZE": "16", "RANK": "9"}, 8, 1, "WORLD_SIZE=16 (assumed 8 per host)"),
 ])
 def test_ranks_from_launcher_env(tmp_path, env, size, rank, source):
     facts = probe(base_tree(tmp_path), env)

@@ -78,10 +78,12 @@ def _own_words(default_fix: str) -> Any:
 
 def _own_error(name: str, naming: str = "") -> str:
     """One line of an ms_shm error, as a traceback ends with it (``ms_shm.errors.X: message Fix: ...``); the same
-    class re-raised by MindSpore in the main process names the module of the worker's copy (``ms_shm.guard``).
+    class re-raised by MindSpore in the main process names the module of the worker's copy (``ms_shm.guard``),
+    and MindSpore's own header of that re-raise (``ShmFullError: Traceback (most recent call last):``) is not it:
+    read as the error, it hid the worker's message and its fix (an audit's log of 4 ranks under 64 MB).
     ``naming``: a pattern the line must contain, to tell apart errors of one class that bind on different limits."""
-    return (r"(?m)\b(?:ms_shm\.[\w.]+\.)?" + name + ": " + (rf"(?=[^\n]*?{naming})" if naming else "") +
-            r"(?P<detail>[^\n]*?)(?:\s*Fix: (?P<own_fix>[^\n]*))?$")
+    return (r"(?m)\b(?:ms_shm\.[\w.]+\.)?" + name + r": (?!Traceback \(most recent call last\))" +
+            (rf"(?=[^\n]*?{naming})" if naming else "") + r"(?P<detail>[^\n]*?)(?:\s*Fix: (?P<own_fix>[^\n]*))?$")
 
 
 # A candidate the planner ruled out for memory ("threads x2: needs 656.0 MiB of memory > 109.8 MiB left for it"):

@@ -394,6 +394,17 @@ def test_ms_shms_own_errors_are_recognised_with_their_own_fix(text, kind, fix):
     assert kind in [x.kind for x in explain(text.split(" Fix:")[0] + "\n", facts())]  # no Fix: the default one
 
 
+def test_mindspores_reraise_header_is_not_read_as_ms_shms_error():
+    """MindSpore re-raises a worker's exception as ``<Name>: Traceback (most recent call last):`` and the worker's
+    traceback; the worker's own line, further down, carries the message and the ranks hint."""
+    header = ("  File \"datasets_user_defined.py\", line 400, in process\n    raise self.except_type(err_msg)\n"
+              "ShmFullError: Traceback (most recent call last):\n  File \"guard.py\", line 188, in _check_free\n"
+              "    raise self.no_room(size, index, free, margin=margin)\n")
+    e = only(header + SHM_FULL)
+    assert e.kind == "shm-full-error" and "row 7 needs" in e.cause and "Traceback" not in e.cause, e
+    assert e.fix.startswith("make room, this pipeline needs 36.1 MiB"), e
+
+
 # ------------------------------------------------------------------------------------------- cgroup-v1 memory audit
 
 CGROUP = LOGS / "cgroup_v1"  # captured in a cgroup-v1 memory group: see its README.md

@@ -20,7 +20,7 @@ from ms_shm import budget as budget_mod
 from ms_shm import changes as changes_mod
 from ms_shm._results import Result, mib, record
 from ms_shm.errors import ProcessesUnavailableError
-from ms_shm.plan import PIPES, Decision, Plan, Request, ShmBudgetError
+from ms_shm.plan import PIPES, Decision, Plan, Request, ShmBudgetError, unasked
 from ms_shm.state import SESSION, Session
 
 log = logging.getLogger("ms_shm")
@@ -401,7 +401,7 @@ def _fit(plan_for: Any, req: Request, locked: bool) -> Plan:
         if req.explicit != PREFERENCE or locked or not asked:
             raise
         why = exc.problem
-    p = plan_for(replace(req, workers=None, multiprocessing=None, max_rowsize=None))
+    p = plan_for(unasked(req))
     adapted = Decision("explicit_arguments", "adapted", asked,
                        f"{why}; the call's explicit {asked} are preferences here (ms_shm.patch), so the fastest "
                        f"configuration that fits and yields the same rows is used instead")
@@ -541,11 +541,12 @@ def _log_plan(p: Plan, asked: dict, explicit: str | None = None) -> None:
                     _edits_note(changed))
     for d in p.decisions:
         mine = d.setting in asked and asked[d.setting] != d.value
-        level = logging.WARNING if mine else logging.INFO if d.setting == "mode_locked" else logging.DEBUG
+        level = logging.WARNING if mine else logging.INFO if d.setting in _SAID_AT_INFO else logging.DEBUG
         log.log(min(level, logging.INFO) if explicit else level, "ms_shm decision %s", d)
 
 
 _PROCESS_MODES = ("processes", "pipes")
+_SAID_AT_INFO = ("mode_locked", "memory_kept_for_next_stage")  # decisions that change a plan no argument asked
 
 
 def _edits_note(changed: list) -> str:

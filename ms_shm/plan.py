@@ -7,6 +7,7 @@ request none of whose candidates fits becomes one ``ShmBudgetError`` with the nu
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from ms_shm import budget as budget_mod
@@ -160,9 +161,12 @@ def top(cands: list, best: Candidate, n: int = 6) -> list:
     return out[:n]
 
 
-def no_fit_message(cands: list, req: Request, budget: Budget, stats: RowStats, row: int) -> str:
+def no_fit_message(cands: list, req: Request, budget: Budget, stats: RowStats, row: int,
+                   relaxed_fits: bool = True) -> str:
     """One error for a request nothing fits: what the smallest candidate needs against each budget, why each
-    transport failed (at its smallest prefetch), and the fixes for the limits that bind."""
+    transport failed (at its smallest prefetch), and the fixes for the limits that bind. ``relaxed_fits``:
+    whether anything fits once the explicit settings are dropped; where nothing does, dropping them is no fix
+    (an audit dropped ``num_parallel_workers=2`` as told, and the map was refused again)."""
     asked = [f"{name}={value}" for name, value in (("num_parallel_workers", req.workers),
                                                    ("python_multiprocessing", req.multiprocessing),
                                                    ("max_rowsize", req.max_rowsize)) if value is not None]
@@ -170,7 +174,8 @@ def no_fit_message(cands: list, req: Request, budget: Budget, stats: RowStats, r
     least_memory = min((c.memory for c in cands), default=0)
     memory = "" if budget.memory_bytes is None else (
         f", {mib(least_memory)} of memory against {mib(budget.memory_bytes)} left for it ({budget.memory_reason})")
-    fixes = [f"drop the explicit {' / '.join(asked)} so ms_shm can choose {_untried(cands, req)}" if asked else ""]
+    fixes = [f"drop the explicit {' / '.join(asked)} so ms_shm can choose {_untried(cands, req)}"
+             if asked and relaxed_fits else ""]
     if budget.shm_bytes is not None and smallest.shm > budget.shm_bytes:
         fixes.append(budget_mod.shm_fix(budget, smallest.shm))
     if budget.fds is not None and smallest.fds > budget.fds:
@@ -180,6 +185,11 @@ def no_fit_message(cands: list, req: Request, budget: Budget, stats: RowStats, r
             f"smallest needs {mib(smallest.shm)} of /dev/shm against {mib(budget.shm_bytes)} ({budget.reason}), "
             f"{smallest.fds} fds against {budget.fds if budget.fds is not None else 'unlimited'}{memory}. "
             f"Why: {' | '.join(_reasons(cands))[:600]}. Fix: {'; or '.join(f for f in fixes if f) or 'see above'}.")
+
+
+def unasked(req: Request) -> Request:
+    """The request without the caller's explicit transport settings: what dropping them lets ms_shm try."""
+    return replace(req, workers=None, multiprocessing=None, max_rowsize=None)
 
 
 def _untried(cands: list, req: Request) -> str:
@@ -213,5 +223,5 @@ def memory_fix(least: int, budget: Budget) -> str:
 
 
 __all__ = ["Plan", "Decision", "Request", "Candidate", "ShmBudgetError", "rank", "choose", "top", "no_fit_message",
-           "memory_fix",
+           "memory_fix", "unasked",
            "unknown_shm", "MODES", "INLINE", "THREADS", "PROCESSES", "PIPES"]

@@ -15,7 +15,7 @@ from dataclasses import replace
 import pytest
 
 import ms_shm
-from ms_shm import advice, cli, host, sizes
+from ms_shm import advice, api, cli, host, sizes
 from ms_shm.engines.mindspore import compat
 from ms_shm.host import HostFacts
 from tests.fakes import host_facts
@@ -47,6 +47,7 @@ def on_host(monkeypatch):
         fake = facts(version)
         monkeypatch.setattr(host, "probe", lambda *args, **kwargs: fake)
         monkeypatch.setattr(compat, "read_config", lambda: replace(CONFIG, version=version))
+        monkeypatch.setattr(api, "_mindspore_in_use", lambda: True)  # a MindSpore program, whoever imported torch
         state = ms_shm.session()
         for name in ("facts", "fraction", "ranks"):
             monkeypatch.setattr(state, name, getattr(state, name))

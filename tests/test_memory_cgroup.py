@@ -60,3 +60,14 @@ def test_map_growing_rows_in_350m_container(memory_cgroups, name):
         return
     assert ours["digests"] == memory_scenarios.expected_digests(), isolated.describe(proc)
     assert ours["plan"]["memory"] <= ours["plan"]["budget"]
+
+
+def test_a_source_leaves_the_map_after_it_room_in_a_600m_container(memory_cgroups):
+    """The source is planned first: it took the fastest plan up to the whole memory budget, and the map after it
+    found nothing left (an audit: refused 6 runs of 6, where the pipeline fits). Raw is OOM-killed."""
+    proc, group = run("generator_map", "raw", "600M")
+    assert_oom_killed(proc, group)
+    proc, group = run("generator_map", "ms_shm", "600M")
+    ours = result_of(proc)
+    assert not group.oom_kills, isolated.describe(proc)
+    assert ours.get("digests") == memory_scenarios.expected_digests("generator_map"), isolated.describe(proc)

@@ -132,6 +132,30 @@ def test_no_memory_for_any_transport_names_the_container_limit():
     assert "of memory" in text and "cgroup v1 limit 450.0 MiB" in text and "docker run --memory" in text
 
 
+def test_where_memory_binds_the_source_leaves_a_map_after_it_room():
+    """The source is planned first: the fastest plan up to the whole memory budget left the map after it nothing
+    (an audit's generator + map of 8 MiB rows in a 600 MB container, refused 6 runs of 6). It now keeps the least
+    a map of its rows holds, and says so; the map then fits in what is left."""
+    b = room(4 * GiB, memory=int(350 * MiB / 0.8))
+    source = planning.plan_generator(rows(8 * MiB, seconds=0.002), ask(workers=2), b, V210)
+    kept = next(d for d in source.decisions if d.setting == "memory_kept_for_next_stage")
+    assert kept.value == planning.next_stage_memory(8 * MiB) and "left for a stage after this one" in kept.reason
+    left = replace(b, memory_bytes=b.memory_bytes - source.predicted_memory)
+    after = planning.plan_map(8 * MiB, 8 * MiB, 0.002, 1.0, 100, ask(), left, V210)
+    assert source.predicted_memory + after.predicted_memory <= b.memory_bytes
+    roomy = planning.plan_generator(rows(8 * MiB, seconds=0.002), ask(workers=2), room(4 * GiB), V210)
+    assert all(d.setting != "memory_kept_for_next_stage" for d in roomy.decisions)  # nothing binds: no change
+
+
+def test_dropping_explicit_settings_is_offered_only_where_it_would_fit():
+    """An audit dropped num_parallel_workers=2 as the error said, and the map was refused again."""
+    for memory, offered in ((60 * MiB, False), (95 * MiB, True)):  # threads x1 at prefetch 1 holds 88 MiB
+        with pytest.raises(ShmBudgetError) as err:
+            planning.plan_map(8 * MiB, 8 * MiB, 0.002, 1.0, 100, ask(workers=2),
+                              room(4 * GiB, memory=int(memory / 0.8)), V210)
+        assert ("drop the explicit num_parallel_workers=2" in str(err.value)) is offered, err.value
+
+
 def test_measured_worker_pages_count_for_each_worker():
     light = replace(rows(**CPU_HEAVY), worker_bytes=MiB)
     heavy = replace(light, worker_bytes=200 * MiB)

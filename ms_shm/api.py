@@ -650,7 +650,8 @@ def map(dataset: Any, operations: Any = None, input_columns: Sequence[str] | str
     probe = measure.probe_operations(lineage, operations, ins, outs, _worker_pages(facts),
                                      defer_row_errors=_explicit is not None, beside=_beside_probe(facts))
     p = _plan_operations(probe, _request(asked, config, facts, eng, _explicit), config, facts, eng,
-                         eng.compat.rows_per_epoch(dataset, _rows_known), "map")
+                         eng.compat.rows_per_epoch(dataset, _rows_known), "map",
+                         eng.compat.starts_python_pool(operations))
     kwargs = _stage_kwargs(map_kwargs, p, num_parallel_workers, config)
     p, fed = threads.cap_operations(p, operations, facts.usable_cpus, _threads_started(probe))  # per worker
     _apply_globals(p, config, eng, quiet=_explicit is not None)
@@ -701,7 +702,8 @@ def batch(dataset: Any, batch_size: Any, drop_remainder: bool = False, num_paral
                                 _worker_pages(facts), defer_row_errors=_explicit is not None,
                                 beside=_beside_probe(facts))
     rows = eng.compat.batches(eng.compat.rows_per_epoch(dataset, _rows_known), batch_size, drop_remainder)
-    p = _plan_operations(probe, _request(asked, config, facts, eng, _explicit), config, facts, eng, rows, "batch")
+    p = _plan_operations(probe, _request(asked, config, facts, eng, _explicit), config, facts, eng, rows, "batch",
+                         slot_rows=batch_size if isinstance(batch_size, int) and batch_size > 0 else 1)
     kwargs = _stage_kwargs(batch_kwargs, p, num_parallel_workers, config)
     p, kwargs["per_batch_map"] = threads.cap_operations(p, per_batch_map, facts.usable_cpus,  # threads per worker
                                                         _threads_started(probe))
@@ -728,9 +730,11 @@ def _rows_known(dataset: Any) -> int | None:
 
 
 def _plan_operations(probe: measure.StageProbe, req: Request, config: Any, facts: host.HostFacts, eng: Any,
-                     rows: int | None, kind: str) -> Plan:
+                     rows: int | None, kind: str, python_pool: bool = True, slot_rows: int = 1) -> Plan:
     """The plan for a map (or batch) stage of ``rows`` rows (batches) per epoch, where known: measured, or
-    MindSpore's own settings where rows cannot be measured or depend on which worker computes them."""
+    MindSpore's own settings where rows cannot be measured or depend on which worker computes them.
+    ``python_pool``: whether worker processes would run any of the operations (``compat.starts_python_pool``);
+    ``slot_rows``: a batch stage's batch size (MindSpore sizes its pool's slots by it)."""
     profile, b = _profile(config, facts, eng), SESSION.budget(facts)
     req = replace(req, rows_per_epoch=rows)
     why = probe.unmeasured or probe.effects.mode_bound
@@ -746,7 +750,8 @@ def _plan_operations(probe: measure.StageProbe, req: Request, config: Any, facts
         p = _fit(lambda r: eng.planning.plan_map(st.in_bytes, st.out_bytes, st.seconds_per_row, st.cpu_fraction,
                                                  rows, r, b, profile, shmmax=facts.shmmax,
                                                  worker_bytes=st.worker_bytes, costs=costs,
-                                                 parallel_fraction=st.parallel_fraction), req, bool(why))
+                                                 parallel_fraction=st.parallel_fraction,
+                                                 python_pool=python_pool, slot_rows=slot_rows), req, bool(why))
     p = replace(p, kind=kind, rows_per_epoch=rows)
     if not why:
         return p

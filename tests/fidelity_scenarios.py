@@ -48,6 +48,16 @@ def digests(dataset, epochs: int = 1) -> list:
     return out
 
 
+def one_iterator(dataset, epochs: int) -> list:
+    """Every row of ``epochs`` epochs read through one iterator (``num_epochs``, as ``Model.train`` makes it)."""
+    iterator = dataset.create_tuple_iterator(output_numpy=True, num_epochs=epochs)
+    out = []
+    for _ in range(epochs):
+        out += [hashlib.sha256(b"".join(np.ascontiguousarray(c).tobytes() for c in row)).hexdigest()
+                for row in iterator]
+    return out
+
+
 def run_scenario(name: str, mode: str) -> None:
     import mindspore.dataset as ds
 
@@ -65,9 +75,13 @@ def run_scenario(name: str, mode: str) -> None:
         build = ds.GeneratorDataset if mode == "raw" else ms_shm.build_dataset
         dataset = build(Deterministic(n=8, nbytes=MiB), ["data", "label"], shuffle=False, num_parallel_workers=2,
                         python_multiprocessing=True)
+    elif name == "small_many_epochs":  # fewer rows per worker than it has slots, over 3 epochs of one iterator
+        build = ds.GeneratorDataset if mode == "raw" else ms_shm.build_dataset
+        dataset = build(Deterministic(n=16, nbytes=2 * MiB), ["data", "label"], shuffle=False,
+                        num_parallel_workers=2, python_multiprocessing=True)
     else:
         raise SystemExit(f"unknown scenario {name}")
-    rows = digests(dataset, epochs=2)
+    rows = one_iterator(dataset, 3) if name == "small_many_epochs" else digests(dataset, epochs=2)
     plan = ms_shm.plan_of(dataset)
     print("RESULT " + json.dumps({"rows": rows, "mode": plan.mode if plan else None,
                                   "locked": bool(plan and any(d.setting == "mode_locked" for d in plan.decisions))}),

@@ -843,3 +843,22 @@ def test_stages_know_their_rows_per_epoch_through_take_repeat_and_batch(ds):
     batched = ms_shm.batch(mapped, 8, drop_remainder=True, per_batch_map=lambda a, info: (a,), input_columns=["a"])
     assert [ms_shm.plan_of(d).rows_per_epoch for d in (source, mapped, batched)] == [90, 100, 12]
     assert sum(1 for _ in batched.create_tuple_iterator(num_epochs=1)) == 12
+
+
+def test_mindspores_cpp_transforms_start_no_python_pool_and_python_callables_do(ds):
+    """``compat.starts_python_pool`` reads operations as MindSpore's ``prepare_multiprocessing`` does: a map of its
+    C++ vision transforms alone runs in its C++ threads whatever ``python_multiprocessing`` says (no Python pool,
+    nothing in /dev/shm or SysV); a Python function, or a transform MindSpore runs in Python, starts one."""
+    from mindspore.dataset import vision
+
+    from ms_shm.engines.mindspore import compat
+
+    cpp = [vision.RandomCrop(8), vision.RandomHorizontalFlip()]
+    assert not compat.starts_python_pool(cpp) and not compat.starts_python_pool(cpp[0])
+    assert compat.starts_python_pool(cpp + [lambda x: x])
+    assert compat.starts_python_pool([vision.ToPIL(), vision.RandomHorizontalFlip(), vision.ToTensor()])
+    image = np.zeros((16, 16, 3), np.uint8)
+    dataset = ds.NumpySlicesDataset({"image": [image] * 4}, shuffle=False)
+    mapped = dataset.map(cpp, input_columns=["image"], num_parallel_workers=2, python_multiprocessing=True)
+    mapped.create_tuple_iterator(num_epochs=1).__next__()
+    assert getattr(mapped, "process_pool", None) is None  # what MindSpore itself did with these operations

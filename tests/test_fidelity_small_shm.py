@@ -48,3 +48,15 @@ def test_spawn_workers_give_the_same_rows(real_mindspore):
     ours = result(run("spawn", "ms_shm", "1g"))
     assert len(expected["rows"]) == 16 and len(set(expected["rows"][:8])) == 8
     assert ours["rows"] == expected["rows"]
+
+
+def test_a_small_dataset_over_several_epochs_of_one_iterator_fits_its_slots(real_mindspore):
+    """A worker cycles through all its slots across the epochs of one iterator, not just the rows of one epoch:
+    planned on one epoch's 8 rows per worker (8 slots of 18), an audit's 16 rows of 2 MiB over 3 epochs met
+    ``RowTooLargeError`` mid-epoch 2 under 64 MB (2.7.2, 2.8.0), where raw dies."""
+    raw_small = run("small_many_epochs", "raw", "64m")
+    assert raw_small.returncode != 0, isolated.describe(raw_small)
+    expected = result(run("small_many_epochs", "raw", "1g"))
+    assert len(expected["rows"]) == 48 and expected["rows"][:16] == expected["rows"][16:32]
+    ours = result(run("small_many_epochs", "ms_shm", "64m"))
+    assert ours["rows"] == expected["rows"]

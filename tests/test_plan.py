@@ -147,6 +147,28 @@ def test_where_memory_binds_the_source_leaves_a_map_after_it_room():
     assert all(d.setting != "memory_kept_for_next_stage" for d in roomy.decisions)  # nothing binds: no change
 
 
+def test_a_map_of_cpp_transforms_alone_starts_no_pool_so_processes_cost_what_threads_cost():
+    """MindSpore starts a Python pool only for an operation still callable once its C++ transforms are parsed:
+    2.0 priced RandomCrop + RandomHorizontalFlip with python_multiprocessing=True at 6 x 16 MiB slots per worker,
+    and refused them under 64 MB, where raw ran (an audit)."""
+    v20, b = model.profile_for("2.0.0"), room(64 * MiB)
+    asked = ask(workers=2, multiprocessing=True)
+    with pytest.raises(ShmBudgetError):
+        planning.plan_map(3 * MiB, 3 * MiB, 0.002, 1.0, 40, asked, b, v20)
+    p = planning.plan_map(3 * MiB, 3 * MiB, 0.002, 1.0, 40, asked, b, v20, python_pool=False)
+    assert (p.mode, p.workers, p.python_multiprocessing, p.predicted_shm) == (PROCESSES, 2, True, 0)
+
+
+def test_a_batch_pools_slots_are_max_rowsize_times_the_batch_size():
+    """MindSpore sizes a per_batch_map pool's slots at max_rowsize x batch_size: an audit's 2.0 batch of 4 with 2
+    workers asked its pre-check for 768 MiB, where ms_shm priced 192 MiB and neither adapted nor refused."""
+    v20, asked = model.profile_for("2.0.0"), ask(workers=2, multiprocessing=True)
+    p = planning.plan_map(4 * MiB, 4 * MiB, 0.01, 1.0, 10, asked, room(4 * GiB), v20, slot_rows=4)
+    assert p.predicted_shm >= 2 * 6 * 16 * 4 * MiB
+    with pytest.raises(ShmBudgetError):  # 640 MB x 80%: the map's 192 MiB would fit, the batch's 768 MiB does not
+        planning.plan_map(4 * MiB, 4 * MiB, 0.01, 1.0, 10, asked, room(640 * MiB), v20, slot_rows=4)
+
+
 def test_dropping_explicit_settings_is_offered_only_where_it_would_fit():
     """An audit dropped num_parallel_workers=2 as the error said, and the map was refused again."""
     for memory, offered in ((60 * MiB, False), (95 * MiB, True)):  # threads x1 at prefetch 1 holds 88 MiB

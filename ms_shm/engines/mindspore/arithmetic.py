@@ -114,8 +114,10 @@ class MapCost(Result):
 
 
 def map_pool_cost(profile: EngineProfile, workers: int, in_bytes: int, out_bytes: int,
-                  max_rowsize_mb: int | None = None) -> MapCost:
-    """Shared memory of ``.map(python_multiprocessing=True)`` (or ``batch(per_batch_map=...)``)."""
+                  max_rowsize_mb: int | None = None, slot_rows: int = 1) -> MapCost:
+    """Shared memory of ``.map(python_multiprocessing=True)`` (or ``batch(per_batch_map=...)``). ``slot_rows``:
+    a batch's pool slots are ``max_rowsize x batch_size`` MiB (``BatchDataset`` multiplies them, 2.0 to 2.10: an
+    audit's 2.0 batch of 4 asked MindSpore's pre-check for 768 MiB where ms_shm priced 192 MiB)."""
     if workers <= 0:
         return MapCost(0, 0, 0)
     sem = SEM_PAGES_PER_POOL * PAGE
@@ -124,7 +126,7 @@ def map_pool_cost(profile: EngineProfile, workers: int, in_bytes: int, out_bytes
         segment = pages(row + 512)
         return MapCost(sem, workers * segment, segment)
     rowsize = max_rowsize_mb if max_rowsize_mb and max_rowsize_mb > 0 else profile.map_default_max_rowsize_mb
-    per_slot = rowsize * MiB if rowsize else pages(row)
+    per_slot = rowsize * slot_rows * MiB if rowsize else pages(row)
     return MapCost(workers * 6 * per_slot + sem, 0, 0)
 
 

@@ -562,6 +562,26 @@ def python_code_in(dataset: Any) -> str | None:
     return None
 
 
+def starts_python_pool(operations: Any) -> bool:
+    """Whether ``map(python_multiprocessing=True)`` starts a Python worker pool for ``operations``: MindSpore
+    (2.0 to 2.10, ``MapDataset.prepare_multiprocessing``) starts one only for an operation still callable once its
+    C++ transforms are parsed; with none, they run in its C++ threads and no /dev/shm or SysV is used (an audit:
+    2.0's RandomCrop + RandomHorizontalFlip with ``python_multiprocessing=True`` priced at 192 MiB of /dev/shm and
+    refused under 64 MB, where raw ran). A transform whose implementation is not set yet is made C++ by
+    ``MapDataset`` unless a Python one comes before it, which starts the pool anyway."""
+    ops = operations if isinstance(operations, (list, tuple)) else [operations]
+    return any(callable(op) and _runs_in_python(op) for op in ops)
+
+
+def _runs_in_python(op: Any) -> bool:
+    if "c_transforms" in (type(op).__module__ or ""):  # the old API's C++ transforms
+        return False
+    if type(op).__name__ in ("FuncWrapper", "ToNumpy") or not objects.has(op, "implementation"):
+        return True  # MindSpore keeps these in Python, and a function or callable object is Python
+    implementation = objects.attribute(op, "implementation")
+    return implementation is not None and getattr(implementation, "name", str(implementation)) != "C"
+
+
 def column_names(dataset: Any) -> list:
     return list(dataset.get_col_names())
 

@@ -165,8 +165,11 @@ def _candidates(stats: RowStats, req: Request, budget: Budget, profile: EnginePr
             static = _static_rowsize(req, profile, row_bytes, shared)
             for p in _prefetch_options(req.prefetch):
                 in_process = mode in (INLINE, THREADS)
-                shm = 0 if in_process else model.generator_peak(row_bytes, w, p, rows, static, shared_mem=shared)
-                fds = 0 if in_process else model.generator_fds(w, p, rows, shared_mem=shared)
+                # Slots over the iterator's life, not one epoch's rows: a worker cycles through every slot it has
+                # across epochs (num_epochs > 1, repeat(), the next epoch prefetched), and the epochs an iterator
+                # runs are not known here (an audit: 16 rows, num_epochs=3, RowTooLargeError mid-epoch 2).
+                shm = 0 if in_process else model.generator_peak(row_bytes, w, p, None, static, shared_mem=shared)
+                fds = 0 if in_process else model.generator_fds(w, p, None, shared_mem=shared)
                 memory = model.generator_memory(mode, row_bytes, w, p, shm, stats.worker_bytes, rows)
                 why = _why_not(mode, shm, fds, static, req, budget, stats, memory)
                 if mode == THREADS and budget.shm_bytes is None and profile.threads_need_dev_shm:
@@ -366,8 +369,11 @@ def cap_workers(workers: int | None, cpu_count: int) -> tuple:
 def plan_map(in_bytes: int, out_bytes: int, seconds_per_row: float | None, cpu_fraction: float | None,
              rows: int | None, request: Request, budget: Budget, profile: EngineProfile,
              sysv_limit: int | None = None, shmmax: int | None = None, worker_bytes: int | None = None,
-             costs: Costs = Costs(), parallel_fraction: float | None = None) -> Plan:
-    """Pick processes or threads, and workers, for ``.map``.
+             costs: Costs = Costs(), parallel_fraction: float | None = None, python_pool: bool = True,
+             slot_rows: int = 1) -> Plan:
+    """Pick processes or threads, and workers, for ``.map``. ``python_pool``: False where no operation would run
+    in a Python worker (``compat.starts_python_pool``): processes then cost what threads cost. ``slot_rows``: a
+    batch stage's batch size, by which MindSpore multiplies a static ``max_rowsize`` (``map_pool_cost``).
 
     In 2.7+ map workers exchange rows through one SysV segment each (not /dev/shm), so the limits are
     ``shmmax`` per segment and memory; before 2.7 they used six /dev/shm slots per worker; 2.7 also runs its
@@ -379,7 +385,7 @@ def plan_map(in_bytes: int, out_bytes: int, seconds_per_row: float | None, cpu_f
                      parallel_fraction=parallel_fraction)
     modes = [PROCESSES] if req.multiprocessing is True else [THREADS] if req.multiprocessing is False \
         else [THREADS, PROCESSES]
-    limits = (budget, shmmax, worker_bytes)
+    limits = (budget, shmmax, worker_bytes, python_pool, slot_rows)
 
     def priced(r: Request, kinds: list) -> list:
         return [c for mode in kinds for w in _worker_options(r)
@@ -400,8 +406,8 @@ def plan_map(in_bytes: int, out_bytes: int, seconds_per_row: float | None, cpu_f
         decisions.append(Decision("prefetch_size", best.prefetch, req.prefetch,
                                   f"prefetch {req.prefetch} does not fit ({_why_not_at(cands, best, req.prefetch)}); "
                                   f"this lowers MindSpore's global prefetch size"))
-    sysv = model.map_pool_cost(profile, best.workers, in_bytes, out_bytes, req.max_rowsize).sysv \
-        if best.mode == PROCESSES else 0
+    sysv = model.map_pool_cost(profile, best.workers, in_bytes, out_bytes, req.max_rowsize, slot_rows).sysv \
+        if best.mode == PROCESSES and python_pool else 0
     return Plan("map", best.mode, best.workers, best.prefetch, best.mode == PROCESSES, req.shared_mem,
                 req.max_rowsize, row, best.shm, best.fds, sysv, budget, True, 0, 0, best.seconds, profile,
                 tuple(decisions), (), tuple(plan.top(cands, best)), best.memory)
@@ -422,16 +428,17 @@ def _map_prefetches(mode: str, w: int, in_bytes: int, out_bytes: int, stats: Row
 def _map_candidate(mode: str, w: int, in_bytes: int, out_bytes: int, stats: RowStats, req: Request,
                    profile: EngineProfile, limits: tuple, costs: Costs) -> Candidate:
     """One map transport priced: its /dev/shm, SysV and memory needs against the limits, and its epoch time."""
-    budget, shmmax, worker_bytes = limits
-    processes = mode == PROCESSES
-    cost = model.map_pool_cost(profile, w, in_bytes, out_bytes, req.max_rowsize) if processes \
+    budget, shmmax, worker_bytes, python_pool, slot_rows = limits
+    processes = mode == PROCESSES and python_pool  # no pool: the C++ transforms run in MindSpore's threads
+    cost = model.map_pool_cost(profile, w, in_bytes, out_bytes, req.max_rowsize, slot_rows) if processes \
         else model.MapCost(0, 0, 0)
     why = []
     if budget.shm_bytes is not None and cost.dev_shm > budget.shm_bytes:
         why.append(f"needs {mib(cost.dev_shm)} of /dev/shm > budget {mib(budget.shm_bytes)}")
     if budget.shm_bytes is None and processes:
         why.append("/dev/shm unknown (semaphores live there)")
-    precheck = model.map_precheck_bytes(profile, w, req.max_rowsize) if processes else 0
+    precheck = model.map_precheck_bytes(profile, w, req.max_rowsize and req.max_rowsize * slot_rows) if processes \
+        else 0
     if precheck and budget.shm_bytes is not None and precheck > budget.shm_bytes:
         why.append(f"MindSpore {profile.version}'s map pre-check asks for {mib(precheck)} of /dev/shm for a static "
                    f"max_rowsize ({profile.precheck_error}: 'Insufficient shared memory')")

@@ -107,6 +107,11 @@ class FakeCompat:
     def network_operators_in(self, source):
         return None
 
+    def starts_python_pool(self, operations):
+        from ms_shm.engines.mindspore import compat
+
+        return compat.starts_python_pool(operations)
+
     def python_code_in(self, dataset):
         return "FakeDataset (a Python source)"
 

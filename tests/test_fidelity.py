@@ -862,3 +862,26 @@ def test_mindspores_cpp_transforms_start_no_python_pool_and_python_callables_do(
     mapped = dataset.map(cpp, input_columns=["image"], num_parallel_workers=2, python_multiprocessing=True)
     mapped.create_tuple_iterator(num_epochs=1).__next__()
     assert getattr(mapped, "process_pool", None) is None  # what MindSpore itself did with these operations
+
+
+def test_a_map_of_cpp_transforms_alone_in_processes_gives_raws_rows_and_prices_no_pool(ds):
+    """Explicit ``python_multiprocessing=True`` over C++ transforms alone: MindSpore runs them in its C++ threads,
+    so ms_shm keeps the call as asked, prices no pool (2.0 priced 6 x 16 MiB slots per worker and refused it under
+    64 MB, where raw ran), and the rows are raw's, seeded random crop and flip included, over two epochs."""
+    from mindspore.dataset import vision
+
+    import ms_shm
+
+    images = [np.random.default_rng(i).integers(0, 256, (24, 24, 3), dtype=np.uint8) for i in range(12)]
+
+    def pipeline(mapper):
+        ds.config.set_seed(5)
+        base = ds.NumpySlicesDataset({"image": images}, shuffle=False)
+        return mapper(base, [vision.RandomCrop(16), vision.RandomHorizontalFlip()], input_columns=["image"],
+                      num_parallel_workers=2, python_multiprocessing=True)
+
+    expected = rows_of(pipeline(lambda d, *a, **k: d.map(*a, **k)), epochs=2)
+    ours = pipeline(ms_shm.map)
+    assert rows_of(ours, epochs=2) == expected and len(set(expected)) > 1
+    p = ms_shm.plan_of(ours)
+    assert (p.mode, p.python_multiprocessing, p.predicted_shm, p.predicted_sysv) == ("processes", True, 0, 0), p

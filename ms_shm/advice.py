@@ -513,14 +513,23 @@ def _sysv_limit_findings(facts: Any, t: Typical) -> list:
 
 
 def _sysv_findings(facts: Any, t: Typical) -> list:
+    """Segments nobody has attached are what killed map/batch pools leave; a running pool keeps its own attached,
+    so those are not called leftovers (a live job's were, while ``ms-shm clean`` rightly kept them)."""
     out = _sysv_limit_findings(facts, t)
-    if facts.sysv_segments:
-        out.append(Advice(
-            f"{facts.sysv_segments} SysV shared-memory segment(s) in use ({mib(facts.sysv_bytes or 0)}). "
-            "MindSpore's map/batch workers leave theirs behind when the whole process group is SIGKILLed "
-            "(OOM killer); if no pipeline is running now they are leftovers",
-            "info", "list them with `ipcs -m`; remove MindSpore's leftovers with `ms-shm clean`",
-            (("shell", "ipcs -m\nms-shm clean --dry-run"),), "sysv-in-use"))
+    detached = getattr(facts, "sysv_detached_segments", None)
+    if detached is None and facts.sysv_segments:
+        what = (f"{facts.sysv_segments} SysV shared-memory segment(s) in use ({mib(facts.sysv_bytes or 0)}); "
+                "if no pipeline is running now they are leftovers")
+    elif detached:
+        what = (f"{detached} SysV shared-memory segment(s) that no process has attached "
+                f"({mib(facts.sysv_detached_bytes or 0)}): leftovers")
+    else:
+        return out
+    out.append(Advice(
+        f"{what}. MindSpore's map/batch workers leave theirs behind when the whole process group is SIGKILLed "
+        "(OOM killer)", "info",
+        "list them with `ipcs -m`; remove MindSpore's leftovers with `ms-shm clean` (it keeps what a live process uses)",
+        (("shell", "ipcs -m\nms-shm clean --dry-run"),), "sysv-in-use"))
     return out
 
 

@@ -157,7 +157,13 @@ def _log_tune(report: TuneReport) -> None:
              mib(b.memory_bytes), b.memory_reason)
     for d in report.decisions:
         log.info("ms_shm.tune%s: %s", " (dry run)" if report.dry_run else "", d)
-    SESSION.log_advice_once(report.facts, report.advice)
+    SESSION.log_advice_once(report.facts, [a for a in report.advice if a.code not in _SAID_WHEN_USED])
+
+
+# Advice kept in the report (``ms-shm doctor`` shows it) but not logged by ``tune()``: it concerns an API that
+# says it itself where it is used (``build_dataloader`` logs MindSpore's DataLoader under NumPy 2), and was noise
+# in every GeneratorDataset-only script's log.
+_SAID_WHEN_USED = frozenset({"msloader-numpy2"})
 
 
 def _clean_leftovers() -> None:

@@ -68,6 +68,8 @@ class HostFacts(Result):
     numpy_version: str | None = None  # MindSpore's DataLoader workers need NumPy 1.x
     live: bool = False  # read from this machine (``probe`` of "/"): its memory may be read again (``memory_now``)
     shm_readonly: bool | None = None  # /dev/shm mounted read-only (``read_shm_readonly``): no worker pool starts
+    sysv_detached_segments: int | None = None  # SysV segments no process has attached: a live pool keeps its own
+    sysv_detached_bytes: int | None = None
 
     @property
     def memory_left(self) -> tuple:
@@ -347,10 +349,14 @@ def read_sysv(root: Path, notes: _Notes) -> dict:
         "msgmni": _read_int(kernel / "msgmni", notes),
         "sysv_segments": None,
         "sysv_bytes": None,
+        "sysv_detached_segments": None,
+        "sysv_detached_bytes": None,
     }
     table = procfs.sysvipc_path(root, "shm")
     try:
-        out["sysv_segments"], out["sysv_bytes"] = procfs.segment_totals(procfs.read_sysvipc(table, notes=notes))
+        rows = procfs.read_sysvipc(table, notes=notes)
+        out["sysv_segments"], out["sysv_bytes"] = procfs.segment_totals(rows)
+        out["sysv_detached_segments"], out["sysv_detached_bytes"] = procfs.detached_totals(rows)
     except OSError as exc:
         notes.add(str(table), exc)
     return out
@@ -399,10 +405,23 @@ def _int(env: Mapping[str, str], name: str) -> int | None:
     return value if value >= 0 else None
 
 
-def sharing_hint(local_ranks: int) -> str:
-    """What to check when /dev/shm filled up after planning: other processes sizing themselves as if alone."""
+def sharing_hint(local_ranks: int, shm_path: str | os.PathLike = "/dev/shm") -> tuple:
+    """(hint, fix) when /dev/shm filled up after planning: other ranks sizing themselves as if alone. Where more
+    copies of this program run here than were planned for, the hint names them with what they hold and the fix
+    is the count to export; else the hint says what to check and the fix is empty."""
+    from ms_shm import siblings
+
+    found = siblings.find(shm_path)
+    if found is not None and len(found.pids) + 1 > local_ranks:
+        n = len(found.pids) + 1
+        pids = ", ".join(str(pid) for pid in found.pids[:8]) + (", ..." if len(found.pids) > 8 else "")
+        return (f"{len(found.pids)} other process(es) run this same command here (pid {pids}), holding "
+                f"{mib(found.shm_bytes)} of {shm_path}: ranks that each planned as if alone, where ms_shm planned "
+                f"for {local_ranks} rank(s) using it",
+                f"tell every rank how many share {shm_path}: export LOCAL_WORLD_SIZE={n} (or "
+                f"MS_SHM_LOCAL_RANKS={n}), or ms_shm.tune(ranks={n}); or ")
     return (f"ms_shm planned for {local_ranks} rank(s) using this host's /dev/shm; where more ranks run here, "
-            f"tell each how many: export LOCAL_WORLD_SIZE (or MS_SHM_LOCAL_RANKS), or ms_shm.tune(ranks=N)")
+            f"tell each how many: export LOCAL_WORLD_SIZE (or MS_SHM_LOCAL_RANKS), or ms_shm.tune(ranks=N)", "")
 
 
 def detect_ranks(env: Mapping[str, str], override: int | None = None) -> Ranks:

@@ -233,6 +233,15 @@ def test_sysv_segments_in_use_are_info():
     assert found["sysv-in-use"].severity == "info" and "ms-shm clean" in found["sysv-in-use"].fix
 
 
+def test_only_segments_nobody_attached_are_called_leftovers():
+    """A running map pool keeps its segments attached: doctor beside a live job called them leftovers."""
+    live = facts(sysv_segments=2, sysv_bytes=16 * MiB, sysv_detached_segments=0, sysv_detached_bytes=0)
+    assert "sysv-in-use" not in {a.code for a in advice.diagnose(live)}
+    mixed = facts(sysv_segments=3, sysv_bytes=24 * MiB, sysv_detached_segments=1, sysv_detached_bytes=8 * MiB)
+    found = {a.code: a for a in advice.diagnose(mixed)}["sysv-in-use"]
+    assert found.problem.startswith("1 SysV shared-memory segment(s) that no process has attached (8.0 MiB)")
+
+
 def test_config_findings_accept_dataclass_or_dict():
     @dataclasses.dataclass(frozen=True)
     class Config:

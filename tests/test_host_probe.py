@@ -213,6 +213,7 @@ def test_sysv_segments_counted(tmp_path):
     facts = probe(root)
     assert facts.sysv_segments == 2
     assert facts.sysv_bytes == 8389120 + 16777728
+    assert (facts.sysv_detached_segments, facts.sysv_detached_bytes) == (1, 8389120)  # nattch 0: nobody's
 
 
 # ------------------------------------------------------------------------------------------- where we run

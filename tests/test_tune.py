@@ -98,3 +98,17 @@ r = ms_shm.tune()
 print(json.dumps({"after": state(), "changes": [c.setting for c in r.changes]}))
 """, shm="64k")
     assert out["after"]["shm"] is False and "shared_mem" in out["changes"]
+
+
+def test_dataloader_numpy_advice_is_reported_not_logged(real_mindspore):
+    """MindSpore's DataLoader under NumPy 2 is ``build_dataloader``'s to say where one is built: ``tune()`` keeps
+    it in its report (``ms-shm doctor`` shows it) and leaves it out of a GeneratorDataset script's log."""
+    out, log = run("""
+import numpy
+r = ms_shm.tune(dry_run=True)
+print(json.dumps({"codes": [a.code for a in r.advice], "numpy": numpy.__version__}))
+""")
+    if int(out["numpy"].split(".")[0]) < 2:
+        pytest.skip(f"NumPy {out['numpy']}: MindSpore's DataLoader has no NumPy 2 finding to leave out")
+    assert "msloader-numpy2" in out["codes"]
+    assert "returned a result with an exception set" not in log

@@ -159,7 +159,10 @@ def _sysv_rows(facts: host.HostFacts) -> list:
     if facts.sysv_segments is None:
         rows.append(("SysV in use", _unknown(facts, "sysvipc")))
     else:
-        rows.append(("SysV in use", f"{facts.sysv_segments} segment(s), {mib(facts.sysv_bytes or 0)}"))
+        detached = facts.sysv_detached_segments
+        attached = "" if detached is None or not facts.sysv_segments else (
+            f" ({facts.sysv_segments - detached} attached by running processes, {detached} by none)")
+        rows.append(("SysV in use", f"{facts.sysv_segments} segment(s), {mib(facts.sysv_bytes or 0)}{attached}"))
     return rows
 
 

@@ -201,10 +201,11 @@ class SlotGuard:
         have = f"has only {free_text(free, size + margin)} free" if not when_written else (
             f"had no room for it when the worker created it ({'?' if free is None else mib(free)} free when read "
             f"after that)")
+        hint, ranks_fix = host.sharing_hint(spec.ranks, spec.shm_path)
         return ShmFullError(
             f"row {index} needs a new {mib(size)} shared-memory slot{room}, but {spec.shm_path} {have}: {sibling}"
             f"something else filled it after ms_shm planned this pipeline, and writing the row would end in a bus "
-            f"error ({host.sharing_hint(spec.ranks)}). Fix: make room, this pipeline needs "
+            f"error ({hint}). Fix: {ranks_fix}make room, this pipeline needs "
             f"{mib(self._need(size))} of {spec.shm_path} for its slots (find what else uses it: `df -h "
             f"{spec.shm_path}`; `ms-shm clean` removes what crashed runs left), or {spec.fix}")
 
@@ -250,10 +251,11 @@ def slot_not_committed(size: int) -> ShmFullError:
     if last is not None and last[2] == model.pages(size):
         return last[0].no_room(size, last[1], free, when_written=True)
     have = "its free space unreadable" if free is None else f"{mib(free)} free"
+    hint, ranks_fix = host.sharing_hint(1)
     return ShmFullError(
         f"a row of {mib(size)} needs a new shared-memory slot, and /dev/shm had no room for it when the worker "
-        f"created it ({have} when read after that): something else filled it ({host.sharing_hint(1)}), and "
-        f"writing the row would have ended in a bus error. Fix: make room (find what uses it: `df -h /dev/shm`; "
+        f"created it ({have} when read after that): something else filled it ({hint}), and "
+        f"writing the row would have ended in a bus error. Fix: {ranks_fix}make room (find what uses it: `df -h /dev/shm`; "
         f"`ms-shm clean` removes what crashed runs left), or give /dev/shm more")
 
 

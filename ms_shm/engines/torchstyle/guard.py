@@ -219,9 +219,10 @@ class GuardedCollate:
         size = used + need + 1
         room = (f"had too little free to send it when it was written ({_read_after(space.free)})" if failed else
                 f"has {free_text(space.free, pending)} free, too little to send it")
+        hint, ranks_fix = host.sharing_hint(self.ranks, SHM_DIR)
         return (f"{self._batch(nbytes, info)}{new}: {SHM_DIR} {room}, though the plan's {self.in_flight} batches "
-                f"in flight fit this loader's {mib(self.limit_bytes)}: something else filled it after ms_shm planned this loader "
-                f"({self._others_text()}{host.sharing_hint(self.ranks)}), and {HARM}. Fix: make room, this loader "
+                f"in flight fit this loader's {mib(self.limit_bytes)}: something else filled it after ms_shm planned "
+                f"this loader ({self._others_text()}{hint}), and {HARM}. Fix: {ranks_fix}make room, this loader "
                 f"needs {mib(need)} free for {self._in_flight()} and {mib(used)} of the {mib(space.total)} "
                 f"of {SHM_DIR} are in use (find what uses it: `df -h {SHM_DIR}`; `ms-shm clean` removes what "
                 f"crashed runs left), or give {SHM_DIR} at least {mib(size)} (docker run --shm-size="

@@ -145,3 +145,34 @@ def run_killed_worker(stuck: bool = False) -> None:
 
                 ctypes.PyDLL(None).sleep(120)  # libc's sleep, called holding the GIL
     print("RESULT " + json.dumps({"rows": rows}), flush=True)
+
+
+def halve(data, label, info):
+    """A per_batch_map whose output is a function of its input alone (the same in a worker as inline)."""
+    return [d // 2 for d in data], label
+
+
+def batch_pool_expected(n: int = 16, nbytes: int = 2 * MiB, size: int = 4) -> list:
+    return [digest(np.stack([content(i, nbytes) // 2 for i in range(b, b + size)]),
+                   np.arange(b, b + size, dtype=np.int64)) for b in range(0, n, size)]
+
+
+def run_batch_pool(mode: str, n: int = 16, nbytes: int = 2 * MiB) -> None:
+    """Unchanged code (``ms_shm.patch()`` for ``mode="patched"``) batching 4 rows of 2 MiB with a
+    ``per_batch_map`` in 2 worker processes: the batch's slots hold ``batch_size`` rows each (2.0's pre-check asks
+    for ``max_rowsize x batch_size`` per slot)."""
+    import mindspore.dataset as ds
+
+    if mode == "patched":
+        import ms_shm
+
+        ms_shm.patch()
+    dataset = ds.GeneratorDataset(Fixed(n=n, nbytes=nbytes), ["data", "label"], shuffle=False)
+    dataset = dataset.batch(4, per_batch_map=halve, input_columns=["data", "label"], num_parallel_workers=2,
+                            python_multiprocessing=True)
+    try:
+        rows = [digest(*row) for row in dataset.create_tuple_iterator(output_numpy=True, num_epochs=1)]
+        result = {"rows": rows, "error": None}
+    except Exception as exc:
+        result = {"rows": [], "error": type(exc).__name__, "message": str(exc)[:2000]}
+    print("RESULT " + json.dumps(result), flush=True)

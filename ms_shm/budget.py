@@ -130,6 +130,7 @@ class Reservation(Result):
     fds: int
     memory: int = 0
     kind: str = ""
+    held_apart: int = 0  # memory that still counts against pipelines planned apart: persistent workers' own
 
 
 def sums(items: Sequence[Reservation]) -> tuple[int, int, int]:
@@ -163,9 +164,10 @@ class Ledger:
         self._ids = itertools.count(1)
 
     def reserve(self, label: str, shm_bytes: int, fds: int, memory: int = 0, kind: str = "",
-                in_use: Callable[[], bool] | None = None) -> Reservation:
+                in_use: Callable[[], bool] | None = None, held_apart: int = 0) -> Reservation:
         with self._lock:
-            item = Reservation(next(self._ids), label, int(shm_bytes), int(fds), int(memory), kind)
+            item = Reservation(next(self._ids), label, int(shm_bytes), int(fds), int(memory), kind,
+                               int(held_apart))
             self._items[item.key] = item
             if in_use is not None:
                 self._in_use[item.key] = in_use

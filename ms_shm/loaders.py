@@ -384,7 +384,9 @@ def register(loader: Any, p: Plan) -> None:
     process are assumed to iterate one after the other, and the plan line says so where others are alive), and
     tell its guard which ones were, for the ``ShmFullError`` of a worker that meets them iterating at once."""
     before = _live_loaders()
-    reservation = SESSION.ledger.reserve("dataloader", p.predicted_shm, p.predicted_fds, p.predicted_memory, KIND)
+    persistent = bool(getattr(loader, "persistent_workers", False)) and bool(getattr(loader, "num_workers", 0))
+    reservation = SESSION.ledger.reserve("dataloader", p.predicted_shm, p.predicted_fds, p.predicted_memory, KIND,
+                                         held_apart=p.predicted_memory if persistent else 0)
     weakref.finalize(loader, SESSION.ledger.release, reservation.key)
     guard = getattr(loader, "collate_fn", None)
     if isinstance(guard, GuardedCollate):

@@ -47,16 +47,18 @@ class Session:
     def budget(self, facts: host.HostFacts, reserved: tuple | None = None,
                apart: str | None = None) -> budget_mod.Budget:
         """This rank's budget: free /dev/shm, memory and fds, less what live pipelines of this process reserved
-        (but /dev/shm and fds of those of kind ``apart``: ``Ledger``; their memory still counts, persistent
-        workers keep theirs between epochs). /dev/shm is as it was before the first pipeline (later readings
-        would count our own slots as someone else's); memory is that, or what is left now plus what our
-        pipelines reserved, whichever is less."""
+        (but those of kind ``apart``: ``Ledger``; of theirs only the memory persistent workers keep between
+        epochs counts, ``held_apart``: a val loader of 8 x 16 MiB samples was refused in a 450 MB container after
+        a train loader with no workers, idle, that held nothing, where raw torch ran both). /dev/shm is as it
+        was before the first pipeline (later readings would count our own slots as someone else's); memory is
+        that, or what is left now plus what our pipelines reserved, whichever is less."""
         if reserved is not None:
             (shm_used, fds_used, memory_used), pipelines = reserved, 0
         else:
             live = self.ledger.live()  # one reading: a pipeline registered meanwhile is in all three or none
             counted = budget_mod.but_kind(live, apart)
-            (shm_used, fds_used, _), memory_used = budget_mod.sums(counted), budget_mod.sums(live)[2]
+            shm_used, fds_used, memory_used = budget_mod.sums(counted)
+            memory_used += sum(r.held_apart for r in live if r.kind == apart)
             pipelines = sum(1 for r in counted if r.shm_bytes)
         memory_left, memory_source = facts.memory_left
         now_left = host.memory_now(facts).memory_left[0] if memory_left is not None else None

@@ -165,18 +165,21 @@ def test_a_kind_planned_apart_does_not_count_against_its_own_kind():
     assert ledger.live()[0].to_dict()["kind"] == "dataloader"
 
 
-def test_the_session_budget_of_a_loader_keeps_other_loaders_memory_but_not_their_shm(monkeypatch):
+def test_the_session_budget_of_a_loader_keeps_only_persistent_workers_memory_of_other_loaders(monkeypatch):
+    """Loaders iterate one after the other: an idle one holds no batches, and no workers unless persistent. A
+    val loader was refused in a 450 MB container after a train loader with no workers, where raw torch ran both."""
     from ms_shm import host
     from ms_shm.state import Session
 
     s = Session()
     s.ledger.reserve("dataloader", 40 * MiB, 24, 100 * MiB, kind="dataloader")
+    s.ledger.reserve("dataloader", 8 * MiB, 4, 30 * MiB, kind="dataloader", held_apart=30 * MiB)
     facts = host.probe()
     b = s.budget(facts, apart="dataloader")
     assert b.reserved_shm == 0 and b.reserved_fds == 0 and b.reserved_pipelines == 0
-    assert b.reserved_memory == 100 * MiB  # persistent workers keep their pages between epochs
+    assert b.reserved_memory == 30 * MiB  # persistent workers keep their pages between epochs; the other nothing
     b = s.budget(facts)
-    assert b.reserved_shm == 40 * MiB and b.reserved_pipelines == 1
+    assert b.reserved_shm == 48 * MiB and b.reserved_memory == 130 * MiB and b.reserved_pipelines == 2
 
 
 @pytest.mark.parametrize("reserved, pipelines, ranks, expected, text", [

@@ -7,6 +7,7 @@ batch that outgrows its plan. Raw failures are asserted; ms_shm's batches must b
 from __future__ import annotations
 
 import functools
+import hashlib
 import itertools
 import logging
 import os
@@ -777,6 +778,47 @@ def test_in_a_container_memory_limit_raw_workers_are_oom_killed_ms_shm_run_deliv
     assert not group.oom_kills, real_torch.describe(proc)
     reference, _ = go("", "4G")
     assert result(proc)["digests"] == result(reference)["digests"]
+
+
+# Train and val loaders built up front, no workers, 64 MiB batches: each alone fits a 450 MB container, and they
+# iterate one after the other (the README audit's two_loaders.py).
+TWO_LOADERS = """
+import hashlib, json
+import torch
+import ms_shm
+from torch.utils.data import Dataset
+
+class Big(Dataset):
+    def __len__(self):
+        return 8
+    def __getitem__(self, i):
+        return torch.full((16 << 20,), i % 251, dtype=torch.uint8)
+
+ms_shm.tune()
+train = ms_shm.build_dataloader(Big(), batch_size=4)
+val = ms_shm.build_dataloader(Big(), batch_size=4)
+print("RESULT " + json.dumps({name: [hashlib.sha256(b.numpy().tobytes()).hexdigest()[:16] for b in loader]
+                              for name, loader in (("train", train), ("val", val))}), flush=True)
+"""
+
+
+def test_a_val_loader_built_after_an_idle_train_loader_gets_the_memory_back(real_torch, tmp_path):
+    """An idle loader with no workers holds no batches: the val loader was refused (``ShmBudgetError``, 192 MiB
+    against 51 MiB left "minus 192.0 MiB reserved by live pipelines") where raw torch ran both in 450 MB.
+    Persistent workers' memory still counts (``tests/test_budget.py``)."""
+    why = real_torch.memory_cgroup_unavailable()
+    if why:
+        pytest.skip(f"memory cgroup unavailable: {why}")
+    script = tmp_path / "two.py"
+    script.write_text(TWO_LOADERS)
+    with real_torch.memory_cgroup("450M") as group:
+        proc = real_torch.run_shell(f"exec {shlex.quote(sys.executable)} {shlex.quote(str(script))}", shm="2g",
+                                    timeout=300, cgroup=group)
+    assert not group.oom_kills, real_torch.describe(proc)
+    got = result(proc)
+    want = [hashlib.sha256(np.repeat(np.arange(b, b + 4, dtype=np.uint8), 16 << 20).tobytes()).hexdigest()[:16]
+            for b in (0, 4)]
+    assert got == {"train": want, "val": want}
 
 
 # A random crop applied only to the samples larger than the crop (1 in 4 here), and a class-balanced sampler

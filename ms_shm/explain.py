@@ -272,7 +272,8 @@ _OWN_RECORD = re.compile(
     rf"^{_LEVEL}(?:: |:{_LOGGER}:)|"
     rf"^[^\n]{{0,60}}?\b{_LEVEL}\]?[ \t:|-]+\[?{_LOGGER}\b|"
     rf"^[^\n]{{0,60}}?\b{_LOGGER}\]?[ \t:|-]+\[?{_LEVEL}\b|"
-    r"^(?![ \t]*[\w.]*(?:Error|Exception)\b:)[^\n]*\S Fix: \S")
+    r"^(?![ \t]*[\w.]*(?:Error|Exception)\b:)[^\n]*\S Fix: \S|"
+    r"^ms_shm\.tune: budget ")  # ``str(TuneReport)`` printed or logged: its advice lines follow, indented
 
 
 def without_own_records(text: str) -> str:

@@ -290,6 +290,15 @@ def test_watch_follows_another_process_until_it_ends():
     assert summary["peak_workers"] >= 1
     gone = run("watch", str(job.pid))
     assert gone.returncode == 2 and "no process" in gone.stderr
+    gone = run("watch", str(job.pid), "--json")  # a script reading --json gets JSON on the error path too
+    assert gone.returncode == 2 and json.loads(gone.stdout)["error"] == f"no process {job.pid}"
+
+
+def test_plan_without_its_size_is_a_usage_error():
+    """Exit 2, as argparse exits for every other usage error (it was 1, "nothing recognised" elsewhere)."""
+    for args in (("--workers", "2"), ("--framework", "torch", "--workers", "2")):
+        r = run("plan", *args)
+        assert r.returncode == 2 and r.stderr.startswith("ms-shm plan: ") and not r.stdout
 
 
 def test_no_command_prints_usage():

@@ -372,6 +372,15 @@ def test_ms_shms_own_logged_predictions_are_not_crashes():
     assert explain(TUNE_WARNING, facts()) == ()
     assert explain(TUNE_WARNING.replace("WARNING: ", "WARNING:ms_shm.api:"), facts()) == ()
     assert explain("INFO: ms_shm generator: mode=pipes workers=2 (Bus error when /dev/shm fills)\n", facts()) == ()
+    # ``str(tune())`` as the quick start logs it: its advice lines say "Bus error" and "SystemError" too
+    report = ("INFO    quickstart: tune report:\n"
+              "ms_shm.tune: budget 51.2 MiB of /dev/shm per pipeline (64.0 MiB free), 18.0 GiB of memory\n"
+              "  advice: /dev/shm is 64.0 MiB ... the first worker that writes past the end dies (Bus error when "
+              "/dev/shm fills) -> give the container a /dev/shm of 512m\n"
+              "  advice: MindSpore 2.10.0's DataLoader (mindspore.dataset.dataloader) can fail on batches from worker "
+              "processes under NumPy 2.4.6 ('SystemError: ... returned a result with an exception set' in "
+              "restore_tensor) -> pip install 'numpy<2'\n")
+    assert explain(report, facts()) == ()
     # the same words from MindSpore itself, after ms_shm's warning, are still explained
     mindspore_said = "OSError: [Errno 28] No space left on device\n  File synchronize.py\n"
     assert only(TUNE_WARNING + mindspore_said).kind == "no-space"

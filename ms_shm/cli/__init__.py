@@ -27,6 +27,7 @@ from ms_shm.cli.run import cmd_run, split_run_argv
 
 SCHEMA = 1  # bumped when a key of the --json output changes meaning or goes away
 EXIT_OK, EXIT_NOTHING, EXIT_CRASH = 0, 1, 2
+EXIT_USAGE = 2  # as argparse exits for a usage error
 _LABEL = 20
 _WIDTH = 100
 _UNLIMITED = 1 << 62
@@ -321,11 +322,16 @@ def loader_plan_dict(args: argparse.Namespace, facts: host.HostFacts, budget: An
             "plan_note": note, "fits": chosen is not None and bool(chosen.fits)}
 
 
+def _usage(message: str) -> int:
+    print(message, file=sys.stderr)
+    return EXIT_USAGE
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     facts = host.probe(ranks=args.ranks)
     if args.framework != "mindspore":
         if args.batch_mb is None:
-            raise SystemExit("ms-shm plan: --framework torch / mindspore-dataloader needs --batch-mb")
+            return _usage("ms-shm plan: --framework torch / mindspore-dataloader needs --batch-mb")
         budget, chosen, note = loader_what_if(args, facts)
         if args.json:
             print(json.dumps({"schema": SCHEMA, **loader_plan_dict(args, facts, budget, chosen, note)}, indent=2,
@@ -334,7 +340,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             print("\n".join(loader_plan_lines(args, budget, chosen, note)))
         return EXIT_OK
     if args.row_mb is None:
-        raise SystemExit("ms-shm plan: --row-mb is required for GeneratorDataset (--framework mindspore)")
+        return _usage("ms-shm plan: --row-mb is required for GeneratorDataset (--framework mindspore)")
     report = _engine().what_if_report(facts, int(args.row_mb * sizes.MiB), args.workers, args.prefetch,
                                       args.ranks, args.mindspore, args.shm, args.rows)
     if args.json:
@@ -432,7 +438,10 @@ def cmd_watch(args: argparse.Namespace) -> int:
     from ms_shm.watch import watch
 
     if not os.path.isdir(f"/proc/{args.pid}"):
-        print(f"ms-shm watch: no process {args.pid}", file=sys.stderr)
+        if args.json:
+            print(json.dumps({"schema": SCHEMA, "pid": args.pid, "error": f"no process {args.pid}"}))
+        else:
+            print(f"ms-shm watch: no process {args.pid}", file=sys.stderr)
         return EXIT_CRASH
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))

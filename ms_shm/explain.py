@@ -372,6 +372,25 @@ def _shm_state(facts: Any, fields: dict) -> str:
     return here
 
 
+_LOADERS = ("torch", "mindspore-dataloader")  # engines whose workers send batches, not GeneratorDataset rows
+_LOADER_PREFETCH = 2  # both DataLoaders' default prefetch_factor
+
+
+def _loader_shm_state(facts: Any, engine: str, t: advice.Typical, size: int) -> str:
+    """A DataLoader's /dev/shm in a sentence: the batches the fix's size holds, in place of a GeneratorDataset's
+    slots (a torch ENOSPC was told of "2 workers x 18 slots x 8.0 MiB rows"), and the command that sizes the
+    job's own batches (the log does not show them)."""
+    total, free = getattr(facts, "shm_total", None), getattr(facts, "shm_free", None)
+    where = ("This host's /dev/shm could not be read" if total is None else
+             f"This host's /dev/shm is {mib(total)} ({mib(free)} free)")
+    batches, told = t.workers * _LOADER_PREFETCH + 1, advice.human_size(size)
+    largest = int(advice.parse_size(told) * advice.HEADROOM / batches / max(1, t.ranks))
+    return (f"{where}. The log does not show the batch size: a /dev/shm of {told} holds "
+            f"{t.workers} workers x prefetch_factor {_LOADER_PREFETCH} (+1) = {batches} batches of up to "
+            f"{mib(largest)} for each of {t.ranks} rank(s); `ms-shm plan --framework {engine} --batch-mb <MB> "
+            f"--workers <W>` says what fits for yours.")
+
+
 def _shm_need(facts: Any, t: advice.Typical, fields: dict) -> int:
     """The /dev/shm to ask for: a typical pipeline's need, or what makes a pre-check of ``required`` pass (it
     compares with 80% of the free space at launch) plus what was already in use, whichever is larger; and never
@@ -450,8 +469,10 @@ def _words(facts: Any, sig: Signature, fields: dict) -> dict:
     required, available = fields.get("required"), fields.get("available")
     words = {"pid": None, "signal": None, "code": None, "required": required, "available": available}
     words.update(fields)
+    size = _size_for(facts, sig.need, t, fields)
     words.update(
-        shm_state=_shm_state(facts, fields), size=advice.human_size(_size_for(facts, sig.need, t, fields)),
+        shm_state=(_loader_shm_state(facts, sig.engine, t, size) if sig.engine in _LOADERS else
+                   _shm_state(facts, fields)), size=advice.human_size(size),
         readonly_state=_READONLY_STATE.get(getattr(facts, "shm_readonly", None)),
         who=f"worker {fields['pid']}" if fields.get("pid") else "a worker",
         memory_limit=mib(getattr(facts, "memory_limit", None)), workers=t.workers, prefetch=t.prefetch, fds=fds,

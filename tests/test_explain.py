@@ -130,6 +130,10 @@ def test_pytorch_shm_file_write_failure():
     text = ("RuntimeError: unable to write to file </torch_287_2714559211_8>: No space left on device (28)\n")
     e = only(text)
     assert e.kind == "pytorch-no-space" and "/dev/shm" in e.cause
+    # a DataLoader's batches, not a GeneratorDataset's slots (it was told of "2 workers x 18 slots x 8.0 MiB rows")
+    assert "slots" not in e.cause and "--framework torch --batch-mb" in e.cause
+    told = e.fix.split("a /dev/shm of ")[1].split()[0]
+    assert f"a /dev/shm of {told} holds " in e.cause
 
 
 def test_nothing_recognised():

@@ -251,12 +251,20 @@ def slot_not_committed(size: int) -> ShmFullError:
     if last is not None and last[2] == model.pages(size):
         return last[0].no_room(size, last[1], free, when_written=True)
     have = "its free space unreadable" if free is None else f"{mib(free)} free"
-    hint, ranks_fix = host.sharing_hint(1)
+    hint, ranks_fix = host.sharing_hint(_planned_ranks())
     return ShmFullError(
         f"a row of {mib(size)} needs a new shared-memory slot, and /dev/shm had no room for it when the worker "
         f"created it ({have} when read after that): something else filled it ({hint}), and "
         f"writing the row would have ended in a bus error. Fix: {ranks_fix}make room (find what uses it: `df -h /dev/shm`; "
         f"`ms-shm clean` removes what crashed runs left), or give /dev/shm more")
+
+
+def _planned_ranks() -> int:
+    """The local ranks this process planned for (its fork of the session), 1 where it never read them."""
+    from ms_shm.state import SESSION
+
+    facts = SESSION.facts
+    return facts.ranks.local_size if facts is not None else 1
 
 
 def row_nbytes(row: Any) -> int:

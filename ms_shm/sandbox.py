@@ -32,7 +32,6 @@ import threading
 import time
 import traceback
 import types
-import warnings
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
@@ -139,9 +138,9 @@ def run_in_fork(probe: Callable[[], Any], timeout: float | None = None, worker_p
     hooks = _mindspore_fork_hooks()
     _call_hook(hooks, "prepare_before_fork")
     try:
-        with warnings.catch_warnings():  # 3.12+ warns on fork in a threaded process; MindSpore forks the same way
-            warnings.simplefilter("ignore", DeprecationWarning)
-            pid = os.fork()
+        # os.fork itself: warnings.catch_warnings() here made Python forget every warning it had shown once
+        # (torch's "will create 3 worker processes" came again for each DataLoader: 2 lines raw, 8 under ms_shm)
+        pid = os.fork()
     except OSError as exc:
         _call_hook(hooks, "parent_at_fork")
         for fd in (read_end, write_end, *gate):
@@ -257,6 +256,7 @@ def _child(probe: Callable[[], Any], fd: int, worker_pages: bool) -> None:  # pr
         os.dup2(devnull, 2)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
         _one_torch_thread()
+        _keep_mindspore_iterators()
         threads_at_start = procfs.thread_count()
         try:
             with fdguard.kept(spare=(fd, _gate)) as blinded:  # a file the source reads is the parent's too
@@ -277,6 +277,23 @@ def _child(probe: Callable[[], Any], fd: int, worker_pages: bool) -> None:  # pr
             out.write(data)
     finally:
         os._exit(0)
+
+
+_KEPT: list = []  # in a probe child: the program's MindSpore iterators, never finalized there
+
+
+def _keep_mindspore_iterators() -> None:  # pragma: no cover - child side
+    """Hold every MindSpore iterator the program had at the fork, so that none is finalized here: one the program
+    had left in a reference cycle (a traceback that ``pytest.raises`` holds) was collected in the child, and its
+    ``stop()`` waited for ever on the runtime's threads, which a fork does not copy; each later pipeline's probe
+    then waited out its 60 s timeout (MindSpore's own ``test_datasets_generator.py`` under ``patch()``). It is
+    garbage in the program too, and the program's own collection finalizes it there."""
+    iterators = sys.modules.get("mindspore.dataset.engine.iterators")
+    for ref in getattr(iterators, "ITERATORS_LIST", None) or ():
+        try:
+            _KEPT.append(ref())
+        except Exception:  # a foreign module, or a list of something else: nothing to hold
+            return
 
 
 def _one_torch_thread() -> None:  # pragma: no cover - child side
@@ -323,6 +340,10 @@ def _collect(pid: int, fd: int, timeout: float) -> Outcome:
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([fd], [], [], left)[0]:
                 _kill(pid)
+                # the program waited that long: said where it is seen, whatever the plan keeps (an explicit
+                # num_parallel_workers=1 was built after 60 s with one INFO line)
+                log.warning("ms_shm: a probe of this pipeline's rows did not finish within %.0f s and was stopped; "
+                            "the pipeline is planned without it (set %s to wait longer)", timeout, TIMEOUT_ENV)
                 return Outcome(unavailable=f"the probe did not finish within {timeout:.0f} s (set {TIMEOUT_ENV} "
                                            f"to wait longer); it was stopped")
             chunk = os.read(fd, 1 << 20)

@@ -572,3 +572,18 @@ def test_a_probe_running_mindspore_ops_after_the_program_ran_one_does_not_hang()
     probes = [line.split() for line in proc.stdout.splitlines() if line.startswith("PROBE")]
     assert proc.returncode == 0 and len(probes) == 2, proc.stdout + proc.stderr[-3000:]
     assert all(p[2:] == ["None", "True"] and float(p[1]) < 10 for p in probes), probes
+
+
+def test_a_probe_leaves_the_programs_shown_warnings_alone():
+    """Python shows a warning once per place by default; a fork wrapped in ``warnings.catch_warnings()`` made it
+    forget them all, and torch's "will create 3 worker processes" came again for every DataLoader (2 lines raw,
+    8 under ms_shm, in PyTorch's own test_dataloader.py under ``patch()``)."""
+    code = ("import warnings\n"
+            "from ms_shm import sandbox\n"
+            "def warn():\n"
+            "    warnings.warn('shown once', UserWarning)\n"
+            "for _ in range(3):\n"
+            "    warn()\n"
+            "    sandbox.run_in_fork(lambda: 1)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stderr.count("UserWarning: shown once") == 1, proc.stderr

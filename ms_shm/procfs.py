@@ -275,11 +275,26 @@ def mapped_paths(pid: int | str, root: str | os.PathLike = "/") -> Iterator[str]
     Raises ``OSError`` (``FileNotFoundError`` once the process exited) while iterating; paths yielded before
     the error stay valid.
     """
+    for parts in _file_mappings(pid, root):
+        yield _undeleted(parts[5].rstrip("\n"))
+
+
+def mapped_files(pid: int | str, root: str | os.PathLike = "/") -> Iterator[tuple]:
+    """``(path, (device, inode), bytes mapped)`` per file mapping of ``pid``: the inode names a file its path no
+    longer does (multiprocessing's heap unlinks its file once mapped). Raises as ``mapped_paths``."""
+    for parts in _file_mappings(pid, root):
+        start, end = (int(x, 16) for x in parts[0].split("-"))
+        major, minor = (int(x, 16) for x in parts[3].split(":"))
+        yield _undeleted(parts[5].rstrip("\n")), (os.makedev(major, minor), int(parts[4])), end - start
+
+
+def _file_mappings(pid: int | str, root: str | os.PathLike) -> Iterator[list]:
+    """The fields of each line of ``/proc/<pid>/maps`` that maps a file (six fields: the last is its path)."""
     with open(_proc(root, pid, "maps"), encoding="utf-8", errors="replace") as handle:
         for line in handle:
             parts = line.split(None, 5)
             if len(parts) == 6:
-                yield _undeleted(parts[5].rstrip("\n"))
+                yield parts
 
 
 def _undeleted(target: str) -> str:

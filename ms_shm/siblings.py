@@ -97,16 +97,8 @@ def _open_files(pid: int, prefix: str, root: str | os.PathLike) -> list:
 
 
 def _mapped_files(pid: int, prefix: str, root: str | os.PathLike) -> list:
-    """(inode, mapped bytes) of ``pid``'s mappings of files under ``prefix``, from ``/proc/<pid>/maps``."""
-    found = []
+    """(inode, mapped bytes) of ``pid``'s mappings of files under ``prefix``."""
     try:
-        with open(Path(root, "proc", str(pid), "maps"), encoding="utf-8", errors="replace") as handle:
-            for line in handle:
-                parts = line.split(None, 5)
-                if len(parts) == 6 and parts[5].startswith(prefix):
-                    start, end = (int(x, 16) for x in parts[0].split("-"))
-                    major, minor = (int(x, 16) for x in parts[3].split(":"))
-                    found.append(((os.makedev(major, minor), int(parts[4])), end - start))
+        return [(inode, size) for path, inode, size in procfs.mapped_files(pid, root) if path.startswith(prefix)]
     except (OSError, ValueError):
-        pass
-    return found
+        return []

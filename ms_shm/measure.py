@@ -510,10 +510,10 @@ def _operations_pair(operations: Any, inputs: list, share: float | None) -> tupl
     """Two rows' operations at once: ``(results, walls, cpus, parallel fraction)``; nothing where the operations
     are not safe on two threads (then measured alone)."""
     try:
-        pair, walls, cpus, together = parallel.run_pair(lambda a: run_operations(operations, a), inputs)
+        pair, walls, cpus, together, gil_busy = parallel.run_pair(lambda a: run_operations(operations, a), inputs)
     except Exception:
         return [], [], [], None
-    return pair, walls, cpus, parallel.parallel_fraction(cpus, together, share, parallel.usable_cpus())
+    return pair, walls, cpus, parallel.parallel_fraction(cpus, together, share, parallel.usable_cpus(), gil_busy)
 
 
 __all__ = ["StageProbe", "OperationStats", "Lineage", "SourceLineage", "IterableLineage", "MapLineage", "TakenRows", "Unavailable",

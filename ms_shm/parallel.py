@@ -11,12 +11,22 @@ For two rows of CPU work ``t`` each, of which a fraction ``f`` runs outside the 
 waiting (I/O, sleep) overlaps under threads whatever the GIL does and is priced by the CPU share, so ``S`` is taken
 per CPU second of the row's own work (``cpu_share``). The rules are pure (numbers in, a fraction or a yes/no
 out); ``run_pair`` and ``timed_call`` are the only timing, and every probe read goes through one of them.
+
+Overlap alone mistakes other contention for the GIL: two rows read in a fresh fork fault in their pages at once and
+queue on the kernel's memory locks (Pillow JPEG decodes in bench_core's probe children: 12 ms of CPU each, 20 ms
+for the pair, read as 0-35% outside the GIL in 3 builds of 8, which then chose processes over threads, 0.8x the
+fastest). So a third thread watches the GIL itself while the pair runs (``GilWatch``): it naps and times each
+nap, and a nap ends late only while another thread holds the GIL (a pure-Python holder gives it up after
+``sys.getswitchinterval()``, 1 ms while a pair runs). The late time is the GIL's busy time, and ``1 - busy / CPU`` the fraction,
+whatever the kernel did. Measured in forked probe children with MindSpore 2.10 loaded (6 forks each, two pairs):
+pure-Python rows 0-3%, numpy Generator rows 89-98%, JPEG decodes 63-90% on the first, cold, pair.
 """
 
 from __future__ import annotations
 
 import os
 import resource
+import sys
 import threading
 import time
 from typing import Any, Callable, Sequence
@@ -49,7 +59,7 @@ PAIR_AT_ONCE_FROM = 8e-3
 
 
 def parallel_fraction(cpu_seconds: Sequence[float], wall_together: float, cpu_share: float | None,
-                      cpus: int) -> float | None:
+                      cpus: int, gil_busy: float | None = None) -> float | None:
     """The fraction of a row's CPU work that ran outside the GIL, from two rows read at once on two threads.
 
     Args:
@@ -57,12 +67,17 @@ def parallel_fraction(cpu_seconds: Sequence[float], wall_together: float, cpu_sh
         wall_together: wall time from starting both threads to both rows done.
         cpu_share: the rows' CPU time over wall time when read alone (``None``: unknown).
         cpus: CPUs this process may run on; with one, nothing can run in parallel.
+        gil_busy: seconds the GIL was held while the pair ran (``GilWatch``); where known, it decides, and the
+            overlap (``wall_together``) is the fallback.
 
     Returns:
         ``f`` in [0, 1], or ``None`` when the measurement cannot say (rows mostly wait, or took no time).
     """
     if cpus < 2:
         return 0.0
+    work = sum(cpu_seconds)
+    if gil_busy is not None and work >= MIN_SECONDS:
+        return min(1.0, max(0.0, 1.0 - gil_busy / work))
     if cpu_share is None or cpu_share < MIN_CPU_SHARE or wall_together <= 0 or len(cpu_seconds) < 2:
         return None
     speedup = sum(cpu_seconds) / wall_together / min(1.0, cpu_share)
@@ -138,8 +153,63 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
+class GilWatch:
+    """A thread that naps (``NAP_SECONDS``) and times each nap: what a nap took beyond the shortest one is time
+    another thread held the GIL (see the module's docstring). Meant for a probe child, around a pair."""
+
+    def __init__(self) -> None:
+        self.naps: list = []  # (start, end) of each nap, perf_counter seconds
+        self._stopped = False
+        self._thread = threading.Thread(target=self._watch, daemon=True, name="ms_shm-gil-watch")
+
+    def _watch(self) -> None:
+        while not self._stopped:
+            begin = time.perf_counter()
+            time.sleep(NAP_SECONDS)
+            self.naps.append((begin, time.perf_counter()))
+
+    def start(self) -> "GilWatch":
+        """Start, and return once a few naps were taken while nothing else ran: their shortest is the baseline."""
+        self._thread.start()
+        deadline = time.perf_counter() + 0.05
+        while len(self.naps) < BASELINE_NAPS and time.perf_counter() < deadline:
+            time.sleep(NAP_SECONDS)
+        return self
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._thread.join()
+
+    def busy(self, begin: float, end: float) -> float | None:
+        """Seconds the GIL was held by others between ``begin`` and ``end``; ``None`` from too few naps there."""
+        return gil_busy(self.naps, begin, end)
+
+
+NAP_SECONDS = 2e-4
+BASELINE_NAPS = 2
+# While a pair runs, a thread holding the GIL is asked to give it up after 1 ms instead of Python's 5 ms: behind two
+# GIL-bound threads the watcher waited 10-20 ms a nap, two or three naps for a 40 ms pair, too few to count.
+SWITCH_SECONDS = 1e-3
+MIN_WATCHED_NAPS = 3  # fewer naps in the pair's span (one long hold, or a span shorter than a nap): not enough
+
+
+def gil_busy(naps: Sequence[tuple], begin: float, end: float) -> float | None:
+    """What the naps took within ``[begin, end]`` beyond the shortest nap of all: the GIL's busy time there. A nap
+    that straddles either end counts for its part inside (one still waiting when the pair ended is most of a busy
+    span's tail: a GIL-bound pair of 50 ms held the watcher 10-20 ms a nap, behind two threads). ``None`` where
+    fewer than ``MIN_WATCHED_NAPS`` naps fall in the span."""
+    if not naps:
+        return None
+    shortest = min(e - s for s, e in naps)
+    inside = [(max(s, begin), min(e, end)) for s, e in naps if e > begin and s < end]
+    if len(inside) < MIN_WATCHED_NAPS:
+        return None
+    return sum(max(0.0, e - s - shortest) for s, e in inside)
+
+
 def run_pair(work: Callable[[Any], Any], items: Sequence[Any]) -> tuple:
-    """``work(item)`` for two items at once, on two threads: ``(results, walls, cpus, wall_together)``.
+    """``work(item)`` for two items at once, on two threads: ``(results, walls, cpus, wall_together, gil_busy)``,
+    ``gil_busy`` from a ``GilWatch`` over the pair's span (``None`` where it saw too little).
 
     ``wall_together`` spans the two calls only, from the first one's start to the last one's end: starting and
     joining two threads in a fresh fork took ~2.5 ms (measured, MindSpore 2.10 loaded), which counted as the
@@ -166,14 +236,22 @@ def run_pair(work: Callable[[Any], Any], items: Sequence[Any]) -> tuple:
 
     threads = [threading.Thread(target=one, args=(k,), daemon=True) for k in (0, 1)]
     sandbox.wait_for_parent()  # two threads timed at once need both CPUs: the parent's own read must be done
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    watch = GilWatch().start()
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(SWITCH_SECONDS)
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(switch)
+        watch.stop()
     if errors:
         raise errors[0]
-    return results, walls, cpus, max(end for _, end in spans) - min(begin for begin, _ in spans)
+    begin, end = min(b for b, _ in spans), max(e for _, e in spans)
+    return results, walls, cpus, end - begin, watch.busy(begin, end)
 
 
 __all__ = ["parallel_fraction", "may_have_run_cold", "pair_at_once", "worth_a_late_pair", "time_alone", "timed_call",
-           "run_pair", "pair_now", "usable_cpus", "MIN_SECONDS", "WARM_ABOVE", "OVERLAPPED_BELOW", "INFLATED_FROM", "PAIR_AT_ONCE_FROM"]
+           "run_pair", "pair_now", "usable_cpus", "GilWatch", "gil_busy", "MIN_SECONDS", "WARM_ABOVE", "OVERLAPPED_BELOW", "INFLATED_FROM", "PAIR_AT_ONCE_FROM"]

@@ -278,6 +278,7 @@ class _Probe:
     tensors: bool = False
     parallel: float | None = None  # fraction of the rows' CPU work that ran outside the GIL (two at once)
     pair_seconds: float = 0.0  # wall time of the last pair read at once
+    gil_watched: bool = False  # a pair's fraction came from watching the GIL (``parallel.GilWatch``)
     pair_cpu: float = 0.0  # CPU seconds per row of that pair
     first_kernel: float = 0.0  # system CPU seconds of the first read (its page faults, mostly)
     first: tuple | None = None  # (index, converted row) of the first row: kept to compare a second read with
@@ -311,7 +312,7 @@ class _Probe:
         share = self.share
         pair = [self.first[0], index]
         try:
-            rows, walls, cpus, together = parallel.run_pair(lambda i: source[np.int64(i)], pair)
+            rows, walls, cpus, together, gil_busy = parallel.run_pair(lambda i: source[np.int64(i)], pair)
         except Exception:  # a source that is not safe on two threads: read it as MindSpore's workers would
             if keep:
                 self.keep(index, self.fetch(operator.getitem, source, np.int64(index)))
@@ -323,7 +324,8 @@ class _Probe:
             self.walls.append(parallel.time_alone(walls[1], cpus[1], share))
             self.cpus.append(cpus[1])
             self.keep(index, rows[1])
-        fraction = parallel.parallel_fraction(cpus, together, share, parallel.usable_cpus())
+        fraction = parallel.parallel_fraction(cpus, together, share, parallel.usable_cpus(), gil_busy)
+        self.gil_watched = self.gil_watched or (gil_busy is not None and fraction is not None)
         self.parallel = fraction if self.parallel is None or fraction is None else max(self.parallel, fraction)
 
     def reread_first(self, source: Any) -> None:
@@ -448,6 +450,8 @@ def _second_pair_if_cold(probe: _Probe, source: Any, index: int, alone: tuple, k
     larger of the two fractions is the warm one. The same rule for a pair read at once and a late one: JPEG rows of
     6.5-9 ms (bench_core) fall on either side of ``PAIR_AT_ONCE_FROM``; their pairs read 5-87% outside the GIL
     across builds."""
+    if probe.gil_watched:  # the GIL's own busy time: a cold pair's kernel contention does not read as the GIL
+        return False
     wall, cpu = alone
     busy = cpu > 0 and cpu >= parallel.MIN_CPU_SHARE * wall  # CPU-bound reads: their CPU is the row's work
     if not parallel.may_have_run_cold(probe.parallel, probe.pair_seconds, wall, probe.pair_cpu / cpu if busy

@@ -183,4 +183,18 @@ def fake_probe_clock(monkeypatch: Any) -> FakeClock:
     clock = FakeClock()
     monkeypatch.setattr(parallel, "time", clock)
     monkeypatch.setattr(parallel, "kernel_seconds", lambda: clock.kernel)
+    monkeypatch.setattr(parallel, "GilWatch", _UnwatchedGil)  # naps on a fake clock would time nothing
     return clock
+
+
+class _UnwatchedGil:
+    """``parallel.GilWatch`` that saw too little: pairs timed on a fake clock fall back to their overlap."""
+
+    def start(self) -> "_UnwatchedGil":
+        return self
+
+    def stop(self) -> None:
+        pass
+
+    def busy(self, begin: float, end: float) -> None:
+        return None

@@ -25,8 +25,63 @@ def test_parallel_fraction(cpu, together, share, cpus, expected):
     assert parallel.parallel_fraction(cpu, together, share, cpus) == expected
 
 
+@pytest.mark.parametrize("busy, expected", [
+    (2 * T, 0.0),  # the GIL held through both rows' CPU work, whatever their overlap said
+    (0.0, 1.0),  # never held: a cold pair's kernel contention is not the GIL
+    (0.5 * T, 0.75),
+    (3 * T, 0.0),  # a watcher late beyond the rows' CPU (a loaded machine): clipped
+])
+def test_the_gils_busy_time_decides_over_the_overlap(busy, expected):
+    # The overlap alone (1.6 T for 2 T of CPU) would say 0.4: the watched GIL decides where it saw enough
+    assert parallel.parallel_fraction((T, T), 1.6 * T, 1.0, 2, gil_busy=busy) == pytest.approx(expected)
+    assert parallel.parallel_fraction((T, T), 1.6 * T, 1.0, 2) == pytest.approx(0.4)
+    assert parallel.parallel_fraction((T, T), 1.6 * T, 1.0, 1, gil_busy=busy) == 0.0  # one CPU
+
+
+def test_rows_too_cheap_for_the_watch_fall_back_to_their_overlap():
+    tiny = parallel.MIN_SECONDS / 4
+    assert parallel.parallel_fraction((tiny, tiny), tiny, 1.0, 2, gil_busy=2 * tiny) == pytest.approx(1.0)
+
+
+NAP = 3e-4
+
+
+@pytest.mark.parametrize("naps, begin, end, expected", [
+    ([(0, NAP), (NAP, 2 * NAP), (1.0, 1.0 + NAP), (1.0 + NAP, 1.0 + 2 * NAP + 0.005),
+      (1.0 + 3 * NAP + 0.005, 1.0 + 4 * NAP + 0.005)], 1.0, 1.1, 0.005),  # one nap waited 5 ms for the GIL
+    ([(0, NAP), (1.0, 1.0 + NAP), (1.0 + NAP, 1.0 + 2 * NAP)], 1.0, 1.1, None),  # two naps in the span: too few
+    ([], 0.0, 1.0, None),
+    ([(0, NAP), (0.99, 1.0 + NAP + 0.002), (1.01, 1.01 + NAP), (1.02, 1.02 + NAP)], 1.0, 1.1, 0.002),  # clipped
+    # a GIL-bound pair of 50 ms: naps of 15 ms; the last one still waiting when the pair ended counts to the end
+    ([(0, NAP), (0.99, 1.005), (1.005, 1.02), (1.02, 1.035), (1.035, 1.06)], 1.0, 1.05, 0.05 - 4 * NAP),
+])
+def test_gil_busy_is_what_naps_took_beyond_the_shortest(naps, begin, end, expected):
+    busy = parallel.gil_busy(naps, begin, end)
+    assert busy == (None if expected is None else pytest.approx(expected, abs=1e-9))
+
+
+@pytest.mark.skipif(parallel.usable_cpus() < 2, reason="one usable CPU: nothing can run in parallel")
+def test_the_watch_sees_the_gil_held_by_python_and_free_under_hashing():
+    """Real threads: a pure-Python pair keeps the GIL busy for most of its CPU time, a hashing pair (hashlib
+    releases the GIL) for little of it. The watcher needs a core of its own only for its naps' wake-ups; a
+    GIL-bound pair gives it a nap per switch interval (5 ms), so its rows are made long enough for several."""
+    class LongPythonLoop(PythonLoop):
+        def __getitem__(self, i):
+            return (sum(PythonLoop.__getitem__(self, i)[0] for _ in range(6)),)
+
+    def fraction(work):
+        _, _, cpus, together, busy = parallel.run_pair(work.__getitem__, [0, 1])
+        assert busy is not None, "the watcher saw too few naps"
+        return parallel.parallel_fraction(cpus, together, 1.0, 2, busy)
+
+    assert min(fraction(LongPythonLoop()) for _ in range(3)) < 0.3
+    if not _second_core_free():
+        pytest.skip("no second core free (machine loaded): a free GIL cannot be told from a busy machine")
+    assert max(fraction(CountedReads(False)) for _ in range(3)) > 0.6
+
+
 def test_run_pair_returns_in_order_and_raises_the_callers_error():
-    results, walls, cpus, together = parallel.run_pair(lambda x: x * 2, [3, 4])
+    results, walls, cpus, together, _ = parallel.run_pair(lambda x: x * 2, [3, 4])
     assert results == [6, 8] and len(walls) == len(cpus) == 2 and together >= 0
 
     def boom(x):
@@ -75,7 +130,7 @@ def _fractions(source, tries: int = 3) -> list:
 def _second_core_free() -> bool:
     """Whether two GIL-releasing calls can run at once right now (a loaded machine has no core to spare)."""
     work = Hashing()
-    _, _, cpus, together = parallel.run_pair(work.__getitem__, [0, 1])
+    _, _, cpus, together, _ = parallel.run_pair(work.__getitem__, [0, 1])
     return parallel.parallel_fraction(cpus, together, 1.0, parallel.usable_cpus()) > 0.8
 
 
@@ -207,7 +262,7 @@ def _timed_operations(monkeypatch, costs):
 
     def run_pair(work, items):
         pairs.append([int(i[0][0]) for i in items])
-        return [work(i) for i in items], [2.0 ** -8] * 2, [2.0 ** -8] * 2, 2.0 ** -8
+        return [work(i) for i in items], [2.0 ** -8] * 2, [2.0 ** -8] * 2, 2.0 ** -8, None
 
     monkeypatch.setattr(parallel, "run_pair", run_pair)
     import numpy as np

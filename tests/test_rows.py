@@ -190,7 +190,7 @@ def test_a_first_pair_read_low_that_overlapped_is_read_once_more(monkeypatch, to
     fractions = iter([0.30, 0.85])
     monkeypatch.setattr(parallel, "parallel_fraction", lambda *args: next(fractions))
     monkeypatch.setattr(parallel, "run_pair", lambda work, items: ([work(i) for i in items], [0.004] * 2,
-                                                                   [0.004] * 2, together))
+                                                                   [0.004] * 2, together, None))
     src = Slow(100)
     stats = rows.measure_random_access(src, ["a", "b"])
     assert sorted(src.calls) == calls and stats.parallel_fraction == kept
@@ -310,7 +310,7 @@ def _timed_probe(monkeypatch, costs, pair_row=0.004, together=0.004):
 
     def run_pair(work, items):
         pairs.append(list(items))
-        return [work(i) for i in items], [pair_row] * 2, [pair_row] * 2, together
+        return [work(i) for i in items], [pair_row] * 2, [pair_row] * 2, together, None
 
     monkeypatch.setattr(parallel, "run_pair", run_pair)
     src = Timed(clock, costs)

@@ -12,14 +12,15 @@ waiting (I/O, sleep) overlaps under threads whatever the GIL does and is priced 
 per CPU second of the row's own work (``cpu_share``). The rules are pure (numbers in, a fraction or a yes/no
 out); ``run_pair`` and ``timed_call`` are the only timing, and every probe read goes through one of them.
 
-Overlap alone mistakes other contention for the GIL: two rows read in a fresh fork fault in their pages at once and
-queue on the kernel's memory locks (Pillow JPEG decodes in bench_core's probe children: 12 ms of CPU each, 20 ms
-for the pair, read as 0-35% outside the GIL in 3 builds of 8, which then chose processes over threads, 0.8x the
-fastest). So a third thread watches the GIL itself while the pair runs (``GilWatch``): it naps and times each
-nap, and a nap ends late only while another thread holds the GIL (a pure-Python holder gives it up after
-``sys.getswitchinterval()``, 1 ms while a pair runs). The late time is the GIL's busy time, and ``1 - busy / CPU`` the fraction,
-whatever the kernel did. Measured in forked probe children with MindSpore 2.10 loaded (6 forks each, two pairs):
-pure-Python rows 0-3%, numpy Generator rows 89-98%, JPEG decodes 63-90% on the first, cold, pair.
+Overlap alone mistakes other contention for the GIL: two rows read in a fresh fork fault in their pages at once
+and queue on the kernel's memory locks (Pillow JPEG decodes in bench_core's probe children: 12 ms of CPU each,
+20 ms for the pair, read as 0-35% outside the GIL in 3 builds of 8, which then chose processes over threads,
+0.8x the fastest). So a third thread watches the GIL itself while the pair runs (``GilWatch``): it naps and times
+each nap, and a nap ends late only while another thread holds the GIL (a pure-Python holder gives it up after
+``sys.getswitchinterval()``, 1 ms while a pair runs). The late time is the GIL's busy time, and
+``1 - busy / CPU`` the fraction, whatever the kernel did. Measured in forked probe children with MindSpore 2.10
+loaded (6 forks each, two pairs): pure-Python rows 0-3%, numpy Generator rows 89-98%, JPEG decodes 63-90% on the
+first, cold, pair. Where the watch saw too few naps (rows of a few ms), the overlap decides as before.
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ def parallel_fraction(cpu_seconds: Sequence[float], wall_together: float, cpu_sh
             overlap (``wall_together``) is the fallback.
 
     Returns:
-        ``f`` in [0, 1], or ``None`` when the measurement cannot say (rows mostly wait, or took no time).
+        ``f`` in [0, 1], or ``None`` when the measurement cannot say (rows took no time, or mostly wait and the
+        GIL was not watched: their overlap is the waiting's, which the CPU share prices).
     """
     if cpus < 2:
         return 0.0

@@ -197,6 +197,19 @@ def test_a_first_pair_read_low_that_overlapped_is_read_once_more(monkeypatch, to
     assert any("a second pair read, 85% kept" in n for n in stats.notes) is (kept == 0.85)
 
 
+def test_a_pair_whose_gil_was_watched_is_not_read_again(monkeypatch):
+    """The watch's figure (70% outside the GIL) stands for the pair: a cold fork's contention in the kernel does
+    not read as the GIL there, so the second pair the overlap rule would read (it overlapped, read low) is not."""
+    from ms_shm import parallel
+
+    monkeypatch.setattr(parallel, "run_pair", lambda work, items: ([work(i) for i in items], [0.004] * 2,
+                                                                   [0.004] * 2, 0.004, 0.0024))
+    src = Slow(100)
+    stats = rows.measure_random_access(src, ["a", "b"])
+    assert sorted(src.calls) == [0, 0, 99] and stats.parallel_fraction == pytest.approx(0.7)
+    assert not any("second pair" in n for n in stats.notes)
+
+
 def test_the_sources_own_exception_passes_unchanged():
     """MindSpore raises it when the pipeline reads the row: the caller decides, the probe does not wrap it."""
     with pytest.raises(KeyError, match="missing file 18.jpg"):

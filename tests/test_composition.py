@@ -33,6 +33,9 @@ def fake(monkeypatch):
     """A fake engine behind ``ms_shm.api``, and a host the test sets with ``fake.host(**facts)``."""
     engine = FakeEngine()
     monkeypatch.setattr(api, "_engine", lambda: engine)
+    # A MindSpore program, whatever this test process imported before (torch, by another test file, made tune()
+    # leave MindSpore's settings alone: a row size's prefetch was not set, run after test_rows.py)
+    monkeypatch.setattr(api, "_mindspore_in_use", lambda: True)
     state = {"facts": host_facts()}
     monkeypatch.setattr(session_mod.host, "probe", lambda ranks=None: state["facts"])
     engine.host = lambda **kw: state.update(facts=host_facts(**kw))

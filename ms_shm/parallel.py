@@ -77,15 +77,20 @@ def parallel_fraction(cpu_seconds: Sequence[float], wall_together: float, cpu_sh
     """
     if cpus < 2:
         return 0.0
-    work = sum(cpu_seconds)
-    if gil_busy is not None and work >= MIN_SECONDS:
-        return min(1.0, max(0.0, 1.0 - gil_busy / work))
+    if watch_decides(cpu_seconds, gil_busy):
+        return min(1.0, max(0.0, 1.0 - gil_busy / sum(cpu_seconds)))
     if cpu_share is None or cpu_share < MIN_CPU_SHARE or wall_together <= 0 or len(cpu_seconds) < 2:
         return None
     speedup = sum(cpu_seconds) / wall_together / min(1.0, cpu_share)
     if speedup <= 0:
         return None
     return min(1.0, max(0.0, 2.0 - 2.0 / speedup))
+
+
+def watch_decides(cpu_seconds: Sequence[float], gil_busy: float | None) -> bool:
+    """Whether the GIL's watched busy time, not the pair's overlap, gives the fraction: the watch saw enough naps
+    and the rows burned ``MIN_SECONDS`` of CPU between them (less, and a nap's jitter is most of the figure)."""
+    return gil_busy is not None and sum(cpu_seconds) >= MIN_SECONDS
 
 
 def may_have_run_cold(fraction: float | None, together: float, alone: float,
@@ -256,4 +261,4 @@ def run_pair(work: Callable[[Any], Any], items: Sequence[Any]) -> tuple:
 
 
 __all__ = ["parallel_fraction", "may_have_run_cold", "pair_at_once", "worth_a_late_pair", "time_alone", "timed_call",
-           "run_pair", "pair_now", "usable_cpus", "GilWatch", "gil_busy", "MIN_SECONDS", "WARM_ABOVE", "OVERLAPPED_BELOW", "INFLATED_FROM", "PAIR_AT_ONCE_FROM"]
+           "run_pair", "pair_now", "usable_cpus", "GilWatch", "gil_busy", "watch_decides", "MIN_SECONDS", "WARM_ABOVE", "OVERLAPPED_BELOW", "INFLATED_FROM", "PAIR_AT_ONCE_FROM"]

@@ -325,7 +325,7 @@ class _Probe:
             self.cpus.append(cpus[1])
             self.keep(index, rows[1])
         fraction = parallel.parallel_fraction(cpus, together, share, parallel.usable_cpus(), gil_busy)
-        self.gil_watched = self.gil_watched or (gil_busy is not None and fraction is not None)
+        self.gil_watched = self.gil_watched or parallel.watch_decides(cpus, gil_busy)
         self.parallel = fraction if self.parallel is None or fraction is None else max(self.parallel, fraction)
 
     def reread_first(self, source: Any) -> None:

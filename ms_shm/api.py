@@ -757,7 +757,8 @@ def _plan_operations(probe: measure.StageProbe, req: Request, config: Any, facts
                                                  rows, r, b, profile, shmmax=facts.shmmax,
                                                  worker_bytes=st.worker_bytes, costs=costs,
                                                  parallel_fraction=st.parallel_fraction,
-                                                 python_pool=python_pool, slot_rows=slot_rows), req, bool(why))
+                                                 python_pool=python_pool, slot_rows=slot_rows,
+                                                 cores_busy=st.cores_busy), req, bool(why))
     p = replace(p, kind=kind, rows_per_epoch=rows)
     if not why:
         return p

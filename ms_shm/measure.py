@@ -43,6 +43,7 @@ class OperationStats(Result):
     worker_bytes: int | None = None  # what the probe child held alone at the end: a forked worker's growth
     parallel_fraction: float | None = None  # of the CPU work, what ran outside the GIL (``ms_shm.parallel``)
     threads_started: int | None = None  # native threads the operations left running (``sandbox.Outcome``)
+    cores_busy: float | None = None  # process CPU time / wall time of runs made alone (``RowStats.cores_busy``)
 
 
 @record
@@ -315,13 +316,14 @@ def time_batch(per_batch_map: Any, columns: list, batch_size: int, keep: list | 
     """One call of ``per_batch_map`` on ``columns`` (lists of rows), scaled to a batch of ``batch_size``; its
     output appended to ``keep`` (for ``_reread``)."""
     k = max(1, min((len(c) for c in columns), default=1))
-    out, wall, cpu, _ = parallel.timed_call(_call_batch, per_batch_map, columns)
+    out, took = parallel.timed_call(_call_batch, per_batch_map, columns)
     if keep is not None:
         keep.append(out)
     scale = batch_size / k
     out = out if isinstance(out, tuple) else (out,)
-    return OperationStats(1, int(_nbytes(columns) * scale), int(_nbytes(out) * scale), wall * scale,
-                          (cpu / wall) if wall > 0 else None)
+    share, busy = (took.cpu / took.wall, took.process_cpu / took.wall) if took.wall > 0 else (None, None)
+    return OperationStats(1, int(_nbytes(columns) * scale), int(_nbytes(out) * scale), took.wall * scale, share,
+                          cores_busy=busy)
 
 
 def _call_batch(per_batch_map: Any, columns: list) -> Any:
@@ -461,6 +463,7 @@ def time_operations(operations: Any, inputs: list, keep: list | None = None) -> 
     compares: no run only for it). ``keep`` gets the first input's output, and its second where a pair made one.
     """
     walls, cpus, out_sizes, first, again = [], [], [], [], []
+    alone_wall, alone_process_cpu = [], []  # the runs made alone: ``cores_busy``
 
     def account(result: tuple, wall: float, cpu: float) -> None:
         """Only the first output is kept (``_reread`` compares it): an operation making rows of a GB (MindSpore's
@@ -472,9 +475,11 @@ def time_operations(operations: Any, inputs: list, keep: list | None = None) -> 
         cpus.append(cpu)
 
     def alone(args: Any) -> float:
-        result, wall, cpu, kernel = parallel.timed_call(run_operations, operations, args)
-        account(result, wall, cpu)
-        return kernel
+        result, took = parallel.timed_call(run_operations, operations, args)
+        account(result, took.wall, took.cpu)
+        alone_wall.append(took.wall)
+        alone_process_cpu.append(took.process_cpu)
+        return took.kernel
 
     n = min(len(inputs), PROBE_ROWS_FOR_MAP)
     first_kernel = alone(inputs[0]) if n else 0.0
@@ -499,7 +504,8 @@ def time_operations(operations: Any, inputs: list, keep: list | None = None) -> 
     wall = sum(walls)
     return OperationStats(len(walls), in_bytes, max(out_sizes, default=0),
                           float(np.median(walls)) if walls else None, (sum(cpus) / wall) if wall > 0 else None,
-                          parallel_fraction=fraction)
+                          parallel_fraction=fraction,
+                          cores_busy=sum(alone_process_cpu) / sum(alone_wall) if sum(alone_wall) > 0 else None)
 
 
 def _share(walls: list, cpus: list) -> float | None:

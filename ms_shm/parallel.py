@@ -21,6 +21,10 @@ each nap, and a nap ends late only while another thread holds the GIL (a pure-Py
 ``1 - busy / CPU`` the fraction, whatever the kernel did. Measured in forked probe children with MindSpore 2.10
 loaded (6 forks each, two pairs): pure-Python rows 0-3%, numpy Generator rows 89-98%, JPEG decodes 63-90% on the
 first, cold, pair. Where the watch saw too few naps (rows of a few ms), the overlap decides as before.
+
+A row may be parallel already: its library's own thread pool (OpenBLAS, MKL, OpenCV) works beside the reading
+thread, which the thread's CPU time does not show and the GIL watch reads as free. The process's CPU time over a
+read made alone does show it (``Timing.process_cpu``, ``pooled``): such rows gain nothing from a second thread.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import resource
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -57,6 +62,18 @@ INFLATED_FROM = 1.15
 # 6 builds sent them to worker processes or threads, ~6x slower than the main process (after: 14 of 14 inline).
 # Below 8 ms the late pair costs under 2% of a 100-row epoch of such rows.
 PAIR_AT_ONCE_FROM = 8e-3
+# A row whose library runs its own thread pool (OpenBLAS's ``matmul``, OpenCV, MKL) keeps more CPUs busy than the
+# thread that reads it: 600x600 float64 ``a @ b`` in a probe child, 5 ms of wall and thread CPU, 7-13 ms of process
+# CPU. Such rows are parallel already: MindSpore's threads calling one pool at once queue on it (two threads: 0.74 s
+# an epoch of 100, one: 0.50 s, where ms_shm chose threads from the pair's 74% outside the GIL), and worker
+# processes have only the cores the pool leaves. Beyond a quarter of a CPU it is a pool, not timer noise.
+POOLED_FROM = 0.25
+
+
+def pooled(cpu_share: float | None, cores_busy: float | None) -> bool:
+    """Whether rows read alone kept ``POOLED_FROM`` of a CPU busy beyond their own thread's share: their library
+    runs a thread pool of its own (see ``POOLED_FROM``)."""
+    return cpu_share is not None and cores_busy is not None and cores_busy - cpu_share >= POOLED_FROM
 
 
 def parallel_fraction(cpu_seconds: Sequence[float], wall_together: float, cpu_share: float | None,
@@ -134,15 +151,26 @@ def time_alone(wall: float, cpu: float, cpu_share: float | None) -> float:
     return min(wall, cpu / cpu_share) if cpu_share else wall
 
 
+@dataclass(frozen=True)
+class Timing:
+    """What one call took, in seconds: its wall time, its thread's CPU time, the kernel's (system) share of that
+    (0.0 where unknown), and the whole process's CPU time, which exceeds the thread's where the call's library
+    ran a thread pool of its own (a BLAS ``matmul``: 5 ms of wall and thread CPU, 7-13 ms of process CPU)."""
+
+    wall: float
+    cpu: float
+    kernel: float = 0.0
+    process_cpu: float = 0.0
+
+
 def timed_call(work: Callable[..., Any], *args: Any) -> tuple:
-    """``work(*args)`` and what it took: ``(result, wall, CPU, kernel)`` seconds (kernel: its system CPU time,
-    0.0 where unknown)."""
+    """``(work(*args), Timing)``."""
     k0 = kernel_seconds()
-    w0, c0 = time.perf_counter(), time.thread_time()
+    w0, c0, p0 = time.perf_counter(), time.thread_time(), time.process_time()
     result = work(*args)
-    wall, cpu = time.perf_counter() - w0, time.thread_time() - c0
+    wall, cpu, process = time.perf_counter() - w0, time.thread_time() - c0, time.process_time() - p0
     k1 = kernel_seconds()
-    return result, wall, cpu, (k1 - k0) if k0 is not None and k1 is not None else 0.0
+    return result, Timing(wall, cpu, (k1 - k0) if k0 is not None and k1 is not None else 0.0, max(cpu, process))
 
 
 def kernel_seconds() -> float | None:
@@ -260,5 +288,5 @@ def run_pair(work: Callable[[Any], Any], items: Sequence[Any]) -> tuple:
     return results, walls, cpus, end - begin, watch.busy(begin, end)
 
 
-__all__ = ["parallel_fraction", "may_have_run_cold", "pair_at_once", "worth_a_late_pair", "time_alone", "timed_call",
-           "run_pair", "pair_now", "usable_cpus", "GilWatch", "gil_busy", "watch_decides", "MIN_SECONDS", "WARM_ABOVE", "OVERLAPPED_BELOW", "INFLATED_FROM", "PAIR_AT_ONCE_FROM"]
+__all__ = ["parallel_fraction", "may_have_run_cold", "pair_at_once", "worth_a_late_pair", "time_alone", "timed_call", "Timing",
+           "run_pair", "pair_now", "usable_cpus", "GilWatch", "gil_busy", "watch_decides", "MIN_SECONDS", "WARM_ABOVE", "OVERLAPPED_BELOW", "INFLATED_FROM", "PAIR_AT_ONCE_FROM", "pooled", "POOLED_FROM"]

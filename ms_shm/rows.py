@@ -55,10 +55,17 @@ class RowStats(Result):
     parallel_fraction: float | None = None  # of the CPU work, what ran outside the GIL (``ms_shm.parallel``)
     reread_differs: str | None = None  # the first probe row read again came back different (None: same or unread)
     threads_started: int | None = None  # native threads reading left running (a BLAS/OpenMP pool: ``sandbox``)
+    cores_busy: float | None = None  # process CPU time / wall time of rows read alone: above ``cpu_fraction``
+    # where the rows' library ran a thread pool of its own (``pooled``)
 
     @property
     def ragged(self) -> bool:
         return self.row_bytes_max != self.row_bytes_min or any(c.varies for c in self.columns)
+
+    @property
+    def pooled(self) -> bool:
+        """The rows' library ran a thread pool of its own (``parallel.POOLED_FROM``)."""
+        return parallel.pooled(self.cpu_fraction, self.cores_busy)
 
     @classmethod
     def synthetic(cls, row_bytes: int, length: int | None = None) -> "RowStats":
@@ -284,6 +291,8 @@ class _Probe:
     first: tuple | None = None  # (index, converted row) of the first row: kept to compare a second read with
     reread: str | None = None  # why the first row read again differs
     compared: bool = False  # the first row was read again
+    alone_wall: float = 0.0  # wall seconds of the reads made alone (not in a pair)
+    alone_process_cpu: float = 0.0  # the process's CPU seconds over those reads (its library's threads too)
 
     @property
     def wall(self) -> float:
@@ -292,12 +301,23 @@ class _Probe:
     def fetch(self, fetch: Callable, *args: Any) -> Any:
         """Call ``fetch(*args)`` and add its wall and CPU time to the probe's account (and for the first read,
         the kernel's share of it: ``first_kernel``)."""
-        row, wall, cpu, kernel = parallel.timed_call(fetch, *args)
+        row, took = parallel.timed_call(fetch, *args)
         if not self.walls:
-            self.first_kernel = kernel
-        self.walls.append(wall)
-        self.cpus.append(cpu)
+            self.first_kernel = took.kernel
+        self.walls.append(took.wall)
+        self.cpus.append(took.cpu)
+        self.alone(took)
         return row
+
+    def alone(self, took: parallel.Timing) -> None:
+        """Account a read made alone for ``cores_busy``: the process's CPU beside the read's wall time."""
+        self.alone_wall += took.wall
+        self.alone_process_cpu += took.process_cpu
+
+    @property
+    def cores_busy(self) -> float | None:
+        """CPUs the reads made alone kept busy: their process CPU time over their wall time."""
+        return self.alone_process_cpu / self.alone_wall if self.alone_wall > 0 else None
 
     @property
     def share(self) -> float | None:
@@ -334,9 +354,10 @@ class _Probe:
         Timed: where the second read of the first row is the faster, it stands for that row (a first read in a
         fresh process also pays for the pages and lazy set-up a worker pays once: ``parallel.PAIR_AT_ONCE_FROM``)."""
         if self.first is not None and not self.compared:
-            row, wall, cpu, _ = parallel.timed_call(operator.getitem, source, np.int64(self.first[0]))
+            row, took = parallel.timed_call(operator.getitem, source, np.int64(self.first[0]))
             self.compare_first(row)
-            self.first_again(wall, cpu)
+            self.first_again(took.wall, took.cpu)
+            self.alone(took)
 
     def first_again(self, wall: float, cpu: float) -> None:
         """Another read of the first row (alone, or its time alone in a pair): the fastest stands for the row."""
@@ -380,7 +401,7 @@ class _Probe:
                         float(np.median(self.walls)) if self.walls else None,
                         self.share,
                         time.perf_counter() - started, tuple(notes), self.tensors,
-                        parallel_fraction=self.parallel, reread_differs=self.reread)
+                        parallel_fraction=self.parallel, reread_differs=self.reread, cores_busy=self.cores_busy)
 
 
 def is_random_access(source: Any) -> bool:

@@ -164,15 +164,19 @@ def logind_facts(**overrides: Any) -> LogindFacts:
 
 class FakeClock:
     """A probe clock the code under test advances: exact figures, no wall-clock time asserted on. ``kernel`` is
-    the system CPU time of the thread (``parallel.kernel_seconds``)."""
+    the system CPU time of the thread (``parallel.kernel_seconds``), ``pool`` the CPU time other threads of the
+    process burned (a library's own thread pool: ``time.process_time`` counts it, ``thread_time`` does not)."""
 
     def __init__(self) -> None:
-        self.now = self.kernel = 0.0
+        self.now = self.kernel = self.pool = 0.0
 
     def perf_counter(self) -> float:
         return self.now
 
     thread_time = perf_counter
+
+    def process_time(self) -> float:
+        return self.now + self.pool
 
 
 def fake_probe_clock(monkeypatch: Any) -> FakeClock:

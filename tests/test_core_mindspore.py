@@ -39,11 +39,13 @@ pytestmark = [pytest.mark.mindspore, pytest.mark.privileged]
 # How raw MindSpore 2.10 fails, line by line (shared/MINDSPORE_SHM_FACTS.md §3 and our own runs)
 # A worker gets errno 24 either handing a slot's fd over (DupFd) or opening the slot itself, and exits 1. Then
 # either MindSpore's SIGCHLD handler ends the main process (rc -15), or the main process, fetching that worker's
-# fd from its dead resource sharer first, raises (rc 1). Both seen in 12 runs of the same command.
+# fd from its dead resource sharer first, raises (rc 1): its socket gone (FileNotFoundError), or closed while the
+# fd was on its way (EOFError in ``recvfds``, seen once in a full suite). All seen with the same command.
 EMFILE_WORKER = ("OSError: [Errno 24] Too many open files", "SharedMemory: shm_open failed with errno: 24")
-EMFILE_ENDINGS = {
-    -15: ("exited unexpectedly with exit code 1. Main process will be terminated.",),
-    1: ("resource_sharer.py", "FileNotFoundError: [Errno 2] No such file or directory"),
+EMFILE_ENDINGS = {  # exit code: the ways of ending with it, each as the lines its stderr shows
+    -15: (("exited unexpectedly with exit code 1. Main process will be terminated.",),),
+    1: (("resource_sharer.py", "FileNotFoundError: [Errno 2] No such file or directory"),
+        ("resource_sharer.py", "in recvfds", "EOFError")),
 }
 
 
@@ -60,7 +62,8 @@ def assert_emfile(proc) -> None:
     ways that follows from it (``EMFILE_ENDINGS``)."""
     assert proc.returncode in EMFILE_ENDINGS, "raw MindSpore was expected to hit EMFILE:\n" + isolated.describe(proc)
     assert any(text in proc.stderr for text in EMFILE_WORKER), isolated.describe(proc)
-    assert all(text in proc.stderr for text in EMFILE_ENDINGS[proc.returncode]), isolated.describe(proc)
+    assert any(all(text in proc.stderr for text in ending) for ending in EMFILE_ENDINGS[proc.returncode]), \
+        isolated.describe(proc)
     assert "RESULT " not in proc.stdout
 
 

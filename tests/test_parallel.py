@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 
 import pytest
@@ -164,6 +165,26 @@ def test_the_pair_counts_as_probe_rows_at_their_time_alone():
     stats = rows.measure_random_access(PythonLoop(), ["x"], time_fraction=1.0)
     assert stats.probed >= 3 and len(set(stats.indices)) == stats.probed
     assert stats.cpu_fraction > 0.5  # the pair's rows are not accounted at their contended wall time
+
+
+class OwnPool(Hashing):
+    """Each row hashes on the reading thread and on a thread of its own at once, as a BLAS ``matmul`` runs on its
+    library's pool beside the caller."""
+
+    def __getitem__(self, i):
+        helper = threading.Thread(target=hashlib.sha256, args=(self.data,))
+        helper.start()
+        digest = hashlib.sha256(self.data).digest()
+        helper.join()
+        return (digest,)
+
+
+def test_rows_whose_library_runs_threads_of_its_own_read_as_pooled():
+    """The process's CPU counts the helper's hashing whether or not a second core was free for it (on one core
+    the row takes twice as long and its own thread's share halves), so the figure holds on a loaded machine."""
+    own = rows.measure_random_access(OwnPool(), ["x"], time_fraction=1.0)
+    assert own.pooled and own.cores_busy > own.cpu_fraction + parallel.POOLED_FROM, own
+    assert not rows.measure_random_access(Hashing(), ["x"], time_fraction=1.0).pooled
 
 
 class NotThreadSafe:

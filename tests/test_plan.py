@@ -503,6 +503,31 @@ def test_unmeasured_parallel_fraction_takes_threads_as_serial():
     assert measured.mode == THREADS and unknown.mode == PROCESSES
 
 
+@pytest.mark.parametrize("busy, expected", [(None, THREADS), (1.0, THREADS), (1.8, INLINE)])
+def test_rows_whose_library_keeps_its_own_pool_busy_stay_in_one_thread(busy, expected):
+    """OpenBLAS's ``matmul`` rows: 8.6 ms each, 100% CPU and 60-74% outside the GIL, but 1.8 CPUs busy while read
+    alone. Measured, 100 rows: one MindSpore thread 0.50 s an epoch, two 0.74 s (both calls queue on one pool),
+    which ms_shm chose before it read the process's CPU."""
+    stats = replace(rows(int(1.4 * MiB), 0.0086, 1.0), parallel_fraction=0.6, cores_busy=busy)
+    p = planning.plan_generator(stats, ask(), room(), V210)
+    assert p.mode == expected, p.summary()
+    assert ("own thread pool" in mode_decision(p).reason) is (expected == INLINE)
+
+
+def test_a_pooled_row_s_wait_for_its_pool_does_not_overlap_under_threads():
+    """On a busy machine the reading thread waited for its pool (69% CPU, 1.0 CPUs busy: a map's ``matmul``): that
+    wait is the pool's work, not I/O, and a second thread did not make it overlap (chosen, it ran 1.75 s against
+    one thread's 1.13-1.74 s)."""
+    stats = replace(rows(int(1.4 * MiB), 0.0086, 0.69), parallel_fraction=0.8, cores_busy=1.0)
+    one, two = (planning._epoch_seconds(THREADS, w, stats, 100, planning.Costs(), cpus=2) for w in (1, 2))
+    assert two >= one
+
+
+def test_map_operations_whose_library_keeps_its_own_pool_busy_run_on_one_thread():
+    p = planning.plan_map(MiB, MiB, 0.0086, 1.0, 100, ask(), room(), V210, parallel_fraction=0.6, cores_busy=1.8)
+    assert (p.mode, p.workers) == (THREADS, 1), p.summary()
+
+
 def test_close_estimates_keep_mindsporeS_own_choice_and_say_so():
     # explicit 2 workers: MindSpore's own choice is processes; threads measured a little faster
     stats = replace(rows(MiB, 0.02, 1.0), parallel_fraction=0.45)

@@ -298,6 +298,27 @@ def test_a_slow_first_call_does_not_set_the_time_per_row(monkeypatch):
     assert stats.probed == 8 and stats.seconds_per_row == 2.0 ** -10  # the median, not the 1 s first call
 
 
+@pytest.mark.parametrize("pool, busy, pooled", [(0.0, 1.0, False), (2.0 ** -12, 1 + 2.0 ** -6, False),
+                                               (2.0 ** -9, 1.125, False), (2.0 ** -8, 1.25, True),
+                                               (2.0 ** -7, 1.5, True)])
+def test_cpu_a_row_s_library_burns_on_its_own_threads_counts_as_cores_busy(monkeypatch, pool, busy, pooled):
+    """A BLAS ``matmul`` read in a probe child took 5 ms of wall and thread CPU and 7-13 ms of process CPU: its
+    library's pool ran beside the reading thread. Reads timed on a fake clock: 2**-6 s each, all CPU."""
+    clock = fake_probe_clock(monkeypatch)
+
+    class Pooled:
+        def __len__(self):
+            return 100
+
+        def __getitem__(self, i):
+            clock.now += 2.0 ** -6
+            clock.pool += pool
+            return np.zeros(8),
+
+    stats = rows.measure_random_access(Pooled(), ["a"], time_fraction=1e9)
+    assert stats.cores_busy == busy and stats.cpu_fraction == 1.0 and stats.pooled is pooled
+
+
 class Timed:
     """100 rows whose reads take the times ``costs(call)`` gives, ``(seconds, of which in the kernel)``."""
 

@@ -23,6 +23,9 @@ from ms_shm.plan import INLINE, MODES, PIPES, PROCESSES, THREADS, Candidate, Dec
 from ms_shm.rows import RowStats
 
 RAGGED_MARGIN = 1.5  # plan ragged rows at 1.5x the largest probe row; the runtime guard covers the rest
+# An epoch whose rows cannot be counted before it runs (a map over an iterable source, or over a leaf whose count
+# reads files) is priced at this many rows, and the reason says so.
+UNKNOWN_ROWS = 100
 
 
 @record
@@ -60,12 +63,16 @@ def _epoch_seconds(mode: str, workers: int, stats: RowStats, rows: int, costs: C
     Threads: waiting (I/O, sleep) overlaps across threads; of the CPU part, what the probe measured running
     outside the GIL (``parallel_fraction``) spreads over the threads and cores, the rest and the per-row hand-off
     are serial (all of the CPU part when not measured). Processes: the workers' CPU work and the main process's
-    per-row cost share the cores.
+    per-row cost share the cores. Rows whose library runs its own thread pool (``RowStats.pooled``) burn the CPU
+    it kept busy (``cores_busy``), and under threads they queue on that one pool: their parallel part already ran.
     """
     t = stats.seconds_per_row
     if t is None:
         return None
-    cpu = 1.0 if stats.cpu_fraction is None else min(1.0, max(0.0, stats.cpu_fraction))
+    pooled = stats.pooled
+    # A pooled row's thread waits for its pool, not for I/O: that wait does not overlap under threads.
+    cpu = 1.0 if stats.cpu_fraction is None or pooled else min(1.0, max(0.0, stats.cpu_fraction))
+    work = t * max(cpu, stats.cores_busy) if pooled else t * cpu  # CPU seconds a row burns, on every thread
     cores = max(1, cpus or workers)
     overhead = costs.row(mode, stats.row_bytes_max)
     if mode == INLINE:
@@ -73,11 +80,12 @@ def _epoch_seconds(mode: str, workers: int, stats: RowStats, rows: int, costs: C
     elif mode == THREADS:
         # One thread at a time holds the GIL for the row's serial part and MindSpore's per-row hand-off; the
         # rest runs beside it, as far as the cores go; waiting overlaps across threads.
-        free = stats.parallel_fraction or 0.0
+        free = 0.0 if pooled else stats.parallel_fraction or 0.0
         serial = t * cpu * (1 - free) + overhead
-        per_row = max(serial, (t * cpu + overhead) / min(workers, cores)) + t * (1 - cpu) / workers
+        spread = cores if pooled else min(workers, cores)  # a pool spreads one thread's row over the cores
+        per_row = max(serial, (work + overhead) / spread) + t * (1 - cpu) / workers
     else:
-        per_row = max(t / workers, overhead, (t * cpu + overhead) / cores) + 0.25 * overhead
+        per_row = max(t / workers, overhead, (work + overhead) / cores) + 0.25 * overhead
     start = costs.start(mode)
     if mode in (PROCESSES, PIPES) and start_method == "spawn":
         start += costs.spawn_startup
@@ -174,7 +182,7 @@ def _candidates(stats: RowStats, req: Request, budget: Budget, profile: EnginePr
                 why = _why_not(mode, shm, fds, static, req, budget, stats, memory)
                 if mode == THREADS and budget.shm_bytes is None and profile.threads_need_dev_shm:
                     why.append(f"MindSpore {profile.version} needs /dev/shm for threads too (a multiprocessing.Value)")
-                secs = _epoch_seconds(mode, w, stats, rows or 100, costs, req.start_method, req.usable_cpus)
+                secs = _epoch_seconds(mode, w, stats, rows or UNKNOWN_ROWS, costs, req.start_method, req.usable_cpus)
                 out.append(Candidate(mode, w, p, shm, fds, secs, not why, "; ".join(why), memory))
                 if not why:
                     break  # lower prefetch only costs queue depth once this one fits
@@ -314,6 +322,9 @@ def _mode_reason(best: Candidate, fitting: list, req: Request, stats: RowStats) 
     free = stats.parallel_fraction
     gil = ("; its CPU work's share outside the GIL was not measured (taken as none)" if free is None else
            f", {free:.0%} of their CPU work ran outside the GIL (two rows read at once)")
+    if stats.pooled:
+        gil += (f"; their library kept {stats.cores_busy:.1f} CPUs busy on its own thread pool, which threads "
+                f"share and worker processes split")
     timing = (f"probe rows took {stats.seconds_per_row * 1e3:.2f} ms each "
               f"({(stats.cpu_fraction or 0) * 100:.0f}% CPU){gil}, {mib(stats.row_bytes_max)}")
     if rivals:
@@ -370,7 +381,7 @@ def plan_map(in_bytes: int, out_bytes: int, seconds_per_row: float | None, cpu_f
              rows: int | None, request: Request, budget: Budget, profile: EngineProfile,
              sysv_limit: int | None = None, shmmax: int | None = None, worker_bytes: int | None = None,
              costs: Costs = Costs(), parallel_fraction: float | None = None, python_pool: bool = True,
-             slot_rows: int = 1) -> Plan:
+             slot_rows: int = 1, cores_busy: float | None = None) -> Plan:
     """Pick processes or threads, and workers, for ``.map``. ``python_pool``: False where no operation would run
     in a Python worker (``compat.starts_python_pool``): processes then cost what threads cost. ``slot_rows``: a
     batch stage's batch size, by which MindSpore multiplies a static ``max_rowsize`` (``map_pool_cost``).
@@ -382,7 +393,7 @@ def plan_map(in_bytes: int, out_bytes: int, seconds_per_row: float | None, cpu_f
     req = request
     row = max(in_bytes, out_bytes)
     stats = RowStats(True, rows, 0, (), (), row, row, seconds_per_row, cpu_fraction, 0.0,
-                     parallel_fraction=parallel_fraction)
+                     parallel_fraction=parallel_fraction, cores_busy=cores_busy)
     modes = [PROCESSES] if req.multiprocessing is True else [THREADS] if req.multiprocessing is False \
         else [THREADS, PROCESSES]
     limits = (budget, shmmax, worker_bytes, python_pool, slot_rows)
@@ -401,6 +412,8 @@ def plan_map(in_bytes: int, out_bytes: int, seconds_per_row: float | None, cpu_f
     decisions = _workers_cap(req)[1]
     reason = _mode_reason(best, fitting, req, stats) if seconds_per_row is not None else \
         "operations were not timed: MindSpore's default transport that fits"
+    if rows is None and seconds_per_row is not None:
+        reason += f"; the rows per epoch are unknown before it runs: priced at {UNKNOWN_ROWS}"
     decisions.append(Decision("mode", best.mode, own, reason + kept + plan.unknown_shm(budget)))
     if best.prefetch != req.prefetch:
         decisions.append(Decision("prefetch_size", best.prefetch, req.prefetch,
@@ -448,7 +461,7 @@ def _map_candidate(mode: str, w: int, in_bytes: int, out_bytes: int, stats: RowS
     why += _why_not_memory(memory, budget)
     secs = None
     if stats.seconds_per_row is not None:
-        secs = _epoch_seconds(PROCESSES if processes else THREADS, w, stats, stats.length or 100, costs,
+        secs = _epoch_seconds(PROCESSES if processes else THREADS, w, stats, stats.length or UNKNOWN_ROWS, costs,
                               cpus=req.usable_cpus)
         if processes:
             secs += profile.map_teardown_seconds  # closing the pool (measured per release)

@@ -19,6 +19,9 @@ Workloads (row ``i``, an int64 label ``i`` beside it):
 * ``numpy_rng``: 8 MiB float64 rows from ``np.random.default_rng([seed, i]).standard_gamma(2.0, 1 << 20)``,
   ~30 ms per row inside numpy's C loop, which drops the GIL while it fills the array (``random()`` does
   too, but costs only ~5 ms for 8 MiB).
+* ``matmul``: 1.4 MiB float32 rows ``(A @ B + i)`` of two seeded 600x600 float64 matrices: ~5 ms per row on
+  numpy's OpenBLAS, whose own thread pool already keeps both cores busy (9.5 ms on one thread, 4.7 on two): a
+  second MindSpore thread only queues on that pool, and worker processes split it.
 
 The last two exist because ms_shm's planner assumed the GIL serialises threads' CPU time, so that threads never
 beat processes on CPU-heavy rows. With GIL-free row work, threads overlap on W cores and skip the processes'
@@ -86,6 +89,7 @@ WORKLOADS = {
     "ragged": "ragged rows 0.5-6 MiB",
     "jpeg": "1024x768 JPEG decode (Pillow, GIL released)",
     "numpy_rng": "8 MiB numpy Generator rows (GIL released)",
+    "matmul": "600x600 matmul (OpenBLAS, its own thread pool)",
 }
 TARGET_RATIO = 0.95  # best grid time / ms_shm time (issue 10)
 TARGET_RAW = 1.05  # ms_shm time / raw time, where raw survives (issue 10: never more than 5% slower)
@@ -95,6 +99,7 @@ WORKERS = max(1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffin
                      os.cpu_count() or 1))
 JPEG_IMAGES, JPEG_SHAPE, JPEG_QUALITY = 4, (768, 1024, 3), 90
 RNG_SEED, RNG_VALUES, RNG_SHAPE = 20240, 1 << 20, 2.0  # standard_gamma(RNG_SHAPE, RNG_VALUES): 8 MiB float64
+MATMUL_N = 600  # (A @ B + i) of MATMUL_N x MATMUL_N float64 matrices, as float32: 1.4 MiB
 
 
 # ---------------------------------------------------------------- workloads (parent and child)
@@ -107,6 +112,8 @@ def row_size(workload: str, i: int) -> int:
         return 256 * KiB
     if workload == "jpeg":
         return int(np.prod(JPEG_SHAPE))
+    if workload == "matmul":
+        return MATMUL_N * MATMUL_N * 4
     return ((i * 7919) % 12 + 1) * 512 * KiB
 
 
@@ -148,6 +155,15 @@ def rng_row(i: int, n: int = RNG_VALUES) -> np.ndarray:
     return np.random.default_rng([RNG_SEED, i]).standard_gamma(RNG_SHAPE, n)
 
 
+def matmul_factors() -> tuple:
+    rng = np.random.default_rng(RNG_SEED)
+    return rng.random((MATMUL_N, MATMUL_N)), rng.random((MATMUL_N, MATMUL_N))
+
+
+def matmul_row(a: np.ndarray, b: np.ndarray, i: int) -> np.ndarray:
+    return (a @ b + i).astype(np.float32)
+
+
 def _jpeg_sample(image: np.ndarray) -> np.ndarray:
     return image[::37, ::41]
 
@@ -156,7 +172,7 @@ class Source:
     """Random-access source; row ``i`` is the workload's data column and an int64 label ``i``.
 
     ``8mib``, ``cpu``, ``ragged``: ``np.full(size, i % 251, uint8)``; ``jpeg``: image ``i % 4`` decoded;
-    ``numpy_rng``: ``rng_row(i)``."""
+    ``numpy_rng``: ``rng_row(i)``; ``matmul``: ``matmul_row(A, B, i)``."""
 
     def __init__(self, workload: str, work_iterations: int) -> None:
         self.workload = workload
@@ -164,6 +180,8 @@ class Source:
         self.jpegs = encode_jpegs() if workload == "jpeg" else []
         # What _check compares the received rows with (a few KiB; decoded once here, outside the timings).
         self.samples = [_jpeg_sample(decode_jpeg(b)).copy() for b in self.jpegs]
+        self.factors = matmul_factors() if workload == "matmul" else ()
+        self.product = (self.factors[0] @ self.factors[1])[::37, ::41].copy() if self.factors else None
 
     def __len__(self) -> int:
         return ROWS
@@ -175,6 +193,8 @@ class Source:
             return decode_jpeg(self.jpegs[i % len(self.jpegs)]), label
         if self.workload == "numpy_rng":
             return rng_row(i), label
+        if self.workload == "matmul":
+            return matmul_row(*self.factors, i), label
         if self.work:
             busy(self.work)
         return np.full(row_size(self.workload, i), i % 251, np.uint8), label
@@ -229,6 +249,13 @@ def _check(row: tuple, expected: int, src: Source) -> str | None:
         if data.shape != (RNG_VALUES,) or data.dtype != np.float64:
             return f"row {expected}: {data.dtype} {data.shape}, expected float64 ({RNG_VALUES},)"
         if not np.array_equal(data[:8], rng_row(expected, 8)):
+            return f"row {expected}: wrong values"
+        return None
+    if workload == "matmul":
+        if data.shape != (MATMUL_N, MATMUL_N) or data.dtype != np.float32:
+            return f"row {expected}: {data.dtype} {data.shape}, expected float32 ({MATMUL_N}, {MATMUL_N})"
+        # a worker's BLAS may run on fewer threads (ms_shm caps it): the last bits may differ, not the values
+        if not np.allclose(data[::37, ::41], src.product + expected, rtol=1e-6):
             return f"row {expected}: wrong values"
         return None
     size = row_size(workload, expected)

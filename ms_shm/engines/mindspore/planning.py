@@ -23,9 +23,13 @@ from ms_shm.plan import INLINE, MODES, PIPES, PROCESSES, THREADS, Candidate, Dec
 from ms_shm.rows import RowStats
 
 RAGGED_MARGIN = 1.5  # plan ragged rows at 1.5x the largest probe row; the runtime guard covers the rest
-# An epoch whose rows cannot be counted before it runs (a map over an iterable source, or over a leaf whose count
-# reads files) is priced at this many rows, and the reason says so.
-UNKNOWN_ROWS = 100
+# An epoch whose rows cannot be counted before it runs (a map over a stream, or over a folder or record files
+# MindSpore reads) is priced at this many rows, and the reason says so. The two ways of guessing wrong are not alike:
+# a pool's fixed cost is paid once (1.1-1.2 s on 2.10, for every epoch the iterator runs), while the wrong transport
+# loses on every row of every epoch. Priced at 100, a 20 ms GIL-bound map over a 200-row stream went to threads in
+# 1 of 3 builds, 5.4 s against processes' 4.4-4.9 s; at 1000, a map goes to processes once its rows hold the GIL for
+# ~3 ms or more, and a 100-row stream that did not need them pays at most the pool's fixed cost.
+UNKNOWN_ROWS = 1000
 
 
 @record

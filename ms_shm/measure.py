@@ -501,11 +501,10 @@ def time_operations(operations: Any, inputs: list, keep: list | None = None) -> 
         keep += first + again  # the first input's output, and its second where a pair made one
     in_bytes = max((sum(int(a.nbytes) for a in args if hasattr(a, "nbytes")) for args in inputs[:len(walls)]),
                    default=0)
-    wall = sum(walls)
     return OperationStats(len(walls), in_bytes, max(out_sizes, default=0),
-                          float(np.median(walls)) if walls else None, (sum(cpus) / wall) if wall > 0 else None,
+                          float(np.median(walls)) if walls else None, _share(walls, cpus),
                           parallel_fraction=fraction,
-                          cores_busy=sum(alone_process_cpu) / sum(alone_wall) if sum(alone_wall) > 0 else None)
+                          cores_busy=_share(alone_wall, alone_process_cpu))
 
 
 def _share(walls: list, cpus: list) -> float | None:

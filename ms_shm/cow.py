@@ -22,13 +22,15 @@ import sys
 import types
 from collections import OrderedDict, deque
 from dataclasses import field, replace
-from typing import Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import numpy as np
 
 from ms_shm import objects
 from ms_shm._results import Result, mib, record
-from ms_shm.shared_list import SharedDict, SharedList
+
+if TYPE_CHECKING:  # imported where a stand-in is made: see _no_objects
+    from ms_shm.shared_list import SharedDict, SharedList
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +54,7 @@ _OBJECT_DEPTH = 2
 _MAX_ATTRIBUTES = 1000
 
 _CONTAINERS = (list, tuple, dict, set, frozenset, deque)
-_NO_OBJECTS = (str, bytes, bytearray, memoryview, range, int, float, complex, bool, type(None),
-               SharedList, SharedDict)
+_PLAIN = (str, bytes, bytearray, memoryview, range, int, float, complex, bool, type(None))
 _NOT_WALKED = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
                types.CodeType, types.FrameType, types.GeneratorType)
 _DICT_KEY_TYPES = (str, bytes, int)
@@ -184,7 +185,7 @@ def _walk(value: Any, path: tuple, depth: int, seen: dict, judge: Callable[..., 
     """Findings among the children of ``value`` (met at ``path``, ``depth`` levels below the source)."""
     findings: list = []
     for step, child in _children(value):
-        if isinstance(child, _NO_OBJECTS):
+        if isinstance(child, _no_objects()):
             continue
         child_path = (*path, step)
         if id(child) in seen:
@@ -400,6 +401,13 @@ def _held_elsewhere(holders: list, path: tuple, fix: str) -> str | None:
     return None
 
 
+def _no_objects() -> tuple:
+    """Types with no per-item objects: plain values, and ``SharedList``/``SharedDict`` where their module is
+    loaded (none exists before). Not imported here: it and ``cleanup`` cost every ``build_dataset`` ~3-5 ms."""
+    shared = sys.modules.get("ms_shm.shared_list")
+    return _PLAIN + ((shared.SharedList, shared.SharedDict) if shared is not None else ())
+
+
 def _stand_in(current: Any, finding: CowFinding, shared_memory: bool | None) -> SharedList | SharedDict | None:
     """The ``SharedList``/``SharedDict`` copy of ``current``: in shared memory under spawn (unless told), in a
     process buffer when ``/dev/shm`` is short, ``None`` when an item cannot be stored."""
@@ -432,7 +440,7 @@ def _safe_len(value: Any) -> int:
 def _children(value: Any) -> Iterator[tuple[Step, Any]]:
     """The (step, child) pairs one level below ``value``; never raises."""
     try:
-        if isinstance(value, np.ndarray) or isinstance(value, _NO_OBJECTS + _NOT_WALKED):
+        if isinstance(value, np.ndarray) or isinstance(value, _no_objects() + _NOT_WALKED):
             return
         if isinstance(value, dict):
             if len(value) <= _WRAPPER_MAX:
@@ -542,7 +550,7 @@ def _footprint(obj: Any, depth: int, seen: set[int], fork: bool) -> tuple[float,
     elif fork and size > _SMALL_OBJECT:
         size = float(PAGE)
     count = 1.0
-    if depth <= 0 or isinstance(obj, _NO_OBJECTS):
+    if depth <= 0 or isinstance(obj, _no_objects()):
         return size, count
     if isinstance(obj, dict):
         total = 2 * len(obj)
@@ -657,10 +665,14 @@ def _finding(path: tuple, value: Any, workers: int, ranks: int, start_method: st
 
 
 def _block_name(value: SharedList | SharedDict) -> str | None:
+    from ms_shm.shared_list import SharedDict
+
     return (value._keys if isinstance(value, SharedDict) else value).shared_memory_name
 
 
 def _shared_version(value: Any, shared_memory: bool) -> SharedList | SharedDict:
+    from ms_shm.shared_list import SharedDict, SharedList
+
     if isinstance(value, dict):
         return SharedDict(value, shared_memory=shared_memory)
     return SharedList(value, shared_memory=shared_memory)

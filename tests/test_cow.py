@@ -548,3 +548,17 @@ def test_the_warning_offers_share_lists_only_where_it_would_swap(caplog):
         log_findings(findings, Effects(rereads_differ="source[0] read twice differs"))
     first, second = [r.getMessage() for r in caplog.records]
     assert "share_lists=True" in first and "share_lists=True" not in second and "SharedList" in second
+
+
+def test_inspecting_a_source_leaves_shared_list_unimported():
+    """``build_dataset`` inspects every source: the stand-ins' module (and ``cleanup`` with it) loads only where a
+    stand-in is made, not in every build."""
+    import subprocess
+
+    code = ("import sys; from ms_shm import cow\n"
+            "class Source:\n    def __init__(self):\n        self.paths = [str(i) for i in range(200_000)]\n"
+            "assert cow.inspect_source(Source(), workers=2)\n"
+            "print(sorted(m for m in ('ms_shm.shared_list', 'ms_shm.cleanup') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

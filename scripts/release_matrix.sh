@@ -7,7 +7,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 # release  python-to-build-the-venv-with  extra-pins (measured: 2.0.0 needs numpy<2 and pillow<10)
-MATRIX=${MS_SHM_MATRIX:-"2.0.0:3.9:numpy<2,pillow<10 2.7.2:3.11:numpy<2 2.8.0:3.11:numpy<2"}
+MATRIX=${MS_SHM_MATRIX:-"2.0.0:3.9:numpy<2,pillow<10 2.7.2:3.11:numpy<2 2.8.0:3.11:numpy<2 2.9.0:3.11:numpy<2"}
 TESTS=${MS_SHM_MATRIX_TESTS:-"tests/test_fidelity.py tests/test_fidelity_small_shm.py tests/test_releases.py tests/test_loaders_mindspore.py"}
 
 python_for() {  # the interpreter for a Python version: pyenv's, else one on PATH

@@ -68,7 +68,7 @@ def _request(eng: Any, asked: dict, facts: Any, locked: str | None) -> LoaderReq
                          eng.compat.sharing_strategy(), profile.can_switch_strategy, locked,
                          bool(asked.get("pin_memory", False)), _start_method(asked.get("multiprocessing_context")),
                          facts.usable_cpus, facts.nofile_soft, facts.nofile_hard,
-                         1 if _seeds_once(eng, asked) else 0)
+                         1 if _seeds_once(eng, asked) else 0, bool(asked.get("persistent_workers", False)))
 
 
 def _seeds_once(eng: Any, asked: dict) -> bool:
@@ -356,6 +356,8 @@ def _guarded(eng: Any, asked: dict, p: Plan, b: Any) -> GuardedCollate:
     batched = asked.get("batch_size", 1) is not None or batch_sampler
     collate = asked.get("collate_fn") or eng.compat.default_collate(batched)
     fix = guard_fix(asked.get("batch_size", 1), batch_sampler, p.workers, p.prefetch)
+    # the batches yet to be written: one the loop holds as new workers fork is in /dev/shm already, out of the
+    # free space the guard reads (the plan counts it against the budget)
     return GuardedCollate(collate, eng.compat.weigh, eng.compat.worker_info, p.row_bytes,
                           arithmetic.batches_in_flight(p.workers, p.prefetch), b.shm_bytes, fix,
                           getattr(eng.compat, "unshared_bytes", None), b.ranks,

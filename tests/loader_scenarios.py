@@ -240,11 +240,14 @@ SCENARIOS = {  # scenario: (dataset, DataLoader arguments a user writes, what ms
     "outlier": ("outlier", dict(batch_size=4, num_workers=2, collate_fn=as_list),
                 dict(batch_size=4, num_workers=2, collate_fn=as_list)),
     "tensords": ("tensords", dict(batch_size=32, num_workers=2), dict(batch_size=32, num_workers=2)),
+    # 16 MiB batches, 3 epochs, the loop's name still holding the last batch as each epoch forks its workers
+    "epochs_held": ("big", dict(batch_size=2, num_workers=2, prefetch_factor=1), dict(batch_size=2)),
     "preloaded": ("preloaded", dict(batch_size=8, num_workers=2, collate_fn=zip_collate),
                   dict(batch_size=8, num_workers=2, collate_fn=zip_collate)),
 }
 PEAK = ("tensords", "preloaded")  # scenarios whose /dev/shm peak is measured (sampled every 2 ms)
 FILL = {"filled": 2 << 20}  # scenario: bytes another process leaves free in /dev/shm once the loader is built
+EPOCHS = {"epochs_held": 3}  # scenario: epochs iterated (1 where not named)
 
 
 def run(framework: str, scenario: str, mode: str) -> None:
@@ -267,7 +270,8 @@ def run(framework: str, scenario: str, mode: str) -> None:
     if scenario in FILL:
         fill_dev_shm(FILL[scenario])
     with ShmPeak(scenario in PEAK) as peak:
-        digests = [_digest(batch) for batch in loader]
+        # ``batch`` stays bound to an epoch's last batch while the next epoch's iterator starts, as in a training loop
+        digests = [_digest(batch) for _ in range(EPOCHS.get(scenario, 1)) for batch in loader]
     p = ms_shm.plan_of(loader)
     plan = None if p is None else {"workers": p.workers, "prefetch": p.prefetch, "shm": p.predicted_shm,
                                    "fds": p.predicted_fds, "decisions": [str(d) for d in p.decisions]}
@@ -311,16 +315,16 @@ class ShmPeak:
             self.thread.join()
 
 
-def run_batch_sampler(framework: str, mode: str, batches: list | None = None) -> None:
+def run_batch_sampler(framework: str, mode: str, batches: list | None = None, persistent: bool = False) -> None:
     """A batch_sampler of uneven batches of 8 MiB samples (default: 2, 3, 1 and 2 of them), one worker per batch
-    index parity."""
+    index parity; ``persistent``: workers forked once (no batch of a former epoch held in them)."""
     import ms_shm
 
     dataset = datasets(framework)["big"]()
     batches = batches or [[0, 1], [2, 3, 4], [5], [6, 7]]
     loader_cls = _framework(framework)[3]
-    loader = loader_cls(dataset, batch_sampler=batches, num_workers=2) if mode == "raw" else \
-        ms_shm.build_dataloader(dataset, batch_sampler=batches, num_workers=2)
+    args = dict(batch_sampler=batches, num_workers=2, persistent_workers=persistent)
+    loader = loader_cls(dataset, **args) if mode == "raw" else ms_shm.build_dataloader(dataset, **args)
     digests = [_digest(b) for b in loader]
     p = ms_shm.plan_of(loader)
     plan = None if p is None else {"workers": p.workers, "prefetch": p.prefetch, "shm": p.predicted_shm}

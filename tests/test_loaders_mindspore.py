@@ -68,6 +68,22 @@ def test_64m_raw_dies_ms_shm_delivers_every_batch_in_order(loader):
     assert ours["digests"] == expected and ours["plan"]["shm"] <= 64 << 20
 
 
+def test_epochs_whose_workers_fork_while_the_loop_holds_a_batch_fit_from_the_first_to_the_last(loader):
+    """As torch's (``test_loaders_torch``): each epoch's forked workers keep the batch the loop holds mapped, one
+    batch more from the second epoch on (a user script under 64 MB ran its first epoch and failed in the second)."""
+    numpy1(loader)
+    expected = result(run("epochs_held", "raw", "2g"))["digests"]
+    try:
+        raw = run("epochs_held", "raw", timeout=120)
+        assert raw.returncode != 0, isolated.describe(raw)
+    except subprocess.TimeoutExpired:  # a worker's bus error can leave the main process waiting: a failure too
+        pass
+    for mode in ("ms_shm", "patch"):
+        ours = result(run("epochs_held", mode))
+        assert ours["digests"] == expected and len(expected) == 3 * 16, mode
+        assert ours["plan"]["shm"] <= 64 << 20, ours["plan"]
+
+
 def test_fd_starved_soft_limit_raised(loader):
     numpy1(loader)
     expected = result(run("many_small", "raw", "1g"))["digests"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 from ms_shm.engines.base import Signature, worker_exited, worker_killed
 
 _SHM_CAUSE = ("MindSpore's DataLoader (PyTorch's design) moves every batch tensor from its workers through a "
-              "shared-memory file in /dev/shm: (num_workers x prefetch_factor + 1) batches at once. {shm_state}")
+              "shared-memory file in /dev/shm: (num_workers x prefetch_factor + 1) batches at once, one more from the second epoch on. {shm_state}")
 _SHM_FIX = ("give the container a /dev/shm of {size}, or lower num_workers / prefetch_factor / batch_size; "
             "`ms_shm.build_dataloader(...)` sizes them to fit")
 

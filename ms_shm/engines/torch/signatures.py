@@ -9,7 +9,7 @@ from __future__ import annotations
 from ms_shm.engines.base import Signature, worker_exited, worker_killed
 
 _SHM_CAUSE = ("A PyTorch DataLoader moves every batch tensor from its workers through a shared-memory file in "
-              "/dev/shm: (num_workers x prefetch_factor + 1) batches at once. {shm_state}")
+              "/dev/shm: (num_workers x prefetch_factor + 1) batches at once, one more from the second epoch on. {shm_state}")
 _SHM_FIX = ("give the container a /dev/shm of {size} (docker run --shm-size, or --ipc=host), or lower num_workers "
             "/ prefetch_factor / batch_size; `ms_shm.build_dataloader(...)` sizes them to fit")
 _FD_CAUSE = ("PyTorch's default sharing strategy (file_descriptor) passes one file descriptor per tensor storage "

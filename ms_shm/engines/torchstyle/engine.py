@@ -81,7 +81,12 @@ class LoaderEngine:
         return None
 
     def typical_peak(self, row_bytes: int, workers: int, prefetch: int, version: str | None = None) -> int:
-        return arithmetic.shm_peak(row_bytes, 1, workers, prefetch)
+        return arithmetic.shm_peak(row_bytes, 1, workers, prefetch, held=self._held_by_default(workers))
+
+    @staticmethod
+    def _held_by_default(workers: int) -> int:
+        """A loader with the defaults (workers forked anew each epoch) over more than one epoch."""
+        return arithmetic.held_at_start(workers, "fork", persistent_workers=False)
 
     def pipeline_fds(self, workers: int, prefetch: int) -> int:
         return arithmetic.main_fds(1, workers, prefetch, self._profile.default_strategy)
@@ -94,7 +99,7 @@ class LoaderEngine:
 
     def outcome(self, row_bytes: int, workers: int, prefetch: int, ranks: int = 1, shm_free: int | None = None,
                 version: str | None = None, rows: int | None = None) -> LoaderOutcome:
-        peak = ranks * arithmetic.shm_peak(row_bytes, 1, workers, prefetch)
+        peak = ranks * arithmetic.shm_peak(row_bytes, 1, workers, prefetch, held=self._held_by_default(workers))
         return LoaderOutcome(peak, None if shm_free is None else peak <= shm_free, self._failure)
 
 

@@ -222,7 +222,8 @@ class GuardedCollate:
         hint, ranks_fix = host.sharing_hint(self.ranks, SHM_DIR)
         return (f"{self._batch(nbytes, info)}{new}: {SHM_DIR} {room}, though the plan's {self.in_flight} batches "
                 f"in flight fit this loader's {mib(self.limit_bytes)}: something else filled it after ms_shm planned "
-                f"this loader ({self._others_text()}{hint}), and {HARM}. Fix: {ranks_fix}make room, this loader "
+                f"this loader ({self._others_text()}{hint}; or batches the program keeps besides the one its loop holds, "
+                f"such as a list of past batches), and {HARM}. Fix: {ranks_fix}make room, this loader "
                 f"needs {mib(need)} free for {self._in_flight()} and {mib(used)} of the {mib(space.total)} "
                 f"of {SHM_DIR} are in use (find what uses it: `df -h {SHM_DIR}`; `ms-shm clean` removes what "
                 f"crashed runs left), or give {SHM_DIR} at least {mib(size)} (docker run --shm-size="

@@ -113,6 +113,7 @@ class LoaderRequest(Result):
     nofile_soft: int | None = None
     nofile_hard: int | None = None  # the soft limit may be raised up to this
     min_workers: int = 0  # where ms_shm chooses: the fewest workers that keep what arrives (``persistent_workers``)
+    persistent_workers: bool = False  # forked once, not every epoch (``model.held_at_start``)
 
 
 def _worker_options(req: LoaderRequest) -> list:
@@ -213,11 +214,12 @@ def _candidates(stats: BatchStats, req: LoaderRequest, budget: Budget, costs: Wo
         for strategy in _strategy_options(req) if w else [req.strategy]:
             for pf in _prefetch_options(req, w):
                 p = pf or 0
-                shm = model.shm_peak(stats.batch_bytes, stats.storages, w, p, stats.shared_bytes)
+                held = model.held_at_start(w, req.start_method, req.persistent_workers)
+                shm = model.shm_peak(stats.batch_bytes, stats.storages, w, p, stats.shared_bytes, held)
                 fds = model.main_fds(stats.storages, w, p, strategy)
                 wfds = model.worker_fds(stats.storages, p, strategy) if w else 0
                 mem = model.memory(stats.batch_bytes, stats.storages, w, p, worker_bytes, req.pin_memory,
-                                   stats.shared_bytes)
+                                   stats.shared_bytes, held)
                 why = _why_not(shm, fds, wfds, mem, budget, req)
                 seconds = _seconds(stats, w, req, costs)
                 out.append((Candidate(PROCESSES if w else INLINE, w, p, shm, fds, seconds, not why, "; ".join(why),

@@ -55,6 +55,12 @@ class Advice(Result):
         return SEVERITIES.index(self.severity) if self.severity in SEVERITIES else len(SEVERITIES)
 
 
+#: Findings about a typical GeneratorDataset / map pipeline (its slots, rows in flight, SysV segments), as opposed
+#: to the host itself: a program that builds none (a DataLoader script under ``ms-shm run``) has no use for them.
+TYPICAL_PIPELINE_CODES = frozenset({"shm-small", "shm-tight", "shm-nearly-full", "cgroup-small", "sysv-shmmax",
+                                    "sysv-shmall"})
+
+
 # ----------------------------------------------------------------------------------------------- snippets
 
 

@@ -30,6 +30,12 @@ def _engine():
     return engines.get("mindspore")
 
 
+def _pipeline_engine():
+    """The engine, for a pipeline being built: the advice ``ms-shm run`` held back for the first one is due."""
+    SESSION.advise_held()
+    return _engine()
+
+
 def session() -> Session:
     """This process's ms_shm state: cached facts, live reservations, every change made (``restore()``)."""
     return SESSION
@@ -329,7 +335,7 @@ def build_dataset(source: Any, column_names: Sequence[str] | str | None = None, 
         ms_shm.ProcessesUnavailableError: ``python_multiprocessing=True`` where MindSpore cannot start worker
             processes (no /proc).
     """
-    eng = _engine()
+    eng = _pipeline_engine()
     real = eng.compat.real_method("generator")
     generator_kwargs = _named("GeneratorDataset", real, (source, column_names), generator_args, generator_kwargs)
     if not eng.compat.arguments_fit("generator", source, column_names, **generator_kwargs):
@@ -641,7 +647,7 @@ def map(dataset: Any, operations: Any = None, input_columns: Sequence[str] | str
     Raises:
         ms_shm.ShmBudgetError: explicit arguments that cannot fit.
     """
-    eng = _engine()
+    eng = _pipeline_engine()
     asked = _asked(map_kwargs, num_parallel_workers)
     if not eng.compat.arguments_fit("map", dataset, operations, input_columns, output_columns, **asked):
         return eng.compat.map_dataset(dataset, operations, input_columns, output_columns, asked)  # its TypeError
@@ -692,7 +698,7 @@ def batch(dataset: Any, batch_size: Any, drop_remainder: bool = False, num_paral
     Raises:
         ms_shm.ShmBudgetError: explicit arguments that cannot fit.
     """
-    eng = _engine()
+    eng = _pipeline_engine()
     asked = _asked(batch_kwargs, num_parallel_workers)
     per_batch_map = batch_kwargs.get("per_batch_map")
     if per_batch_map is None or isinstance(batch_size, bool) or not isinstance(batch_size, int) or \

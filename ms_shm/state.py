@@ -30,6 +30,8 @@ class Session:
     changes: list = field(default_factory=list)
     undoers: list = field(default_factory=list)  # beside each change, the function that puts it back
     lock: threading.Lock = field(default_factory=threading.Lock)
+    until_pipeline: frozenset = frozenset()  # advice codes held back until the first pipeline (``hold_advice``)
+    held: list = field(default_factory=list)  # (facts, advice) held back so far
 
     def host_facts(self) -> host.HostFacts:
         """The cached facts, with the open-files limit read now (``tune()`` may have raised it since)."""
@@ -89,11 +91,28 @@ class Session:
         for change, undo in reversed(chosen):
             undo(change)
 
+    def hold_advice(self, codes: frozenset) -> None:
+        """Hold back advice of ``codes`` until the program builds its first pipeline (``advise_held``): ``ms-shm
+        run`` tunes a script that may never build one, and a MindSpore DataLoader script was told, in 27 lines,
+        how a typical GeneratorDataset pipeline would not fit and which ``ds.config`` calls would help."""
+        self.until_pipeline = frozenset(codes)
+
+    def advise_held(self) -> None:
+        """A pipeline is being built: what ``hold_advice`` held back is said now, once."""
+        if not self.until_pipeline:
+            return
+        held, self.held, self.until_pipeline = self.held, [], frozenset()
+        for facts, item in held:
+            self.log_advice_once(facts, [item])
+
     def log_advice_once(self, facts: host.HostFacts, items: Sequence[Any]) -> None:
         """Recommendations go to the log once per process, and only from local rank 0 of a multi-rank job."""
         if facts.ranks.local_rank != 0:
             return
         for item in items:
+            if getattr(item, "code", None) in self.until_pipeline:
+                self.held.append((facts, item))
+                continue
             key = getattr(item, "problem", str(item))
             if key in self.advised:
                 continue
@@ -107,6 +126,7 @@ class Session:
         with self.lock:
             self.facts, self.ranks, self.fraction = None, None, budget_mod.DEFAULT_FRACTION
             self.advised.clear()
+            self.until_pipeline, self.held = frozenset(), []
             self.changes.clear()
             self.undoers.clear()
         self.ledger.clear()

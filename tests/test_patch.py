@@ -559,3 +559,28 @@ def test_a_program_that_configures_no_logging_still_sees_the_adapted_warning(rea
     """, shm="1g")
     assert proc.returncode == 0 and "built" in proc.stdout, isolated.describe(proc)
     assert "ms_shm adapted GeneratorDataset at <string>:14: num_parallel_workers 64 -> " in proc.stderr, proc.stderr
+
+
+def test_run_says_what_a_typical_generatordataset_needs_only_once_the_script_builds_one(real_mindspore, tmp_path):
+    """A MindSpore script that builds no GeneratorDataset (its DataLoader only) under ``ms-shm run`` in 64 MB was
+    told, in a 27-line warning, that a typical GeneratorDataset pipeline would not fit, with ``ds.config`` fixes
+    that do nothing for it. That finding waits for the script's first GeneratorDataset; host findings do not."""
+    script = tmp_path / "pipeline_or_not.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+        import numpy as np
+        import mindspore.dataset as ds
+        print("imported", file=sys.stderr, flush=True)
+        if sys.argv[1] == "build":
+            data = ds.GeneratorDataset([(np.zeros(4, np.float32),)], ["x"], num_parallel_workers=1)
+            print("RESULT " + __import__("json").dumps(data.get_dataset_size()), flush=True)
+        else:
+            print("RESULT 0", flush=True)
+    """))
+    said = "a typical GeneratorDataset pipeline here"
+    for argv, expected in (("none", 0), ("build", 1)):
+        proc = run(f"-m ms_shm run {shlex.quote(str(script))} {argv}", shm="64m")
+        assert result_of(proc) == expected, proc.stderr[-2000:]
+        assert proc.stderr.count(said) == expected, proc.stderr[-3000:]
+        if expected:  # said as the pipeline is built, not before the script ran
+            assert proc.stderr.index(said) > proc.stderr.index("imported"), proc.stderr[-3000:]

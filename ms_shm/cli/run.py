@@ -141,10 +141,13 @@ def _own_logger_names() -> list:
 def _tune_at_import(framework: str) -> None:
     """``tune()`` once the script has imported ``framework``, before it builds any pipeline: tuned before the
     script ran, a torch script would import MindSpore (seconds) and torch's own settings would be skipped."""
+    from ms_shm.advice import TYPICAL_PIPELINE_CODES
     from ms_shm.api import tune
     from ms_shm.patch import record_tune
+    from ms_shm.state import SESSION
 
     started = time.perf_counter()
+    SESSION.hold_advice(TYPICAL_PIPELINE_CODES)  # said at the script's first GeneratorDataset, map or batch
     tune()
     record_tune(time.perf_counter() - started)
 

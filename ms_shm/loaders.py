@@ -27,7 +27,7 @@ from ms_shm.engines.torchstyle import arithmetic, probe
 from ms_shm.engines.torchstyle.guard import GuardedCollate, guard_fix, used_now
 from ms_shm.engines.torchstyle.planning import LoaderRequest
 from ms_shm.errors import ShmBudgetError, UsageError
-from ms_shm.plan import Decision, Plan
+from ms_shm.plan import PIPES, Decision, Plan
 from ms_shm.state import SESSION
 
 log = logging.getLogger(__name__)
@@ -174,7 +174,8 @@ def build_dataloader(dataset: Any, *args: Any, framework: str | None = None, **k
     code that calls ``get_worker_info()``, ``in_order=False``) or where arguments meant for workers were passed
     without them (``persistent_workers``, ``prefetch_factor``, ``timeout``, ``multiprocessing_context``: the
     framework's own error or behaviour arrives unchanged); those are not probed. With torch, the sharing
-    strategy becomes ``file_system`` where the fds of ``file_descriptor`` cannot fit.
+    strategy becomes ``file_system`` where the fds of ``file_descriptor`` cannot fit, and workers that must stay
+    (they change what arrives) send their batches through their pipes where nothing with shared memory fits.
 
     Raises:
         ms_shm.ShmBudgetError: explicit arguments that cannot fit, before any worker starts.
@@ -226,11 +227,32 @@ def prepare(eng: Any, cls: Any, dataset: Any, args: tuple, kwargs: dict, prefere
                     f", without workers ({problem})" if refused else "")
         return _warned(eng, asked, {k: v for k, v in asked.items() if k not in _WORKER_ONLY} if refused
                        else asked), None
-    p = _plan(eng, stats, req, b, preferences, lambda: _probe(eng, dataset, asked, b, timed=True))
+    try:
+        p = _plan(eng, stats, req, b, preferences, lambda: _probe(eng, dataset, asked, b, timed=True))
+    except ShmBudgetError as error:
+        p = _through_pipes(eng, stats, req, b, asked, preferences, error)
     if refused is not None:
         p = replace(p, decisions=(refused,) + p.decisions)
     _apply(eng, p)
     return _warned(eng, asked, _arguments(eng, asked, p, b)), p
+
+
+def _through_pipes(eng: Any, stats: Any, req: LoaderRequest, b: Any, asked: dict, preferences: bool,
+                   error: ShmBudgetError) -> Plan:
+    """The last resort where nothing with shared memory fits and the workers asked must stay (they change what
+    arrives: samples drawn from each worker's seed, ``persistent_workers``; or unchanged code under
+    ``ms_shm.patch`` that no fewer workers could serve): those workers, each batch through its pipe. Else the
+    error raised. Explicit workers passed to ``build_dataloader`` that could change keep their error, which
+    names the fixes."""
+    if not (getattr(eng.profile(), "can_pipe", False) and req.workers and
+            (req.workers_locked or req.min_workers or preferences)):
+        raise error
+    try:
+        return eng.planning.plan_loader(stats, replace(req, pipes=True,
+                                                       custom_collate=asked.get("collate_fn") is not None),
+                                        b, eng.profile())
+    except ShmBudgetError:
+        raise error from None
 
 
 def _warned(eng: Any, asked: dict, arguments: dict) -> dict:
@@ -344,7 +366,7 @@ def _arguments(eng: Any, asked: dict, p: Plan, b: Any) -> dict:
     elif p.workers and p.prefetch != asked.get("prefetch_factor", arithmetic.DEFAULT_PREFETCH_FACTOR) and \
             ("prefetch_factor" not in asked or adapted):
         arguments["prefetch_factor"] = p.prefetch
-    if p.workers and b.shm_bytes:
+    if p.workers and (b.shm_bytes or p.mode == PIPES):
         arguments["collate_fn"] = _guarded(eng, asked, p, b)
     return arguments
 
@@ -362,7 +384,9 @@ def _guarded(eng: Any, asked: dict, p: Plan, b: Any) -> GuardedCollate:
                           arithmetic.batches_in_flight(p.workers, p.prefetch), b.shm_bytes, fix,
                           getattr(eng.compat, "unshared_bytes", None), b.ranks,
                           functools.partial(budget_mod.shm_to_give, b),
-                          getattr(eng.compat, "share", None), used_now())
+                          getattr(eng.compat, "share", None), used_now(),
+                          functools.partial(eng.compat.piped, default=asked.get("collate_fn") is None)
+                          if p.mode == PIPES else None)
 
 
 def _apply(eng: Any, p: Plan) -> None:
@@ -399,9 +423,10 @@ def register(loader: Any, p: Plan) -> None:
         f"of /dev/shm): loaders of this process are assumed to iterate one after the other")
     memory = "" if p.budget.memory_bytes is None else \
         f", memory {mib(p.predicted_memory)} of {mib(p.budget.memory_bytes)} ({p.budget.memory_reason})"
-    log.info("ms_shm build_dataloader: workers=%s prefetch_factor=%s batch=%s predicted /dev/shm %s of %s, %s fds%s; "
-             "%s%s", p.workers, p.prefetch or "-", mib(p.row_bytes), mib(p.predicted_shm), mib(p.budget.shm_bytes),
-             p.predicted_fds, memory, "; ".join(str(d) for d in p.decisions), apart)
+    log.log(logging.WARNING if p.mode == PIPES else logging.INFO,  # slower than shared memory: seen, with why
+            "ms_shm build_dataloader: workers=%s prefetch_factor=%s batch=%s predicted /dev/shm %s of %s, %s fds%s; "
+            "%s%s", p.workers, p.prefetch or "-", mib(p.row_bytes), mib(p.predicted_shm), mib(p.budget.shm_bytes),
+            p.predicted_fds, memory, "; ".join(str(d) for d in p.decisions), apart)
 
 
 def other_loaders(key: int) -> str:

@@ -53,7 +53,7 @@ def datasets(name: str) -> dict:
 
 
 def _make(name: str) -> dict:
-    _, base, iterable_base, _, tensor = _framework(name)
+    torch, base, iterable_base, _, tensor = _framework(name)
 
     class Big(base):
         """32 samples of 8 MiB: batches of 4 are 32 MiB, two workers need 160 MiB of /dev/shm."""
@@ -129,8 +129,18 @@ def _make(name: str) -> dict:
             for i in range(SAMPLES):
                 yield tensor(sample_array(i, 0.5))
 
+    class Drawn(base):
+        """``Big``'s samples plus a draw from torch's generator, which each worker seeds apart: the batches depend on
+        the number of workers (torch only)."""
+
+        def __len__(self):
+            return 24
+
+        def __getitem__(self, i):
+            return tensor(sample_array(i)) + torch.rand(1), i
+
     made = {"big": Big, "many_small": ManySmall, "growing": Growing, "rising": Rising, "stream": Stream, "ragged": Ragged,
-            "quarter": Quarter, "outlier": Outlier}
+            "quarter": Quarter, "outlier": Outlier, **({"drawn": Drawn} if torch is not None else {})}
     prefix = _PREFIX[name]
     for cls in made.values():  # importable by name, so spawn workers can unpickle them
         cls.__name__ = cls.__qualname__ = prefix + cls.__name__
@@ -242,12 +252,16 @@ SCENARIOS = {  # scenario: (dataset, DataLoader arguments a user writes, what ms
     "tensords": ("tensords", dict(batch_size=32, num_workers=2), dict(batch_size=32, num_workers=2)),
     # 16 MiB batches, 3 epochs, the loop's name still holding the last batch as each epoch forks its workers
     "epochs_held": ("big", dict(batch_size=2, num_workers=2, prefetch_factor=1), dict(batch_size=2)),
+    # 32 MiB batches whose samples draw from each worker's seed: the workers must stay (torch only)
+    "drawn": ("drawn", dict(batch_size=4, num_workers=2), dict(batch_size=4, num_workers=2)),
+    "drawn_persistent": ("drawn", dict(batch_size=4, num_workers=2, persistent_workers=True),
+                         dict(batch_size=4, num_workers=2, persistent_workers=True)),
     "preloaded": ("preloaded", dict(batch_size=8, num_workers=2, collate_fn=zip_collate),
                   dict(batch_size=8, num_workers=2, collate_fn=zip_collate)),
 }
-PEAK = ("tensords", "preloaded")  # scenarios whose /dev/shm peak is measured (sampled every 2 ms)
+PEAK = ("tensords", "preloaded", "drawn")  # scenarios whose /dev/shm peak is measured (sampled every 2 ms)
 FILL = {"filled": 2 << 20}  # scenario: bytes another process leaves free in /dev/shm once the loader is built
-EPOCHS = {"epochs_held": 3}  # scenario: epochs iterated (1 where not named)
+EPOCHS = {"epochs_held": 3, "drawn": 2, "drawn_persistent": 2}  # scenario: epochs iterated (1 where not named)
 
 
 def run(framework: str, scenario: str, mode: str) -> None:

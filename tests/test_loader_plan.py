@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import types
+from dataclasses import replace
 
 import pytest
 
@@ -967,3 +968,25 @@ def test_torchs_unshared_bytes_are_what_sending_would_write_and_share_writes_the
     compat.share(batch)
     assert compat.unshared_bytes(batch) == 0 and all(t.is_shared() for t in batch)
     assert batch[0].sum().item() == 0 and batch[1].sum().item() == 8  # the same values, now in shared memory
+
+
+@pytest.mark.parametrize("custom_collate, shm", [(False, 0), (True, 2 * 32 * MiB)])
+def test_workers_that_must_stay_send_their_batches_through_their_pipes_where_no_shared_memory_fits(custom_collate,
+                                                                                                   shm):
+    """Nothing with shared memory fits 2 workers' 32 MiB batches in 64 MB, and they must stay (samples drawn from
+    each worker's seed): the last resort keeps them and moves each batch through its worker's pipe, no /dev/shm
+    but what a caller's collate_fn may build in each worker (torch's own runs as in the main process there)."""
+    req = ask(workers=2, workers_locked="__getitem__ calls torch.rand", custom_collate=custom_collate)
+    with pytest.raises(ShmBudgetError):
+        plan_loader(stats(), req, room(64 * MiB))
+    fits = 64 * MiB if not custom_collate else 128 * MiB
+    p = plan_loader(stats(), replace(req, pipes=True), room(fits))
+    assert (p.mode, p.workers, p.shared_mem, p.predicted_shm) == ("pipes", 2, False, shm), p
+    said = next(d for d in p.decisions if d.setting == "transport")
+    assert said.value == "pipes" and "torch.rand" in said.reason and "needs " in said.reason, said
+
+
+def test_batches_through_pipes_are_only_a_last_resort():
+    """Where shared memory fits, the pipes' ~4.7 ms per MiB are never chosen."""
+    p = plan_loader(stats(), ask(workers=2, pipes=True), room())
+    assert p.mode == "processes" and p.shared_mem and p.predicted_shm > 0

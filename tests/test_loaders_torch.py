@@ -6,6 +6,7 @@ batch that outgrows its plan. Raw failures are asserted; ms_shm's batches must b
 
 from __future__ import annotations
 
+import collections
 import functools
 import hashlib
 import itertools
@@ -89,6 +90,59 @@ def test_epochs_whose_workers_fork_while_the_loop_holds_a_batch_fit_from_the_fir
         ours = result(run("epochs_held", mode))
         assert ours["digests"] == reference and len(reference) == 3 * 16, mode
         assert ours["plan"]["shm"] <= 64 << 20, ours["plan"]
+
+
+@pytest.mark.parametrize("scenario", ["drawn", "drawn_persistent"])
+def test_workers_that_must_stay_deliver_through_their_pipes_where_dev_shm_is_too_small(real_torch, scenario):
+    """32 MiB batches whose samples draw from each worker's seed, 2 workers (and persistent ones), 2 epochs, 64 MB:
+    raw dies; fewer workers would change the batches, so ``build_dataloader`` and unchanged code under
+    ``ms_shm.patch`` raised ``ShmBudgetError`` (an audit's user script). Now each batch travels through its
+    worker's pipe: raw's batches with room to spare, bit for bit, and almost no /dev/shm."""
+    reference = result(run(scenario, "raw", "2g"))["digests"]
+    failed = raw_fails(scenario)
+    assert failed == "hang" or "No space left on device" in failed or "Bus error" in failed, failed[-3000:]
+    for mode in ("ms_shm", "patch"):
+        ours = result(run(scenario, mode))
+        assert ours["digests"] == reference and len(reference) == 12, mode
+        assert ours["plan"]["workers"] == 2 and ours["plan"]["shm"] == 0, ours["plan"]
+        assert any(d.startswith("transport=pipes") for d in ours["plan"]["decisions"]), ours["plan"]
+        assert ours["peak"] is None or ours["peak"] < 8 << 20, ours["peak"]
+
+
+pair = collections.namedtuple("pair", "a b")  # a batch's namedtuple, importable by name as a worker's must be
+
+
+def test_a_batch_through_a_pipe_arrives_as_the_tensors_the_worker_made(fresh_torch):
+    """dtype, shape, strides, offset, views sharing one storage (still shared), namedtuples, dicts, bfloat16,
+    empty tensors; what is not a plain CPU tensor goes by torch's own pickling."""
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+
+    from ms_shm.engines.torch import compat
+
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    grad = torch.ones(2, requires_grad=True)
+    batch = {"x": base, "t": base.t(), "slice": base[1:, 2:], "pair": pair(torch.tensor([1, 2]), "s"),
+             "bf16": torch.ones(3, dtype=torch.bfloat16), "empty": torch.empty(0), "flags": [torch.tensor(True)],
+             "grad": grad, "param": torch.nn.Parameter(torch.zeros(2))}
+    out = pickle.loads(ForkingPickler.dumps(compat.piped(lambda samples: samples, batch, default=False)))
+
+    def same(a, b):
+        if isinstance(a, torch.Tensor):
+            assert type(a) is type(b) and (a.dtype, a.shape, a.stride(), a.storage_offset()) == \
+                (b.dtype, b.shape, b.stride(), b.storage_offset()) and torch.equal(a, b), (a, b)
+        elif isinstance(a, dict):
+            assert type(a) is type(b) and a.keys() == b.keys() and all(same(a[k], b[k]) is None for k in a)
+        elif isinstance(a, (list, tuple)):
+            assert type(a) is type(b) and all(same(x, y) is None for x, y in zip(a, b, strict=True))
+        else:
+            assert a == b
+
+    same(batch, out)
+    assert out["x"].untyped_storage().data_ptr() == out["t"].untyped_storage().data_ptr()
+    out["x"][0, 1] = 99
+    assert out["t"][1, 0] == 99 and out["slice"].untyped_storage().data_ptr() == out["x"].untyped_storage().data_ptr()
+    assert out["grad"].requires_grad
 
 
 def test_spawn_gives_the_same_batches(reference):

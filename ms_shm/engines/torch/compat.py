@@ -5,7 +5,9 @@ on first use; ``torch`` itself only when a function is called.
 
 from __future__ import annotations
 
+import collections
 import logging
+import sys
 from typing import Any
 
 from ms_shm.changes import Change
@@ -118,3 +120,92 @@ def undo(changes: Any) -> None:
 
 def numpy_problem() -> str | None:
     return None  # torch 2.13's wheels run under NumPy 1 and 2
+
+
+def piped(collate: Any, samples: Any, default: bool) -> Any:
+    """``collate(samples)`` in a worker, made to travel through the worker's result pipe instead of ``/dev/shm``
+    (``plan.PIPES``): each CPU tensor of the batch is pickled by value, its storage once however many views share
+    it, and rebuilt in the main process as a plain tensor of the same dtype, shape, strides and offset. For
+    batches that do not fit ``/dev/shm`` beside the others in flight where the workers asked must stay (samples
+    drawn from each worker's own seed). ``default``: ``collate`` is torch's own, which builds its batch in shared
+    memory when it runs in a worker; it runs here as in the main process, so the batch never touches
+    ``/dev/shm``."""
+    batch = _as_in_main(collate, samples) if default else collate(samples)
+    return _piped(batch, {})
+
+
+def _as_in_main(collate: Any, samples: Any) -> Any:
+    """``collate(samples)`` with ``get_worker_info()`` reading ``None``: torch's default collate then stacks into
+    ordinary memory (``collate_tensor_fn``'s ``_new_shared`` is for a worker only), the same values."""
+    worker = sys.modules.get("torch.utils.data._utils.worker")
+    if worker is None or not hasattr(worker, "_worker_info"):
+        return collate(samples)
+    info, worker._worker_info = worker._worker_info, None
+    try:
+        return collate(samples)
+    finally:
+        worker._worker_info = info
+
+
+def _piped(value: Any, storages: dict) -> Any:
+    """``value`` with its plain CPU tensors as ``_PipedTensor``; lists, tuples, namedtuples and dicts rebuilt as
+    their own type; anything else (a tensor subclass, a batch class) left to torch's own pickling."""
+    import torch
+
+    kind = type(value)
+    if kind is torch.Tensor:
+        if value.device.type != "cpu" or value.layout != torch.strided or value.requires_grad or \
+                value.is_quantized or value.is_shared():
+            return value
+        storage = value.untyped_storage()
+        key = storage.data_ptr() or id(storage)
+        if key not in storages:
+            storages[key] = _PipedStorage(storage)
+        return _PipedTensor(storages[key], value)
+    if kind in (list, tuple):
+        return kind(_piped(v, storages) for v in value)
+    if isinstance(value, tuple) and hasattr(kind, "_fields") and hasattr(kind, "_make"):
+        return kind._make(_piped(v, storages) for v in value)
+    if kind is dict or kind is collections.OrderedDict:
+        return kind((k, _piped(v, storages)) for k, v in value.items())
+    return value
+
+
+class _PipedStorage:
+    """A storage sent by value: pickled once per batch (pickle's memo), rebuilt once, shared by its views."""
+
+    __slots__ = ("storage",)
+
+    def __init__(self, storage: Any) -> None:
+        self.storage = storage
+
+    def __reduce__(self) -> tuple:
+        import torch
+
+        raw = torch.empty(0, dtype=torch.uint8).set_(self.storage).numpy()
+        return _bytes_tensor, (bytearray(raw.data),)
+
+
+class _PipedTensor:
+    __slots__ = ("storage", "dtype", "size", "stride", "offset")
+
+    def __init__(self, storage: _PipedStorage, tensor: Any) -> None:
+        self.storage, self.dtype = storage, tensor.dtype
+        self.size, self.stride, self.offset = tuple(tensor.size()), tuple(tensor.stride()), tensor.storage_offset()
+
+    def __reduce__(self) -> tuple:
+        return _view, (self.storage, self.dtype, self.size, self.stride, self.offset)
+
+
+def _bytes_tensor(data: bytearray) -> Any:
+    """A uint8 tensor over ``data`` (no copy; the tensor keeps it alive)."""
+    import torch
+
+    return torch.frombuffer(data, dtype=torch.uint8) if len(data) else torch.empty(0, dtype=torch.uint8)
+
+
+def _view(base: Any, dtype: Any, size: tuple, stride: tuple, offset: int) -> Any:
+    import torch
+
+    typed = base.view(dtype) if base.numel() else torch.empty(0, dtype=dtype)
+    return torch.as_strided(typed, size, stride, offset)

@@ -22,6 +22,7 @@ class LoaderProfile(Result):
     can_switch_strategy: bool = False  # torch.multiprocessing.set_sharing_strategy
     note: str = ""
     costs: WorkerCosts = DEFAULT_COSTS  # what its workers cost beyond the samples' work, measured per framework
+    can_pipe: bool = False  # its workers can send batches through their pipes (``compat.piped``)
 
 
 @record

@@ -63,6 +63,8 @@ class GuardedCollate:
         share: moves a batch's storages into shared memory (``None``: the framework does it when it sends).
         baseline_used: bytes of ``/dev/shm`` in use when the loader was planned (``used_now``; ``None``:
             unknown). What it gained since is at most partly this loader's own batches in flight (``_ours``).
+        pipe: ``pipe(collate, samples)``, the batch made to travel through the worker's pipe (``plan.PIPES``:
+            the engine's ``compat.piped``), or ``None``: through ``/dev/shm``, checked as above.
 
     ``others`` (set by ``loaders.register``) says which other DataLoaders of this process were alive when the
     worker started: a text for ``ShmFullError``, or ``""``.
@@ -72,11 +74,12 @@ class GuardedCollate:
                  planned_bytes: int, in_flight: int, limit_bytes: int, fix: str,
                  unshared: Callable[[Any], int] | None = None, ranks: int = 1,
                  to_give: Callable[[int], int] = int,
-                 share: Callable[[Any], None] | None = None, baseline_used: int | None = None) -> None:
+                 share: Callable[[Any], None] | None = None, baseline_used: int | None = None,
+                 pipe: Callable[[Callable, Any], Any] | None = None) -> None:
         self.collate, self.weigh, self.in_worker = collate, weigh, in_worker
         self.planned_bytes, self.in_flight, self.limit_bytes, self.fix = planned_bytes, in_flight, limit_bytes, fix
         self.unshared, self.ranks, self.to_give, self.share = unshared, max(1, ranks), to_give, share
-        self.baseline_used = baseline_used
+        self.baseline_used, self.pipe = baseline_used, pipe
         self.batches, self.over_said = 0, False
         self.others: Callable[[], str] | None = None
         functools.update_wrapper(self, collate, updated=())
@@ -86,6 +89,8 @@ class GuardedCollate:
         if info is None:
             return self.collate(samples)
         self.batches += 1
+        if self.pipe is not None:  # no /dev/shm to check
+            return self.pipe(self.collate, samples)
         seen = storages.samples_view(samples)
         weight = self._before(samples, info, seen)
         batch = self._writing(lambda: self.collate(samples), weight, weight, info)

@@ -262,7 +262,9 @@ def _pipe_candidates(stats: BatchStats, req: LoaderRequest, budget: Budget, cost
 
 def _pipes_decision(best: Candidate, items: list, req: LoaderRequest) -> Decision:
     refused = next((c.why_not for c, _ in items if c.mode != PIPES and c.workers == best.workers), "")
-    kept = req.workers_locked or "persistent_workers=True draws the loader's seed once, without workers every epoch"
+    kept = req.workers_locked or (
+        "persistent_workers=True draws the loader's seed once, without workers every epoch" if req.min_workers else
+        f"num_workers={req.workers} as the call asked: no fewer workers fit either")
     return Decision("transport", PIPES, "shared memory",
                     f"no configuration with shared memory fits ({refused or 'see the candidates'}), and the workers "
                     f"asked stay ({kept}): each batch travels pickled through its worker's pipe, the same batches "

@@ -73,11 +73,8 @@ def test_epochs_whose_workers_fork_while_the_loop_holds_a_batch_fit_from_the_fir
     batch more from the second epoch on (a user script under 64 MB ran its first epoch and failed in the second)."""
     numpy1(loader)
     expected = result(run("epochs_held", "raw", "2g"))["digests"]
-    try:
-        raw = run("epochs_held", "raw", timeout=120)
-        assert raw.returncode != 0, isolated.describe(raw)
-    except subprocess.TimeoutExpired:  # a worker's bus error can leave the main process waiting: a failure too
-        pass
+    # raw's 4 batches of 16 MiB land just at 64 MB: it died in 2.8.0's run and the audit's, and got through once on
+    # 2.9.0 (the same DataLoader code), so its failure is not asserted here (torch's test asserts it)
     for mode in ("ms_shm", "patch"):
         ours = result(run("epochs_held", mode))
         assert ours["digests"] == expected and len(expected) == 3 * 16, mode

@@ -527,8 +527,8 @@ def framework_check(exc: Exception, index: Any) -> None:
     """Refuse a row the framework's own conversion refused with ``exc``, keeping its message."""
     hint = ""
     if "copy" in str(exc):
-        hint = (" (NumPy 2 refuses np.array(x, copy=False) for Python scalars and lists, which MindSpore's "
-                "conversion calls)")
+        hint = (" (NumPy 2 refuses np.array(x, copy=False) for scalars, Python's or numpy's such as np.int64(i), "
+                "and for lists, which MindSpore's conversion calls)")
     raise RowError(f"row {index}: MindSpore's row conversion raises {type(exc).__name__}: {exc}{hint}. Fix: "
                    f"return every column as a numpy array (np.asarray(x) for scalars and lists), or install "
                    f"numpy<2.", None, index) from exc

@@ -321,9 +321,8 @@ def time_batch(per_batch_map: Any, columns: list, batch_size: int, keep: list | 
         keep.append(out)
     scale = batch_size / k
     out = out if isinstance(out, tuple) else (out,)
-    share, busy = (took.cpu / took.wall, took.process_cpu / took.wall) if took.wall > 0 else (None, None)
-    return OperationStats(1, int(_nbytes(columns) * scale), int(_nbytes(out) * scale), took.wall * scale, share,
-                          cores_busy=busy)
+    return OperationStats(1, int(_nbytes(columns) * scale), int(_nbytes(out) * scale), took.wall * scale,
+                          _share([took.wall], [took.cpu]), cores_busy=_share([took.wall], [took.process_cpu]))
 
 
 def _call_batch(per_batch_map: Any, columns: list) -> Any:

@@ -34,12 +34,12 @@ import resource
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from ms_shm import sandbox
+from ms_shm._results import record
 
 MIN_SECONDS = 2e-3  # rows cheaper than this: starting threads costs as much as the row, the figure is noise
 MIN_CPU_SHARE = 0.5  # below it the row mostly waits: threads overlap the waiting, the CPU share decides
@@ -151,7 +151,7 @@ def time_alone(wall: float, cpu: float, cpu_share: float | None) -> float:
     return min(wall, cpu / cpu_share) if cpu_share else wall
 
 
-@dataclass(frozen=True)
+@record
 class Timing:
     """What one call took, in seconds: its wall time, its thread's CPU time, the kernel's (system) share of that
     (0.0 where unknown), and the whole process's CPU time, which exceeds the thread's where the call's library

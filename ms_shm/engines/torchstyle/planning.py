@@ -25,6 +25,10 @@ from ms_shm.plan import INLINE, PIPES, PROCESSES, Candidate, Decision, Plan
 
 FORK_START_SECONDS = 0.012  # a fork of a process with the framework loaded, where the probe did not time its own
 SPAWN_START_SECONDS = 2.0  # per worker: it imports the framework again
+# What a batch sent through a worker's pipe costs beyond shared memory, per MiB (pickled, written, read and
+# rebuilt: 4 copies, and the receiving main process's CPU). Measured, torch 2.13 on the 2-core VM: 2 workers,
+# 32 MiB batches of 8 MiB samples, 16 batches: 4.9 s against 2.5 s through /dev/shm, 4.7 ms per MiB.
+PIPE_SECONDS_PER_MIB = 4.7e-3
 PER_BATCH_SECONDS = 1e-3  # the main process's cost to receive one batch (unpickle, map its storages)
 PER_STORAGE_SECONDS = 4e-5  # ... and each storage of it (a file descriptor passed and mapped)
 FORKS_PER_WORKER = 2  # a worker's fork, then its exit and join at the epoch's end: each walks the parent's pages
@@ -164,10 +168,11 @@ def cpu_part(stats: BatchStats) -> float:
     return stats.seconds_per_sample if cpu is None else min(cpu, stats.seconds_per_sample)
 
 
-def _seconds(stats: BatchStats, workers: int, req: LoaderRequest, costs: WorkerCosts) -> float | None:
+def _seconds(stats: BatchStats, workers: int, req: LoaderRequest, costs: WorkerCosts,
+             piped: bool = False) -> float | None:
     """One epoch: the samples' work in the main process, or spread over the workers (their CPU work over the
     free CPUs too), with each batch's transfer (a worker's) and receipt (the main process's), and the workers'
-    start and stop."""
+    start and stop; ``piped``: each batch through its worker's pipe besides (``PIPE_SECONDS_PER_MIB``)."""
     if stats.seconds_per_sample is None:
         return None
     samples = stats.samples or 100 * stats.batch_size
@@ -180,7 +185,8 @@ def _seconds(stats: BatchStats, workers: int, req: LoaderRequest, costs: WorkerC
     receive = batches * (PER_BATCH_SECONDS + PER_STORAGE_SECONDS * stats.storages)
     cpus = cpus_free(stats, req)
     spread = max((work + transfer) / workers, busy / min(workers, cpus), (busy + receive) / cpus, receive)
-    return start_seconds(workers, stats, req, costs) + spread
+    piping = batches * PIPE_SECONDS_PER_MIB * stats.batch_bytes / (1 << 20) if piped else 0.0
+    return start_seconds(workers, stats, req, costs) + spread + piping
 
 
 def _fd_room(budget: Budget, req: LoaderRequest) -> int | None:
@@ -209,14 +215,19 @@ def _why_not(shm: int, fds: int, worker_fds: int, memory: int, budget: Budget, r
     return why
 
 
+def _worker_bytes(stats: BatchStats) -> int:
+    """A worker's own pages: the probe child's, else 32 MiB (measured 12-25)."""
+    return stats.worker_bytes if stats.worker_bytes is not None else 32 << 20
+
+
 def _candidates(stats: BatchStats, req: LoaderRequest, budget: Budget, costs: WorkerCosts) -> list:
     out = []
-    worker_bytes = stats.worker_bytes if stats.worker_bytes is not None else 32 << 20
+    worker_bytes = _worker_bytes(stats)
     for w in _worker_options(req):
+        held = model.held_at_start(w, req.start_method, req.persistent_workers)
         for strategy in _strategy_options(req) if w else [req.strategy]:
             for pf in _prefetch_options(req, w):
                 p = pf or 0
-                held = model.held_at_start(w, req.start_method, req.persistent_workers)
                 shm = model.shm_peak(stats.batch_bytes, stats.storages, w, p, stats.shared_bytes, held)
                 fds = model.main_fds(stats.storages, w, p, strategy)
                 wfds = model.worker_fds(stats.storages, p, strategy) if w else 0
@@ -231,18 +242,12 @@ def _candidates(stats: BatchStats, req: LoaderRequest, budget: Budget, costs: Wo
     return out
 
 
-# What a batch sent through a worker's pipe costs beyond shared memory, per MiB (pickled, written, read and
-# rebuilt: 4 copies, and the receiving main process's CPU). Measured, torch 2.13 on the 2-core VM: 2 workers,
-# 32 MiB batches of 8 MiB samples, 16 batches: 4.9 s against 2.5 s through /dev/shm, 4.7 ms per MiB.
-PIPE_SECONDS_PER_MIB = 4.7e-3
-
-
 def _pipe_candidates(stats: BatchStats, req: LoaderRequest, budget: Budget, costs: WorkerCosts) -> list:
     """The workers asked, their batches through their pipes (``compat.piped``): no ``/dev/shm`` but what a
     ``collate_fn`` of the caller's may build there in each worker, one fd per worker's queue, and the batches in
     flight as memory, each pickled once more while it is sent."""
     out = []
-    worker_bytes = stats.worker_bytes if stats.worker_bytes is not None else 32 << 20
+    worker_bytes = _worker_bytes(stats)
     for w in (w for w in _worker_options(req) if w > 0):
         for p in _prefetch_options(req, w):
             shm = w * model.pages(stats.batch_bytes) if req.custom_collate else 0
@@ -250,10 +255,7 @@ def _pipe_candidates(stats: BatchStats, req: LoaderRequest, budget: Budget, cost
             mem = model.memory(stats.batch_bytes, stats.storages, w, p, worker_bytes, req.pin_memory,
                                stats.shared_bytes) + w * stats.batch_bytes
             why = _why_not(shm, fds, model.worker_fds(0, p, req.strategy), mem, budget, req)
-            seconds = _seconds(stats, w, req, costs)
-            if seconds is not None:
-                batches = -(-(stats.samples or 100 * stats.batch_size) // max(1, stats.batch_size))
-                seconds += batches * PIPE_SECONDS_PER_MIB * stats.batch_bytes / (1 << 20)
+            seconds = _seconds(stats, w, req, costs, piped=True)
             out.append((Candidate(PIPES, w, p, shm, fds, seconds, not why, "; ".join(why), mem), req.strategy))
             if not why:
                 break

@@ -984,6 +984,7 @@ def test_workers_that_must_stay_send_their_batches_through_their_pipes_where_no_
     assert (p.mode, p.workers, p.shared_mem, p.predicted_shm) == ("pipes", 2, False, shm), p
     said = next(d for d in p.decisions if d.setting == "transport")
     assert said.value == "pipes" and "torch.rand" in said.reason and "needs " in said.reason, said
+    assert "Fix, for shared memory and its speed: give /dev/shm at least" in said.reason, said
 
 
 def test_batches_through_pipes_are_only_a_last_resort():

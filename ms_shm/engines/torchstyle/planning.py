@@ -262,16 +262,19 @@ def _pipe_candidates(stats: BatchStats, req: LoaderRequest, budget: Budget, cost
     return out
 
 
-def _pipes_decision(best: Candidate, items: list, req: LoaderRequest) -> Decision:
-    refused = next((c.why_not for c, _ in items if c.mode != PIPES and c.workers == best.workers), "")
+def _pipes_decision(best: Candidate, items: list, req: LoaderRequest, budget: Budget) -> Decision:
+    """Why the batches go through pipes, and the ``/dev/shm`` size that would give those workers shared memory."""
+    own = [c for c, _ in items if c.mode != PIPES and c.workers == best.workers]
+    refused = own[0].why_not if own else ""
+    fix = budget_mod.shm_fix(budget, min(c.shm for c in own)) if own else "a larger /dev/shm"
     kept = req.workers_locked or (
         "persistent_workers=True draws the loader's seed once, without workers every epoch" if req.min_workers else
         f"num_workers={req.workers} as the call asked: no fewer workers fit either")
     return Decision("transport", PIPES, "shared memory",
                     f"no configuration with shared memory fits ({refused or 'see the candidates'}), and the workers "
                     f"asked stay ({kept}): each batch travels pickled through its worker's pipe, the same batches "
-                    f"with no /dev/shm, ~{PIPE_SECONDS_PER_MIB * 1e3:.1f} ms more per MiB (a larger /dev/shm "
-                    f"gives shared memory back)")
+                    f"with no /dev/shm, ~{PIPE_SECONDS_PER_MIB * 1e3:.1f} ms more per MiB. Fix, for shared memory "
+                    f"and its speed: {fix}")
 
 
 def _rank(item: tuple, req: LoaderRequest, fastest: float | None) -> tuple:
@@ -306,7 +309,7 @@ def plan_loader(stats: BatchStats, req: LoaderRequest, budget: Budget, profile: 
     best, strategy = min(fitting, key=lambda i: _rank(i, req, fastest))
     decisions = [_mode_decision(best, measured, req, fitting)] + sized
     if best.mode == PIPES:
-        decisions.append(_pipes_decision(best, items, req))
+        decisions.append(_pipes_decision(best, items, req, budget))
     if best.workers and req.prefetch_factor is None and best.prefetch != model.DEFAULT_PREFETCH_FACTOR:
         decisions.append(Decision("prefetch_factor", best.prefetch, model.DEFAULT_PREFETCH_FACTOR,
                                   f"prefetch_factor {model.DEFAULT_PREFETCH_FACTOR} does not fit "

@@ -130,17 +130,19 @@ def _make(name: str) -> dict:
                 yield tensor(sample_array(i, 0.5))
 
     class Drawn(base):
-        """``Big``'s samples plus a draw from torch's generator, which each worker seeds apart: the batches depend on
-        the number of workers (torch only)."""
+        """``Big``'s samples plus a draw from the generator each worker seeds apart (torch's; NumPy's global one on
+        MindSpore): the batches depend on the number of workers."""
 
         def __len__(self):
             return 24
 
         def __getitem__(self, i):
-            return tensor(sample_array(i)) + torch.rand(1), i
+            if torch is not None:
+                return tensor(sample_array(i)) + torch.rand(1), i
+            return tensor(sample_array(i) + np.float32(np.random.rand())), i
 
     made = {"big": Big, "many_small": ManySmall, "growing": Growing, "rising": Rising, "stream": Stream, "ragged": Ragged,
-            "quarter": Quarter, "outlier": Outlier, **({"drawn": Drawn} if torch is not None else {})}
+            "quarter": Quarter, "outlier": Outlier, "drawn": Drawn}
     prefix = _PREFIX[name]
     for cls in made.values():  # importable by name, so spawn workers can unpickle them
         cls.__name__ = cls.__qualname__ = prefix + cls.__name__
@@ -252,7 +254,8 @@ SCENARIOS = {  # scenario: (dataset, DataLoader arguments a user writes, what ms
     "tensords": ("tensords", dict(batch_size=32, num_workers=2), dict(batch_size=32, num_workers=2)),
     # 16 MiB batches, 3 epochs, the loop's name still holding the last batch as each epoch forks its workers
     "epochs_held": ("big", dict(batch_size=2, num_workers=2, prefetch_factor=1), dict(batch_size=2)),
-    # 32 MiB batches whose samples draw from each worker's seed: the workers must stay (torch only)
+    # 32 MiB batches whose samples draw from each worker's seed: the workers must stay (MindSpore's workers seed
+    # from the loader's generator, given in ``run``)
     "drawn": ("drawn", dict(batch_size=4, num_workers=2), dict(batch_size=4, num_workers=2)),
     "drawn_persistent": ("drawn", dict(batch_size=4, num_workers=2, persistent_workers=True),
                          dict(batch_size=4, num_workers=2, persistent_workers=True)),
@@ -262,6 +265,7 @@ SCENARIOS = {  # scenario: (dataset, DataLoader arguments a user writes, what ms
 PEAK = ("tensords", "preloaded", "drawn")  # scenarios whose /dev/shm peak is measured (sampled every 2 ms)
 FILL = {"filled": 2 << 20}  # scenario: bytes another process leaves free in /dev/shm once the loader is built
 EPOCHS = {"epochs_held": 3, "drawn": 2, "drawn_persistent": 2}  # scenario: epochs iterated (1 where not named)
+SEEDED = ("drawn", "drawn_persistent")  # scenarios whose MindSpore loader is given a seeded generator
 
 
 def run(framework: str, scenario: str, mode: str) -> None:
@@ -272,6 +276,8 @@ def run(framework: str, scenario: str, mode: str) -> None:
     torch, _, _, loader_cls, _ = _framework(framework)
     if torch is not None:
         torch.manual_seed(0)
+    elif scenario in SEEDED:  # MindSpore's workers seed from the loader's generator, unseeded by default
+        raw_args, ours = (dict(args, generator=np.random.default_rng(0)) for args in (raw_args, ours))
     if mode == "raw":
         loader = loader_cls(dataset, **raw_args)
     elif mode == "patch":  # the user's own call, unchanged, as ``ms-shm run`` sees it

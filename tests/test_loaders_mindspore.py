@@ -81,6 +81,23 @@ def test_epochs_whose_workers_fork_while_the_loop_holds_a_batch_fit_from_the_fir
         assert ours["plan"]["shm"] <= 64 << 20, ours["plan"]
 
 
+@pytest.mark.parametrize("scenario", ["drawn", "drawn_persistent"])
+def test_workers_that_must_stay_deliver_through_their_pipes_where_dev_shm_is_too_small(loader, scenario):
+    """As torch's: 32 MiB batches whose samples draw from each worker's NumPy seed (the loader's generator seeded),
+    2 workers (and persistent ones), 2 epochs, 64 MB. Fewer workers would change the batches, so each travels
+    through its worker's pipe: raw's batches with room to spare, bit for bit, and almost no /dev/shm."""
+    numpy1(loader)
+    reference = result(run(scenario, "raw", "2g"))["digests"]
+    raw = run(scenario, "raw", timeout=120)
+    assert raw.returncode != 0 and "Bus error" in raw.stderr + raw.stdout, isolated.describe(raw)
+    for mode in ("ms_shm", "patch"):
+        ours = result(run(scenario, mode))
+        assert ours["digests"] == reference and len(reference) == 12, mode
+        assert ours["plan"]["workers"] == 2 and ours["plan"]["shm"] == 0, ours["plan"]
+        assert any(d.startswith("transport=pipes") for d in ours["plan"]["decisions"]), ours["plan"]
+        assert ours["peak"] is None or ours["peak"] < 8 << 20, ours["peak"]
+
+
 def test_fd_starved_soft_limit_raised(loader):
     numpy1(loader)
     expected = result(run("many_small", "raw", "1g"))["digests"]

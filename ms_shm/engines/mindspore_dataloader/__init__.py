@@ -25,7 +25,7 @@ ENGINE = LoaderEngine(
     "mindspore-dataloader", "mindspore", "ms_shm.engines.mindspore_dataloader.compat", SIGNATURES, LEFTOVERS,
     LoaderProfile("mindspore-dataloader", None, "file_descriptor", False,
                   "MindSpore 2.8+: batches as /dev/shm files, one fd per storage; needs NumPy 1.x with workers",
-                  COSTS),
+                  COSTS, can_pipe=True),
     "Bus error ('DataLoader worker (pid: N) was killed by signal: Bus error.') when /dev/shm fills")
 
 __all__ = ["COSTS", "ENGINE", "LEFTOVERS"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ms_shm.changes import Change  # noqa: F401  (undo records, as for the other engines)
-from ms_shm.engines.torchstyle.compat import DataModule
+from ms_shm.engines.torchstyle.compat import DataModule, rebuilt
 
 _DATA = DataModule("mindspore.dataset.dataloader")  # DataLoader, datasets, collate functions, worker info: shared
 available, loader_class, owns = _DATA.available, _DATA.loader_class, _DATA.owns
@@ -81,3 +81,41 @@ def numpy_problem() -> str | None:
     return (f"MindSpore's DataLoader can fail on batches from worker processes under NumPy {np.__version__} "
             f"(SystemError in restore_tensor: its C++ was built against NumPy 1.x). Fix: pip install 'numpy<2' "
             f"(or num_workers=0, which reads samples in the main process)")
+
+
+def piped(collate: Any, samples: Any, default: bool) -> Any:
+    """``collate(samples)`` in a worker, made to travel through the worker's result pipe instead of ``/dev/shm``
+    (``plan.PIPES``): MindSpore's queue pickles every ``Tensor`` with its shared-memory reduction (one file per
+    storage, ``mindspore.multiprocessing.reductions``); each plain ``Tensor`` of the batch goes instead as
+    MindSpore pickles it by value (``Tensor.__getstate__``), rebuilt in the main process as the same ``Tensor``:
+    dtype, shape, values, ``requires_grad``. For batches that do not fit ``/dev/shm`` beside the others in flight
+    where the workers asked must stay. ``default`` is unused: MindSpore's collates stack in the worker's own memory
+    (``np.stack``, then ``Tensor``), never in ``/dev/shm``."""
+    return rebuilt(collate(samples), _piped_tensor)
+
+
+def _piped_tensor(value: Any) -> Any:
+    """A plain ``Tensor`` as ``_PipedTensor``; anything else (a ``Parameter``, a numpy array, which MindSpore's
+    queue pickles by value already) as it is."""
+    from mindspore import Tensor
+
+    return _PipedTensor(value) if type(value) is Tensor else value
+
+
+class _PipedTensor:
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor: Any) -> None:
+        self.tensor = tensor
+
+    def __reduce__(self) -> tuple:
+        return _tensor, (type(self.tensor), self.tensor.__getstate__())
+
+
+def _tensor(kind: Any, state: Any) -> Any:
+    """What ``pickle.loads`` makes of a ``Tensor`` pickled by value (``copyreg.__newobj__``, then its state)."""
+    import copyreg
+
+    value = copyreg.__newobj__(kind)
+    value.__setstate__(state)
+    return value

@@ -5,13 +5,13 @@ on first use; ``torch`` itself only when a function is called.
 
 from __future__ import annotations
 
-import collections
+import functools
 import logging
 import sys
 from typing import Any
 
 from ms_shm.changes import Change
-from ms_shm.engines.torchstyle.compat import DataModule
+from ms_shm.engines.torchstyle.compat import DataModule, rebuilt
 from ms_shm.engines.torchstyle.storages import tensors
 
 log = logging.getLogger(__name__)
@@ -148,27 +148,22 @@ def _as_in_main(collate: Any, samples: Any) -> Any:
 
 
 def _piped(value: Any, storages: dict) -> Any:
-    """``value`` with its plain CPU tensors as ``_PipedTensor``; lists, tuples, namedtuples and dicts rebuilt as
-    their own type; anything else (a tensor subclass, a batch class) left to torch's own pickling."""
+    """``value`` with its plain CPU tensors as ``_PipedTensor`` (``rebuilt``'s containers); anything else (a
+    tensor subclass, a batch class) left to torch's own pickling."""
+    return rebuilt(value, functools.partial(_piped_tensor, storages=storages))
+
+
+def _piped_tensor(value: Any, storages: dict) -> Any:
     import torch
 
-    kind = type(value)
-    if kind is torch.Tensor:
-        if value.device.type != "cpu" or value.layout != torch.strided or value.requires_grad or \
-                value.is_quantized or value.is_shared():
-            return value
-        storage = value.untyped_storage()
-        key = storage.data_ptr() or id(storage)
-        if key not in storages:
-            storages[key] = _PipedStorage(storage)
-        return _PipedTensor(storages[key], value)
-    if kind in (list, tuple):
-        return kind(_piped(v, storages) for v in value)
-    if isinstance(value, tuple) and hasattr(kind, "_fields") and hasattr(kind, "_make"):
-        return kind._make(_piped(v, storages) for v in value)
-    if kind is dict or kind is collections.OrderedDict:
-        return kind((k, _piped(v, storages)) for k, v in value.items())
-    return value
+    if type(value) is not torch.Tensor or value.device.type != "cpu" or value.layout != torch.strided or \
+            value.requires_grad or value.is_quantized or value.is_shared():
+        return value
+    storage = value.untyped_storage()
+    key = storage.data_ptr() or id(storage)
+    if key not in storages:
+        storages[key] = _PipedStorage(storage)
+    return _PipedTensor(storages[key], value)
 
 
 class _PipedStorage:

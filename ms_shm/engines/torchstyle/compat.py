@@ -7,6 +7,7 @@ is weighed, the sharing strategy, NumPy). The framework is imported only when a 
 
 from __future__ import annotations
 
+import collections
 import importlib
 import operator
 import sys
@@ -96,4 +97,19 @@ def _one_of_a_batch(dataset: Any, index: Any) -> Any:
                             f"one sample, so its samples cannot be weighed one by one")
 
 
-__all__ = ["DataModule", "UnreadableSamples"]
+def rebuilt(value: Any, leaf: Callable[[Any], Any]) -> Any:
+    """``value`` with ``leaf`` applied to everything but its containers: lists, tuples, namedtuples and dicts
+    rebuilt as their own type (what a default collate makes of samples), anything else handed to ``leaf``, which
+    returns it as it is where it has nothing to change (a batch class, a string). How both engines' pipe transports
+    (``compat.piped``) walk a batch."""
+    kind = type(value)
+    if kind in (list, tuple):
+        return kind(rebuilt(v, leaf) for v in value)
+    if isinstance(value, tuple) and hasattr(kind, "_fields") and hasattr(kind, "_make"):
+        return kind._make(rebuilt(v, leaf) for v in value)
+    if kind is dict or kind is collections.OrderedDict:
+        return kind((k, rebuilt(v, leaf)) for k, v in value.items())
+    return leaf(value)
+
+
+__all__ = ["DataModule", "UnreadableSamples", "rebuilt"]

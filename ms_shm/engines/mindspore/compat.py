@@ -14,7 +14,6 @@ import inspect
 import logging
 import os
 import types
-import weakref
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -22,6 +21,8 @@ import numpy as np
 from ms_shm import objects
 from ms_shm._results import Result, record
 from ms_shm.changes import Change, get_nofile, set_nofile_soft  # noqa: F401  (re-exported)
+from ms_shm.engines.mindspore import liveness
+from ms_shm.engines.mindspore.liveness import in_use, iterators_reading  # noqa: F401  (the engine's answers)
 
 log = logging.getLogger(__name__)
 
@@ -147,14 +148,10 @@ def _put_back(queue: Any, pos: int, before: tuple | None) -> None:
         queue.shm_list[pos], queue.fd_list[pos] = before
 
 
-_ITERATORS: Any = weakref.WeakSet()  # this process's MindSpore iterators still alive (stopped ones included)
-_FINISHED: Any = weakref.WeakSet()  # every stage of a tree an iterator ran to its end on
-
-
 def _watch_iterators() -> None:
     """Note every iterator MindSpore makes (``Iterator.__init__``, which every tuple and dict iterator,
     ``for row in dataset`` and ``Model.train`` run) and the stages of each tree one ran to its end on
-    (``Iterator.__next__`` raising ``StopIteration``), so ``in_use`` can tell a pipeline that has run and ended
+    (``Iterator.__next__`` raising ``StopIteration``), so ``liveness.in_use`` can tell a pipeline that has run and ended
     from one not started, or only peeked at. The iterator itself is MindSpore's, unchanged; a failure to note
     it only keeps the pipeline counted as in use."""
     try:
@@ -169,87 +166,18 @@ def _watch_iterators() -> None:
     @functools.wraps(make)
     def __init__(self, dataset, *args, **kwargs):
         make(self, dataset, *args, **kwargs)
-        _noting(_ITERATORS.add, self)
+        liveness.note_made(self)
 
     @functools.wraps(step)
     def __next__(self):
         try:
             return step(self)
         except StopIteration:
-            _noting(lambda it: _FINISHED.update(_stages(_tree(it))), self)
+            liveness.note_finished(self)
             raise
 
     __init__._ms_shm_original, __next__._ms_shm_original = make, step
     cls.__init__, cls.__next__ = __init__, __next__
-
-
-def _noting(note: Callable[[Any], Any], iterator: Any) -> None:
-    try:
-        note(iterator)
-    except Exception as exc:  # noqa: BLE001  (only bookkeeping: the pipeline stays counted as in use)
-        log.debug("ms_shm: an iterator was not noted (%s: %s)", type(exc).__name__, exc)
-
-
-def _tree(iterator: Any) -> Any:
-    """The dataset an iterator was made on (MindSpore's private ``__ori_dataset``, kept after ``stop()``)."""
-    return getattr(iterator, "_Iterator__ori_dataset", None)
-
-
-def _stages(top: Any) -> list:
-    """``top`` and every stage below it (``children``), each once."""
-    out, todo, seen = [], [top], set()
-    while todo:
-        node = todo.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        out.append(node)
-        todo.extend(getattr(node, "children", None) or ())
-    return out
-
-
-def iterators_reading(guard: Any) -> int:
-    """Live iterators on a tree whose ``GeneratorDataset`` reads through the runtime ``guard`` (a worker's fork
-    sees them as the program held them when it started its workers: its own iterator among them, since
-    MindSpore starts them after ``Iterator.__init__``, measured on 2.10). An earlier iterator kept alive (``it =
-    ds.create_tuple_iterator(...)`` run to its end, then another made) keeps its workers and their slots."""
-    def reads_through(stage: Any) -> bool:
-        source = getattr(stage, "source", None)
-        for _ in range(4):  # the thread cap's wrapper, then the guard's
-            if getattr(source, "_ms_shm_guard", None) is guard:
-                return True
-            source = getattr(source, "_ms_shm_wrapped", None)
-        return False
-
-    try:
-        return sum(1 for it in list(_ITERATORS) if any(reads_through(s) for s in _stages(_tree(it))))
-    except Exception as exc:  # noqa: BLE001  (only an error message's detail)
-        log.debug("ms_shm: live iterators not read (%s: %s)", type(exc).__name__, exc)
-        return 0
-
-
-def in_use(dataset: Any) -> Callable[[], bool]:
-    """Whether ``dataset``'s pipeline may hold ``/dev/shm`` now: until an iterator has run to its end on it
-    (train and eval built up front may run at once, as ``Model.train`` with an eval callback does; a train only
-    peeked at, ``next(train.create_dict_iterator())``, runs again later), and while an iterator on a tree holding
-    it is alive (a stopped one keeps its workers and slots until it is gone, measured on 2.7.2-2.10). A pipeline
-    run to its end whose iterators are gone (an eval built after a finished train) holds nothing: its workers
-    are gone. Unreadable: in use. Not seen: a finished pipeline run again beside one planned while it was idle
-    (a warm-up epoch, then ``fit`` with a validation set built after it); the guard meets that."""
-    ref = weakref.ref(dataset)
-
-    def check() -> bool:
-        stage = ref()
-        if stage is None:
-            return False
-        try:
-            return stage not in _FINISHED or any(any(s is stage for s in _stages(_tree(it)))
-                                                 for it in list(_ITERATORS))
-        except Exception as exc:  # noqa: BLE001  (the safe answer: it keeps its reservation)
-            log.debug("ms_shm: live iterators not read (%s: %s)", type(exc).__name__, exc)
-            return True
-
-    return check
 
 
 def available() -> bool:

@@ -28,6 +28,7 @@ from ms_shm import host, objects, procfs, sizes
 from ms_shm._results import Result, free_text, mib, record
 from ms_shm.budget import Budget
 from ms_shm.engines.mindspore import arithmetic as model
+from ms_shm.engines.mindspore import liveness
 from ms_shm.errors import RowTooLargeError, ShmFullError
 
 log = logging.getLogger(__name__)
@@ -227,9 +228,7 @@ class SlotGuard:
 def _earlier_iterators(guard: "SlotGuard") -> str:
     """Where an earlier iterator of this pipeline is alive beside the one these workers serve, what it holds and
     the fix (an audit kept ``it`` after its last epoch and made a dict iterator: "something else filled it")."""
-    from ms_shm.engines.mindspore import compat
-
-    earlier = compat.iterators_reading(guard) - 1
+    earlier = liveness.iterators_reading(guard) - 1
     if earlier <= 0:
         return ""
     return (f"{earlier} earlier iterator(s) of this pipeline are still alive, and their workers keep their slots "

@@ -1,0 +1,92 @@
+"""Which MindSpore iterators this process holds, and which pipelines have run to their end: what the runtime
+guard names when an earlier iterator keeps its slots, and what a pipeline's reservation lasts for. ``compat``
+notes each iterator as MindSpore makes and ends it; nothing here imports MindSpore.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+
+_ITERATORS: Any = weakref.WeakSet()  # this process's MindSpore iterators still alive (stopped ones included)
+_FINISHED: Any = weakref.WeakSet()  # every stage of a tree an iterator ran to its end on
+
+
+def note_made(iterator: Any) -> None:
+    _noting(_ITERATORS.add, iterator)
+
+
+def note_finished(iterator: Any) -> None:
+    _noting(lambda it: _FINISHED.update(_stages(_tree(it))), iterator)
+
+
+def _noting(note: Callable[[Any], Any], iterator: Any) -> None:
+    try:
+        note(iterator)
+    except Exception as exc:  # noqa: BLE001  (only bookkeeping: the pipeline stays counted as in use)
+        log.debug("ms_shm: an iterator was not noted (%s: %s)", type(exc).__name__, exc)
+
+
+def _tree(iterator: Any) -> Any:
+    """The dataset an iterator was made on (MindSpore's private ``__ori_dataset``, kept after ``stop()``)."""
+    return getattr(iterator, "_Iterator__ori_dataset", None)
+
+
+def _stages(top: Any) -> list:
+    """``top`` and every stage below it (``children``), each once."""
+    out, todo, seen = [], [top], set()
+    while todo:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        out.append(node)
+        todo.extend(getattr(node, "children", None) or ())
+    return out
+
+
+def iterators_reading(guard: Any) -> int:
+    """Live iterators on a tree whose ``GeneratorDataset`` reads through the runtime ``guard`` (a worker's fork
+    sees them as the program held them when it started its workers: its own iterator among them, since
+    MindSpore starts them after ``Iterator.__init__``, measured on 2.10). An earlier iterator kept alive (``it =
+    ds.create_tuple_iterator(...)`` run to its end, then another made) keeps its workers and their slots."""
+    def reads_through(stage: Any) -> bool:
+        source = getattr(stage, "source", None)
+        for _ in range(4):  # the thread cap's wrapper, then the guard's
+            if getattr(source, "_ms_shm_guard", None) is guard:
+                return True
+            source = getattr(source, "_ms_shm_wrapped", None)
+        return False
+
+    try:
+        return sum(1 for it in list(_ITERATORS) if any(reads_through(s) for s in _stages(_tree(it))))
+    except Exception as exc:  # noqa: BLE001  (only an error message's detail)
+        log.debug("ms_shm: live iterators not read (%s: %s)", type(exc).__name__, exc)
+        return 0
+
+
+def in_use(dataset: Any) -> Callable[[], bool]:
+    """Whether ``dataset``'s pipeline may hold ``/dev/shm`` now: until an iterator has run to its end on it
+    (train and eval built up front may run at once, as ``Model.train`` with an eval callback does; a train only
+    peeked at, ``next(train.create_dict_iterator())``, runs again later), and while an iterator on a tree holding
+    it is alive (a stopped one keeps its workers and slots until it is gone, measured on 2.7.2-2.10). A pipeline
+    run to its end whose iterators are gone (an eval built after a finished train) holds nothing: its workers
+    are gone. Unreadable: in use. Not seen: a finished pipeline run again beside one planned while it was idle
+    (a warm-up epoch, then ``fit`` with a validation set built after it); the guard meets that."""
+    ref = weakref.ref(dataset)
+
+    def check() -> bool:
+        stage = ref()
+        if stage is None:
+            return False
+        try:
+            return stage not in _FINISHED or any(any(s is stage for s in _stages(_tree(it)))
+                                                 for it in list(_ITERATORS))
+        except Exception as exc:  # noqa: BLE001  (the safe answer: it keeps its reservation)
+            log.debug("ms_shm: live iterators not read (%s: %s)", type(exc).__name__, exc)
+            return True
+
+    return check

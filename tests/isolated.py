@@ -15,6 +15,7 @@ import textwrap
 import time
 from functools import lru_cache
 from pathlib import Path
+from typing import Callable
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -189,6 +190,17 @@ def run_loader_scenario(framework: str, scenario: str, mode: str, shm: str = "64
     code = f"from tests.loader_scenarios import run; run({framework!r}, {scenario!r}, {mode!r})"
     return run_shell(f"exec {shlex.quote(sys.executable)} -c {shlex.quote(code)}", shm=shm, nofile=nofile,
                      nofile_hard=hard, timeout=timeout)
+
+
+def assert_through_pipes(run: Callable, scenario: str, reference: list) -> None:
+    """``build_dataloader`` and unchanged code under ``ms_shm.patch`` deliver ``reference`` (12 batches) under
+    64 MB with the 2 workers asked, each batch through its worker's pipe, almost no /dev/shm."""
+    for mode in ("ms_shm", "patch"):
+        ours = result_of(run(scenario, mode))
+        assert ours["digests"] == reference and len(reference) == 12, mode
+        assert ours["plan"]["workers"] == 2 and ours["plan"]["shm"] == 0, ours["plan"]
+        assert any(d.startswith("transport=pipes") for d in ours["plan"]["decisions"]), ours["plan"]
+        assert ours["peak"] is None or ours["peak"] < 8 << 20, ours["peak"]
 
 
 def result_of(proc: subprocess.CompletedProcess) -> dict:

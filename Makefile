@@ -25,8 +25,8 @@ lint: install
 
 # MS_SHM_REQUIRE_MINDSPORE=1 (tests/conftest.py): the run fails unless real-MindSpore tests ran, and fails if any
 # real-MindSpore or privileged (private /dev/shm) test was skipped, instead of looking green.
-# Then the release matrix (scripts/release_matrix.sh): MindSpore 2.0.0 (Python 3.9), 2.7.2, 2.8.0 and 2.9.0, each in its
-# own virtual environment made here, run the fidelity contract and the release-specific tests.
+# Then the release matrix (scripts/release_matrix.sh): MindSpore 2.0.0 (Python 3.9), 2.7.2, 2.8.0, 2.9.0 and 2.10.0
+# (Python 3.12, NumPy 1), each in its own virtual environment made here, run the fidelity contract and the release-specific tests.
 test: test-main test-matrix
 
 test-main: install lint

@@ -18,6 +18,7 @@ from ms_shm import engines, sizes
 from ms_shm._results import Result, mib, record
 from ms_shm.engines.mindspore import arithmetic as model
 from ms_shm.engines.mindspore import profiles
+from ms_shm.host import NUMPY1_INSTALL
 from ms_shm.sizes import HEADROOM, k8s_size, nofile_target, parse_size
 from ms_shm.sizes import shm_size_flag as human_size
 
@@ -608,9 +609,9 @@ def _loader_findings(facts: Any, numpy_version: str | None) -> list:
         f"MindSpore {facts.mindspore_version}'s DataLoader (mindspore.dataset.dataloader) can fail on batches "
         f"from worker processes under NumPy {numpy_version} ('SystemError: ... returned a result with an "
         f"exception set' in restore_tensor: its C++ was built against NumPy 1.x); GeneratorDataset is not "
-        f"affected", "info", "pip install 'numpy<2' before using its DataLoader with num_workers > 0 "
+        f"affected", "info", f"{NUMPY1_INSTALL} before using its DataLoader with num_workers > 0 "
         "(ms_shm.build_dataloader keeps samples in the main process unless num_workers is passed)",
-        (("pip", "pip install 'numpy<2'"),), "msloader-numpy2")]
+        (("pip", NUMPY1_INSTALL),), "msloader-numpy2")]
 
 
 def _removeipc_findings(facts: Any, t: Typical) -> list:

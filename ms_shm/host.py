@@ -258,6 +258,14 @@ def _numpy_version() -> str | None:
     return installed_version("numpy")
 
 
+# The pip line that brings NumPy 1.x without breaking ``import mindspore``: MindSpore imports SciPy
+# (``train.callback._landscape``), and SciPy 1.18's wheels need NumPy 2 (``np.long``). Measured with MindSpore
+# 2.10.0 on Python 3.12, where pip takes SciPy 1.18.1: ``pip install 'numpy<2'`` alone left ``import mindspore``
+# failing (AttributeError: module 'numpy' has no attribute 'long'); with the SciPy pin beside it (1.15.3 kept) it
+# imports and its DataLoader's workers run. Where SciPy is older (Python 3.11 has no 1.18) the pin changes nothing.
+NUMPY1_INSTALL = "pip install 'numpy<2' 'scipy<1.18'"
+
+
 def memory_now(facts: HostFacts) -> HostFacts:
     """``facts`` with the memory available and the cgroup's working set read now, limits kept: what the program
     allocated since (a model loaded after ``tune()``) is not there for the next pipeline (a budget taken at

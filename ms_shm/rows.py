@@ -21,6 +21,7 @@ from ms_shm import parallel
 from ms_shm._results import Result, record
 from ms_shm.engines.mindspore.profiles import CARRIED_KINDS
 from ms_shm.errors import RowError
+from ms_shm.host import NUMPY1_INSTALL
 
 log = logging.getLogger(__name__)
 
@@ -531,7 +532,7 @@ def framework_check(exc: Exception, index: Any) -> None:
                 "and for lists, which MindSpore's conversion calls)")
     raise RowError(f"row {index}: MindSpore's row conversion raises {type(exc).__name__}: {exc}{hint}. Fix: "
                    f"return every column as a numpy array (np.asarray(x) for scalars and lists), or install "
-                   f"numpy<2.", None, index) from exc
+                   f"NumPy 1.x ({NUMPY1_INSTALL}).", None, index) from exc
 
 
 def read_head(source: Any, count: int) -> list:

@@ -401,6 +401,8 @@ def test_mindspore_dataloader_under_numpy2_is_a_finding_with_the_fix():
     assert advice._loader_findings(facts(mindspore_version="2.7.2"), "2.4.6") == []
     found = advice._loader_findings(facts(mindspore_version="2.10.0"), "2.4.6")
     assert found[0].code == "msloader-numpy2" and "numpy<2" in found[0].fix
+    # numpy<2 alone broke ``import mindspore`` where pip had taken SciPy 1.18 (Python 3.12): the pin goes with it
+    assert found[0].snippets == (("pip", "pip install 'numpy<2' 'scipy<1.18'"),), found[0].snippets
 
 
 def test_low_soft_nofile_under_a_hard_limit_that_allows_it_suggests_what_ulimit_takes():

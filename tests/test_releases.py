@@ -1,6 +1,6 @@
 """The installed MindSpore release, for real: ms_shm's profile of it, and its life under Docker's 64 MB
 /dev/shm. ``make test`` runs this file on 2.10 and in each virtual environment of the release matrix
-(``scripts/release_matrix.sh``: 2.0.0 on Python 3.9, 2.7.2, 2.8.0, 2.9.0)."""
+(``scripts/release_matrix.sh``: 2.0.0 on Python 3.9, 2.7.2, 2.8.0, 2.9.0, 2.10.0 on Python 3.12 with NumPy 1)."""
 
 from __future__ import annotations
 

@@ -76,10 +76,12 @@ def numpy_problem() -> str | None:
     NumPy's "compiled using NumPy 1.x" warning), so workers there are a gamble."""
     import numpy as np
 
+    from ms_shm import host
+
     if int(np.__version__.split(".")[0]) < 2:
         return None
     return (f"MindSpore's DataLoader can fail on batches from worker processes under NumPy {np.__version__} "
-            f"(SystemError in restore_tensor: its C++ was built against NumPy 1.x). Fix: pip install 'numpy<2' "
+            f"(SystemError in restore_tensor: its C++ was built against NumPy 1.x). Fix: {host.NUMPY1_INSTALL} "
             f"(or num_workers=0, which reads samples in the main process)")
 
 

@@ -54,7 +54,8 @@ SIGNATURES = (
               "MindSpore's DataLoader restores each batch from a worker with code built against NumPy 1.x; under "
               "NumPy 2 a batch from a worker can fail there, in the main process (SystemError; measured: 2 of 3 runs "
               "of one loader, the first batch a worker sent). It is not a memory problem",
-              "pip install 'numpy<2' (or num_workers=0)", engine="mindspore-dataloader"),
+              "pip install 'numpy<2' 'scipy<1.18' (MindSpore imports SciPy, whose 1.18 wheels need NumPy 2), or "
+              "num_workers=0", engine="mindspore-dataloader"),
 )
 
 

@@ -403,21 +403,36 @@ def _serial_epoch(stats: Any, req: Request) -> float | None:
 
 def _fit(plan_for: Any, req: Request, locked: bool) -> Plan:
     """``plan_for(req)``. Where the explicit settings are preferences (unchanged code under ``ms_shm.patch``) and
-    nothing honouring them fits, the fastest plan that fits without them, which keeps the rows identical; never
-    where the rows depend on which worker reads them (``locked``): then ``ShmBudgetError`` as for orders."""
+    nothing honouring them fits, or fits only by taking the memory a stage after it needs, the fastest plan that
+    fits without them, which keeps the rows identical; never where the rows depend on which worker reads them
+    (``locked``): then ``ShmBudgetError`` as for orders, or the plan honouring them."""
+    asked = ", ".join(f"{name}={getattr(req, field)}" for name, field in _EXPLICIT_SETTINGS
+                      if getattr(req, field) is not None)
+    adaptable = req.explicit == PREFERENCE and not locked and asked
     try:
-        return plan_for(req)
+        kept = plan_for(req)
     except ShmBudgetError as exc:
-        asked = ", ".join(f"{name}={getattr(req, field)}" for name, field in _EXPLICIT_SETTINGS
-                          if getattr(req, field) is not None)
-        if req.explicit != PREFERENCE or locked or not asked:
+        if not adaptable:
             raise
-        why = exc.problem
-    p = plan_for(unasked(req))
+        p, why = plan_for(unasked(req)), exc.problem
+    else:
+        if not (adaptable and _left_no_room(kept)):
+            return kept
+        p = plan_for(unasked(req))
+        if _left_no_room(p):
+            return kept
+        why = next(d.reason for d in kept.decisions if d.setting == "memory_kept_for_next_stage")
     adapted = Decision("explicit_arguments", "adapted", asked,
                        f"{why}; the call's explicit {asked} are preferences here (ms_shm.patch), so the fastest "
                        f"configuration that fits and yields the same rows is used instead")
     return replace(p, decisions=(adapted,) + p.decisions)
+
+
+def _left_no_room(p: Plan) -> bool:
+    """Whether ``p`` takes memory a stage after it needs (an audit's source kept its explicit 2 workers under
+    ``ms-shm run`` in a 600 MB container and the map after it was refused; without the explicit workers the
+    source left the map its room and the run fitted)."""
+    return any(d.setting == "memory_kept_for_next_stage" and not d.value for d in p.decisions)
 
 
 def _adapted(p: Plan) -> bool:

@@ -132,37 +132,80 @@ def run_in_fork(probe: Callable[[], Any], timeout: float | None = None, worker_p
         return Outcome(unavailable="os.fork is not available on this platform")
     timeout = timeout_seconds() if timeout is None else timeout
     _load_numpy_random()
-    parent = os.getpid()
-    read_end, write_end = os.pipe()
     gate = os.pipe() if meanwhile is not None else ()
-    hooks = _mindspore_fork_hooks()
-    _call_hook(hooks, "prepare_before_fork")
+    forked = _Forked()
+    thread = threading.Thread(target=forked.run, args=(probe, timeout, worker_pages, gate), name="ms_shm-probe",
+                              daemon=True)
     try:
-        # os.fork itself: warnings.catch_warnings() here made Python forget every warning it had shown once
-        # (torch's "will create 3 worker processes" came again for each DataLoader: 2 lines raw, 8 under ms_shm)
-        pid = os.fork()
-    except OSError as exc:
-        _call_hook(hooks, "parent_at_fork")
-        for fd in (read_end, write_end, *gate):
-            os.close(fd)
-        return Outcome(unavailable=f"fork failed ({type(exc).__name__}: {exc})")
-    if pid == 0:  # pragma: no cover - runs in the child, reported through the pipe
-        _call_hook(hooks, "child_at_fork")
-        _die_with(parent)
-        os.close(read_end)
-        _hold_at_gate(gate)
-        _child(probe, write_end, worker_pages)
-    _call_hook(hooks, "parent_at_fork")
-    os.close(write_end)
-    try:
+        thread.start()
         beside = None
-        if gate:
-            os.close(gate[0])
+        if gate:  # once the child holds its end of the gate (the thread closes the parent's read end)
+            forked.forked.wait()
             beside = _run_meanwhile(meanwhile, gate[1])
-        return replace(_collect(pid, read_end, timeout), beside=beside)
+        forked.done.wait()
     except BaseException:  # Ctrl-C, SIGTERM's handler: the child's reads are no one's now
-        _kill(pid)
+        forked.stop()
         raise
+    return replace(forked.outcome, beside=beside)
+
+
+class _Forked:
+    """The probe child, forked, collected and reaped by a thread of its own (``ms_shm-probe``), never by the
+    caller's: the kernel sends a child's SIGCHLD to the thread that forked it, and MindSpore's SIGCHLD handler
+    (installed once a pipeline has started workers) is not safe to run inside a ``fork``. A child forked by the
+    main thread ended while that thread forked MindSpore's next workers, and the handler deadlocked there
+    (``DoReleaseShmAndMsg``: a mutex, or ``malloc``): MindSpore's own test_reset.py under ``ms_shm.patch`` hung 4
+    runs of 4 in test 27 of 32, raw never. This thread takes the signal while it waits for the child's exit."""
+
+    def __init__(self) -> None:
+        self.forked, self.done = threading.Event(), threading.Event()  # the fork returned (or failed); all done
+        self.outcome, self.pid = None, None
+
+    def run(self, probe: Callable[[], Any], timeout: float, worker_pages: bool, gate: tuple) -> None:
+        try:
+            self.outcome = self._fork(probe, timeout, worker_pages, gate)
+        except BaseException as exc:  # noqa: BLE001 - never the caller's failure: it plans without the probe
+            if self.pid is not None:
+                _kill(self.pid)
+            self.outcome = Outcome(unavailable=f"the probe could not run ({type(exc).__name__}: {exc})")
+        finally:
+            self.forked.set()
+            self.done.set()
+        if self.pid is not None:  # its exit (tens of ms with MindSpore loaded) while the caller goes on
+            _reap(self.pid)
+
+    def _fork(self, probe: Callable[[], Any], timeout: float, worker_pages: bool, gate: tuple) -> Outcome:
+        parent = os.getpid()
+        read_end, write_end = os.pipe()
+        hooks = _mindspore_fork_hooks()
+        _call_hook(hooks, "prepare_before_fork")
+        try:
+            # os.fork itself: warnings.catch_warnings() here made Python forget every warning it had shown once
+            # (torch's "will create 3 worker processes" came again for each DataLoader: 2 lines raw, 8 under ms_shm)
+            pid = os.fork()
+        except OSError as exc:
+            _call_hook(hooks, "parent_at_fork")
+            for fd in (read_end, write_end, *gate[:1]):  # the gate's write end is the caller's, closed after meanwhile
+                os.close(fd)
+            return Outcome(unavailable=f"fork failed ({type(exc).__name__}: {exc})")
+        if pid == 0:  # pragma: no cover - runs in the child, reported through the pipe
+            _call_hook(hooks, "child_at_fork")
+            _die_with(parent)
+            os.close(read_end)
+            _hold_at_gate(gate)
+            _child(probe, write_end, worker_pages)
+        self.pid = pid
+        _call_hook(hooks, "parent_at_fork")
+        for fd in (write_end, *gate[:1]):
+            os.close(fd)
+        self.forked.set()
+        return _collect(pid, read_end, timeout)
+
+    def stop(self) -> None:
+        """The caller was interrupted: the child is killed and reaped, whatever it had read."""
+        self.forked.wait(1.0)  # the fork itself, at most: the pid is known once it returned
+        if self.pid is not None:
+            _kill(self.pid)
 
 
 def _mindspore_fork_hooks() -> Any:
@@ -352,8 +395,7 @@ def _collect(pid: int, fd: int, timeout: float) -> Outcome:
             chunks.append(chunk)
     finally:
         os.close(fd)
-    if chunks:  # the child closed its end after writing: what is left is its exit, tens of ms with MindSpore
-        _reap_later(pid)  # loaded (tearing down a large address space), which nobody needs to wait for
+    if chunks:  # the child closed its end after writing: what is left is its exit, reaped by the probe's thread
         return _decode(b"".join(chunks))
     _, status = os.waitpid(pid, 0)
     how = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit status {os.WEXITSTATUS(status)}"
@@ -374,15 +416,12 @@ def _oom_hint() -> str:
             f"({mib(usage)} in use); reading rows leaves no room, give the container more memory")
 
 
-def _reap_later(pid: int) -> None:
-    """Collect the child's exit status in a daemon thread, so no zombie is left and the caller goes on."""
-    def reap() -> None:
-        try:
-            os.waitpid(pid, 0)
-        except ChildProcessError:  # already collected (e.g. by a SIGCHLD handler that reaps every child)
-            pass
-
-    threading.Thread(target=reap, name=f"ms_shm-reap-{pid}", daemon=True).start()
+def _reap(pid: int) -> None:
+    """Collect the child's exit status, so no zombie is left."""
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:  # already collected (by _collect or _kill, or a SIGCHLD handler that reaps every child)
+        pass
 
 
 def _decode(data: bytes) -> Outcome:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import replace
 
@@ -145,6 +146,27 @@ def test_where_memory_binds_the_source_leaves_a_map_after_it_room():
     assert source.predicted_memory + after.predicted_memory <= b.memory_bytes
     roomy = planning.plan_generator(rows(8 * MiB, seconds=0.002), ask(workers=2), room(4 * GiB), V210)
     assert all(d.setting != "memory_kept_for_next_stage" for d in roomy.decisions)  # nothing binds: no change
+
+
+def test_unchanged_codes_explicit_workers_give_way_where_they_leave_the_next_stage_no_memory():
+    """An audit's script under ``ms-shm run`` in a 600 MB container: its source's explicit 2 workers fitted only by
+    taking the memory a map after it needs (the reserve cannot be kept for them), and the map was refused 3 runs of
+    3; without the explicit workers the same script fitted. As preferences they now give way to the plan that
+    keeps the room; as orders, or where rows depend on the worker (``locked``), they stay."""
+    from ms_shm import api
+    from ms_shm.plan import unasked
+
+    b, stats = room(4 * GiB, memory=int(400 * MiB / 0.8)), rows(16 * MiB, seconds=0.002)
+    plan_for = functools.partial(planning.plan_generator, stats, budget=b, profile=V210)
+    preference = ask(workers=2, explicit="preference")
+    kept = plan_for(preference)
+    assert (kept.mode, kept.workers) == (PROCESSES, 2) and api._left_no_room(kept), kept.decisions
+    assert not api._left_no_room(plan_for(unasked(preference)))
+    adapted = api._fit(plan_for, preference, locked=False)
+    assert (adapted.mode, adapted.workers) == (INLINE, 1) and api._adapted(adapted), adapted
+    assert "kept for a stage after this one" in adapted.decisions[0].reason
+    assert api._fit(plan_for, preference, locked=True) == kept
+    assert api._fit(plan_for, ask(workers=2), locked=False) == kept  # an order: build_dataset's own call
 
 
 def test_a_map_of_cpp_transforms_alone_starts_no_pool_so_processes_cost_what_threads_cost():

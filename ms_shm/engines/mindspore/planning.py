@@ -213,7 +213,12 @@ def _candidates_leaving_room(stats: RowStats, req: Request, budget: Budget, prof
     reserve = next_stage_memory(row_bytes)
     cands = _candidates(stats, req, replace(budget, memory_bytes=max(0, budget.memory_bytes - reserve)), profile,
                         row_bytes, costs, [])
-    if not any(c.fits for c in cands) or _chosen(whole, req) == _chosen(cands, req):
+    if not any(c.fits for c in cands):  # said, so that unchanged code whose settings may give way tries that
+        return whole, Decision("memory_kept_for_next_stage", 0, reserve,
+                               f"nothing honouring the call's settings fits once {mib(reserve)} of the "
+                               f"{mib(budget.memory_bytes)} memory budget is kept for a stage after this one: a map "
+                               f"after it may find no memory left")
+    if _chosen(whole, req) == _chosen(cands, req):
         return whole, None
     return cands, Decision("memory_kept_for_next_stage", reserve, 0,
                            f"{mib(reserve)} of the {mib(budget.memory_bytes)} memory budget is left for a stage after "

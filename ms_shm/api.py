@@ -18,6 +18,7 @@ from typing import Any, Sequence
 from ms_shm import advice, engines, host, hostcost, measure, rows, sites, sizes, threads
 from ms_shm import budget as budget_mod
 from ms_shm import changes as changes_mod
+from ms_shm import plan as plan_mod
 from ms_shm._results import Result, mib, record
 from ms_shm.errors import ProcessesUnavailableError
 from ms_shm.plan import PIPES, Decision, Plan, Request, ShmBudgetError, unasked
@@ -538,10 +539,13 @@ def _apply_globals(p: Plan, config: Any, eng: Any, quiet: bool = False) -> list:
         wanted.append(("shared_mem", False, _reason(p, "shared_mem", "rows go through pipes")
                        + "; this also applies to pipelines launched later in this process"))
     wanted += [(d.setting, d.value, d.reason) for d in p.decisions if d.setting == "enable_watchdog"]
-    made = SESSION.record([eng.apply_setting(*w) for w in wanted], eng.undo)
+    return _changed_globals(SESSION.record([eng.apply_setting(*w) for w in wanted], eng.undo), quiet)
+
+
+def _changed_globals(made: list, quiet: bool) -> list:
     for change in made:
-        log.log(logging.INFO if quiet else logging.WARNING, "ms_shm changed MindSpore's global %s from %s to %s: %s", change.setting, change.old,
-                    change.new, change.reason)
+        log.log(logging.INFO if quiet else logging.WARNING, "ms_shm changed MindSpore's global %s from %s to %s: %s",
+                change.setting, change.old, change.new, change.reason)
     return made
 
 
@@ -718,7 +722,10 @@ def batch(dataset: Any, batch_size: Any, drop_remainder: bool = False, num_paral
     per_batch_map = batch_kwargs.get("per_batch_map")
     if per_batch_map is None or isinstance(batch_size, bool) or not isinstance(batch_size, int) or \
             not eng.compat.arguments_fit("batch", dataset, batch_size, drop_remainder, **asked):
-        return eng.compat.batch_dataset(dataset, batch_size, drop_remainder, _cap_unplanned(asked, _explicit, eng))
+        result = eng.compat.batch_dataset(dataset, batch_size, drop_remainder, _cap_unplanned(asked, _explicit, eng))
+        if per_batch_map is None:
+            hold_room_for_batches(result, dataset, batch_size, quiet=_explicit is not None)
+        return result
     if _explicit is None:
         check_as_mindspore("batch", eng.compat.real_method("batch"), dict(asked, batch_size=batch_size,
                                                                           drop_remainder=drop_remainder))
@@ -739,6 +746,61 @@ def batch(dataset: Any, batch_size: Any, drop_remainder: bool = False, num_paral
     _register(result, p, measure.Unavailable("rows after a per_batch_map are not re-made in a probe"), "batch")
     _log_plan(p, asked, _explicit)
     return result
+
+
+def hold_room_for_batches(result: Any, dataset: Any, batch_size: Any, quiet: bool) -> None:
+    """A plain batch (``result``, built as asked) over a pipeline ms_shm planned, priced in memory
+    (``arithmetic.batch_memory``) and reserved beside it; where the global prefetch lets it hold more than the
+    memory left, prefetch lowered to the largest that fits (the batches are the same), or a warning with the
+    container fix where none does. Over a pipeline ms_shm did not plan, nothing. Never raises."""
+    if type(batch_size) is not int or batch_size <= 0:
+        return
+    try:
+        row = _planned_row_below(dataset)
+        if not row:
+            return
+        eng = _engine()
+        config = eng.read_config()
+        prefetch = config.prefetch_size if config is not None else None
+        left = SESSION.budget(SESSION.host_facts()).memory_bytes if prefetch else None
+        batches = eng.compat.batches(eng.compat.rows_per_epoch(dataset, _rows_known), batch_size, False)
+    except Exception as exc:  # noqa: BLE001 - a reading that failed: the batch goes unpriced, as before
+        log.debug("ms_shm batch: not priced (%s: %s)", type(exc).__name__, exc)
+        return
+    if left is None:
+        return
+
+    def need(p: int) -> int:
+        return eng.arithmetic.batch_memory(row, batch_size, p, batches)
+
+    fitting = next((p for p in range(prefetch, 0, -1) if need(p) <= left), None)
+    what = (f"batch({batch_size}) of {mib(row)} rows may hold ~{mib(need(prefetch))} of memory at prefetch "
+            f"{prefetch} (~{eng.arithmetic.BATCH_HELD[0]} + {eng.arithmetic.BATCH_HELD[1]} x prefetch batches "
+            f"where the loop is slower than the pipeline, measured), with {mib(left)} of this rank's memory budget "
+            f"left after the pipeline below it")
+    if fitting is None:
+        log.warning("ms_shm batch: %s: it may be OOM-killed. Fix: %s, or a smaller batch_size", what,
+                    plan_mod.memory_fix(need(1), SESSION.budget(SESSION.host_facts())))
+    elif fitting < prefetch:
+        _changed_globals(SESSION.record([eng.apply_setting("prefetch_size", fitting, f"{what}; at prefetch {fitting} "
+                                                           f"it holds ~{mib(need(fitting))}")], eng.undo), quiet)
+    reservation = SESSION.ledger.reserve("batch", 0, 0, need(fitting or 1), in_use=eng.compat.in_use(result))
+    weakref.finalize(result, SESSION.ledger.release, reservation.key)
+
+
+def _planned_row_below(dataset: Any, depth: int = 8) -> int | None:
+    """The row size of the nearest stage at or below ``dataset`` that ms_shm planned (through ``project``,
+    ``rename``, ``shuffle``...: their first child), or ``None``."""
+    stage = dataset
+    for _ in range(depth):
+        p = measure.plan_of(stage)
+        if p is not None:
+            return p.row_bytes
+        children = getattr(stage, "children", None)
+        if not children:
+            return None
+        stage = children[0]
+    return None
 
 
 def _threads_started(probe: measure.StageProbe) -> int | None:

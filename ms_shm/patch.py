@@ -182,7 +182,10 @@ def _make_batch(real_batch: Any) -> Any:
         given.pop(next(iter(sig.parameters)))
         extra = given.pop(varkw, {}) if varkw else {}
         if extra.get("per_batch_map") is None or "batch_size" not in given:
-            return real_batch(self, *args, **kwargs)
+            result = real_batch(self, *args, **kwargs)
+            if extra.get("per_batch_map") is None:  # its batches held in memory beside a pipeline ms_shm planned
+                _api().hold_room_for_batches(result, self, given.get("batch_size"), quiet=True)
+            return result
         _mindspore_checks("batch", real_batch, bound)
         size = given.pop("batch_size")
         return _routed("batch", lambda: _api().batch(self, size, **given, **extra, _explicit=_explicit()))

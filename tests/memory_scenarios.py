@@ -13,6 +13,7 @@ import sys
 import numpy as np
 
 ROWS, MB, SEED = 48, 8, 7
+BATCH, SLOW = 4, {"generator_batch": 0.1}  # batch_size; scenario: seconds the loop takes per batch
 
 
 def row(i: int) -> np.ndarray:
@@ -23,6 +24,9 @@ def row(i: int) -> np.ndarray:
 
 def expected_digests(name: str = "") -> list:
     make = (lambda i: flip(row(i))) if name == "generator_map" else row
+    if name == "generator_batch":
+        return [hashlib.sha256(np.stack([row(i) for i in range(b, b + BATCH)]).tobytes()).hexdigest()
+                for b in range(0, ROWS, BATCH)]
     return [hashlib.sha256(make(i).tobytes()).hexdigest() for i in range(ROWS)]
 
 
@@ -49,6 +53,15 @@ def _pipeline(name: str, mode: str):
     import ms_shm
 
     small = [(np.array(i, dtype=np.int64),) for i in range(ROWS)]
+    if mode == "patch":  # the raw pipeline, unchanged, as ``ms-shm run`` runs it
+        ms_shm.tune()
+        with ms_shm.patched():
+            return _pipeline(name, "raw")
+    if name == "generator_batch":  # batches of 4 x 8 MiB read by a loop slower than the pipeline
+        if mode == "raw":
+            return ds.GeneratorDataset(Rows(), ["data"], shuffle=False).batch(BATCH)
+        ms_shm.tune()
+        return ms_shm.batch(ms_shm.build_dataset(Rows(), ["data"], shuffle=False), BATCH)
     if mode == "raw":
         if name == "generator":
             return ds.GeneratorDataset(Rows(), ["data"], shuffle=False, num_parallel_workers=2)
@@ -68,6 +81,13 @@ def _pipeline(name: str, mode: str):
     return ms_shm.map(base, grow, input_columns=["data"], num_parallel_workers=2, **explicit)
 
 
+def _digest(data: np.ndarray, seconds: float) -> str:
+    import time
+
+    time.sleep(seconds)
+    return hashlib.sha256(data.tobytes()).hexdigest()
+
+
 def run_scenario(name: str, mode: str) -> None:
     import ms_shm
 
@@ -77,8 +97,7 @@ def run_scenario(name: str, mode: str) -> None:
         print("RESULT " + json.dumps({"error": str(exc)}), flush=True)
         return
     p = ms_shm.plan_of(dataset)
-    digests = [hashlib.sha256(r[0].tobytes()).hexdigest()
-               for r in dataset.create_tuple_iterator(output_numpy=True, num_epochs=1)]
+    digests = [_digest(r[0], SLOW.get(name, 0)) for r in dataset.create_tuple_iterator(output_numpy=True, num_epochs=1)]
     plan = None if p is None else {"mode": p.mode, "workers": p.workers, "prefetch": p.prefetch,
                                    "memory": p.predicted_memory, "budget": p.budget.memory_bytes}
     print("RESULT " + json.dumps({"digests": digests, "plan": plan}), flush=True)

@@ -470,3 +470,51 @@ def test_an_earlier_iterator_kept_alive_is_named_when_the_next_one_finds_no_room
     assert proc.stdout.count(f"epoch {list(range(10))}") == 2, isolated.describe(proc)
     assert "1 earlier iterator(s) of this pipeline are still alive" in proc.stdout and "`del it`" in proc.stdout, \
         isolated.describe(proc)
+
+
+def test_a_plain_batch_over_a_planned_pipeline_is_priced_in_memory(real_mindspore):
+    """A plain ``batch`` holds ~9.5 + 1.5 x prefetch whole batches where the loop is slower than the pipeline
+    (measured), and nothing priced it: an audit's source and map were planned to 424 of a 428 MiB budget and its
+    batch(4) of 16 MiB rows was OOM-killed, 3 of 3. It is now reserved beside the pipeline, and where the global
+    prefetch lets it hold more than the memory left, prefetch comes down to the largest that fits, said; where
+    none does, a warning with the container fix. Under ``ms_shm.patch`` the same for the user's own ``.batch``."""
+    proc = isolated.run_python("""
+        import dataclasses
+        import json
+        import numpy as np
+        import mindspore.dataset as ds
+        import ms_shm
+        from ms_shm.state import SESSION
+
+        class Rows:
+            def __getitem__(self, i):
+                return (np.full(8 << 20, i % 251, np.uint8),)
+
+            def __len__(self):
+                return 400
+
+        ms_shm.tune()
+        source = ms_shm.build_dataset(Rows(), ["data"], shuffle=False)
+        real_budget = SESSION.budget
+        for name, memory in (("roomy", 8 << 30), ("tight", 450 << 20), ("none", 100 << 20)):
+            SESSION.budget = lambda facts, *a, m=memory, **k: dataclasses.replace(real_budget(facts, *a, **k),
+                                                                                 memory_bytes=m)
+            ds.config.set_prefetch_size(16)
+            batched = ms_shm.batch(source, 4)
+            held = [r.memory for r in SESSION.ledger.live() if r.label == "batch"]
+            print("RESULT", json.dumps({"name": name, "prefetch": ds.config.get_prefetch_size(), "held": held[-1]}),
+                  flush=True)
+            del batched
+        SESSION.budget = real_budget
+        with ms_shm.patched():
+            kept = source.batch(4)
+        print("PATCHED", len([r for r in SESSION.ledger.live() if r.label == "batch"]), flush=True)
+    """, shm="2g", timeout=300)
+    assert proc.returncode == 0, isolated.describe(proc)
+    got = {r["name"]: r for r in (json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines()
+                                  if line.startswith("RESULT "))}
+    assert got["roomy"]["prefetch"] == 16 and got["roomy"]["held"] == (33.5 * 4 - 20) * 8 * MiB, got
+    assert got["tight"]["prefetch"] == 4 and got["tight"]["held"] == (15.5 * 4 - 8) * 8 * MiB, got  # 432 MiB
+    assert "from 16 to 4" in proc.stderr and "9.5 + 1.5 x prefetch" in proc.stderr, isolated.describe(proc)
+    assert got["none"]["prefetch"] == 16 and "may be OOM-killed" in proc.stderr and "--memory" in proc.stderr
+    assert "PATCHED 1" in proc.stdout, isolated.describe(proc)

@@ -69,6 +69,22 @@ def test_the_child_holds_its_pair_until_the_parents_meanwhile_returns():
     assert done and released >= done[0] > started, (started, released, done)
 
 
+def test_the_probe_child_is_forked_and_reaped_by_a_thread_of_its_own():
+    """The kernel sends a child's SIGCHLD to the thread that forked it: a probe child forked by the main thread
+    ended while that thread forked MindSpore's workers, whose SIGCHLD handler deadlocks inside a fork (MindSpore's
+    test_reset.py under patch hung 4 runs of 4). The child is forked by ``ms_shm-probe`` and reaped there: no
+    zombie is left, and the caller's thread is not its parent."""
+    import threading
+
+    outcome = sandbox.run_in_fork(lambda: (threading.current_thread().name, os.getpid()))
+    name, pid = outcome.value
+    assert name == "ms_shm-probe", name
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:  # its exit, then the thread's waitpid
+        time.sleep(0.01)
+    assert not os.path.exists(f"/proc/{pid}"), open(f"/proc/{pid}/stat").read()
+
+
 def test_a_failing_meanwhile_does_not_fail_the_probe_and_without_one_the_child_never_waits():
     import time
 

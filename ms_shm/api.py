@@ -7,6 +7,7 @@ runs these calls in-process on a fake engine.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import os
@@ -756,24 +757,15 @@ def hold_room_for_batches(result: Any, dataset: Any, batch_size: Any, quiet: boo
     if type(batch_size) is not int or batch_size <= 0:
         return
     try:
-        row = _planned_row_below(dataset)
-        if not row:
-            return
-        eng = _engine()
-        config = eng.read_config()
-        prefetch = config.prefetch_size if config is not None else None
-        left = SESSION.budget(SESSION.host_facts()).memory_bytes if prefetch else None
-        batches = eng.compat.batches(eng.compat.rows_per_epoch(dataset, _rows_known), batch_size, False)
+        read = _batch_readings(dataset, batch_size)
     except Exception as exc:  # noqa: BLE001 - a reading that failed: the batch goes unpriced, as before
         log.debug("ms_shm batch: not priced (%s: %s)", type(exc).__name__, exc)
         return
-    if left is None:
+    if read is None:
         return
-
-    def need(p: int) -> int:
-        return eng.arithmetic.batch_memory(row, batch_size, p, batches)
-
-    fitting = next((p for p in range(prefetch, 0, -1) if need(p) <= left), None)
+    eng, row, prefetch, batches, left = read
+    need = functools.partial(eng.arithmetic.batch_memory, row, batch_size, batches_per_epoch=batches)
+    fitting = eng.planning.plain_batch_prefetch(row, batch_size, prefetch, batches, left)
     what = (f"batch({batch_size}) of {mib(row)} rows may hold ~{mib(need(prefetch))} of memory at prefetch "
             f"{prefetch} (~{eng.arithmetic.BATCH_HELD[0]} + {eng.arithmetic.BATCH_HELD[1]} x prefetch batches "
             f"where the loop is slower than the pipeline, measured), with {mib(left)} of this rank's memory budget "
@@ -786,6 +778,22 @@ def hold_room_for_batches(result: Any, dataset: Any, batch_size: Any, quiet: boo
                                                            f"it holds ~{mib(need(fitting))}")], eng.undo), quiet)
     reservation = SESSION.ledger.reserve("batch", 0, 0, need(fitting or 1), in_use=eng.compat.in_use(result))
     weakref.finalize(result, SESSION.ledger.release, reservation.key)
+
+
+def _batch_readings(dataset: Any, batch_size: int) -> tuple | None:
+    """``(engine, row bytes, global prefetch, batches per epoch, memory left)`` for a batch over ``dataset``, or
+    ``None`` where ms_shm planned no stage below it or memory is not known."""
+    row = _planned_row_below(dataset)
+    if not row:
+        return None
+    eng = _engine()
+    config = eng.read_config()
+    prefetch = config.prefetch_size if config is not None else None
+    left = SESSION.budget(SESSION.host_facts()).memory_bytes if prefetch else None
+    if left is None:
+        return None
+    return eng, row, prefetch, eng.compat.batches(eng.compat.rows_per_epoch(dataset, _rows_known), batch_size,
+                                                  False), left
 
 
 def _planned_row_below(dataset: Any, depth: int = 8) -> int | None:

@@ -651,3 +651,13 @@ def test_shared_memory_the_program_switched_off_is_planned_as_pipes_without_a_ch
     assert p.mode == PIPES and p.prefetch == 16 and p.predicted_shm < MiB, p.summary()  # semaphores only
     assert not [d for d in p.decisions if d.setting in ("shared_mem", "prefetch_size")], p.decisions
     assert mode_decision(p).value == mode_decision(p).default == PIPES
+
+
+@pytest.mark.parametrize("memory_mib, batches, expected", [
+    (8192, None, 16),   # room: MindSpore's prefetch kept (33.5 batches of 4 x 8 MiB less the source's 20 rows)
+    (450, None, 4),     # 15.5 batches at prefetch 4: 432 MiB
+    (100, None, None),  # not even prefetch 1 (39 rows): the warning's case
+    (300, 12, 16),      # a 12-batch epoch holds at most 14 batches at any prefetch: 288 MiB at 16
+])
+def test_a_plain_batch_lowers_prefetch_to_the_largest_that_fits(memory_mib, batches, expected):
+    assert planning.plain_batch_prefetch(8 * MiB, 4, 16, batches, memory_mib * MiB) == expected

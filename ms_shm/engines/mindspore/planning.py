@@ -199,6 +199,15 @@ def next_stage_memory(row_bytes: int) -> int:
     return model.map_memory(False, row_bytes, 1, 1, model.MapCost(0, 0, 0), None)
 
 
+def plain_batch_prefetch(row_bytes: int, batch_size: int, prefetch: int, batches: int | None,
+                         memory_left: int) -> int | None:
+    """The largest prefetch, up to ``prefetch`` (MindSpore's global setting now), at which a plain batch of
+    ``batch_size`` rows of ``row_bytes`` holds no more than ``memory_left`` (``arithmetic.batch_memory``), or
+    ``None`` where none does. Lowering it leaves the batches as they are."""
+    return next((p for p in range(prefetch, 0, -1)
+                 if model.batch_memory(row_bytes, batch_size, p, batches) <= memory_left), None)
+
+
 def _candidates_leaving_room(stats: RowStats, req: Request, budget: Budget, profile: EngineProfile,
                              row_bytes: int, costs: Costs) -> tuple:
     """The candidates priced against the memory left once the least a next stage holds is kept aside, and the

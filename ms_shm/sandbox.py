@@ -397,7 +397,11 @@ def _collect(pid: int, fd: int, timeout: float) -> Outcome:
         os.close(fd)
     if chunks:  # the child closed its end after writing: what is left is its exit, reaped by the probe's thread
         return _decode(b"".join(chunks))
-    _, status = os.waitpid(pid, 0)
+    try:
+        _, status = os.waitpid(pid, 0)
+    except ChildProcessError:  # collected already: a SIGCHLD handler that reaps every child (MindSpore's may)
+        return Outcome(unavailable="the probe process died before reporting (its exit status was collected "
+                                   "by another handler)")
     how = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit status {os.WEXITSTATUS(status)}"
     killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
     return Outcome(unavailable=f"the probe process died ({how}) before reporting{_oom_hint() if killed else ''}")

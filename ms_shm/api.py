@@ -763,7 +763,8 @@ def hold_room_for_batches(result: Any, dataset: Any, batch_size: Any, quiet: boo
         return
     if read is None:
         return
-    eng, row, prefetch, batches, left = read
+    eng, row, prefetch, batches, b = read
+    left = b.memory_bytes
     need = functools.partial(eng.arithmetic.batch_memory, row, batch_size, batches_per_epoch=batches)
     fitting = eng.planning.plain_batch_prefetch(row, batch_size, prefetch, batches, left)
     what = (f"batch({batch_size}) of {mib(row)} rows may hold ~{mib(need(prefetch))} of memory at prefetch "
@@ -772,7 +773,7 @@ def hold_room_for_batches(result: Any, dataset: Any, batch_size: Any, quiet: boo
             f"left after the pipeline below it")
     if fitting is None:
         log.warning("ms_shm batch: %s: it may be OOM-killed. Fix: %s, or a smaller batch_size", what,
-                    plan_mod.memory_fix(need(1), SESSION.budget(SESSION.host_facts())))
+                    plan_mod.memory_fix(need(1), b))
     elif fitting < prefetch:
         _changed_globals(SESSION.record([eng.apply_setting("prefetch_size", fitting, f"{what}; at prefetch {fitting} "
                                                            f"it holds ~{mib(need(fitting))}")], eng.undo), quiet)
@@ -781,19 +782,19 @@ def hold_room_for_batches(result: Any, dataset: Any, batch_size: Any, quiet: boo
 
 
 def _batch_readings(dataset: Any, batch_size: int) -> tuple | None:
-    """``(engine, row bytes, global prefetch, batches per epoch, memory left)`` for a batch over ``dataset``, or
-    ``None`` where ms_shm planned no stage below it or memory is not known."""
+    """``(engine, row bytes, global prefetch, batches per epoch, budget)`` for a batch over ``dataset``, or
+    ``None`` where ms_shm planned no stage below it or the memory left is not known."""
     row = _planned_row_below(dataset)
     if not row:
         return None
     eng = _engine()
     config = eng.read_config()
     prefetch = config.prefetch_size if config is not None else None
-    left = SESSION.budget(SESSION.host_facts()).memory_bytes if prefetch else None
-    if left is None:
+    b = SESSION.budget(SESSION.host_facts()) if prefetch else None
+    if b is None or b.memory_bytes is None:
         return None
     return eng, row, prefetch, eng.compat.batches(eng.compat.rows_per_epoch(dataset, _rows_known), batch_size,
-                                                  False), left
+                                                  False), b
 
 
 def _planned_row_below(dataset: Any, depth: int = 8) -> int | None:

@@ -167,6 +167,7 @@ class _Forked:
         except BaseException as exc:  # noqa: BLE001 - never the caller's failure: it plans without the probe
             if self.pid is not None:
                 _kill(self.pid)
+                self.pid = None
             self.outcome = Outcome(unavailable=f"the probe could not run ({type(exc).__name__}: {exc})")
         finally:
             self.forked.set()
@@ -199,7 +200,10 @@ class _Forked:
         for fd in (write_end, *gate[:1]):
             os.close(fd)
         self.forked.set()
-        return _collect(pid, read_end, timeout)
+        outcome, reaped = _collect(pid, read_end, timeout)
+        if reaped:
+            self.pid = None
+        return outcome
 
     def stop(self) -> None:
         """The caller was interrupted: the child is killed and reaped, whatever it had read."""
@@ -376,7 +380,9 @@ def _worker_pages() -> int | None:  # pragma: no cover - child side
     return procfs.private_bytes()
 
 
-def _collect(pid: int, fd: int, timeout: float) -> Outcome:
+def _collect(pid: int, fd: int, timeout: float) -> tuple:
+    """``(outcome, reaped)``: what the child sent, and whether its exit status was collected here (a child that
+    died or hung), so it is collected once: a pid waited for twice may by then be another child's."""
     chunks, deadline = [], time.monotonic() + timeout
     try:
         while True:
@@ -388,7 +394,7 @@ def _collect(pid: int, fd: int, timeout: float) -> Outcome:
                 log.warning("ms_shm: a probe of this pipeline's rows did not finish within %.0f s and was stopped; "
                             "the pipeline is planned without it (set %s to wait longer)", timeout, TIMEOUT_ENV)
                 return Outcome(unavailable=f"the probe did not finish within {timeout:.0f} s (set {TIMEOUT_ENV} "
-                                           f"to wait longer); it was stopped")
+                                           f"to wait longer); it was stopped"), True
             chunk = os.read(fd, 1 << 20)
             if not chunk:
                 break
@@ -396,15 +402,15 @@ def _collect(pid: int, fd: int, timeout: float) -> Outcome:
     finally:
         os.close(fd)
     if chunks:  # the child closed its end after writing: what is left is its exit, reaped by the probe's thread
-        return _decode(b"".join(chunks))
+        return _decode(b"".join(chunks)), False
     try:
         _, status = os.waitpid(pid, 0)
     except ChildProcessError:  # collected already: a SIGCHLD handler that reaps every child (MindSpore's may)
         return Outcome(unavailable="the probe process died before reporting (its exit status was collected "
-                                   "by another handler)")
+                                   "by another handler)"), True
     how = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit status {os.WEXITSTATUS(status)}"
     killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
-    return Outcome(unavailable=f"the probe process died ({how}) before reporting{_oom_hint() if killed else ''}")
+    return Outcome(unavailable=f"the probe process died ({how}) before reporting{_oom_hint() if killed else ''}"), True
 
 
 def _oom_hint() -> str:
@@ -424,7 +430,7 @@ def _reap(pid: int) -> None:
     """Collect the child's exit status, so no zombie is left."""
     try:
         os.waitpid(pid, 0)
-    except ChildProcessError:  # already collected (by _collect or _kill, or a SIGCHLD handler that reaps every child)
+    except ChildProcessError:  # already collected (by a SIGCHLD handler that reaps every child, or stop's _kill)
         pass
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ms_shm import host
 from ms_shm.changes import Change  # noqa: F401  (undo records, as for the other engines)
 from ms_shm.engines.torchstyle.compat import DataModule, rebuilt
 
@@ -75,8 +76,6 @@ def numpy_problem() -> str | None:
     exception set``, measured with 2.10.0 and NumPy 2.4.6; another run of the same loader got through with only
     NumPy's "compiled using NumPy 1.x" warning), so workers there are a gamble."""
     import numpy as np
-
-    from ms_shm import host
 
     if int(np.__version__.split(".")[0]) < 2:
         return None

@@ -6,6 +6,7 @@ the same bus error means a different pipeline and a different fix.
 from __future__ import annotations
 
 from ms_shm.engines.base import Signature, worker_exited, worker_killed
+from ms_shm.host import NUMPY1_INSTALL
 
 _SHM_CAUSE = ("MindSpore's DataLoader (PyTorch's design) moves every batch tensor from its workers through a "
               "shared-memory file in /dev/shm: (num_workers x prefetch_factor + 1) batches at once, one more from the second epoch on. {shm_state}")
@@ -54,8 +55,8 @@ SIGNATURES = (
               "MindSpore's DataLoader restores each batch from a worker with code built against NumPy 1.x; under "
               "NumPy 2 a batch from a worker can fail there, in the main process (SystemError; measured: 2 of 3 runs "
               "of one loader, the first batch a worker sent). It is not a memory problem",
-              "pip install 'numpy<2' 'scipy<1.18' (MindSpore imports SciPy, whose 1.18 wheels need NumPy 2), or "
-              "num_workers=0", engine="mindspore-dataloader"),
+              f"{NUMPY1_INSTALL} (MindSpore imports SciPy, whose 1.18 wheels need NumPy 2), or num_workers=0",
+              engine="mindspore-dataloader"),
 )
 
 

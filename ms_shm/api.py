@@ -844,7 +844,7 @@ def _plan_operations(probe: measure.StageProbe, req: Request, config: Any, facts
     else:
         st = probe.stats
         costs = eng.planning.Costs().on_this_host(hostcost.for_rows(
-            max(st.in_bytes, st.out_bytes), (st.seconds_per_row or 0) * (rows or eng.planning.UNKNOWN_ROWS)))
+            max(st.in_bytes, st.out_bytes), (st.seconds_per_row or 0) * eng.planning.priced_rows(rows)))
         p = _fit(lambda r: eng.planning.plan_map(st.in_bytes, st.out_bytes, st.seconds_per_row, st.cpu_fraction,
                                                  rows, r, b, profile, shmmax=facts.shmmax,
                                                  worker_bytes=st.worker_bytes, costs=costs,

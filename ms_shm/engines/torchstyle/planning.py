@@ -175,7 +175,7 @@ def _seconds(stats: BatchStats, workers: int, req: LoaderRequest, costs: WorkerC
     start and stop; ``piped``: each batch through its worker's pipe besides (``PIPE_SECONDS_PER_MIB``)."""
     if stats.seconds_per_sample is None:
         return None
-    samples = stats.samples or 100 * stats.batch_size
+    samples = 100 * stats.batch_size if stats.samples is None else stats.samples  # zero is known: no epoch to speed up
     batches = -(-samples // max(1, stats.batch_size))
     work = samples * stats.seconds_per_sample
     if workers == 0:

@@ -179,13 +179,14 @@ class _Forked:
         parent = os.getpid()
         read_end, write_end = os.pipe()
         hooks = _mindspore_fork_hooks()
+        kept = _signal_actions() if hooks is not None else {}
         _call_hook(hooks, "prepare_before_fork")
         try:
             # os.fork itself: warnings.catch_warnings() here made Python forget every warning it had shown once
             # (torch's "will create 3 worker processes" came again for each DataLoader: 2 lines raw, 8 under ms_shm)
             pid = os.fork()
         except OSError as exc:
-            _call_hook(hooks, "parent_at_fork")
+            _parent_after_fork(hooks, kept)
             for fd in (read_end, write_end, *gate[:1]):  # the gate's write end is the caller's, closed after meanwhile
                 os.close(fd)
             return Outcome(unavailable=f"fork failed ({type(exc).__name__}: {exc})")
@@ -196,7 +197,7 @@ class _Forked:
             _hold_at_gate(gate)
             _child(probe, write_end, worker_pages)
         self.pid = pid
-        _call_hook(hooks, "parent_at_fork")
+        _parent_after_fork(hooks, kept)
         for fd in (write_end, *gate[:1]):
             os.close(fd)
         self.forked.set()
@@ -221,6 +222,52 @@ def _mindspore_fork_hooks() -> Any:
     if "mindspore" not in sys.modules:
         return None
     return getattr(sys.modules.get("mindspore._c_expression"), "fork_utils", None)
+
+
+# The signals a program ends by, whose handlers are the program's own: MindSpore's fork hooks must not keep them
+_PROGRAM_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+_SIGACTION_BYTES = 512  # more than any libc's ``struct sigaction`` (glibc's: 152): kept and put back whole, unread
+
+
+def _parent_after_fork(hooks: Any, kept: dict) -> None:
+    """MindSpore's ``parent_at_fork``, then the program's signal handlers as they were before
+    ``prepare_before_fork``. That hook (2.7.2, 2.8.0, 2.9.0, 2.10.0: measured) installs MindSpore's own SIGINT
+    handler, process-wide, and no hook puts Python's back: after a ``build_dataset``, Ctrl-C killed the program
+    by SIGTERM (rc 143, no ``KeyboardInterrupt``, no ``finally``, no handler of the script's own) where raw
+    raised ``KeyboardInterrupt`` (an audit, 2 runs of 2 and 5 of 5). Raw MindSpore calls these hooks only in
+    ``mindspore.multiprocessing``, which a ``GeneratorDataset`` does not use. ``signal.signal`` cannot run on
+    this thread, hence ``sigaction``; the caller waits for the fork meanwhile, so no handler of its own is
+    being set."""
+    _call_hook(hooks, "parent_at_fork")
+    _put_back_signal_actions(kept)
+
+
+def _libc() -> Any:
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:  # no C library to ask: the handlers are left as the hooks leave them
+        return None
+
+
+def _signal_actions() -> dict:
+    """``{signal: its struct sigaction's bytes}`` for ``_PROGRAM_SIGNALS`` (empty where they cannot be read)."""
+    libc, kept = _libc(), {}
+    for sig in _PROGRAM_SIGNALS if libc is not None else ():
+        buffer = ctypes.create_string_buffer(_SIGACTION_BYTES)
+        if libc.sigaction(int(sig), None, buffer) == 0:
+            kept[sig] = buffer.raw
+    return kept
+
+
+def _put_back_signal_actions(kept: dict) -> None:
+    """Each signal of ``kept`` whose action changed since, put back as it was (logged at DEBUG)."""
+    if not kept:
+        return
+    libc, now = _libc(), _signal_actions()
+    for sig, before in kept.items():
+        if libc is not None and now.get(sig, before) != before:
+            if libc.sigaction(int(sig), ctypes.create_string_buffer(before, _SIGACTION_BYTES), None) == 0:
+                log.debug("ms_shm probe: %s's handler put back after MindSpore's fork hooks", sig.name)
 
 
 def _call_hook(hooks: Any, name: str) -> None:

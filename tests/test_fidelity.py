@@ -9,8 +9,12 @@ Nothing here needs a small /dev/shm: these are the sources and arguments that br
 from __future__ import annotations
 
 import gc
+import os
 import random
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -943,3 +947,38 @@ def test_an_iterator_the_program_left_in_a_cycle_is_not_finalized_in_the_probe(r
     got = result_of(proc)
     assert got["rows"] == list(range(8)), isolated.describe(proc)
     assert "did not finish" not in got["plan"] + proc.stderr, got["plan"]
+
+
+CTRL_C_AFTER_BUILD = """
+import os, signal, sys, time
+import numpy as np
+import mindspore.dataset as mds
+import ms_shm
+
+class Rows:
+    def __len__(self):
+        return 32
+
+    def __getitem__(self, i):
+        return (np.full(1024, i, np.float32),)
+
+d = ms_shm.map(ms_shm.build_dataset(Rows(), ["x"], shuffle=False), lambda x: x + 1, input_columns=["x"])
+assert sum(1 for _ in d.create_tuple_iterator(output_numpy=True, num_epochs=1)) == 32
+try:
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(10)
+    print("no KeyboardInterrupt")
+except KeyboardInterrupt:
+    print("KeyboardInterrupt")
+"""
+
+
+def test_ctrl_c_still_raises_keyboard_interrupt_after_ms_shm_probed_a_pipeline(ds):
+    """The probe's fork runs MindSpore's fork hooks (2.7.2+), and ``prepare_before_fork`` installs MindSpore's
+    own SIGINT handler for good: Ctrl-C then ended the program by SIGTERM (rc 143), with no ``KeyboardInterrupt``,
+    ``finally`` or handler of the script's own. Raw MindSpore leaves Python's handler in place."""
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    proc = subprocess.run([sys.executable, "-c", CTRL_C_AFTER_BUILD], capture_output=True, text=True, timeout=300,
+                          env=env)
+    assert proc.returncode == 0 and proc.stdout.strip() == "KeyboardInterrupt", \
+        f"rc={proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"

@@ -22,7 +22,7 @@ from ms_shm import changes as changes_mod
 from ms_shm import plan as plan_mod
 from ms_shm._results import Result, mib, record
 from ms_shm.errors import ProcessesUnavailableError
-from ms_shm.plan import PIPES, Decision, Plan, Request, ShmBudgetError, unasked
+from ms_shm.plan import EXPLICIT, PIPES, Decision, Plan, Request, ShmBudgetError, unasked
 from ms_shm.state import SESSION, Session
 
 log = logging.getLogger("ms_shm")
@@ -424,7 +424,7 @@ def _fit(plan_for: Any, req: Request, locked: bool) -> Plan:
         if _left_no_room(p):
             return kept
         why = next(d.reason for d in kept.decisions if d.setting == "memory_kept_for_next_stage")
-    adapted = Decision("explicit_arguments", "adapted", asked,
+    adapted = Decision(EXPLICIT, "adapted", asked,
                        f"{why}; the call's explicit {asked} are preferences here (ms_shm.patch), so the fastest "
                        f"configuration that fits and yields the same rows is used instead")
     return replace(p, decisions=(adapted,) + p.decisions)
@@ -438,7 +438,7 @@ def _left_no_room(p: Plan) -> bool:
 
 
 def _adapted(p: Plan) -> bool:
-    return any(d.setting == "explicit_arguments" for d in p.decisions)
+    return any(d.setting == EXPLICIT for d in p.decisions)
 
 
 def _guarded(source: Any, p: Plan, facts: host.HostFacts, eng: Any) -> Any:
@@ -556,7 +556,7 @@ def _reason(p: Plan, setting: str, fallback: str) -> str:
 
 
 _STAGE_NAMES = {"generator": "GeneratorDataset", "map": "map", "batch": "batch(per_batch_map=...)"}
-_GLOBAL_SETTINGS = ("prefetch_size", "shared_mem", "enable_watchdog", "explicit_arguments")
+_GLOBAL_SETTINGS = ("prefetch_size", "shared_mem", "enable_watchdog", EXPLICIT)
 
 
 def _log_plan(p: Plan, asked: dict, explicit: str | None = None) -> None:

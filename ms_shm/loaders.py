@@ -27,7 +27,7 @@ from ms_shm.engines.torchstyle import arithmetic, probe
 from ms_shm.engines.torchstyle.guard import GuardedCollate, guard_fix, used_now
 from ms_shm.engines.torchstyle.planning import LoaderRequest
 from ms_shm.errors import ShmBudgetError, UsageError
-from ms_shm.plan import PIPES, Decision, Plan
+from ms_shm.plan import EXPLICIT, PIPES, Decision, Plan
 from ms_shm.state import SESSION
 
 log = logging.getLogger(__name__)
@@ -218,7 +218,7 @@ def prepare(eng: Any, cls: Any, dataset: Any, args: tuple, kwargs: dict, prefere
     refused = None
     if problem and preferences and req.workers and not locked:  # workers cannot work here: samples inline
         req, refused = replace(req, workers=None, prefetch_factor=None), Decision(
-            "explicit_arguments", "num_workers=0", f"num_workers={asked['num_workers']}", problem)
+            EXPLICIT, "num_workers=0", f"num_workers={asked['num_workers']}", problem)
     elif problem and asked.get("num_workers"):  # MindSpore accepts it: said, then as asked
         log.warning("ms_shm build_dataloader: num_workers=%s: %s%s", asked["num_workers"], problem,
                     f" (kept: {locked})" if preferences else "")
@@ -299,7 +299,7 @@ def _plan(eng: Any, stats: Any, req: LoaderRequest, b: Any, preferences: bool, t
                              f"every epoch, persistent workers once: the shuffle order and the program's random "
                              f"numbers would change from the second epoch on). {exc}") from None
     now = f"num_workers={p.workers}" + (f", prefetch_factor={p.prefetch}" if p.workers else "")
-    adapted = Decision("explicit_arguments", now, asked,
+    adapted = Decision(EXPLICIT, now, asked,
                        f"{why}; the call's explicit {asked} are preferences here (ms_shm.patch), so the fastest "
                        f"configuration that fits and yields the same batches is used instead")
     return replace(p, decisions=(adapted,) + p.decisions)
@@ -326,7 +326,7 @@ def _workers_kept(eng: Any, stats: Any, req: LoaderRequest, b: Any, error: ShmBu
             error = exc
         else:
             why = error.problem
-            adapted = Decision("explicit_arguments", f"prefetch_factor={p.prefetch}",
+            adapted = Decision(EXPLICIT, f"prefetch_factor={p.prefetch}",
                                f"prefetch_factor={req.prefetch_factor}",
                                f"{why}; num_workers={req.workers} is kept ({req.workers_locked}), and the explicit "
                                f"prefetch_factor is a preference here (ms_shm.patch): the largest that fits is used")
@@ -357,7 +357,7 @@ def _arguments(eng: Any, asked: dict, p: Plan, b: Any) -> dict:
     """The caller's arguments with ms_shm's choices: only what was not passed (or was adapted), and the
     collate guard."""
     arguments = dict(asked)
-    adapted = any(d.setting == "explicit_arguments" for d in p.decisions)
+    adapted = any(d.setting == EXPLICIT for d in p.decisions)
     if p.workers != asked.get("num_workers", 0) and ("num_workers" not in asked or adapted):
         arguments["num_workers"] = p.workers
     if not p.workers and adapted:

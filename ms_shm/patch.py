@@ -206,6 +206,7 @@ def _make_loader_init(cls: type, real_init: Any, engine: str) -> Any:
         if _depth() or not _STATE:
             return real_init(self, dataset, *args, **kwargs)
         from ms_shm import engines, loaders
+        from ms_shm.plan import EXPLICIT
 
         site, started = sites.call_site(), time.perf_counter()
         with _inside():
@@ -215,7 +216,7 @@ def _make_loader_init(cls: type, real_init: Any, engine: str) -> Any:
         if plan is not None:
             loaders.register(self, plan)
             changed = [d for d in plan.decisions if d.value != d.default and d.setting != "num_workers"]
-            if any(d.setting == "explicit_arguments" for d in changed):
+            if any(d.setting == EXPLICIT for d in changed):
                 log.warning("ms_shm adapted DataLoader at %s: %s", site or "?", "; ".join(
                     f"{d.setting} {d.default} -> {d.value} ({d.reason})" for d in changed))
         _record("DataLoader", self, site, time.perf_counter() - started)

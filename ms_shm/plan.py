@@ -20,15 +20,19 @@ INLINE, THREADS, PROCESSES, PIPES = "inline", "threads", "processes", "pipes"
 MODES = (INLINE, THREADS, PROCESSES, PIPES)
 
 
+EXPLICIT = "explicit_arguments"  # a Decision on the arguments the caller passed: its ``default`` is what was asked
+
+
 @record
 class Decision(Result):
     setting: str
     value: Any
-    default: Any
+    default: Any  # the framework's default, or, for ``EXPLICIT``, what the caller asked
     reason: str
 
     def __str__(self) -> str:
-        changed = "" if self.value == self.default else f" (default {self.default})"
+        before = "asked" if self.setting == EXPLICIT else "default"
+        changed = "" if self.value == self.default else f" ({before} {self.default})"
         return f"{self.setting}={self.value}{changed}: {self.reason}"
 
 

@@ -125,3 +125,11 @@ def test_record_runs_post_init_and_pickles():
     with pytest.raises(ValueError):
         Checked(-1)
     assert pickle.loads(pickle.dumps(Checked(2))) == Checked(2) == copy.deepcopy(Checked(2))
+
+
+def test_a_decision_on_explicit_arguments_names_what_was_asked_not_a_default():
+    """An audit's log read ``num_workers=0 (default num_workers=2)`` for a ``num_workers=2`` the user passed."""
+    from ms_shm.plan import EXPLICIT, Decision
+
+    assert "(asked num_workers=2)" in str(Decision(EXPLICIT, "num_workers=0", "num_workers=2", "no room"))
+    assert "(default 16)" in str(Decision("prefetch_size", 4, 16, "no room"))

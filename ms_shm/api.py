@@ -680,7 +680,8 @@ def map(dataset: Any, operations: Any = None, input_columns: Sequence[str] | str
     ins = _names_list(input_columns) or eng.compat.column_names(dataset)[:1]
     outs = _names_list(output_columns) or ins
     probe = measure.probe_operations(lineage, operations, ins, outs, _worker_pages(facts),
-                                     defer_row_errors=_explicit is not None, beside=_beside_probe(facts))
+                                     defer_row_errors=_explicit is not None, beside=_beside_probe(facts),
+                                     fate=eng.compat.failing_row_fate(config))
     p = _plan_operations(probe, _request(asked, config, facts, eng, _explicit), config, facts, eng,
                          eng.compat.rows_per_epoch(dataset, _rows_known), "map",
                          eng.compat.starts_python_pool(operations))

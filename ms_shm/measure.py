@@ -28,6 +28,8 @@ from ms_shm._results import Result, record
 
 log = logging.getLogger(__name__)
 
+RAISES_AT_ROW = "MindSpore will raise it when the pipeline reaches that row"  # a failing row's fate by default
+
 PROBE_ROWS_FOR_MAP = 3
 
 
@@ -241,8 +243,10 @@ def probe_random_access(source: Any, names: Sequence[str] | None, check: Callabl
 
 def probe_operations(lineage: Lineage, operations: Any, input_columns: Sequence[str],
                      output_columns: Sequence[str], worker_pages: bool = False,
-                     defer_row_errors: bool = False, beside: bool = False) -> StageProbe:
-    """Run ``operations`` on a few of the input stage's rows, in a probe child, and measure them."""
+                     defer_row_errors: bool = False, beside: bool = False, fate: str | None = None
+                     ) -> StageProbe:
+    """Run ``operations`` on a few of the input stage's rows, in a probe child, and measure them. ``fate``: what
+    the framework does with a row they raise on (the engine's ``failing_row_fate``), for the warning."""
     blocked = lineage.why_not()
     if blocked:
         return StageProbe(None, unmeasured=f"the input rows cannot be read ahead: {blocked}")
@@ -263,7 +267,7 @@ def probe_operations(lineage: Lineage, operations: Any, input_columns: Sequence[
                                                      "the operations"))
 
     outcome = _fork(in_child, worker_pages, beside, operations=operations)
-    probe = _outcome(outcome, "operations", defer_row_errors)
+    probe = _outcome(outcome, "operations", defer_row_errors, fate)
     if isinstance(probe.stats, str):  # MindSpore raises on these columns when the pipeline starts
         return StageProbe(None, unmeasured=probe.stats)
     return _drawing_code(StageProbe(probe.stats, _random_ops(operations, probe.effects), probe.unmeasured),
@@ -348,13 +352,14 @@ def _nbytes(value: Any) -> int:
     return int(getattr(np.asarray(value), "nbytes", 0))
 
 
-def _outcome(outcome: sandbox.Outcome, what: str, defer_row_errors: bool = False) -> StageProbe:
+def _outcome(outcome: sandbox.Outcome, what: str, defer_row_errors: bool = False,
+             fate: str | None = None) -> StageProbe:
     if outcome.unavailable:
         return StageProbe(None, unmeasured=outcome.unavailable)
     if isinstance(outcome.error, rows.RowError) and not defer_row_errors:
         raise outcome.error
     if outcome.error is not None:
-        why = _error_text(outcome.error, outcome.remote_traceback, what)
+        why = _error_text(outcome.error, outcome.remote_traceback, what, fate)
         log.warning("ms_shm: %s", why)
         return StageProbe(None, unmeasured=why)
     stats, effects = outcome.value
@@ -363,9 +368,10 @@ def _outcome(outcome: sandbox.Outcome, what: str, defer_row_errors: bool = False
     return StageProbe(stats, effects or sandbox.Effects())
 
 
-def _error_text(exc: BaseException, remote_traceback: str, what: str) -> str:
-    """The user's exception, where it was raised, and what it means: MindSpore will raise it mid-epoch. A
-    ``RowError`` is ms_shm's own finding, deferred under ``ms_shm.patch``: said as such, not as the source's."""
+def _error_text(exc: BaseException, remote_traceback: str, what: str, fate: str | None = None) -> str:
+    """The user's exception, where it was raised, and what it means (``fate``: what the framework does with
+    that row; ``None``: it raises it mid-epoch). A ``RowError`` is ms_shm's own finding, deferred under
+    ``ms_shm.patch``: said as such, not as the source's."""
     if isinstance(exc, rows.RowError):
         return (f"a probe row of the {what} is one MindSpore refuses: {exc} (under ms_shm.patch MindSpore raises "
                 f"its own error when the pipeline reaches that row), so the pipeline is built as asked, without a "
@@ -376,8 +382,8 @@ def _error_text(exc: BaseException, remote_traceback: str, what: str) -> str:
     if isinstance(exc, IndexError) and what == "source":
         hint = (" (the probe reads the last index len(source)-1: if the data has fewer rows, __len__ is "
                 "wrong)")
-    return (f"the {what} raised {type(exc).__name__}: {exc} on a probe row{where}{hint}; MindSpore will raise it "
-            f"when the pipeline reaches that row, so the pipeline is built as asked, without a measurement")
+    return (f"the {what} raised {type(exc).__name__}: {exc} on a probe row{where}{hint}; "
+            f"{fate or RAISES_AT_ROW}, so the pipeline is built as asked, without a measurement")
 
 
 def _operation_objects(operations: Any) -> list:

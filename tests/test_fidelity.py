@@ -982,3 +982,27 @@ def test_ctrl_c_still_raises_keyboard_interrupt_after_ms_shm_probed_a_pipeline(d
                           env=env)
     assert proc.returncode == 0 and proc.stdout.strip() == "KeyboardInterrupt", \
         f"rc={proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+
+
+@pytest.mark.parametrize("mode, fate", [("REPLACE", "put another row in its place"), ("SKIP", "drop that row"),
+                                        ("RETURN", "MindSpore will raise it")])
+def test_a_map_failing_on_a_probe_row_is_said_as_mindsporeS_error_samples_mode_treats_it(ds, caplog, mode, fate):
+    """Under REPLACE and SKIP MindSpore does not raise on a failing row; the probe's warning said it would."""
+    import ms_shm
+
+    modes = ds.config.ErrorSamplesMode
+    before = ds.config.get_error_samples_mode()
+    ds.config.set_error_samples_mode(getattr(modes, mode))
+    try:
+        def fails_on_even(x):
+            if int(x[0]) % 2 == 0:
+                raise ValueError("dirty row")
+            return x
+
+        source = ms_shm.build_dataset([(np.full(4, i, np.int64),) for i in range(8)], ["x"], shuffle=False)
+        with caplog.at_level("WARNING", logger="ms_shm"):
+            ms_shm.map(source, fails_on_even, input_columns=["x"])
+    finally:
+        ds.config.set_error_samples_mode(before)
+    said = [r.getMessage() for r in caplog.records if "dirty row" in r.getMessage()]
+    assert said and fate in said[0], said

@@ -38,6 +38,7 @@ class MindSporeConfig(Result):
     num_parallel_workers: int | None
     has_shared_mem_switch: bool
     generator_takes_max_rowsize: bool
+    error_samples_mode: str | None = None  # ``ds.config.set_error_samples_mode``'s: RETURN, REPLACE or SKIP
 
 
 def _dataset_module():
@@ -219,7 +220,28 @@ def read_config() -> MindSporeConfig | None:
         num_parallel_workers=cfg.get_num_parallel_workers(),
         has_shared_mem_switch=hasattr(cfg, "set_enable_shared_mem"),
         generator_takes_max_rowsize=takes,
+        error_samples_mode=_error_samples_mode(cfg),
     )
+
+
+def _error_samples_mode(cfg: Any) -> str | None:
+    try:
+        return str(cfg.get_error_samples_mode().name)
+    except Exception:  # noqa: BLE001 - a release without the setting: a failing row raises
+        return None
+
+
+def failing_row_fate(config: MindSporeConfig | None) -> str | None:
+    """What MindSpore does with a row a map operation raises on (``ds.config.set_error_samples_mode``), for the
+    probe's warning; ``None``: it raises it (``measure``'s default words). An audit's map failed on probe row 0
+    under REPLACE and SKIP, and was told MindSpore would raise where MindSpore put another row in its place or
+    dropped it."""
+    mode = getattr(config, "error_samples_mode", None)
+    if mode == "REPLACE":
+        return "MindSpore's error_samples_mode REPLACE will put another row in its place when the pipeline reaches it"
+    if mode == "SKIP":
+        return "MindSpore's error_samples_mode SKIP will drop that row when the pipeline reaches it"
+    return None
 
 
 def set_prefetch_size(value: int, reason: str) -> Change | None:

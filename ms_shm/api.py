@@ -446,7 +446,7 @@ def _guarded(source: Any, p: Plan, facts: host.HostFacts, eng: Any) -> Any:
     if not (p.guard_slots and p.guard_worker_bytes):
         return source
     spec = eng.guard.GuardSpec(p.guard_slots, p.guard_worker_bytes, p.row_bytes, _ROW_FIX, p.workers,
-                               facts.shm_path, p.budget, max(1, facts.ranks.local_size))
+                               facts.shm_path, p.budget, max(1, facts.ranks.local_size), os.getpid())
     return eng.guard.GuardedSource(source, spec)
 
 

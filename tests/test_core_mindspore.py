@@ -518,3 +518,51 @@ def test_a_plain_batch_over_a_planned_pipeline_is_priced_in_memory(real_mindspor
     assert "from 16 to 4" in proc.stderr and "9.5 + 1.5 x prefetch" in proc.stderr, isolated.describe(proc)
     assert got["none"]["prefetch"] == 16 and "may be OOM-killed" in proc.stderr and "--memory" in proc.stderr
     assert "PATCHED 1" in proc.stdout, isolated.describe(proc)
+
+
+PEEK_THEN_TRAIN = """
+import hashlib, sys, numpy as np, mindspore.dataset as ds
+import ms_shm
+from ms_shm import measure
+
+class Heavy:
+    def __len__(self):
+        return 200
+
+    def __getitem__(self, i):
+        s = 0
+        for j in range(60000):  # ~5-9 ms of pure Python: worker processes are faster
+            s += j * i % 7
+        return (np.full(3 << 17, i + s % 3, np.float32),)  # 1.5 MiB
+
+def digests(it):
+    return [hashlib.sha256(r[0].tobytes()).hexdigest()[:12] for r in it]
+
+if sys.argv[1] == "raw":
+    print("RAW", digests(ds.GeneratorDataset(Heavy(), ["x"], shuffle=False).create_tuple_iterator(output_numpy=True)))
+    sys.exit(0)
+ms_shm.patch()  # the script's own call, on MindSpore's defaults: a preference ms_shm may change
+d = ds.GeneratorDataset(Heavy(), ["x"], shuffle=False)
+peek = d.create_tuple_iterator(num_epochs=1, output_numpy=True)
+next(peek)
+print("MODE", measure.plan_of(d).mode, "WORKERS", d.num_parallel_workers)
+print("GOT", digests(d.create_tuple_iterator(num_epochs=1, output_numpy=True)))
+del peek
+print("AFTER", digests(d.create_tuple_iterator(num_epochs=1, output_numpy=True)))
+"""
+
+
+def test_a_new_iterator_beside_one_peeked_at_reads_as_mindsporeS_default_where_slots_have_no_room(real_mindspore):
+    """Peek at one row, keep the iterator, then train through another (an audit: 1.5 MiB GIL-bound rows, 64 MB):
+    the peeked iterator's worker processes, which ms_shm chose in place of MindSpore's default (one worker, in
+    its own thread), keep their slots, and the second set did not fit: ``ShmFullError`` in 4 runs of 4, where
+    raw delivered every row. The new iterator now reads as raw's default does, the same rows; once the peeked
+    one is gone, the next gets the plan's workers back."""
+    command = f"exec {shlex.quote(sys.executable)} -c {shlex.quote(PEEK_THEN_TRAIN)}"
+    raw, ours = (isolated.run_shell(f"{command} {way}", shm="64m") for way in ("raw", "ms_shm"))
+    lines = dict(line.split(" ", 1) for line in (raw.stdout + ours.stdout).splitlines() if " " in line)
+    if lines.get("MODE") != "processes WORKERS 2":  # ms_shm's choice, timed on this host (pipes need no slots)
+        pytest.skip(f"ms_shm did not choose worker processes with slots here: {lines.get('MODE')}")
+    assert lines.get("RAW") and lines.get("GOT") == lines["RAW"] and lines.get("AFTER") == lines["RAW"], \
+        isolated.describe(ours)
+    assert "reads rows as MindSpore's default" in ours.stderr, isolated.describe(ours)

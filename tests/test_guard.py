@@ -405,3 +405,17 @@ def test_a_loader_batch_over_its_plan_that_dev_shm_cannot_take_is_named_as_the_c
         g([b"x" * (24 * MiB)])
     with pytest.raises(ShmFullError, match="something else filled it"):  # within its plan: another's doing
         g([b"x" * (2 * MiB)])
+
+
+def test_rows_read_in_the_programs_own_process_use_no_slot_and_are_not_counted(free_space):
+    """``dataset[i]``, or an iterator reading in MindSpore's own thread, reads through the guard in the program's
+    process, where no row goes through a slot: counted there, rows over the share were refused as if a worker
+    had made them."""
+    free_space.value = 2 * MiB
+    rows = [row_of(12 * MiB - 8) for _ in range(3)]
+    made = spec(slots=18, worker_bytes=int(25.6 * MiB), planned=MiB, workers=2)
+    home = GuardedSource(ListSource(rows), replace(made, home_pid=os.getpid()))
+    assert [home[i] for i in range(3)] == rows and home._ms_shm_guard.rows_checked == 0
+    worker = GuardedSource(ListSource(rows), replace(made, home_pid=os.getpid() + 1))
+    with pytest.raises(guard.ShmFullError):
+        [worker[i] for i in range(3)]

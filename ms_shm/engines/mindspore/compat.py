@@ -21,7 +21,7 @@ import numpy as np
 from ms_shm import objects
 from ms_shm._results import Result, record
 from ms_shm.changes import Change, get_nofile, set_nofile_soft  # noqa: F401  (re-exported)
-from ms_shm.engines.mindspore import liveness
+from ms_shm.engines.mindspore import liveness, second_iterator
 from ms_shm.engines.mindspore.liveness import in_use, iterators_reading  # noqa: F401  (the engine's answers)
 
 log = logging.getLogger(__name__)
@@ -166,7 +166,8 @@ def _watch_iterators() -> None:
 
     @functools.wraps(make)
     def __init__(self, dataset, *args, **kwargs):
-        make(self, dataset, *args, **kwargs)
+        with liveness.making(dataset):
+            make(self, dataset, *args, **kwargs)
         liveness.note_made(self)
 
     @functools.wraps(step)
@@ -179,6 +180,7 @@ def _watch_iterators() -> None:
 
     __init__._ms_shm_original, __next__._ms_shm_original = make, step
     cls.__init__, cls.__next__ = __init__, __next__
+    second_iterator.install()
 
 
 def available() -> bool:

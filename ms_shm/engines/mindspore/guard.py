@@ -50,6 +50,8 @@ class GuardSpec(Result):
         budget: the plan's budget, to print the host ``/dev/shm`` size that would fit (``budget.shm_to_give``:
             local ranks, the headroom and what other live pipelines reserved); ``None``: the bytes themselves.
         ranks: Local ranks planned for: each may grow alike, and a full /dev/shm may be one planned as alone.
+        home_pid: The program's own process: rows read there (``dataset[i]``, MindSpore's own thread) use no
+            slot and are not counted; ``None``: every process counts its reads.
     """
 
     slots: int
@@ -60,6 +62,7 @@ class GuardSpec(Result):
     shm_path: str = "/dev/shm"
     budget: Budget | None = None
     ranks: int = 1
+    home_pid: int | None = None
 
 
 def _free_bytes(path: str) -> int:
@@ -114,6 +117,8 @@ class SlotGuard:
                 has no room for every worker to grow alike.
             ShmFullError: /dev/shm has less free space than the grown slot needs.
         """
+        if os.getpid() == self.spec.home_pid:  # read in the program's own process: no slot
+            return
         if os.getpid() != self._pid:  # a fresh worker (fork copies our state): its slots start empty
             self._pid, self._slots, self._total, self._next_slot = os.getpid(), [], 0, 0
         self.rows_checked += 1

@@ -5,9 +5,10 @@ notes each iterator as MindSpore makes and ends it; nothing here imports MindSpo
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 log = logging.getLogger(__name__)
 
@@ -15,12 +16,40 @@ _ITERATORS: Any = weakref.WeakSet()  # this process's MindSpore iterators still 
 _FINISHED: Any = weakref.WeakSet()  # every stage of a tree an iterator ran to its end on
 
 
+_BEFORE_MADE: list = []  # what sees a tree before MindSpore copies and parses it for a new iterator
+
+
+def before_made(check: Callable[[Any], Callable[[], None] | None]) -> None:
+    """Have ``check(top)`` run before each new iterator is made on ``top``: it may change stage settings for
+    that iterator only, and returns what puts them back (or ``None``)."""
+    if check not in _BEFORE_MADE:
+        _BEFORE_MADE.append(check)
+
+
+@contextlib.contextmanager
+def making(top: Any) -> Iterator[None]:
+    """Around ``Iterator.__init__``, which copies the tree and parses the copy: the ``before_made`` checks'
+    changes hold for that copy and are put back after. A failing check changes nothing."""
+    undo = []
+    for check in list(_BEFORE_MADE):
+        try:
+            undo.append(check(top))
+        except Exception as exc:  # noqa: BLE001  (the iterator is made as the program asked)
+            log.debug("ms_shm: a check before a new iterator failed (%s: %s)", type(exc).__name__, exc)
+    try:
+        yield
+    finally:
+        for put_back in reversed(undo):
+            if put_back is not None:
+                put_back()
+
+
 def note_made(iterator: Any) -> None:
     _noting(_ITERATORS.add, iterator)
 
 
 def note_finished(iterator: Any) -> None:
-    _noting(lambda it: _FINISHED.update(_stages(_tree(it))), iterator)
+    _noting(lambda it: _FINISHED.update(stages(_tree(it))), iterator)
 
 
 def _noting(note: Callable[[Any], Any], iterator: Any) -> None:
@@ -35,7 +64,7 @@ def _tree(iterator: Any) -> Any:
     return getattr(iterator, "_Iterator__ori_dataset", None)
 
 
-def _stages(top: Any) -> list:
+def stages(top: Any) -> list:
     """``top`` and every stage below it (``children``), each once."""
     out, todo, seen = [], [top], set()
     while todo:
@@ -48,21 +77,25 @@ def _stages(top: Any) -> list:
     return out
 
 
+def guard_of(stage: Any) -> Any:
+    """The runtime guard a ``GeneratorDataset`` stage's source reads through (under the thread cap's wrapper),
+    or ``None``."""
+    source = getattr(stage, "source", None)
+    for _ in range(4):
+        guard = getattr(source, "_ms_shm_guard", None)
+        if guard is not None:
+            return guard
+        source = getattr(source, "_ms_shm_wrapped", None)
+    return None
+
+
 def iterators_reading(guard: Any) -> int:
     """Live iterators on a tree whose ``GeneratorDataset`` reads through the runtime ``guard`` (a worker's fork
     sees them as the program held them when it started its workers: its own iterator among them, since
     MindSpore starts them after ``Iterator.__init__``, measured on 2.10). An earlier iterator kept alive (``it =
     ds.create_tuple_iterator(...)`` run to its end, then another made) keeps its workers and their slots."""
-    def reads_through(stage: Any) -> bool:
-        source = getattr(stage, "source", None)
-        for _ in range(4):  # the thread cap's wrapper, then the guard's
-            if getattr(source, "_ms_shm_guard", None) is guard:
-                return True
-            source = getattr(source, "_ms_shm_wrapped", None)
-        return False
-
     try:
-        return sum(1 for it in list(_ITERATORS) if any(reads_through(s) for s in _stages(_tree(it))))
+        return sum(1 for it in list(_ITERATORS) if any(guard_of(s) is guard for s in stages(_tree(it))))
     except Exception as exc:  # noqa: BLE001  (only an error message's detail)
         log.debug("ms_shm: live iterators not read (%s: %s)", type(exc).__name__, exc)
         return 0
@@ -83,7 +116,7 @@ def in_use(dataset: Any) -> Callable[[], bool]:
         if stage is None:
             return False
         try:
-            return stage not in _FINISHED or any(any(s is stage for s in _stages(_tree(it)))
+            return stage not in _FINISHED or any(any(s is stage for s in stages(_tree(it)))
                                                  for it in list(_ITERATORS))
         except Exception as exc:  # noqa: BLE001  (the safe answer: it keeps its reservation)
             log.debug("ms_shm: live iterators not read (%s: %s)", type(exc).__name__, exc)

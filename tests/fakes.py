@@ -121,6 +121,11 @@ class FakeCompat:
     def take_rows(self, dataset, count):
         raise AssertionError("a pipeline with Python code must not be run ahead")
 
+    def failing_row_fate(self, config):
+        from ms_shm.engines.mindspore import compat
+
+        return compat.failing_row_fate(config)
+
 
 class FakeEngine(MindSporeEngine):
     """MindSpore's rules, a recording adapter, and a config the test sets."""

@@ -12,6 +12,7 @@ WARNING. Where the caller (or MindSpore's default) chose the worker processes, n
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Any, Callable
 
 from ms_shm._results import mib
@@ -44,6 +45,19 @@ def fit_another(top: Any) -> Callable[[], None] | None:
     return None
 
 
+_SAID: Any = weakref.WeakSet()  # stages already warned about: one WARNING each, then INFO (``it`` per epoch)
+
+
+def _level(stage: Any) -> int:
+    try:
+        if stage in _SAID:
+            return logging.INFO
+        _SAID.add(stage)
+    except TypeError:  # not weak-referenceable: said every time
+        pass
+    return logging.WARNING
+
+
 def own_mode(decisions: tuple) -> str | None:
     """MindSpore's own mode for the call, where ms_shm chose another (worker processes) in its place; ``None``
     where the mode is the caller's or MindSpore's own (a change there would not be raw's)."""
@@ -61,12 +75,12 @@ def read_as_mindspore(stage: Any, own: str, room: int, need: int) -> Callable[[]
         stage.num_parallel_workers = 1  # MindSpore reads one worker in its own thread, whatever the flag says
     else:
         stage.python_multiprocessing = False
-    log.warning("ms_shm: a new iterator on %s while an earlier one is alive, whose worker processes keep their "
-                "shared-memory slots: /dev/shm has %s left of the %s a second set needs, so this iterator reads "
-                "rows as MindSpore's default for this call does (%s), the same rows. To keep worker processes, "
-                "let the earlier iterator go first (`del it`), or read every epoch through one iterator "
-                "(create_tuple_iterator(num_epochs=N))", type(stage).__name__, mib(room), mib(need),
-                "in its own thread" if own == INLINE else "in threads")
+    log.log(_level(stage), "ms_shm: a new iterator on %s while an earlier one is alive, whose worker processes "
+            "keep their shared-memory slots: /dev/shm has %s left of the %s a second set needs, so this iterator "
+            "reads rows as MindSpore's default for this call does (%s), the same rows. To keep worker processes, "
+            "let the earlier iterator go first (`del it`), or read every epoch through one iterator "
+            "(create_tuple_iterator(num_epochs=N))", type(stage).__name__, mib(room), mib(need),
+            "in its own thread" if own == INLINE else "in threads")
 
     def put_back() -> None:
         stage.num_parallel_workers, stage.python_multiprocessing = before

@@ -242,10 +242,12 @@ def _parent_after_fork(hooks: Any, kept: dict) -> None:
     _put_back_signal_actions(kept)
 
 
+@functools.lru_cache(maxsize=1)
 def _libc() -> Any:
+    """The C library this process runs (one handle, which a forked child keeps), or ``None``."""
     try:
         return ctypes.CDLL(None, use_errno=True)
-    except OSError:  # no C library to ask: the handlers are left as the hooks leave them
+    except OSError:  # no C library to ask: each caller goes on without it
         return None
 
 
@@ -285,8 +287,8 @@ def _die_with(parent: int) -> None:  # pragma: no cover - child side
     a program stopped by SIGTERM or SIGKILL while it probed left the child reading on, re-parented to init (an
     audit: 19 s for 10 s rows, for ever for a source that hangs). A parent already gone ends it at once."""
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: the parent's own kill on an exception still applies
+        _libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # no C library, or not Linux: the parent's own kill on an exception still applies
         pass
     if os.getppid() != parent:
         os._exit(1)
@@ -421,8 +423,8 @@ def _worker_pages() -> int | None:  # pragma: no cover - child side
     but kept by the allocator, made the reading swing by a row or two from one build to the next (12 MiB rows:
     32-44 MiB), which flipped plans in a container. The row a worker is building is priced by the caller."""
     try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: the reading keeps what the allocator kept
+        _libc().malloc_trim(0)
+    except (OSError, AttributeError):  # no C library, or not glibc: the reading keeps what the allocator kept
         pass
     return procfs.private_bytes()
 

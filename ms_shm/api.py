@@ -351,6 +351,10 @@ def build_dataset(source: Any, column_names: Sequence[str] | str | None = None, 
         p = eng.planning.plan_iterable(req, SESSION.budget(facts), _profile(config, facts, eng))
         lineage = measure.IterableLineage(source, names) if names else measure.Unavailable("no column names")
         return _build(eng, source, column_names, generator_kwargs, p, config, lineage, "iterable", _explicit)
+    pinned = eng.compat.one_worker_by_mindspore("generator", source)
+    if pinned:
+        return eng.compat.generator_dataset(source, column_names,
+                                            _as_mindspore_pins("generator", pinned, generator_kwargs, _explicit, eng))
     blocked = _probe_blocker(source, generator_kwargs, eng)
     probe = measure.StageProbe(None, unmeasured=blocked) if blocked else \
         measure.probe_random_access(source, names, eng.compat.row_check(), _worker_pages(facts),
@@ -629,18 +633,25 @@ def _asked(kwargs: dict, num_parallel_workers: int | None) -> dict:
     return dict(kwargs, **({} if num_parallel_workers is None else {"num_parallel_workers": num_parallel_workers}))
 
 
-def _cap_unplanned(asked: dict, explicit: str | None, eng: Any) -> dict:
-    """A call ms_shm passes on unplanned (a batch without ``per_batch_map``, or with a callable batch size) keeps
-    the one rule every planner applies (``planning.cap_workers``): ``num_parallel_workers`` above
-    ``os.cpu_count()``, which MindSpore refuses, is capped there with a warning, unless the caller's settings are
-    orders (``patch(strict=True)``)."""
+def _as_mindspore_pins(kind: str, why: str, asked: dict, explicit: str | None, eng: Any) -> dict:
+    """The arguments of a stage MindSpore runs on one worker whatever it is asked (``why``), passed on as asked
+    and unwrapped, so that MindSpore's own check sees the user's code, pins it and warns as raw MindSpore does."""
+    log.info("ms_shm %s: built as asked, unplanned: %s", kind, why)
+    return _cap_unplanned(asked, explicit, eng, kind)
+
+
+def _cap_unplanned(asked: dict, explicit: str | None, eng: Any, kind: str = "batch") -> dict:
+    """A call ms_shm passes on unplanned (a batch without ``per_batch_map`` or with a callable batch size, a stage
+    MindSpore pins to one worker) keeps the one rule every planner applies (``planning.cap_workers``):
+    ``num_parallel_workers`` above ``os.cpu_count()``, which MindSpore refuses, is capped there with a warning,
+    unless the caller's settings are orders (``patch(strict=True)``)."""
     asked_workers = asked.get("num_parallel_workers")
     if explicit == ORDER or type(asked_workers) is not int:  # another type is MindSpore's own error to raise
         return asked
     workers, capped = eng.planning.cap_workers(asked_workers, os.cpu_count() or 1)
     if not capped:
         return asked
-    log.warning("ms_shm batch: num_parallel_workers %d -> %d (%s)%s", capped[0].default, workers, capped[0].reason,
+    log.warning("ms_shm %s: num_parallel_workers %d -> %d (%s)%s", kind, capped[0].default, workers, capped[0].reason,
                 f" at {sites.call_site()}" if explicit else "")
     return dict(asked, num_parallel_workers=workers)
 
@@ -675,6 +686,10 @@ def map(dataset: Any, operations: Any = None, input_columns: Sequence[str] | str
         check_as_mindspore("map", eng.compat.real_method("map"), dict(asked, operations=operations,
                                                                       input_columns=input_columns,
                                                                       output_columns=output_columns))
+    pinned = eng.compat.one_worker_by_mindspore("map", operations, dataset)
+    if pinned:
+        return eng.compat.map_dataset(dataset, operations, input_columns, output_columns,
+                                      _as_mindspore_pins("map", pinned, asked, _explicit, eng))
     facts, config = SESSION.host_facts(), eng.read_config()
     lineage = _input_lineage(dataset, eng, "map")
     ins = _names_list(input_columns) or eng.compat.column_names(dataset)[:1]

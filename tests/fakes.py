@@ -107,6 +107,9 @@ class FakeCompat:
     def network_operators_in(self, source):
         return None
 
+    def one_worker_by_mindspore(self, kind, target, dataset=None):
+        return None
+
     def starts_python_pool(self, operations):
         from ms_shm.engines.mindspore import compat
 

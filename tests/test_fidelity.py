@@ -716,6 +716,52 @@ class SqliteRows:
         return (np.full(4, value, np.int64),)
 
 
+class OpsSource:
+    """A source whose code names ``mindspore.ops``: MindSpore reads the code of ``__getitem__`` and runs such a
+    source on one worker. (Only named: the ops themselves, run in a dataset thread late in a long test process,
+    failed inside MindSpore with a ``SystemError`` now and then.)"""
+
+    def __len__(self):
+        return 5
+
+    def __getitem__(self, i):
+        import mindspore.ops  # noqa: F401
+
+        return (np.ones((2, int(i) + 1), np.float32),)
+
+
+def flatten_with_ops(x):
+    import mindspore.ops  # noqa: F401
+
+    return x.reshape(len(x), -1)
+
+
+def test_stages_computing_with_mindspore_ops_get_the_one_worker_mindspore_gives_them(ds):
+    """MindSpore's own test_pyfunc (an audit on 2.0.0 and 2.7.2): MindSpore reads a source's or a lone map
+    function's code for ``mindspore.ops`` and the like and runs it on one worker (and every later map of that
+    dataset). ms_shm's thread-cap wrapper hid that code: 2 workers, and MindSpore's warning gone. Now such a stage
+    is MindSpore's own: the user's objects, one worker, the same rows."""
+    import ms_shm
+
+    start_method = getattr(ds.config, "get_multiprocessing_start_method", lambda: "fork")
+    if start_method() != "fork":
+        pytest.skip("MindSpore pins a source to one worker under the fork start method only")
+
+    def pipeline(generator, mapped):  # the last map: another map of the dataset the first map marked
+        source = generator(OpsSource(), ["x"], num_parallel_workers=2, shuffle=False)
+        first = mapped(source, flatten_with_ops)
+        marked = generator(OpsSource(), ["x"], num_parallel_workers=2, shuffle=False)
+        mapped(marked, flatten_with_ops)
+        return source, first, mapped(first, lambda x: x + 1), mapped(marked, lambda x: x * 2)
+
+    raw = pipeline(ds.GeneratorDataset, lambda d, op: d.map(op, input_columns=["x"], num_parallel_workers=2))
+    ours = pipeline(ms_shm.build_dataset, lambda d, op: ms_shm.map(d, op, input_columns=["x"], num_parallel_workers=2))
+    assert [d.num_parallel_workers for d in ours] == [d.num_parallel_workers for d in raw]
+    assert ours[0].num_parallel_workers == ours[1].num_parallel_workers == ours[3].num_parallel_workers == 1
+    assert type(ours[0].source) is OpsSource and ours[1].operations[0] is flatten_with_ops
+    assert rows_of(ours[2]) == rows_of(raw[2]) and len(rows_of(raw[2])) == 5
+
+
 def test_a_source_holding_an_open_handle_keeps_mindspores_worker_processes(ds, tmp_path):
     import sqlite3
 

@@ -490,6 +490,40 @@ def network_operators_in(source: Any) -> str | None:
                  if m in text), None)
 
 
+def one_worker_by_mindspore(kind: str, target: Any, dataset: Any = None) -> str | None:
+    """Why MindSpore itself builds this stage with one worker, or ``None``. ``kind``: ``"generator"`` (``target``
+    the source) or ``"map"`` (``target`` the operations, ``dataset`` the one mapped).
+
+    MindSpore's checks read the code of a source, or of a map's single Python function, for ``mindspore.nn`` /
+    ``ops`` / ``numpy`` / ``compression``, and then set ``num_parallel_workers`` to 1 with a warning (a source's
+    only under the ``fork`` start method, in the releases that have that setting); the mark a map's check leaves
+    on the mapped dataset pins its later maps too. ms_shm's wrappers (the thread cap, the guard) would hide that
+    code from the check, and MindSpore would run the stage with the workers asked (MindSpore's own
+    test_pyfunc), so such a stage is left for MindSpore to build."""
+    if kind == "map":
+        if objects.attribute(dataset, "operator_mixed") is True:
+            return ("an earlier map of this dataset computes with MindSpore's network operators, so MindSpore runs "
+                    "each map of it on one worker")
+        if not isinstance(target, types.FunctionType):  # MindSpore reads a lone function only, not a list
+            return None
+    elif kind == "generator" and _start_method_setting() not in (None, "fork"):
+        return None
+    module = network_operators_in(target)
+    if module is None:
+        return None
+    what = "the source" if kind == "generator" else "the map's function"
+    return f"{what} computes with {module}, so MindSpore itself runs it on one worker, with its own warning"
+
+
+def _start_method_setting() -> str | None:
+    """``ds.config.get_multiprocessing_start_method()``, or ``None`` in a release without that setting."""
+    try:
+        start = getattr(_dataset_module().config, "get_multiprocessing_start_method", None)
+        return start() if start else None
+    except Exception:  # MindSpore not importable: nothing of it applies
+        return None
+
+
 def python_code_in(dataset: Any) -> str | None:
     """The first node of ``dataset``'s tree that runs Python code (a generator source, a Python operation, a
     ``per_batch_map``), or ``None`` when reading the tree runs only MindSpore's C++ and cannot have side effects

@@ -252,8 +252,7 @@ def _probe_blocker(source: Any, kwargs: dict, eng: Any) -> str | None:
         return "a batch_sampler (and collate_fn) make the rows, so single rows say little: not read ahead"
     ops = eng.compat.network_operators_in(source)
     if ops:
-        return (f"the source computes with {ops}, whose runtime cannot run in a forked probe (MindSpore itself "
-                f"reads such a source with one worker)")
+        return f"the source computes with {ops}, whose runtime cannot run in a forked probe"
     return None
 
 

@@ -337,6 +337,12 @@ def build_dataset(source: Any, column_names: Sequence[str] | str | None = None, 
             processes (no /proc).
     """
     eng = _pipeline_engine()
+    with eng.compat.source_code_read_once():
+        return _build_dataset(eng, source, column_names, generator_args, share_lists, _explicit, generator_kwargs)
+
+
+def _build_dataset(eng: Any, source: Any, column_names: Any, generator_args: tuple, share_lists: bool,
+                   _explicit: str | None, generator_kwargs: dict):
     real = eng.compat.real_method("generator")
     generator_kwargs = _named("GeneratorDataset", real, (source, column_names), generator_args, generator_kwargs)
     if not eng.compat.arguments_fit("generator", source, column_names, **generator_kwargs):

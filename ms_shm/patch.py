@@ -129,15 +129,16 @@ def _make_init(real: type, real_init: Any) -> Any:
         except TypeError:
             return real_init(self, *args, **kwargs)  # MindSpore's own TypeError
         given = dict(bound.arguments)
-        _mindspore_checks("generator", real_init, bound)
         given.pop(first)
         source, names = given.pop("source", None), given.pop("column_names", None)
-        _LOCAL.into = self
-        try:
-            shell = _routed("GeneratorDataset", lambda: _api().build_dataset(source, names, _explicit=_explicit(),
-                                                                           **given), self)
-        finally:
-            _LOCAL.into = None
+        with _api()._engine().compat.source_code_read_once():  # MindSpore's check and ms_shm's: one read
+            _mindspore_checks("generator", real_init, bound)
+            _LOCAL.into = self
+            try:
+                shell = _routed("GeneratorDataset", lambda: _api().build_dataset(source, names,
+                                                                               _explicit=_explicit(), **given), self)
+            finally:
+                _LOCAL.into = None
         del shell  # ms_shm's own instance, never initialised: the caller's instance holds the plan now
         return None
 

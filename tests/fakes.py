@@ -110,6 +110,11 @@ class FakeCompat:
     def one_worker_by_mindspore(self, kind, target, dataset=None):
         return None
 
+    def source_code_read_once(self):
+        import contextlib
+
+        return contextlib.nullcontext()
+
     def starts_python_pool(self, operations):
         from ms_shm.engines.mindspore import compat
 

@@ -7,6 +7,7 @@ in ``profiles.profile_for``. Every change is returned as a ``Change`` with its o
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import importlib
@@ -482,12 +483,50 @@ def network_operators_in(source: Any) -> str | None:
     worker; its compute runtime is not fork-safe, so such a source is not read in a probe child either.
     """
     try:
-        from mindspore.dataset.engine.validators import check_source_function
-        text = str(check_source_function(source))
+        from mindspore.dataset.engine import validators
+        check = validators.check_source_function  # ``source_code_read_once``'s where active
+        known = getattr(check, "_ms_shm_found", {})
+        if id(source) not in known:
+            text = str(check(source))  # the memo holds the source from here: its id stays its own
+            known[id(source)] = next((m for m in ("mindspore.nn", "mindspore.ops", "mindspore.numpy",
+                                                  "mindspore.compression") if m in text), None)
+        return known[id(source)]
     except Exception:  # an old release without the check, or source code that cannot be read
         return None
-    return next((m for m in ("mindspore.nn", "mindspore.ops", "mindspore.numpy", "mindspore.compression")
-                 if m in text), None)
+
+
+@contextlib.contextmanager
+def source_code_read_once():
+    """While a ``GeneratorDataset`` is checked, planned and built, MindSpore's ``check_source_function`` reads
+    each source once: its ``str(inspect.getclosurevars(...))`` turns every global the source's code names into
+    text (an audit's source named a global list of 1500 JPEGs: 4.7 s raw), and ms_shm's own check, its
+    network-operator rule and MindSpore's construction each read it (14-15 s), and searched the text twice more
+    (0.3 s each). The text, and ``network_operators_in``'s answer, are kept per source object for the call;
+    nested calls share the outer memo."""
+    try:
+        from mindspore.dataset.engine import validators
+        real = validators.check_source_function
+    except (ImportError, AttributeError):
+        yield
+        return
+    if getattr(real, "_ms_shm_once", False):
+        yield
+        return
+    read: dict = {}
+
+    def once(source):
+        if id(source) not in read:
+            read[id(source)] = (source, real(source))  # the source held: its id stays its own for the call
+        return read[id(source)][1]
+
+    once._ms_shm_once = True
+    once._ms_shm_found = {}  # ``network_operators_in``'s answers, per source read
+    validators.check_source_function = once
+    try:
+        yield
+    finally:
+        if validators.check_source_function is once:
+            validators.check_source_function = real
 
 
 def one_worker_by_mindspore(kind: str, target: Any, dataset: Any = None) -> str | None:

@@ -498,8 +498,10 @@ def _beside_probe(facts: host.HostFacts) -> bool:
 
 
 def _register(dataset: Any, p: Plan, lineage: measure.Lineage, label: str) -> None:
+    compat = _engine().compat
     reservation = SESSION.ledger.reserve(label, p.predicted_shm, p.predicted_fds, p.predicted_memory,
-                                         in_use=_engine().compat.in_use(dataset))
+                                         in_use=compat.in_use(dataset), by_prefetch=p.by_prefetch,
+                                         follows_prefetch=compat.follows_prefetch(dataset))
     weakref.finalize(dataset, SESSION.ledger.release, reservation.key)
     measure.remember(dataset, p, lineage)
 
@@ -508,7 +510,8 @@ def _adopt(dataset: Any, built: Any) -> None:
     """``ms_shm.patch``: ``dataset`` (the caller's instance) takes over the plan and reservation of ``built``."""
     p = measure.plan_of(built)
     if p is not None and dataset is not built:
-        _register(dataset, p, measure.lineage_of(built) or measure.Unavailable("adopted"), "adopted")
+        _register(dataset, p, measure.lineage_of(built) or measure.Unavailable("adopted"),
+                  _STAGE_NAMES.get(p.kind, p.kind))
 
 
 def _rows_per_epoch(kwargs: dict, length: int | None) -> int | None:
@@ -556,7 +559,18 @@ def _changed_globals(made: list, quiet: bool) -> list:
     for change in made:
         log.log(logging.INFO if quiet else logging.WARNING, "ms_shm changed MindSpore's global %s from %s to %s: %s",
                 change.setting, change.old, change.new, change.reason)
+        if change.setting == "prefetch_size":
+            _follow_prefetch(change.new)
     return made
+
+
+def _follow_prefetch(prefetch: int) -> None:
+    """The pipelines planned before whose next iterator is not made yet run at the lowered prefetch too: their
+    reservations hold what they hold there (``Budget.at_prefetch``, which the plan that lowered it counted)."""
+    for before, after in SESSION.ledger.lower_prefetch(prefetch):
+        log.info("ms_shm: %s's reservation follows MindSpore's global prefetch down to %d: memory %s -> %s, "
+                 "/dev/shm %s -> %s", before.label, prefetch, mib(before.memory), mib(after.memory),
+                 mib(before.shm_bytes), mib(after.shm_bytes))
 
 
 def _reason(p: Plan, setting: str, fallback: str) -> str:
@@ -787,7 +801,7 @@ def hold_room_for_batches(result: Any, dataset: Any, batch_size: Any, quiet: boo
     eng, row, prefetch, batches, b = read
     left = b.memory_bytes
     need = functools.partial(eng.arithmetic.batch_memory, row, batch_size, batches_per_epoch=batches)
-    fitting = eng.planning.plain_batch_prefetch(row, batch_size, prefetch, batches, left)
+    fitting = eng.planning.plain_batch_prefetch(row, batch_size, prefetch, batches, b)
     what = (f"batch({batch_size}) of {mib(row)} rows may hold ~{mib(need(prefetch))} of memory at prefetch "
             f"{prefetch} (~{eng.arithmetic.BATCH_HELD[0]} + {eng.arithmetic.BATCH_HELD[1]} x prefetch batches "
             f"where the loop is slower than the pipeline, measured), with {mib(left)} of this rank's memory budget "
@@ -798,7 +812,9 @@ def hold_room_for_batches(result: Any, dataset: Any, batch_size: Any, quiet: boo
     elif fitting < prefetch:
         _changed_globals(SESSION.record([eng.apply_setting("prefetch_size", fitting, f"{what}; at prefetch {fitting} "
                                                            f"it holds ~{mib(need(fitting))}")], eng.undo), quiet)
-    reservation = SESSION.ledger.reserve("batch", 0, 0, need(fitting or 1), in_use=eng.compat.in_use(result))
+    reservation = SESSION.ledger.reserve("batch", 0, 0, need(fitting or 1), in_use=eng.compat.in_use(result),
+                                         by_prefetch=tuple((0, 0, need(p)) for p in range(1, (fitting or 1) + 1)),
+                                         follows_prefetch=eng.compat.follows_prefetch(result))
     weakref.finalize(result, SESSION.ledger.release, reservation.key)
 
 

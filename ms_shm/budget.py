@@ -16,6 +16,7 @@ import itertools
 import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 
 from ms_shm import sizes
 from ms_shm._results import Result, mib, record
@@ -41,6 +42,28 @@ class Budget(Result):
     memory_reason: str = ""
     reserved_pipelines: int = 0  # live pipelines of this process whose reservations ``reserved_shm`` sums
     shm_readonly: bool = False  # /dev/shm is mounted read-only: 0 bytes, and no size helps
+    returned: tuple = ()  # (shm, fds, memory) the reservations give back at prefetch 1, 2, ... (``at_prefetch``)
+
+    def at_prefetch(self, prefetch: int) -> "Budget":
+        """This budget for a candidate that lowers MindSpore's global prefetch to ``prefetch``: the stages
+        planned before it whose next iterator is not made yet then run at that prefetch too, and hold less (an
+        audit's generator, map and ``per_batch_map`` batch in a 700 MB container: the batch was refused while
+        the two stages below it were counted at the prefetch they were planned with)."""
+        if not 0 < prefetch <= len(self.returned):
+            return self
+        shm, fds, memory = self.returned[prefetch - 1]
+        if not (shm or fds or memory):
+            return self
+        back = f" ({{}} of it given back at prefetch {prefetch})"
+        return replace(self, shm_bytes=_plus(self.shm_bytes, shm), fds=_plus(self.fds, fds),
+                       memory_bytes=_plus(self.memory_bytes, memory), reserved_shm=self.reserved_shm - shm,
+                       reserved_fds=self.reserved_fds - fds, reserved_memory=self.reserved_memory - memory,
+                       reason=self.reason + (back.format(mib(shm)) if shm else ""),
+                       memory_reason=self.memory_reason + (back.format(mib(memory)) if memory else ""), returned=())
+
+
+def _plus(left: int | None, more: int) -> int | None:
+    return None if left is None else left + more
 
 
 READ_ONLY = ("/dev/shm is mounted read-only: no worker process can start (multiprocessing's semaphores and heap "
@@ -50,7 +73,8 @@ READ_ONLY = ("/dev/shm is mounted read-only: no worker process can start (multip
 def compute(shm_free: int | None, ranks: int, nofile_soft: int | None, open_fds: int | None,
             reserved_shm: int = 0, reserved_fds: int = 0, fraction: float = DEFAULT_FRACTION,
             ranks_source: str = "", memory_left: int | None = None, reserved_memory: int = 0,
-            memory_source: str = "", reserved_pipelines: int = 0, shm_readonly: bool | None = None) -> Budget:
+            memory_source: str = "", reserved_pipelines: int = 0, shm_readonly: bool | None = None,
+            returned: tuple = ()) -> Budget:
     """The per-pipeline budget from host numbers taken before any pipeline of this process started."""
     ranks = max(1, ranks)
     if shm_free is None:
@@ -69,7 +93,7 @@ def compute(shm_free: int | None, ranks: int, nofile_soft: int | None, open_fds:
         fds = max(0, nofile_soft - (open_fds or 0) - sizes.FD_MARGIN - reserved_fds)
     memory, memory_why = _memory_share(memory_left, ranks, fraction, reserved_memory, memory_source)
     return Budget(shm, fds, ranks, fraction, reserved_shm, reserved_fds, why, memory, reserved_memory, memory_why,
-                  reserved_pipelines, bool(shm_readonly) and shm_free is not None)
+                  reserved_pipelines, bool(shm_readonly) and shm_free is not None, returned)
 
 
 def shm_fix(b: Budget, need: int) -> str:
@@ -131,11 +155,37 @@ class Reservation(Result):
     memory: int = 0
     kind: str = ""
     held_apart: int = 0  # memory that still counts against pipelines planned apart: persistent workers' own
+    by_prefetch: tuple = ()  # (shm, fds, memory) at MindSpore's global prefetch 1, 2, ..., up to the planned one
+
+
+def returned_at(items: Iterable[Reservation]) -> tuple:
+    """``Budget.returned`` of ``items`` (those whose next iterator is not made yet): at each prefetch, what they
+    would hold less than their reservations."""
+    items = [r for r in items if r.by_prefetch]
+    longest = max((len(r.by_prefetch) for r in items), default=0)
+    return tuple(_returned_one(items, p) for p in range(1, longest))
+
+
+def _returned_one(items: list, prefetch: int) -> tuple:
+    back = [0, 0, 0]
+    for r in items:
+        if prefetch < len(r.by_prefetch):
+            for i, (now, then) in enumerate(zip((r.shm_bytes, r.fds, r.memory), r.by_prefetch[prefetch - 1])):
+                back[i] += max(0, now - then)
+    return tuple(back)
 
 
 def sums(items: Sequence[Reservation]) -> tuple[int, int, int]:
     """Reserved /dev/shm, fds and memory of ``items``."""
     return sum(r.shm_bytes for r in items), sum(r.fds for r in items), sum(r.memory for r in items)
+
+
+def _asked(check: Callable[[], bool]) -> bool:
+    try:
+        return bool(check())
+    except Exception as exc:  # noqa: BLE001  (the safe answer: it keeps what it reserved)
+        log.debug("ms_shm: a pipeline's iterators not read (%s: %s)", type(exc).__name__, exc)
+        return False
 
 
 def but_kind(items: tuple, apart: str | None) -> tuple:
@@ -161,22 +211,29 @@ class Ledger:
         self._items: dict = {}
         self._in_use: dict = {}  # key -> whether its pipeline may hold /dev/shm now (absent: always)
         self._ended: set = set()  # keys of reservations said to count no more
+        self._follows: dict = {}  # key -> whether its pipeline's next iterator reads the global prefetch anew
         self._ids = itertools.count(1)
 
     def reserve(self, label: str, shm_bytes: int, fds: int, memory: int = 0, kind: str = "",
-                in_use: Callable[[], bool] | None = None, held_apart: int = 0) -> Reservation:
+                in_use: Callable[[], bool] | None = None, held_apart: int = 0, by_prefetch: tuple = (),
+                follows_prefetch: Callable[[], bool] | None = None) -> Reservation:
+        """``by_prefetch`` with ``follows_prefetch`` (the engine's: no iterator holding the pipeline is alive):
+        what it holds where MindSpore's global prefetch is lowered before its next iterator is made."""
         with self._lock:
             item = Reservation(next(self._ids), label, int(shm_bytes), int(fds), int(memory), kind,
-                               int(held_apart))
+                               int(held_apart), tuple(by_prefetch) if follows_prefetch is not None else ())
             self._items[item.key] = item
             if in_use is not None:
                 self._in_use[item.key] = in_use
+            if follows_prefetch is not None:
+                self._follows[item.key] = follows_prefetch
             return item
 
     def release(self, key: int) -> None:
         with self._lock:
             self._items.pop(key, None)
             self._in_use.pop(key, None)
+            self._follows.pop(key, None)
 
     def totals(self, apart: str | None = None) -> tuple[int, int, int]:
         """Reserved /dev/shm, fds and memory (of ``live(apart)``)."""
@@ -191,6 +248,27 @@ class Ledger:
         kept = {r.key for r in held}
         self._say_ended(r for r in items if r.key not in kept)
         return but_kind(held, apart)
+
+    def following(self, items: Iterable[Reservation]) -> list:
+        """Those of ``items`` whose pipelines would run at a lowered global prefetch: no iterator made on them
+        is alive (a live one keeps the prefetch it was made with)."""
+        with self._lock:
+            checks = dict(self._follows)
+        return [r for r in items if r.key in checks and _asked(checks[r.key])]
+
+    def lower_prefetch(self, prefetch: int) -> list:
+        """MindSpore's global prefetch went down to ``prefetch``: the reservations that follow it hold what they
+        hold there. Returns the ``(before, after)`` pairs changed."""
+        changed = []
+        for r in self.following(self.live()):
+            if prefetch < len(r.by_prefetch):
+                shm, fds, memory = r.by_prefetch[prefetch - 1]
+                now = replace(r, shm_bytes=shm, fds=fds, memory=memory, by_prefetch=r.by_prefetch[:prefetch])
+                with self._lock:
+                    if self._items.get(r.key) == r:
+                        self._items[r.key] = now
+                        changed.append((r, now))
+        return changed
 
     def _say_ended(self, ended: Iterable[Reservation]) -> None:
         """Each reservation that stopped counting, once: what the next plans get beside it, and why."""
@@ -210,3 +288,4 @@ class Ledger:
             self._items.clear()
             self._in_use.clear()
             self._ended.clear()
+            self._follows.clear()

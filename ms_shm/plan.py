@@ -7,7 +7,7 @@ request none of whose candidates fits becomes one ``ShmBudgetError`` with the nu
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import field, replace
 from typing import Any
 
 from ms_shm import budget as budget_mod
@@ -92,6 +92,9 @@ class Plan(Result):
     alternatives: tuple = ()
     predicted_memory: int = 0  # host memory it adds to the memory cgroup, its /dev/shm pages included
     rows_per_epoch: int | None = None  # rows (batches, for a batch stage) it yields per epoch, where known
+    # (shm, fds, memory) at MindSpore's global prefetch 1, 2, ..., ``prefetch``: what it holds where a stage
+    # planned after it lowers that prefetch before its iterator is made
+    by_prefetch: tuple = field(default=(), repr=False)
 
     def summary(self) -> str:
         """The one INFO line: mode, workers, prefetch, predicted peak vs budget, why."""

@@ -55,20 +55,21 @@ class Session:
         was before the first pipeline (later readings would count our own slots as someone else's); memory is
         that, or what is left now plus what our pipelines reserved, whichever is less."""
         if reserved is not None:
-            (shm_used, fds_used, memory_used), pipelines = reserved, 0
+            (shm_used, fds_used, memory_used), pipelines, returned = reserved, 0, ()
         else:
             live = self.ledger.live()  # one reading: a pipeline registered meanwhile is in all three or none
             counted = budget_mod.but_kind(live, apart)
             shm_used, fds_used, memory_used = budget_mod.sums(counted)
             memory_used += sum(r.held_apart for r in live if r.kind == apart)
             pipelines = sum(1 for r in counted if r.shm_bytes)
+            returned = budget_mod.returned_at(self.ledger.following(counted))
         memory_left, memory_source = facts.memory_left
         now_left = host.memory_now(facts).memory_left[0] if memory_left is not None else None
         if now_left is not None and now_left + memory_used < memory_left:  # the program took some since
             memory_left, memory_source = now_left + memory_used, f"{memory_source}, read now"
         return budget_mod.compute(facts.shm_free, facts.ranks.local_size, facts.nofile_soft, facts.open_fds,
                                   shm_used, fds_used, self.fraction, facts.ranks.source, memory_left,
-                                  memory_used, memory_source, pipelines, facts.shm_readonly)
+                                  memory_used, memory_source, pipelines, facts.shm_readonly, returned)
 
     def record(self, made: Sequence[Any], undo: Callable[[Sequence[Any]], None]) -> list:
         """Keep the changes that happened (``None`` means nothing changed), each with what undoes it: the

@@ -84,6 +84,9 @@ class FakeCompat:
     def in_use(self, dataset):
         return lambda: True  # no iterators without MindSpore: every pipeline keeps its reservation
 
+    def follows_prefetch(self, dataset):
+        return lambda: True  # no iterator made yet: the next one reads the global prefetch
+
     def generator_dataset(self, source, column_names, kwargs):
         self.engine.built.append(FakeDataset(source, column_names, dict(kwargs)))
         return self.engine.built[-1]

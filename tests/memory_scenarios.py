@@ -13,7 +13,7 @@ import sys
 import numpy as np
 
 ROWS, MB, SEED = 48, 8, 7
-BATCH, SLOW = 4, {"generator_batch": 0.1}  # batch_size; scenario: seconds the loop takes per batch
+BATCH, SLOW = 4, {"generator_batch": 0.1, "stages": 0.3}  # batch_size; scenario: seconds the loop takes per batch
 
 
 def row(i: int) -> np.ndarray:
@@ -23,6 +23,9 @@ def row(i: int) -> np.ndarray:
 
 
 def expected_digests(name: str = "") -> list:
+    if name == "stages":
+        return [hashlib.sha256(np.stack([flip(small_row(i)) + np.uint8(1) for i in range(b, b + BATCH)]).tobytes()
+                               ).hexdigest() for b in range(0, STAGE_ROWS, BATCH)]
     make = (lambda i: flip(row(i))) if name == "generator_map" else row
     if name == "generator_batch":
         return [hashlib.sha256(np.stack([row(i) for i in range(b, b + BATCH)]).tobytes()).hexdigest()
@@ -36,6 +39,30 @@ class Rows:
 
     def __getitem__(self, i):
         return (row(i),)
+
+
+STAGE_ROWS, STAGE_MB = 40, 3  # the "stages" scenario: a source, a map and a per_batch_map batch of 3 MiB rows
+
+
+def small_row(i: int) -> np.ndarray:
+    return row(i)[:STAGE_MB << 20]
+
+
+class SlowRows:
+    """3 MiB rows each made after ~2 ms of pure Python: work that worker processes speed up."""
+
+    def __len__(self):
+        return STAGE_ROWS
+
+    def __getitem__(self, i):
+        spin = 0
+        for k in range(20000):
+            spin += k & 3
+        return (small_row(i),)
+
+
+def add_one(rows, info):
+    return ([r + np.uint8(1) for r in rows],)
 
 
 def grow(index):
@@ -57,6 +84,12 @@ def _pipeline(name: str, mode: str):
         ms_shm.tune()
         with ms_shm.patched():
             return _pipeline(name, "raw")
+    if name == "stages":  # unchanged code asking for worker processes at every stage (run under ``patch``)
+        source = ds.GeneratorDataset(SlowRows(), ["data"], shuffle=False, num_parallel_workers=2,
+                                     python_multiprocessing=True)
+        mapped = source.map(flip, input_columns=["data"], num_parallel_workers=2, python_multiprocessing=True)
+        return mapped.batch(BATCH, per_batch_map=add_one, input_columns=["data"], num_parallel_workers=2,
+                            python_multiprocessing=True)
     if name == "generator_batch":  # batches of 4 x 8 MiB read by a loop slower than the pipeline
         if mode == "raw":
             return ds.GeneratorDataset(Rows(), ["data"], shuffle=False).batch(BATCH)

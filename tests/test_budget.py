@@ -221,3 +221,32 @@ def test_a_read_only_dev_shm_is_a_budget_of_nothing_and_its_fix_is_a_writable_mo
     assert "remount,rw" in budget.shm_fix(b, 1 << 20) and "at least" not in budget.shm_fix(b, 1 << 20)
     assert budget.shm_fix(budget.compute(1 << 30, 1, None, None), 1 << 20).startswith("give /dev/shm at least")
     assert budget.compute(None, 1, None, None, shm_readonly=True).shm_bytes is None  # unread: unknown, as before
+
+
+def test_stages_whose_iterator_is_not_made_yet_give_memory_back_at_a_lower_global_prefetch():
+    """MindSpore reads its global prefetch as an iterator is made: where a stage planned later lowers it, the
+    stages planned before it that no live iterator holds run at the lower prefetch too (an audit's per_batch_map
+    batch was refused in a 700 MB container with its source and map counted at prefetch 16). A stage an iterator
+    already runs keeps what it reserved."""
+    ledger, iterating = budget.Ledger(), [False]
+    at = tuple((p * MiB, p, 10 * p * MiB) for p in range(1, 5))  # (shm, fds, memory) at prefetch 1..4
+    idle = ledger.reserve("source", *at[-1], by_prefetch=at, follows_prefetch=lambda: True)
+    running = ledger.reserve("other", *at[-1], by_prefetch=at, follows_prefetch=lambda: not iterating[0])
+    ledger.reserve("loader", 1 * MiB, 1, 5 * MiB)  # no prefetch of MindSpore's: never gives back
+    returned = budget.returned_at(ledger.following(ledger.live()))
+    assert returned == ((6 * MiB, 6, 60 * MiB), (4 * MiB, 4, 40 * MiB), (2 * MiB, 2, 20 * MiB))
+    b = budget.compute(256 * MiB, 1, 1000, 10, *ledger.totals()[:2], memory_left=500 * MiB,
+                       reserved_memory=ledger.totals()[2], returned=returned)
+    assert b.at_prefetch(2).memory_bytes == b.memory_bytes + 40 * MiB
+    assert b.at_prefetch(2).shm_bytes == b.shm_bytes + 4 * MiB and b.at_prefetch(2).fds == b.fds + 4
+    assert "given back at prefetch 2" in b.at_prefetch(2).memory_reason
+    assert b.at_prefetch(4) is b and b.at_prefetch(9) is b  # the prefetch they were planned at, or above
+
+    iterating[0] = True
+    assert budget.returned_at(ledger.following(ledger.live())) == \
+        ((3 * MiB, 3, 30 * MiB), (2 * MiB, 2, 20 * MiB), (1 * MiB, 1, 10 * MiB))
+    changed = ledger.lower_prefetch(2)
+    assert [(before.key, after.memory) for before, after in changed] == [(idle.key, 20 * MiB)]
+    kept = {r.key: r for r in ledger.live()}
+    assert kept[running.key].memory == 40 * MiB and kept[idle.key].by_prefetch == at[:2]
+    assert ledger.totals() == (2 * MiB + 4 * MiB + 1 * MiB, 2 + 4 + 1, 20 * MiB + 40 * MiB + 5 * MiB)

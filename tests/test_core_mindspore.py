@@ -497,8 +497,8 @@ def test_a_plain_batch_over_a_planned_pipeline_is_priced_in_memory(real_mindspor
         source = ms_shm.build_dataset(Rows(), ["data"], shuffle=False)
         real_budget = SESSION.budget
         for name, memory in (("roomy", 8 << 30), ("tight", 450 << 20), ("none", 100 << 20)):
-            SESSION.budget = lambda facts, *a, m=memory, **k: dataclasses.replace(real_budget(facts, *a, **k),
-                                                                                 memory_bytes=m)
+            SESSION.budget = lambda facts, *a, m=memory, **k: dataclasses.replace(  # the source gives none back
+                real_budget(facts, *a, **k), memory_bytes=m, returned=())
             ds.config.set_prefetch_size(16)
             batched = ms_shm.batch(source, 4)
             held = [r.memory for r in SESSION.ledger.live() if r.label == "batch"]

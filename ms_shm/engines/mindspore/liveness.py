@@ -101,6 +101,19 @@ def iterators_reading(guard: Any) -> int:
         return 0
 
 
+def follows_prefetch(dataset: Any) -> Callable[[], bool]:
+    """Whether ``dataset``'s next iterator would run at MindSpore's global prefetch as it is then: no iterator
+    made on a tree holding it is alive (a live one, stopped or not, keeps the prefetch it was made with: its
+    ``GeneratorDataset`` reads ``get_prefetch_size()`` as the iterator is made). Unreadable: it does not."""
+    ref = weakref.ref(dataset)
+
+    def check() -> bool:
+        stage = ref()
+        return stage is not None and not any(any(s is stage for s in stages(_tree(it))) for it in list(_ITERATORS))
+
+    return check
+
+
 def in_use(dataset: Any) -> Callable[[], bool]:
     """Whether ``dataset``'s pipeline may hold ``/dev/shm`` now: until an iterator has run to its end on it
     (train and eval built up front may run at once, as ``Model.train`` with an eval callback does; a train only

@@ -10,6 +10,7 @@ says, a static ``max_rowsize`` cannot be pickled for spawn, spawn pools cost sec
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 from typing import Any
 
@@ -180,17 +181,10 @@ def _candidates(stats: RowStats, req: Request, budget: Budget, profile: EnginePr
         for w in _worker_options(req):
             if (w == 1) != (mode == INLINE):
                 continue
-            shared = mode == PROCESSES
-            static = _static_rowsize(req, profile, row_bytes, shared)
+            static = _static_rowsize(req, profile, row_bytes, mode == PROCESSES)
             for p in _prefetch_options(req.prefetch):
-                in_process = mode in (INLINE, THREADS)
-                # Slots over the iterator's life, not one epoch's rows: a worker cycles through every slot it has
-                # across epochs (num_epochs > 1, repeat(), the next epoch prefetched), and the epochs an iterator
-                # runs are not known here (an audit: 16 rows, num_epochs=3, RowTooLargeError mid-epoch 2).
-                shm = 0 if in_process else model.generator_peak(row_bytes, w, p, None, static, shared_mem=shared)
-                fds = 0 if in_process else model.generator_fds(w, p, None, shared_mem=shared)
-                memory = model.generator_memory(mode, row_bytes, w, p, shm, stats.worker_bytes, rows)
-                why = _why_not(mode, shm, fds, static, req, budget, stats, memory)
+                shm, fds, memory = _generator_needs(mode, w, p, row_bytes, static, stats.worker_bytes, rows)
+                why = _why_not(mode, shm, fds, static, req, budget.at_prefetch(p), stats, memory)
                 if mode == THREADS and budget.shm_bytes is None and profile.threads_need_dev_shm:
                     why.append(f"MindSpore {profile.version} needs /dev/shm for threads too (a multiprocessing.Value)")
                 secs = _epoch_seconds(mode, w, stats, priced_rows(rows), costs, req.start_method, req.usable_cpus)
@@ -200,6 +194,18 @@ def _candidates(stats: RowStats, req: Request, budget: Budget, profile: EnginePr
     return out
 
 
+def _generator_needs(mode: str, workers: int, prefetch: int, row_bytes: int, static: int | None,
+                     worker_bytes: int | None, rows: int | None) -> tuple:
+    """``(shm, fds, memory)`` of one GeneratorDataset transport. Slots over the iterator's life, not one epoch's
+    rows: a worker cycles through every slot it has across epochs (num_epochs > 1, repeat(), the next epoch
+    prefetched), and the epochs an iterator runs are not known here (an audit: 16 rows, num_epochs=3,
+    RowTooLargeError mid-epoch 2)."""
+    in_process, shared = mode in (INLINE, THREADS), mode == PROCESSES
+    shm = 0 if in_process else model.generator_peak(row_bytes, workers, prefetch, None, static, shared_mem=shared)
+    fds = 0 if in_process else model.generator_fds(workers, prefetch, None, shared_mem=shared)
+    return shm, fds, model.generator_memory(mode, row_bytes, workers, prefetch, shm, worker_bytes, rows)
+
+
 def next_stage_memory(row_bytes: int) -> int:
     """The least memory a stage after the source holds: a map of rows this size in one thread at prefetch 1
     (its output connector, the next stage's, the row being made: ``map_memory``)."""
@@ -207,12 +213,14 @@ def next_stage_memory(row_bytes: int) -> int:
 
 
 def plain_batch_prefetch(row_bytes: int, batch_size: int, prefetch: int, batches: int | None,
-                         memory_left: int) -> int | None:
+                         budget: Budget) -> int | None:
     """The largest prefetch, up to ``prefetch`` (MindSpore's global setting now), at which a plain batch of
-    ``batch_size`` rows of ``row_bytes`` holds no more than ``memory_left`` (``arithmetic.batch_memory``), or
-    ``None`` where none does. Lowering it leaves the batches as they are."""
+    ``batch_size`` rows of ``row_bytes`` holds no more than the memory left (``arithmetic.batch_memory``; the
+    stages below it give some back at a lower prefetch), or ``None`` where none does. Lowering it leaves the
+    batches as they are."""
     return next((p for p in range(prefetch, 0, -1)
-                 if model.batch_memory(row_bytes, batch_size, p, batches) <= memory_left), None)
+                 if model.batch_memory(row_bytes, batch_size, p, batches) <= budget.at_prefetch(p).memory_bytes),
+                None)
 
 
 def _candidates_leaving_room(stats: RowStats, req: Request, budget: Budget, profile: EngineProfile,
@@ -282,12 +290,17 @@ def plan_generator(stats: RowStats, request: Request, budget: Budget, profile: E
                                   f"then ~18% of iterators leave their static slots committed until the process "
                                   f"ends, so a later epoch fails the pre-check (measured; none with it off)"))
     slots = model.slots(best.prefetch, best.workers) if shared else 0
-    worker_share = 0
+    worker_share, budget = 0, budget.at_prefetch(best.prefetch)
     if shared and budget.shm_bytes is not None and static is None:
         worker_share = (budget.shm_bytes - model.semaphore_bytes(best.workers)) // best.workers
+    rows = req.rows_per_epoch if req.rows_per_epoch is not None else stats.length
+    needs = functools.partial(_generator_needs, best.mode, best.workers, row_bytes=row,
+                              static=_static_rowsize(req, profile, row, shared), worker_bytes=stats.worker_bytes,
+                              rows=rows)
     return Plan("generator", best.mode, best.workers, best.prefetch, best.mode in (PROCESSES, PIPES),
-                shared, static, row, best.shm, best.fds, 0, budget, True, slots, worker_share,
-                best.seconds, profile, tuple(decisions), (), tuple(plan.top(cands, best)), best.memory)
+                shared, static, row, best.shm, best.fds, 0, budget, True, slots,
+                worker_share, best.seconds, profile, tuple(decisions), (), tuple(plan.top(cands, best)), best.memory,
+                by_prefetch=tuple(needs(p) for p in range(1, best.prefetch + 1)))
 
 
 def _planned_row(stats: RowStats, req: Request) -> tuple:
@@ -446,9 +459,12 @@ def plan_map(in_bytes: int, out_bytes: int, seconds_per_row: float | None, cpu_f
                                   f"this lowers MindSpore's global prefetch size"))
     sysv = model.map_pool_cost(profile, best.workers, in_bytes, out_bytes, req.max_rowsize, slot_rows).sysv \
         if best.mode == PROCESSES and python_pool else 0
+    at = [_map_candidate(best.mode, best.workers, in_bytes, out_bytes, stats, replace(req, prefetch=p), profile,
+                         limits, costs) for p in range(1, best.prefetch + 1)]
     return Plan("map", best.mode, best.workers, best.prefetch, best.mode == PROCESSES, req.shared_mem,
-                req.max_rowsize, row, best.shm, best.fds, sysv, budget, True, 0, 0, best.seconds, profile,
-                tuple(decisions), (), tuple(plan.top(cands, best)), best.memory)
+                req.max_rowsize, row, best.shm, best.fds, sysv, budget.at_prefetch(best.prefetch), True, 0, 0,
+                best.seconds, profile, tuple(decisions), (), tuple(plan.top(cands, best)), best.memory,
+                by_prefetch=tuple((c.shm, c.fds, c.memory) for c in at))
 
 
 def _map_prefetches(mode: str, w: int, in_bytes: int, out_bytes: int, stats: RowStats, req: Request,
@@ -458,7 +474,7 @@ def _map_prefetches(mode: str, w: int, in_bytes: int, out_bytes: int, stats: Row
     for p in _prefetch_options(req.prefetch):
         out.append(_map_candidate(mode, w, in_bytes, out_bytes, stats, replace(req, prefetch=p), profile, limits,
                                   costs))
-        if out[-1].fits or not _why_not_memory(out[-1].memory, limits[0]):
+        if out[-1].fits or not _why_not_memory(out[-1].memory, limits[0].at_prefetch(p)):
             break  # lower prefetch only helps memory
     return out
 
@@ -467,6 +483,7 @@ def _map_candidate(mode: str, w: int, in_bytes: int, out_bytes: int, stats: RowS
                    profile: EngineProfile, limits: tuple, costs: Costs) -> Candidate:
     """One map transport priced: its /dev/shm, SysV and memory needs against the limits, and its epoch time."""
     budget, shmmax, worker_bytes, python_pool, slot_rows = limits
+    budget = budget.at_prefetch(req.prefetch)
     processes = mode == PROCESSES and python_pool  # no pool: the C++ transforms run in MindSpore's threads
     cost = model.map_pool_cost(profile, w, in_bytes, out_bytes, req.max_rowsize, slot_rows) if processes \
         else model.MapCost(0, 0, 0)

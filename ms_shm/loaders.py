@@ -248,9 +248,9 @@ def _through_pipes(eng: Any, stats: Any, req: LoaderRequest, b: Any, asked: dict
             (req.workers_locked or req.min_workers or preferences)):
         raise error
     try:
-        return eng.planning.plan_loader(stats, replace(req, pipes=True,
-                                                       custom_collate=asked.get("collate_fn") is not None),
-                                        b, eng.profile())
+        profile = eng.profile()
+        return eng.planning.plan_loader(stats, replace(req, pipes=True, custom_collate=profile.collate_in_shm and
+                                                       asked.get("collate_fn") is not None), b, profile)
     except ShmBudgetError:
         raise error from None
 

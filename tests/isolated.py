@@ -192,12 +192,12 @@ def run_loader_scenario(framework: str, scenario: str, mode: str, shm: str = "64
                      nofile_hard=hard, timeout=timeout)
 
 
-def assert_through_pipes(run: Callable, scenario: str, reference: list) -> None:
-    """``build_dataloader`` and unchanged code under ``ms_shm.patch`` deliver ``reference`` (12 batches) under
+def assert_through_pipes(run: Callable, scenario: str, reference: list, batches: int = 12) -> None:
+    """``build_dataloader`` and unchanged code under ``ms_shm.patch`` deliver ``reference`` (``batches``) under
     64 MB with the 2 workers asked, each batch through its worker's pipe, almost no /dev/shm."""
     for mode in ("ms_shm", "patch"):
         ours = result_of(run(scenario, mode))
-        assert ours["digests"] == reference and len(reference) == 12, mode
+        assert ours["digests"] == reference and len(reference) == batches, mode
         assert ours["plan"]["workers"] == 2 and ours["plan"]["shm"] == 0, ours["plan"]
         assert any(d.startswith("transport=pipes") for d in ours["plan"]["decisions"]), ours["plan"]
         assert ours["peak"] is None or ours["peak"] < 8 << 20, ours["peak"]

@@ -81,16 +81,18 @@ def test_epochs_whose_workers_fork_while_the_loop_holds_a_batch_fit_from_the_fir
         assert ours["plan"]["shm"] <= 64 << 20, ours["plan"]
 
 
-@pytest.mark.parametrize("scenario", ["drawn", "drawn_persistent"])
-def test_workers_that_must_stay_deliver_through_their_pipes_where_dev_shm_is_too_small(loader, scenario):
+@pytest.mark.parametrize("scenario, batches", [("drawn", 12), ("drawn_persistent", 12), ("drawn_class", 16)])
+def test_workers_that_must_stay_deliver_through_their_pipes_where_dev_shm_is_too_small(loader, scenario, batches):
     """As torch's: 32 MiB batches whose samples draw from each worker's NumPy seed (the loader's generator seeded),
     2 workers (and persistent ones), 2 epochs, 64 MB. Fewer workers would change the batches, so each travels
-    through its worker's pipe: raw's batches with room to spare, bit for bit, and almost no /dev/shm."""
+    through its worker's pipe: raw's batches with room to spare, bit for bit, and almost no /dev/shm. Also 24 MiB
+    batches as a ``collate_fn``'s own batch class, which the probe weighed as 0 B and the pipes left to
+    MindSpore's shared-memory pickling: a bus error, as raw."""
     numpy1(loader)
     reference = result(run(scenario, "raw", "2g"))["digests"]
     raw = run(scenario, "raw", timeout=120)
     assert raw.returncode != 0 and "Bus error" in raw.stderr + raw.stdout, isolated.describe(raw)
-    isolated.assert_through_pipes(run, scenario, reference)
+    isolated.assert_through_pipes(run, scenario, reference, batches)
 
 
 def test_fd_starved_soft_limit_raised(loader):

@@ -8,7 +8,8 @@ from typing import Any
 
 from ms_shm import host
 from ms_shm.changes import Change  # noqa: F401  (undo records, as for the other engines)
-from ms_shm.engines.torchstyle.compat import DataModule, rebuilt
+from ms_shm.engines.torchstyle.compat import DataModule, by_value, rebuilt
+from ms_shm.engines.torchstyle.storages import tensors
 
 _DATA = DataModule("mindspore.dataset.dataloader")  # DataLoader, datasets, collate functions, worker info: shared
 available, loader_class, owns = _DATA.available, _DATA.loader_class, _DATA.owns
@@ -24,21 +25,16 @@ WORKERS_DRAW_FROM_GENERATOR = True
 
 
 def weigh(batch: Any) -> tuple:
-    """``(bytes, storages)`` of every MindSpore Tensor or numpy array in ``batch``: one shared-memory file each."""
+    """``(bytes, storages)`` of every MindSpore Tensor or numpy array in ``batch`` (through containers and the
+    attributes of a ``collate_fn``'s own batch class, as torch's): one shared-memory file each."""
+    found = [int(value.nbytes) for value in tensors(batch, is_tensor=_has_bytes)]
+    return sum(found), len(found)
+
+
+def _has_bytes(value: Any) -> bool:
     import numpy as np
 
-    total, count = 0, 0
-    stack = [batch]
-    while stack:
-        value = stack.pop()
-        if isinstance(value, dict):
-            stack.extend(value.values())
-        elif isinstance(value, (list, tuple)):
-            stack.extend(value)
-        elif hasattr(value, "nbytes") and (hasattr(value, "asnumpy") or isinstance(value, np.ndarray)):
-            total += int(value.nbytes)
-            count += 1
-    return total, count
+    return hasattr(value, "nbytes") and (hasattr(value, "asnumpy") or isinstance(value, np.ndarray))
 
 
 def twin(sample: Any) -> Any:
@@ -96,11 +92,19 @@ def piped(collate: Any, samples: Any, default: bool) -> Any:
 
 
 def _piped_tensor(value: Any) -> Any:
-    """A plain ``Tensor`` as ``_PipedTensor``; anything else (a ``Parameter``, a numpy array, which MindSpore's
-    queue pickles by value already) as it is."""
+    """A plain ``Tensor`` as ``_PipedTensor``; a batch class holding tensors pickled by value (``by_value``);
+    anything else (a ``Parameter``, a numpy array, which MindSpore's queue pickles by value already) as it is."""
     from mindspore import Tensor
 
-    return _PipedTensor(value) if type(value) is Tensor else value
+    if type(value) is Tensor:
+        return _PipedTensor(value)
+    return value if isinstance(value, Tensor) else by_value(value, _is_tensor)
+
+
+def _is_tensor(value: Any) -> bool:
+    from mindspore import Tensor
+
+    return isinstance(value, Tensor)
 
 
 class _PipedTensor:

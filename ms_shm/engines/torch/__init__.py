@@ -29,7 +29,7 @@ ENGINE = LoaderEngine(
     "torch", "torch", "ms_shm.engines.torch.compat", SIGNATURES, LEFTOVERS,
     LoaderProfile("torch", None, "file_descriptor", True,
                   "batches as /dev/shm files; file_descriptor passes an fd per storage, file_system names them",
-                  COSTS, can_pipe=True),
+                  COSTS, can_pipe=True, collate_in_shm=True),
     "Bus error, or 'unable to allocate shared memory(shm) ... No space left on device', when /dev/shm fills")
 
 __all__ = ["COSTS", "ENGINE", "LEFTOVERS"]

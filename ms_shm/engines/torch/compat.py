@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 from ms_shm.changes import Change
-from ms_shm.engines.torchstyle.compat import DataModule, rebuilt
+from ms_shm.engines.torchstyle.compat import DataModule, by_value, rebuilt
 from ms_shm.engines.torchstyle.storages import tensors
 
 log = logging.getLogger(__name__)
@@ -148,16 +148,18 @@ def _as_in_main(collate: Any, samples: Any) -> Any:
 
 
 def _piped(value: Any, storages: dict) -> Any:
-    """``value`` with its plain CPU tensors as ``_PipedTensor`` (``rebuilt``'s containers); anything else (a
-    tensor subclass, a batch class) left to torch's own pickling."""
+    """``value`` with its plain CPU tensors as ``_PipedTensor`` (``rebuilt``'s containers); a tensor subclass or a
+    batch class holding tensors pickled by value (``by_value``); anything else left to torch's own pickling."""
     return rebuilt(value, functools.partial(_piped_tensor, storages=storages))
 
 
 def _piped_tensor(value: Any, storages: dict) -> Any:
     import torch
 
-    if type(value) is not torch.Tensor or value.device.type != "cpu" or value.layout != torch.strided or \
-            value.requires_grad or value.is_quantized or value.is_shared():
+    if type(value) is not torch.Tensor:
+        return by_value(value, _is_tensor)
+    if value.device.type != "cpu" or value.layout != torch.strided or value.requires_grad or value.is_quantized \
+            or value.is_shared():
         return value
     storage = value.untyped_storage()
     key = storage.data_ptr() or id(storage)
@@ -190,6 +192,12 @@ class _PipedTensor:
 
     def __reduce__(self) -> tuple:
         return _view, (self.storage, self.dtype, self.size, self.stride, self.offset)
+
+
+def _is_tensor(value: Any) -> bool:
+    import torch
+
+    return isinstance(value, torch.Tensor)
 
 
 def _bytes_tensor(data: bytearray) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import importlib
 import operator
+import pickle
 import sys
 import types
 from typing import Any, Callable
@@ -112,4 +113,64 @@ def rebuilt(value: Any, leaf: Callable[[Any], Any]) -> Any:
     return leaf(value)
 
 
-__all__ = ["DataModule", "UnreadableSamples", "rebuilt"]
+_PLAIN = (str, bytes, bytearray, int, float, complex, bool, type(None))
+
+
+def by_value(value: Any, is_tensor: Callable[[Any], bool]) -> Any:
+    """``value`` (a leaf ``rebuilt`` does not open: a batch class, a dataclass, a tensor subclass) sent as plain
+    ``pickle`` sends it, where a tensor is reachable inside it: the worker's queue pickles with the framework's
+    reductions, which put each tensor in ``/dev/shm`` (one file per storage); plain ``pickle`` writes its bytes
+    into the pipe. An audit's ``collate_fn`` returning its own batch class, 16 MiB batches, workers that had to
+    stay, 64 MB: the plan said "no /dev/shm", the workers could not allocate, and the loop waited (3 runs of 3).
+    A value that plain ``pickle`` refuses is left to the queue's, as before."""
+    if isinstance(value, _PLAIN) or type(value).__module__ == "numpy" or not _reaches(value, is_tensor):
+        return value
+    return _ByValue(value)
+
+
+class _Found(Exception):
+    pass
+
+
+class _Finder(pickle.Pickler):
+    """Walks what ``pickle`` would write of an object, stopping at its first tensor; arrays are not copied."""
+
+    def __init__(self, is_tensor: Callable[[Any], bool]) -> None:
+        super().__init__(_Discard(), protocol=pickle.HIGHEST_PROTOCOL)
+        self.is_tensor = is_tensor
+
+    def persistent_id(self, obj: Any) -> Any:
+        if self.is_tensor(obj):
+            raise _Found
+        return "array" if type(obj).__module__ == "numpy" and hasattr(obj, "shape") else None
+
+
+class _Discard:
+    @staticmethod
+    def write(data: Any) -> int:
+        return len(data)
+
+
+def _reaches(value: Any, is_tensor: Callable[[Any], bool]) -> bool:
+    if is_tensor(value):
+        return True
+    try:
+        _Finder(is_tensor).dump(value)
+    except _Found:
+        return True
+    except Exception:  # noqa: BLE001  (plain pickle refuses it: the queue's own pickling sends it, as before)
+        return False
+    return False
+
+
+class _ByValue:
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __reduce__(self) -> tuple:
+        return pickle.loads, (pickle.dumps(self.value, protocol=pickle.HIGHEST_PROTOCOL),)
+
+
+__all__ = ["DataModule", "UnreadableSamples", "by_value", "rebuilt"]

@@ -23,6 +23,9 @@ class LoaderProfile(Result):
     note: str = ""
     costs: WorkerCosts = DEFAULT_COSTS  # what its workers cost beyond the samples' work, measured per framework
     can_pipe: bool = False  # its workers can send batches through their pipes (``compat.piped``)
+    # its default collate, called by a ``collate_fn`` of the caller's in a worker, stacks into /dev/shm (torch's
+    # ``_new_shared``); MindSpore's stacks in the worker's own memory
+    collate_in_shm: bool = False
 
 
 @record

@@ -120,6 +120,7 @@ class LoaderRequest(Result):
     persistent_workers: bool = False  # forked once, not every epoch (``model.held_at_start``)
     pipes: bool = False  # batches may travel through the workers' pipes where no shared-memory plan fits
     custom_collate: bool = False  # the caller's collate_fn: it may build its batch in /dev/shm in the worker
+    # (through torch's default collate: ``LoaderProfile.collate_in_shm``)
 
 
 def _worker_options(req: LoaderRequest) -> list:

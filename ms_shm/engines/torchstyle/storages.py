@@ -37,15 +37,15 @@ def _is_tensor(value: Any) -> bool:
     return callable(getattr(value, "untyped_storage", None)) and hasattr(value, "element_size")
 
 
-def tensors(value: Any, limit: int | None = None) -> Iterator:
+def tensors(value: Any, limit: int | None = None, is_tensor: Callable[[Any], bool] = _is_tensor) -> Iterator:
     """Every tensor in ``value`` (each occurrence), through dicts, sequences and objects' attributes; with
-    ``limit``, among that many objects at most."""
+    ``limit``, among that many objects at most. ``is_tensor``: torch's by default (duck typed)."""
     visited: set = set()
     stack, seen = [value], 0
     while stack and (limit is None or seen < limit):
         item = stack.pop()
         seen += 1
-        if _is_tensor(item):
+        if is_tensor(item):
             yield item
         elif id(item) in visited or isinstance(item, _LEAVES):
             continue

@@ -42,7 +42,8 @@ class Budget(Result):
     memory_reason: str = ""
     reserved_pipelines: int = 0  # live pipelines of this process whose reservations ``reserved_shm`` sums
     shm_readonly: bool = False  # /dev/shm is mounted read-only: 0 bytes, and no size helps
-    returned: tuple = ()  # (shm, fds, memory) the reservations give back at prefetch 1, 2, ... (``at_prefetch``)
+    returned: tuple = ()  # (shm, fds, memory) the reservations give back at prefetch 1, 2, ... (``at_prefetch``),
+    # as each budget gains it (one short by more than that gains nothing)
 
     def at_prefetch(self, prefetch: int) -> "Budget":
         """This budget for a candidate that lowers MindSpore's global prefetch to ``prefetch``: the stages
@@ -77,23 +78,35 @@ def compute(shm_free: int | None, ranks: int, nofile_soft: int | None, open_fds:
             returned: tuple = ()) -> Budget:
     """The per-pipeline budget from host numbers taken before any pipeline of this process started."""
     ranks = max(1, ranks)
+    shm_left = None  # before it is clamped at 0: what the reservations given back at a lower prefetch add to
     if shm_free is None:
         shm, why = None, "/dev/shm could not be read: no shared-memory transport will be planned"
     elif shm_readonly:
         shm, why = 0, READ_ONLY
     else:
         share = int(shm_free * fraction / ranks)
-        shm = max(0, share - reserved_shm)
+        shm_left = share - reserved_shm
+        shm = max(0, shm_left)
         why = (f"{mib(shm_free)} free in /dev/shm x {fraction:.0%} headroom / {ranks} local rank(s)"
                f"{' [' + ranks_source + ']' if ranks_source else ''} = {mib(share)}")
         if reserved_shm:
             why += f", minus {mib(reserved_shm)} reserved by live pipelines"
-    fds = None
+    fds = fds_left = None
     if nofile_soft is not None:
-        fds = max(0, nofile_soft - (open_fds or 0) - sizes.FD_MARGIN - reserved_fds)
-    memory, memory_why = _memory_share(memory_left, ranks, fraction, reserved_memory, memory_source)
+        fds_left = nofile_soft - (open_fds or 0) - sizes.FD_MARGIN - reserved_fds
+        fds = max(0, fds_left)
+    memory_left_, memory_why = _memory_share(memory_left, ranks, fraction, reserved_memory, memory_source)
+    memory = None if memory_left_ is None else max(0, memory_left_)
+    gains = tuple(_gains((shm_left, fds_left, memory_left_), back) for back in returned)
     return Budget(shm, fds, ranks, fraction, reserved_shm, reserved_fds, why, memory, reserved_memory, memory_why,
-                  reserved_pipelines, bool(shm_readonly) and shm_free is not None, returned)
+                  reserved_pipelines, bool(shm_readonly) and shm_free is not None, gains)
+
+
+def _gains(lefts: tuple, back: tuple) -> tuple:
+    """What ``back`` (given back by the reservations) adds to each clamped budget: a budget already short of
+    nothing gains it all, one short by more gains nothing (an audit's eval source was admitted with 128 MiB
+    "given back" on top of a budget 273 MiB short, clamped at 0)."""
+    return tuple(0 if left is None else max(0, left + more) - max(0, left) for left, more in zip(lefts, back))
 
 
 def shm_fix(b: Budget, need: int) -> str:
@@ -131,7 +144,7 @@ def _memory_share(left: int | None, ranks: int, fraction: float, reserved: int, 
     why = f"{mib(left)} of memory left{' (' + source + ')' if source else ''} x {fraction:.0%} / {ranks} rank(s)"
     if reserved:
         why += f", minus {mib(reserved)} reserved by live pipelines"
-    return max(0, share - reserved), why
+    return share - reserved, why
 
 
 MEASURE_WORKERS_BELOW = 8 << 30  # memory left under which a forked worker's own pages are worth measuring

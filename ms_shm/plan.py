@@ -178,16 +178,20 @@ def no_fit_message(cands: list, req: Request, budget: Budget, stats: RowStats, r
                                                    ("python_multiprocessing", req.multiprocessing),
                                                    ("max_rowsize", req.max_rowsize)) if value is not None]
     smallest = min(cands, key=lambda c: (c.shm, c.memory)) if cands else Candidate("", 0, 0, 0, 0, None, False)
-    least_memory = min((c.memory for c in cands), default=0)
-    memory = "" if budget.memory_bytes is None else (
-        f", {mib(least_memory)} of memory against {mib(budget.memory_bytes)} left for it ({budget.memory_reason})")
+    least = min(cands, key=lambda c: c.memory) if cands else smallest
+    least_memory = least.memory
+    # each against the budget at its own prefetch, as the reasons below are (``Budget.at_prefetch``)
+    budget, memory_budget = budget.at_prefetch(smallest.prefetch), budget.at_prefetch(least.prefetch)
+    memory = "" if memory_budget.memory_bytes is None else (
+        f", {mib(least_memory)} of memory against {mib(memory_budget.memory_bytes)} left for it "
+        f"({memory_budget.memory_reason})")
     fixes = [f"drop the explicit {' / '.join(asked)} so ms_shm can choose {_untried(cands, req)}"
              if asked and relaxed_fits else ""]
     if budget.shm_bytes is not None and smallest.shm > budget.shm_bytes:
         fixes.append(budget_mod.shm_fix(budget, smallest.shm))
     if budget.fds is not None and smallest.fds > budget.fds:
         fixes.append("raise `ulimit -n`")
-    fixes.append(memory_fix(least_memory, budget))
+    fixes.append(memory_fix(least_memory, memory_budget))
     return (f"No configuration honouring {', '.join(asked) or 'the request'} fits: rows of {mib(row)}; the "
             f"smallest needs {mib(smallest.shm)} of /dev/shm against {mib(budget.shm_bytes)} ({budget.reason}), "
             f"{smallest.fds} fds against {budget.fds if budget.fds is not None else 'unlimited'}{memory}. "

@@ -250,3 +250,13 @@ def test_stages_whose_iterator_is_not_made_yet_give_memory_back_at_a_lower_globa
     kept = {r.key: r for r in ledger.live()}
     assert kept[running.key].memory == 40 * MiB and kept[idle.key].by_prefetch == at[:2]
     assert ledger.totals() == (2 * MiB + 4 * MiB + 1 * MiB, 2 + 4 + 1, 20 * MiB + 40 * MiB + 5 * MiB)
+
+
+@pytest.mark.parametrize("reserved_mib, back_mib, expected_mib", [(500, 40, 0), (410, 40, 30), (300, 40, 140)])
+def test_memory_given_back_at_a_lower_prefetch_first_pays_off_what_the_budget_is_short(reserved_mib, back_mib,
+                                                                                     expected_mib):
+    """A budget clamped at 0 is short by what the reservations exceed it: an audit's eval source was admitted
+    with 128 MiB "given back" on top of a budget 273 MiB short."""
+    b = budget.compute(1 << 30, 1, None, None, memory_left=500 * MiB, reserved_memory=reserved_mib * MiB,
+                       fraction=0.8, returned=((0, 0, back_mib * MiB),))
+    assert b.at_prefetch(1).memory_bytes == expected_mib * MiB

@@ -433,7 +433,9 @@ def _walk(fn: Any, owner: Any, seen: set, count: list, look: Callable) -> Any:
     found, resolved = look(fn)
     if found:
         return found
-    named = (pair for name in set(_names(code)) for pair in _named(name, fn, owner))
+    names = set(_names(code))
+    held = _held_named(owner, names)
+    named = (pair for name in names for pair in _named(name, fn, owner, held))
     for target, target_owner in itertools.chain(resolved, named):
         found = _walk(target, target_owner, seen, count, look)
         if found:
@@ -446,15 +448,29 @@ def _name_look(fn: Any) -> tuple:
     return next((name for name in NAMES if name in names), None), ()
 
 
-def _named(name: str, fn: Any, owner: Any) -> Iterator:
-    """The program's functions ``name`` may stand for in ``fn``: a method of its owner, a module function."""
-    if owner is not None and any(name in vars(cls) for cls in type(owner).__mro__):  # getattr_static is slower
-        try:
-            method = _function(inspect.getattr_static(type(owner), name))
-        except AttributeError:
-            method = None
-        if _user(method):
-            yield method, owner
+def _held_named(owner: Any, names: set) -> list:
+    """The objects of the program's classes ``owner`` holds under a name the code reads (``self.crop`` of
+    ``self.crop.random_crop(x)``): their methods are what such names may call."""
+    attrs = getattr(owner, "__dict__", None)
+    if not isinstance(attrs, dict):
+        return []
+    return [value for key, value in attrs.items() if key in names and not isinstance(value, type)
+            and getattr(value, "__dict__", None) is not None and _programs(type(value))]
+
+
+def _named(name: str, fn: Any, owner: Any, held: list = ()) -> Iterator:
+    """The program's functions ``name`` may stand for in ``fn``: a method of its owner or of an object it holds
+    under a name the code reads (an audit's ``self.crop.random_crop(x)`` drew ``random.randint`` for the images
+    larger than the crop only, none of the probe's: ms_shm added workers and every run's crops differed), a
+    module function."""
+    for obj in ((owner,) if owner is not None else ()) + tuple(held):
+        if any(name in vars(cls) for cls in type(obj).__mro__):  # getattr_static is slower
+            try:
+                method = _function(inspect.getattr_static(type(obj), name))
+            except AttributeError:
+                method = None
+            if _user(method):
+                yield method, obj
     value = _function(getattr(fn, "__globals__", {}).get(name))
     if _user(value):
         yield value, None

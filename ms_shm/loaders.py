@@ -64,7 +64,10 @@ def _start_method(context: Any) -> str:
 
 def _request(eng: Any, asked: dict, facts: Any, locked: str | None) -> LoaderRequest:
     profile = eng.profile()
-    return LoaderRequest(eng.name, asked.get("num_workers"), asked.get("prefetch_factor"),
+    prefetch = asked.get("prefetch_factor")
+    if locked == DRAWS_AHEAD and asked.get("num_workers") and prefetch is None:  # how far ahead: kept too
+        prefetch = eng.arithmetic.DEFAULT_PREFETCH_FACTOR
+    return LoaderRequest(eng.name, asked.get("num_workers"), prefetch,
                          eng.compat.sharing_strategy(), profile.can_switch_strategy, locked,
                          bool(asked.get("pin_memory", False)), _start_method(asked.get("multiprocessing_context")),
                          facts.usable_cpus, facts.nofile_soft, facts.nofile_hard,
@@ -89,8 +92,8 @@ def _asked_lock(eng: Any, dataset: Any, asked: dict) -> str | None:
         return "an iterable dataset (each worker iterates its own copy)"
     if asked.get("worker_init_fn") is not None:
         return "worker_init_fn is passed (it runs in each worker, and only there)"
-    if asked.get("generator") is not None and getattr(eng.compat, "WORKERS_DRAW_FROM_GENERATOR", False):
-        return "generator is passed, and the framework draws its workers' seed from it (the shuffle order would move)"
+    if _draws_ahead(asked):
+        return DRAWS_AHEAD
     used = codescan.worker_info_use(dataset, asked.get("collate_fn")) or codescan.global_draw(
         dataset, asked.get("collate_fn"), asked.get("sampler"), asked.get("batch_sampler"), asked.get("batch_size", 1))
     if used:
@@ -107,6 +110,20 @@ def _asked_lock(eng: Any, dataset: Any, asked: dict) -> str | None:
     if not asked.get("in_order", True):
         return "in_order=False (workers would deliver batches in the order they finish)"
     return None
+
+
+DRAWS_AHEAD = ("a random generator is passed (to the loader or its sampler): the sampler draws from it as far ahead "
+               "as the workers read (num_workers x prefetch_factor batches; torch's RandomSampler draws its next "
+               "permutation as one runs out), so an epoch left early leaves it elsewhere and every later epoch's "
+               "order moves (MindSpore's DataLoader also draws its workers' seeds from it)")
+
+
+def _draws_ahead(asked: dict) -> bool:
+    """Whether ``asked`` shuffles with a generator of the caller's: ``generator=``, or a sampler holding one. An
+    audit's seeded loader, 2 workers at prefetch 2 adapted to none under 64 MB, left epoch 0 after 2 of 6 batches:
+    epoch 1 came in another order, 3 runs of 3 (raw's second ``randperm`` had been drawn ahead)."""
+    samplers = (asked.get("sampler"), asked.get("batch_sampler"), getattr(asked.get("batch_sampler"), "sampler", None))
+    return asked.get("generator") is not None or any(getattr(s, "generator", None) is not None for s in samplers)
 
 
 # Under ``ms_shm.patch`` a loader its code left at ``num_workers=0`` keeps it: workers would change what the loop
@@ -319,7 +336,7 @@ def _workers_kept(eng: Any, stats: Any, req: LoaderRequest, b: Any, error: ShmBu
     cannot fit gives way to the largest that does: it changes how many batches wait, never which arrive
     (MindSpore 2.8's DataLoader, 8 MiB samples, 2 workers at prefetch 2 under 64 MB: an error where prefetch 1
     delivered raw's batches). Else the error, saying why the workers stayed."""
-    if req.prefetch_factor is not None:
+    if req.prefetch_factor is not None and req.workers_locked != DRAWS_AHEAD:
         try:
             p = eng.planning.plan_loader(stats, replace(req, prefetch_factor=None), b, eng.profile())
         except ShmBudgetError as exc:

@@ -113,6 +113,22 @@ class FillsInPlaceSeeded:
         return self.buffer.uniform_(0, len(str(i)), generator=self.g)
 
 
+class Cropper:
+    def random_crop(self, x):
+        return x[random.randint(0, 3):] if len(x) > 8 else x
+
+
+class HelperMethod:
+    """A held helper's ordinary method (not ``__call__``), drawing for the larger samples only (an audit's
+    ``self.crop.random_crop(x)``: ms_shm added workers and every run's crops differed)."""
+
+    def __init__(self):
+        self.crop = Cropper()
+
+    def __getitem__(self, i):
+        return self.crop.random_crop(list(range(i)))
+
+
 def random_collate(batch):
     return batch[:random.randint(1, len(batch))]
 
@@ -125,6 +141,7 @@ def random_collate(batch):
     (ThroughHelper(), "ThroughHelper.__getitem__", "random.random through jitter"),
     (Transformed(), "Scale.__call__", "random.uniform"),
     (FillsInPlace(), "FillsInPlace.__getitem__", "Tensor.uniform_"),
+    (HelperMethod(), "HelperMethod.__getitem__", "random.randint through Cropper.random_crop"),
 ])
 def test_a_draw_from_a_global_generator_is_named_with_where_it_is(dataset, where, call):
     assert codescan.global_draw(dataset) == f"{where} calls {call} ({WORKERS_SEEDED_APART})"

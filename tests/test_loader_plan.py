@@ -729,25 +729,23 @@ def test_without_workers_three_batches_count_against_a_container_and_the_fix_nam
     assert "docker run --memory" in text and "--shm-size" not in text and "ulimit" not in text, text
 
 
-def test_mindspores_dataloader_with_a_generator_keeps_its_workers_and_torchs_does_not():
-    """MindSpore 2.8's multi-process iterator draws its workers' seed from the loader's generator, the one its
-    RandomSampler shuffles with (its ``_MultiProcessIterator``); torch draws its base seed with or without
-    workers."""
+@pytest.mark.parametrize("extra", [{"generator": "loader"}, {"sampler": "sampler"}, {"batch_sampler": "batch"}])
+def test_a_generator_of_the_callers_keeps_the_workers_and_the_prefetch_asked(extra):
+    """A sampler drawing from a generator of the caller's draws as far ahead as the workers read (torch's
+    RandomSampler draws its next permutation as one runs out; MindSpore 2.8's iterator also draws its workers'
+    seeds from it): an audit's seeded loader adapted from 2 workers to none left epoch 0 early, and epoch 1 came
+    in another order. Both frameworks keep ``num_workers`` and ``prefetch_factor`` as asked."""
     from types import SimpleNamespace
 
-    import numpy as np
-
     from ms_shm import loaders
-    from ms_shm.engines.mindspore_dataloader import compat as ms_compat
-    from ms_shm.engines.torch import compat as torch_compat
 
-    asked = {"dataset": object(), "batch_size": 4, "shuffle": True, "generator": np.random.default_rng(0)}
-    for compat, locked in ((ms_compat, True), (torch_compat, False)):
-        eng = SimpleNamespace(compat=SimpleNamespace(is_iterable=lambda d: False,
-                                                     WORKERS_DRAW_FROM_GENERATOR=getattr(
-                                                         compat, "WORKERS_DRAW_FROM_GENERATOR", False)))
-        why = loaders._asked_lock(eng, asked["dataset"], asked)
-        assert (why is not None and "generator" in why) == locked, why
+    gen = SimpleNamespace(generator=object())
+    values = {"loader": object(), "sampler": gen, "batch": SimpleNamespace(sampler=gen)}
+    asked = {"dataset": object(), "batch_size": 4, **{k: values[v] for k, v in extra.items()}}
+    eng = SimpleNamespace(compat=SimpleNamespace(is_iterable=lambda d: False))
+    assert loaders._asked_lock(eng, asked["dataset"], asked) == loaders.DRAWS_AHEAD
+    assert loaders._asked_lock(eng, asked["dataset"], {"dataset": asked["dataset"], "batch_size": 4,
+                                                      "sampler": SimpleNamespace(generator=None)}) is None
 
 
 # --- samples that vary in size: read spread over the dataset, planned with build_dataset's margin
@@ -991,3 +989,18 @@ def test_batches_through_pipes_are_only_a_last_resort():
     """Where shared memory fits, the pipes' ~4.7 ms per MiB are never chosen."""
     p = plan_loader(stats(), ask(workers=2, pipes=True), room())
     assert p.mode == "processes" and p.shared_mem and p.predicted_shm > 0
+
+
+def test_mindspores_dataloader_weighs_its_tensors_not_numpy_arrays(real_mindspore):
+    """MindSpore's DataLoader queue pickles a numpy array by value, through the pipe: an audit's collate of numpy
+    arrays (16 MiB batches, 2 workers, 64 MB) held 0.1 MiB of /dev/shm at the peak, where ms_shm priced 64 MiB
+    and refused it. A Tensor is one shared-memory file, also inside a batch class of the caller's."""
+    import numpy as np
+    from mindspore import Tensor
+
+    from ms_shm.engines.mindspore_dataloader import compat
+    from tests.loader_scenarios import Batch
+
+    arrays = {"x": np.zeros(1024, np.float32), "y": [np.ones(8)]}
+    assert compat.weigh(arrays) == (0, 0)
+    assert compat.weigh(Batch([Tensor(np.zeros(1024, np.float32))], arrays)) == (4096, 1)

@@ -1098,3 +1098,44 @@ def test_the_guard_weighs_views_by_their_own_bytes_before_the_collate(fresh_torc
     assert g([data[i] for i in range(4)]).shape == (4, 256)
     with pytest.raises(RowTooLargeError, match=r"is 12.0 KiB \(planned 4.0 KiB\)"):
         g([data[i] for i in range(12)])
+
+
+LEFT_EARLY = """
+    import hashlib, json, torch
+    from torch.utils.data import DataLoader, Dataset
+    import ms_shm
+
+    class Big(Dataset):
+        def __len__(self):
+            return 48
+
+        def __getitem__(self, i):
+            return torch.full((512 * 1024,), float(i)), i
+
+    def loader():
+        return DataLoader(Big(), batch_size=8, shuffle=True, num_workers=2, generator=torch.Generator().manual_seed(5))
+
+    if {patched}:
+        ms_shm.tune()
+        with ms_shm.patched():
+            dl = loader()
+    else:
+        dl = loader()
+    for k, (x, y) in enumerate(dl):  # epoch 0, left after 2 of 6 batches
+        if k == 2:
+            break
+    del x, y
+    order = [y.tolist() for _, y in dl]
+    print("RESULT " + json.dumps({{"workers": dl.num_workers, "prefetch": dl.prefetch_factor,
+                                   "order": hashlib.sha256(repr(order).encode()).hexdigest()}}), flush=True)
+"""
+
+
+def test_a_seeded_shuffle_left_early_gives_the_next_epoch_raws_order(real_torch):
+    """torch's RandomSampler draws its next permutation from the loader's ``generator`` as one runs out, and the
+    workers read ``num_workers x prefetch_factor`` batches ahead: where an epoch is left early, how far they had read
+    decides the next epoch's order. An audit's 16 MiB batches under 64 MB, adapted from 2 workers to none by
+    ``ms-shm run``: epoch 1 in another order, 3 runs of 3. A generator of the caller's now keeps both."""
+    reference = result(isolated.run_python(LEFT_EARLY.format(patched=False), shm="2g", timeout=180))
+    ours = result(isolated.run_python(LEFT_EARLY.format(patched=True), timeout=180))
+    assert (ours["workers"], ours["prefetch"]) == (2, 2) and ours["order"] == reference["order"], (ours, reference)

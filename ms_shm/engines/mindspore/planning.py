@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from ms_shm import plan
-from ms_shm._results import Result, mib, record
+from ms_shm._results import Result, free_text, mib, record
 from ms_shm.budget import Budget
 from ms_shm.engines.mindspore import arithmetic as model
 from ms_shm.engines.mindspore.profiles import EngineProfile, profile_for
@@ -151,7 +151,7 @@ def _static_rowsize(req: Request, profile: EngineProfile, row_bytes: int, shared
 
 def _why_not_memory(memory: int, budget: Budget) -> list:
     if budget.memory_bytes is not None and memory > budget.memory_bytes:
-        return [f"needs {mib(memory)} of memory > {mib(budget.memory_bytes)} left for it"]
+        return [f"needs {mib(memory)} of memory > {free_text(budget.memory_bytes, memory)} left for it"]
     return []
 
 
@@ -162,7 +162,7 @@ def _why_not(mode: str, shm: int, fds: int, static: int | None, req: Request, bu
     if budget.shm_bytes is None and mode in (PROCESSES, PIPES):
         why.append("/dev/shm unknown")
     elif budget.shm_bytes is not None and shm > budget.shm_bytes:
-        why.append(f"needs {mib(shm)} > budget {mib(budget.shm_bytes)}")
+        why.append(f"needs {mib(shm)} > budget {free_text(budget.shm_bytes, shm)}")
     if budget.fds is not None and fds > budget.fds:
         why.append(f"needs {fds} fds > {budget.fds} left under the open-files limit")
     if static and req.start_method == "spawn":
@@ -489,7 +489,7 @@ def _map_candidate(mode: str, w: int, in_bytes: int, out_bytes: int, stats: RowS
         else model.MapCost(0, 0, 0)
     why = []
     if budget.shm_bytes is not None and cost.dev_shm > budget.shm_bytes:
-        why.append(f"needs {mib(cost.dev_shm)} of /dev/shm > budget {mib(budget.shm_bytes)}")
+        why.append(f"needs {mib(cost.dev_shm)} of /dev/shm > budget {free_text(budget.shm_bytes, cost.dev_shm)}")
     if budget.shm_bytes is None and processes:
         why.append("/dev/shm unknown (semaphores live there)")
     precheck = model.map_precheck_bytes(profile, w, req.max_rowsize and req.max_rowsize * slot_rows) if processes \

@@ -24,7 +24,7 @@ warn_as_asked, sample_reader = _DATA.warn_as_asked, _DATA.sample_reader
 
 # torch draws its iterators' base seed from the global generator (or the loader's ``generator``) in every
 # iterator, with workers or without (2.13: ``_BaseDataLoaderIter.__init__``); a loader with persistent workers
-# makes one iterator for all its epochs. MindSpore 2.8 draws it with workers only (``WORKERS_DRAW_FROM_GENERATOR``).
+# makes one iterator for all its epochs. MindSpore 2.8 draws it with workers only.
 EVERY_ITERATOR_DRAWS_SEED = True
 
 

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from ms_shm import budget as budget_mod
 from ms_shm import plan, sizes
-from ms_shm._results import Result, mib, record
+from ms_shm._results import Result, free_text, mib, record
 from ms_shm.budget import Budget
 from ms_shm.changes import NOFILE
 from ms_shm.engines.mindspore.planning import RAGGED_MARGIN  # one margin for rows and batches that vary
@@ -202,7 +202,7 @@ def _fd_room(budget: Budget, req: LoaderRequest) -> int | None:
 def _why_not(shm: int, fds: int, worker_fds: int, memory: int, budget: Budget, req: LoaderRequest) -> list:
     why = []
     if budget.shm_bytes is not None and shm > budget.shm_bytes:
-        why.append(f"needs {mib(shm)} of /dev/shm > budget {mib(budget.shm_bytes)}")
+        why.append(f"needs {mib(shm)} of /dev/shm > budget {free_text(budget.shm_bytes, shm)}")
     if budget.shm_bytes is None and shm:
         why.append("/dev/shm unknown")
     room = _fd_room(budget, req)
@@ -212,7 +212,7 @@ def _why_not(shm: int, fds: int, worker_fds: int, memory: int, budget: Budget, r
     if req.nofile_hard is not None and worker_fds > req.nofile_hard:
         why.append(f"each worker needs {worker_fds} fds > the hard open-files limit {req.nofile_hard}")
     if budget.memory_bytes is not None and memory > budget.memory_bytes:
-        why.append(f"needs {mib(memory)} of memory > {mib(budget.memory_bytes)} left for it")
+        why.append(f"needs {mib(memory)} of memory > {free_text(budget.memory_bytes, memory)} left for it")
     return why
 
 

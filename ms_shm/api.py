@@ -810,8 +810,12 @@ def hold_room_for_batches(result: Any, dataset: Any, batch_size: Any, quiet: boo
         log.warning("ms_shm batch: %s: it may be OOM-killed. Fix: %s, or a smaller batch_size", what,
                     plan_mod.memory_fix(need(1), b))
     elif fitting < prefetch:
+        back = (b.at_prefetch(fitting).memory_bytes or 0) - left
+        given = f", and the stages below it give back {mib(back)} there (their iterator is not made yet)" if back \
+            else ""
         _changed_globals(SESSION.record([eng.apply_setting("prefetch_size", fitting, f"{what}; at prefetch {fitting} "
-                                                           f"it holds ~{mib(need(fitting))}")], eng.undo), quiet)
+                                                           f"it holds ~{mib(need(fitting))}{given}")], eng.undo),
+                         quiet)
     reservation = SESSION.ledger.reserve("batch", 0, 0, need(fitting or 1), in_use=eng.compat.in_use(result),
                                          by_prefetch=tuple((0, 0, need(p)) for p in range(1, (fitting or 1) + 1)),
                                          follows_prefetch=eng.compat.follows_prefetch(result))

@@ -65,12 +65,18 @@ def test_map_growing_rows_in_350m_container(memory_cgroups, name):
 def test_a_source_leaves_the_map_after_it_room_in_a_600m_container(memory_cgroups):
     """The source is planned first: it took the fastest plan up to the whole memory budget, and the map after it
     found nothing left (an audit: refused 6 runs of 6, where the pipeline fits). Raw is OOM-killed."""
-    proc, group = run("generator_map", "raw", "600M")
+    raw_killed_ours_delivers("generator_map", "ms_shm", "600M")
+
+
+def raw_killed_ours_delivers(name: str, mode: str, limit: str) -> dict:
+    """Raw is OOM-killed in ``limit``; ``mode`` delivers raw's rows there, unkilled. Its result."""
+    proc, group = run(name, "raw", limit)
     assert_oom_killed(proc, group)
-    proc, group = run("generator_map", "ms_shm", "600M")
+    proc, group = run(name, mode, limit)
     ours = result_of(proc)
     assert not group.oom_kills, isolated.describe(proc)
-    assert ours.get("digests") == memory_scenarios.expected_digests("generator_map"), isolated.describe(proc)
+    assert ours.get("digests") == memory_scenarios.expected_digests(name), isolated.describe(proc)
+    return ours
 
 
 def test_stages_planned_in_turn_leave_the_last_one_room_in_a_700m_container(memory_cgroups):
@@ -79,10 +85,5 @@ def test_stages_planned_in_turn_leave_the_last_one_room_in_a_700m_container(memo
     prefetch, at which the stages below it, whose iterator is not made yet, hold less too. Counted at the prefetch
     they were planned with, they left the batch nothing and it was refused (an audit, 3 runs of 3). Raw is
     OOM-killed."""
-    proc, group = run("stages", "raw", "700M")
-    assert_oom_killed(proc, group)
-    proc, group = run("stages", "patch", "700M")
-    ours = result_of(proc)
-    assert not group.oom_kills, isolated.describe(proc)
-    assert ours.get("digests") == memory_scenarios.expected_digests("stages"), isolated.describe(proc)
+    ours = raw_killed_ours_delivers("stages", "patch", "700M")
     assert ours["plan"]["memory"] <= ours["plan"]["budget"]

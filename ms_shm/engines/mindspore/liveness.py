@@ -109,9 +109,14 @@ def follows_prefetch(dataset: Any) -> Callable[[], bool]:
 
     def check() -> bool:
         stage = ref()
-        return stage is not None and not any(any(s is stage for s in stages(_tree(it))) for it in list(_ITERATORS))
+        return stage is not None and not _iterated_now(stage)
 
     return check
+
+
+def _iterated_now(stage: Any) -> bool:
+    """Whether an iterator alive now (stopped or not) was made on a tree holding ``stage``."""
+    return any(any(s is stage for s in stages(_tree(it))) for it in list(_ITERATORS))
 
 
 def in_use(dataset: Any) -> Callable[[], bool]:
@@ -129,8 +134,7 @@ def in_use(dataset: Any) -> Callable[[], bool]:
         if stage is None:
             return False
         try:
-            return stage not in _FINISHED or any(any(s is stage for s in stages(_tree(it)))
-                                                 for it in list(_ITERATORS))
+            return stage not in _FINISHED or _iterated_now(stage)
         except Exception as exc:  # noqa: BLE001  (the safe answer: it keeps its reservation)
             log.debug("ms_shm: live iterators not read (%s: %s)", type(exc).__name__, exc)
             return True

@@ -175,7 +175,7 @@ def _why_not(mode: str, shm: int, fds: int, static: int | None, req: Request, bu
 
 def _candidates(stats: RowStats, req: Request, budget: Budget, profile: EngineProfile,
                 row_bytes: int, costs: Costs, notes: list) -> list:
-    rows = req.rows_per_epoch if req.rows_per_epoch is not None else stats.length
+    rows = _epoch_rows(req, stats)
     out = []
     for mode in _modes(req, notes, stats):
         for w in _worker_options(req):
@@ -192,6 +192,10 @@ def _candidates(stats: RowStats, req: Request, budget: Budget, profile: EnginePr
                 if not why:
                     break  # lower prefetch only costs queue depth once this one fits
     return out
+
+
+def _epoch_rows(req: Request, stats: RowStats) -> int | None:
+    return req.rows_per_epoch if req.rows_per_epoch is not None else stats.length
 
 
 def _generator_needs(mode: str, workers: int, prefetch: int, row_bytes: int, static: int | None,
@@ -293,10 +297,8 @@ def plan_generator(stats: RowStats, request: Request, budget: Budget, profile: E
     worker_share, budget = 0, budget.at_prefetch(best.prefetch)
     if shared and budget.shm_bytes is not None and static is None:
         worker_share = (budget.shm_bytes - model.semaphore_bytes(best.workers)) // best.workers
-    rows = req.rows_per_epoch if req.rows_per_epoch is not None else stats.length
-    needs = functools.partial(_generator_needs, best.mode, best.workers, row_bytes=row,
-                              static=_static_rowsize(req, profile, row, shared), worker_bytes=stats.worker_bytes,
-                              rows=rows)
+    needs = functools.partial(_generator_needs, best.mode, best.workers, row_bytes=row, static=static,
+                              worker_bytes=stats.worker_bytes, rows=_epoch_rows(req, stats))
     return Plan("generator", best.mode, best.workers, best.prefetch, best.mode in (PROCESSES, PIPES),
                 shared, static, row, best.shm, best.fds, 0, budget, True, slots,
                 worker_share, best.seconds, profile, tuple(decisions), (), tuple(plan.top(cands, best)), best.memory,

@@ -15,8 +15,9 @@ RANK = textwrap.dedent("""
     from pathlib import Path
     from ms_shm import siblings
     shm = Path(sys.argv[1])
-    held = open(shm / f"slot_{os.getpid()}", "wb+")
+    held = open(shm / f"writing_{os.getpid()}", "wb+")
     held.write(b"x" * (3 << 20)); held.flush()
+    os.rename(shm / f"writing_{os.getpid()}", shm / f"slot_{os.getpid()}")  # a sibling sees the slot once it is full
     def wait_for(prefix, n):
         deadline = time.time() + 30
         while len(list(shm.glob(prefix + "*"))) < n and time.time() < deadline:

@@ -14,7 +14,7 @@ import os
 import sys
 import weakref
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ms_shm import advice, engines, host, hostcost, measure, rows, sites, sizes, threads
 from ms_shm import budget as budget_mod
@@ -22,7 +22,7 @@ from ms_shm import changes as changes_mod
 from ms_shm import plan as plan_mod
 from ms_shm._results import Result, mib, record
 from ms_shm.errors import ProcessesUnavailableError
-from ms_shm.plan import EXPLICIT, PIPES, Decision, Plan, Request, ShmBudgetError, unasked
+from ms_shm.plan import EXPLICIT, PIPES, PROCESSES, Decision, Plan, Request, ShmBudgetError, unasked
 from ms_shm.state import SESSION, Session
 
 log = logging.getLogger("ms_shm")
@@ -391,14 +391,14 @@ def _plan_source(probe: measure.StageProbe, req: Request, kwargs: dict, config: 
     if blocker:
         req = _without_processes(req, blocker)
         decisions.append(Decision("python_multiprocessing", False, True, blocker))
-    profile, b = _profile(config, facts, eng), SESSION.budget(facts)
+    profile = _profile(config, facts, eng)
     if probe.stats is None:
-        p = eng.planning.plan_unmeasured(req, b, profile, probe.unmeasured)
+        p = eng.planning.plan_unmeasured(req, SESSION.budget(facts), profile, probe.unmeasured)
     else:
         costs = eng.planning.Costs().on_this_host(hostcost.for_rows(probe.stats.row_bytes_max,
                                                                     _serial_epoch(probe.stats, req)))
-        p = _fit(lambda r: eng.planning.plan_generator(probe.stats, r, b, profile, costs), req,
-                 bool(probe.effects.mode_bound))
+        p = _with_room(lambda b: _fit(lambda r: eng.planning.plan_generator(probe.stats, r, b, profile, costs), req,
+                                      bool(probe.effects.mode_bound)), facts)
     return replace(p, decisions=tuple(decisions) + p.decisions, rows_per_epoch=req.rows_per_epoch)
 
 
@@ -437,6 +437,86 @@ def _fit(plan_for: Any, req: Request, locked: bool) -> Plan:
                        f"{why}; the call's explicit {asked} are preferences here (ms_shm.patch), so the fastest "
                        f"configuration that fits and yields the same rows is used instead")
     return replace(p, decisions=(adapted,) + p.decisions)
+
+
+def _with_room(plan_with: Callable[[budget_mod.Budget], Plan], facts: host.HostFacts) -> Plan:
+    """``plan_with(budget)``. Where nothing fits, the stages planned before whose iterator is not made yet switch
+    to their leanest settings (``Plan.lean``), those giving back the most first and no more of them than needed,
+    and this plan takes the room: train and eval built up front in a 1000 MB container (8 MiB rows, no settings
+    of their own) had the eval refused beside the train's fastest plan, where raw ran both; the train source
+    then reads in MindSpore's own thread, as raw's default does. Raises the first refusal where that is not
+    enough."""
+    try:
+        return plan_with(SESSION.budget(facts))
+    except ShmBudgetError:
+        while True:  # a stage that fails to switch is not asked again: planned anew without it
+            chosen, p = _fewest_to_lean(plan_with, facts)
+            if p is None:
+                raise
+            if len(SESSION.ledger.go_lean(chosen)) == len(chosen):
+                return p
+
+
+def _fewest_to_lean(plan_with: Callable[[budget_mod.Budget], Plan], facts: host.HostFacts) -> tuple:
+    """``(stages, plan)``: the fewest stages that may switch to their leanest settings, most giving first, with
+    which ``plan_with`` fits, and its plan; ``((), None)`` where none do."""
+    leanable = SESSION.ledger.leanable()
+    for n in range(1, len(leanable) + 1):
+        p = _plan_or_none(plan_with, SESSION.budget(facts, leaned=frozenset(r.key for r in leanable[:n])))
+        if p is not None:
+            return leanable[:n], p
+    return (), None
+
+
+def _plan_or_none(plan_with: Callable[[budget_mod.Budget], Plan], b: budget_mod.Budget) -> Plan | None:
+    try:
+        return plan_with(b)
+    except ShmBudgetError:
+        return None
+
+
+def _lean_switch(dataset: Any, p: Plan, label: str, eng: Any) -> Callable[[Any, Any], bool] | None:
+    """What switches ``dataset`` (built, its iterator not made yet) to its plan's leanest settings, from its
+    reservation ``before`` to ``after``, said at WARNING, with the plan ``plan_of`` gives updated; ``None`` where
+    it has none."""
+    lean = p.lean
+    try:
+        ref = weakref.ref(dataset) if lean is not None else None
+    except TypeError:
+        ref = None
+    if ref is None:
+        return None
+
+    def switch(before: Any, after: Any) -> bool:
+        stage = ref()
+        if stage is None:
+            return False
+        eng.compat.switch_workers(stage, lean.workers, lean.mode in (PROCESSES, PIPES))
+        log.warning("ms_shm: %s switches to %s x%d (planned %s x%d) for its iterators from now on: a stage "
+                    "built after it found no room beside it while its iterator was not made yet, and there it holds "
+                    "%s of memory instead of %s (~%s s/epoch instead of ~%s), the same rows. To keep its settings, "
+                    "give the container more memory, or build the later pipeline after this one has run",
+                    label, lean.mode, lean.workers, p.mode, p.workers, mib(after.memory), mib(before.memory),
+                    _seconds(lean.seconds), _seconds(p.estimated_seconds))
+        measure.remember(stage, _leaned(p), measure.lineage_of(stage) or measure.Unavailable("switched"))
+        return True
+
+    return switch
+
+
+def _seconds(value: float | None) -> str:
+    return "?" if value is None else f"{value:.2f}"
+
+
+def _leaned(p: Plan) -> Plan:
+    """``p`` once its stage switched to its leanest settings."""
+    lean = p.lean
+    shm, fds, memory = lean.by_prefetch[-1]
+    decision = Decision("mode", lean.mode, p.mode, "switched to leave room for a pipeline built after it")
+    return replace(p, mode=lean.mode, workers=lean.workers, python_multiprocessing=lean.mode in (PROCESSES, PIPES),
+                   predicted_shm=shm, predicted_fds=fds, predicted_memory=memory, guard_slots=0,
+                   guard_worker_bytes=0, estimated_seconds=lean.seconds, by_prefetch=lean.by_prefetch, lean=None,
+                   decisions=(decision,) + p.decisions)
 
 
 def _left_no_room(p: Plan) -> bool:
@@ -498,10 +578,13 @@ def _beside_probe(facts: host.HostFacts) -> bool:
 
 
 def _register(dataset: Any, p: Plan, lineage: measure.Lineage, label: str) -> None:
-    compat = _engine().compat
+    eng = _engine()
+    compat = eng.compat
+    lean = p.lean.by_prefetch if p.lean is not None else ()
     reservation = SESSION.ledger.reserve(label, p.predicted_shm, p.predicted_fds, p.predicted_memory,
                                          in_use=compat.in_use(dataset), by_prefetch=p.by_prefetch,
-                                         follows_prefetch=compat.follows_prefetch(dataset))
+                                         follows_prefetch=compat.follows_prefetch(dataset), lean=lean,
+                                         go_lean=_lean_switch(dataset, p, label, eng))
     weakref.finalize(dataset, SESSION.ledger.release, reservation.key)
     measure.remember(dataset, p, lineage)
 
@@ -874,24 +957,24 @@ def _plan_operations(probe: measure.StageProbe, req: Request, config: Any, facts
     MindSpore's own settings where rows cannot be measured or depend on which worker computes them.
     ``python_pool``: whether worker processes would run any of the operations (``compat.starts_python_pool``);
     ``slot_rows``: a batch stage's batch size (MindSpore sizes its pool's slots by it)."""
-    profile, b = _profile(config, facts, eng), SESSION.budget(facts)
+    profile = _profile(config, facts, eng)
     req = replace(req, rows_per_epoch=rows)
     why = probe.unmeasured or probe.effects.mode_bound
     if why:
         req = replace(req, workers=req.workers if req.workers is not None else _map_default_workers(config),
                       multiprocessing=bool(req.multiprocessing))
     if probe.stats is None:
-        p = eng.planning.plan_unmeasured(req, b, profile, probe.unmeasured, kind=kind)
+        p = eng.planning.plan_unmeasured(req, SESSION.budget(facts), profile, probe.unmeasured, kind=kind)
     else:
         st = probe.stats
         costs = eng.planning.Costs().on_this_host(hostcost.for_rows(
             max(st.in_bytes, st.out_bytes), (st.seconds_per_row or 0) * eng.planning.priced_rows(rows)))
-        p = _fit(lambda r: eng.planning.plan_map(st.in_bytes, st.out_bytes, st.seconds_per_row, st.cpu_fraction,
-                                                 rows, r, b, profile, shmmax=facts.shmmax,
-                                                 worker_bytes=st.worker_bytes, costs=costs,
-                                                 parallel_fraction=st.parallel_fraction,
-                                                 python_pool=python_pool, slot_rows=slot_rows,
-                                                 cores_busy=st.cores_busy), req, bool(why))
+        p = _with_room(lambda b: _fit(
+            lambda r: eng.planning.plan_map(st.in_bytes, st.out_bytes, st.seconds_per_row, st.cpu_fraction, rows, r,
+                                            b, profile, shmmax=facts.shmmax, worker_bytes=st.worker_bytes,
+                                            costs=costs, parallel_fraction=st.parallel_fraction,
+                                            python_pool=python_pool, slot_rows=slot_rows, cores_busy=st.cores_busy),
+            req, bool(why)), facts)
     p = replace(p, kind=kind, rows_per_epoch=rows)
     if not why:
         return p

@@ -12,6 +12,7 @@ split and held back the same way.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import threading
@@ -169,6 +170,20 @@ class Reservation(Result):
     kind: str = ""
     held_apart: int = 0  # memory that still counts against pipelines planned apart: persistent workers' own
     by_prefetch: tuple = ()  # (shm, fds, memory) at MindSpore's global prefetch 1, 2, ..., up to the planned one
+    lean: tuple = ()  # the same for the stage's leanest settings (``Plan.lean``), where it may switch to them
+
+    def leaned(self) -> "Reservation":
+        """What it holds once switched to its leanest settings, at the prefetch it holds now."""
+        if not self.lean:
+            return self
+        now = len(self.by_prefetch)
+        shm, fds, memory = self.lean[now - 1]
+        return replace(self, shm_bytes=shm, fds=fds, memory=memory, by_prefetch=self.lean[:now], lean=())
+
+    @property
+    def lean_gain(self) -> int:
+        """The memory switching to its leanest settings gives back (0: none, or it holds no less there)."""
+        return self.memory - self.leaned().memory
 
 
 def returned_at(items: Iterable[Reservation]) -> tuple:
@@ -225,21 +240,29 @@ class Ledger:
         self._in_use: dict = {}  # key -> whether its pipeline may hold /dev/shm now (absent: always)
         self._ended: set = set()  # keys of reservations said to count no more
         self._follows: dict = {}  # key -> whether its pipeline's next iterator reads the global prefetch anew
+        self._go_lean: dict = {}  # key -> what switches its stage to its leanest settings
         self._ids = itertools.count(1)
 
     def reserve(self, label: str, shm_bytes: int, fds: int, memory: int = 0, kind: str = "",
                 in_use: Callable[[], bool] | None = None, held_apart: int = 0, by_prefetch: tuple = (),
-                follows_prefetch: Callable[[], bool] | None = None) -> Reservation:
+                follows_prefetch: Callable[[], bool] | None = None, lean: tuple = (),
+                go_lean: Callable[[Reservation, Reservation], bool] | None = None) -> Reservation:
         """``by_prefetch`` with ``follows_prefetch`` (the engine's: no iterator holding the pipeline is alive):
-        what it holds where MindSpore's global prefetch is lowered before its next iterator is made."""
+        what it holds where MindSpore's global prefetch is lowered before its next iterator is made. ``lean``
+        with ``go_lean(before, after)`` (which switches the stage to its leanest settings, ``True`` where it did): what it holds
+        there, asked of it only while no iterator holds it either."""
+        following = follows_prefetch is not None
         with self._lock:
             item = Reservation(next(self._ids), label, int(shm_bytes), int(fds), int(memory), kind,
-                               int(held_apart), tuple(by_prefetch) if follows_prefetch is not None else ())
+                               int(held_apart), tuple(by_prefetch) if following else (),
+                               tuple(lean) if following and go_lean is not None and by_prefetch else ())
             self._items[item.key] = item
             if in_use is not None:
                 self._in_use[item.key] = in_use
-            if follows_prefetch is not None:
+            if following:
                 self._follows[item.key] = follows_prefetch
+            if item.lean:
+                self._go_lean[item.key] = go_lean
             return item
 
     def release(self, key: int) -> None:
@@ -247,6 +270,7 @@ class Ledger:
             self._items.pop(key, None)
             self._in_use.pop(key, None)
             self._follows.pop(key, None)
+            self._go_lean.pop(key, None)
 
     def totals(self, apart: str | None = None) -> tuple[int, int, int]:
         """Reserved /dev/shm, fds and memory (of ``live(apart)``)."""
@@ -276,11 +300,40 @@ class Ledger:
         for r in self.following(self.live()):
             if prefetch < len(r.by_prefetch):
                 shm, fds, memory = r.by_prefetch[prefetch - 1]
-                now = replace(r, shm_bytes=shm, fds=fds, memory=memory, by_prefetch=r.by_prefetch[:prefetch])
+                now = replace(r, shm_bytes=shm, fds=fds, memory=memory, by_prefetch=r.by_prefetch[:prefetch],
+                              lean=r.lean[:prefetch])
                 with self._lock:
                     if self._items.get(r.key) == r:
                         self._items[r.key] = now
                         changed.append((r, now))
+        return changed
+
+    def leanable(self) -> list:
+        """The live reservations that may switch to their leanest settings now and hold less there, those giving
+        back the most memory first."""
+        with self._lock:
+            asked = set(self._go_lean)
+        items = [r for r in self.following(self.live()) if r.key in asked and r.lean_gain > 0]
+        return sorted(items, key=lambda r: -r.lean_gain)
+
+    def go_lean(self, items: Iterable[Reservation]) -> list:
+        """Switch the stages of ``items`` to their leanest settings; returns the ``(before, after)`` pairs of those
+        that did. A stage gone, switched meanwhile, or whose switch failed keeps its reservation, and is not asked
+        again."""
+        changed = []
+        for r in items:
+            with self._lock:
+                switch = self._go_lean.get(r.key) if self._items.get(r.key) == r else None
+            now = r.leaned()
+            if switch is None:
+                continue
+            switched = _asked(functools.partial(switch, r, now))
+            with self._lock:
+                self._go_lean.pop(r.key, None)  # switched, or failed: not asked again
+                if switched:
+                    self._items[r.key] = now
+            if switched:
+                changed.append((r, now))
         return changed
 
     def _say_ended(self, ended: Iterable[Reservation]) -> None:
@@ -302,3 +355,4 @@ class Ledger:
             self._in_use.clear()
             self._ended.clear()
             self._follows.clear()
+            self._go_lean.clear()

@@ -67,6 +67,18 @@ class Candidate(Result):
 
 
 @record
+class Lean(Result):
+    """The leanest settings a planned stage may switch to before its iterator is made, rows unchanged (one the
+    call's settings allow, ms_shm's own choice among them): what a pipeline planned later asks of it where it
+    finds no room (``api._with_room``). ``by_prefetch`` as ``Plan.by_prefetch``."""
+
+    mode: str
+    workers: int
+    seconds: float | None
+    by_prefetch: tuple = ()
+
+
+@record
 class Plan(Result):
     """The chosen configuration, what it will use, and why."""
 
@@ -95,6 +107,7 @@ class Plan(Result):
     # (shm, fds, memory) at MindSpore's global prefetch 1, 2, ..., ``prefetch``: what it holds where a stage
     # planned after it lowers that prefetch before its iterator is made
     by_prefetch: tuple = field(default=(), repr=False)
+    lean: Lean | None = field(default=None, repr=False)  # where it holds less memory in MindSpore's threads
 
     def summary(self) -> str:
         """The one INFO line: mode, workers, prefetch, predicted peak vs budget, why."""
@@ -233,6 +246,6 @@ def memory_fix(least: int, budget: Budget) -> str:
             f"against it")
 
 
-__all__ = ["Plan", "Decision", "Request", "Candidate", "ShmBudgetError", "rank", "choose", "top", "no_fit_message",
+__all__ = ["Plan", "Lean", "Decision", "Request", "Candidate", "ShmBudgetError", "rank", "choose", "top", "no_fit_message",
            "memory_fix", "unasked",
            "unknown_shm", "MODES", "INLINE", "THREADS", "PROCESSES", "PIPES"]

@@ -47,17 +47,19 @@ class Session:
             self.facts, self.fraction, self.ranks = facts, fraction, ranks
 
     def budget(self, facts: host.HostFacts, reserved: tuple | None = None,
-               apart: str | None = None) -> budget_mod.Budget:
+               apart: str | None = None, leaned: frozenset = frozenset()) -> budget_mod.Budget:
         """This rank's budget: free /dev/shm, memory and fds, less what live pipelines of this process reserved
         (but those of kind ``apart``: ``Ledger``; of theirs only the memory persistent workers keep between
         epochs counts, ``held_apart``: a val loader of 8 x 16 MiB samples was refused in a 450 MB container after
         a train loader with no workers, idle, that held nothing, where raw torch ran both). /dev/shm is as it
         was before the first pipeline (later readings would count our own slots as someone else's); memory is
-        that, or what is left now plus what our pipelines reserved, whichever is less."""
+        that, or what is left now plus what our pipelines reserved, whichever is less. ``leaned``: keys of
+        reservations counted as switched to their leanest settings (``Ledger.go_lean``)."""
         if reserved is not None:
             (shm_used, fds_used, memory_used), pipelines, returned = reserved, 0, ()
         else:
             live = self.ledger.live()  # one reading: a pipeline registered meanwhile is in all three or none
+            live = tuple(r.leaned() if r.key in leaned else r for r in live)
             counted = budget_mod.but_kind(live, apart)
             shm_used, fds_used, memory_used = budget_mod.sums(counted)
             memory_used += sum(r.held_apart for r in live if r.kind == apart)

@@ -87,6 +87,11 @@ class FakeCompat:
     def follows_prefetch(self, dataset):
         return lambda: True  # no iterator made yet: the next one reads the global prefetch
 
+    def switch_workers(self, stage, workers, processes):
+        stage.kwargs["num_parallel_workers"] = workers
+        if workers > 1:
+            stage.kwargs["python_multiprocessing"] = processes
+
     def generator_dataset(self, source, column_names, kwargs):
         self.engine.built.append(FakeDataset(source, column_names, dict(kwargs)))
         return self.engine.built[-1]

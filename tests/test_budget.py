@@ -260,3 +260,36 @@ def test_memory_given_back_at_a_lower_prefetch_first_pays_off_what_the_budget_is
     b = budget.compute(1 << 30, 1, None, None, memory_left=500 * MiB, reserved_memory=reserved_mib * MiB,
                        fraction=0.8, returned=((0, 0, back_mib * MiB),))
     assert b.at_prefetch(1).memory_bytes == expected_mib * MiB
+
+
+def test_stages_whose_iterator_is_not_made_yet_switch_to_their_leanest_settings_most_giving_first():
+    """A stage built later that finds no room asks the stages before it whose iterator is not made yet to switch
+    to their leanest settings (train and eval built up front in a 1000 MB container: the eval was refused beside
+    the train's fastest plan, where raw ran both). A stage an iterator runs, or one whose switch fails, keeps
+    its reservation."""
+    ledger, iterating, switched = budget.Ledger(), [False], []
+    at = tuple((0, 0, 100 * p * MiB) for p in range(1, 5))
+    lean = tuple((0, 0, 10 * p * MiB) for p in range(1, 5))
+
+    def switch(name, ok=True):
+        return lambda before, after: switched.append((name, before.memory, after.memory)) or ok
+
+    small = ledger.reserve("small", 0, 0, 200 * MiB, by_prefetch=at[:2], follows_prefetch=lambda: True,
+                           lean=lean[:2], go_lean=switch("small"))
+    big = ledger.reserve("big", *at[-1], by_prefetch=at, follows_prefetch=lambda: not iterating[0], lean=lean,
+                         go_lean=switch("big"))
+    ledger.reserve("no lean", *at[-1], by_prefetch=at, follows_prefetch=lambda: True)
+    failing = ledger.reserve("failing", 0, 0, 50 * MiB, by_prefetch=at[:1], follows_prefetch=lambda: True,
+                             lean=lean[:1], go_lean=switch("failing", ok=False))
+    assert [r.label for r in ledger.leanable()] == ["big", "small", "failing"]
+    assert big.lean_gain == 360 * MiB and big.leaned().by_prefetch == lean
+
+    iterating[0] = True
+    assert [r.label for r in ledger.leanable()] == ["small", "failing"]
+    changed = ledger.go_lean(ledger.leanable())
+    assert [(before.key, after.memory) for before, after in changed] == [(small.key, 20 * MiB)]
+    assert switched == [("small", 200 * MiB, 20 * MiB), ("failing", 50 * MiB, 10 * MiB)]
+    kept = {r.key: r for r in ledger.live()}
+    assert kept[small.key].memory == 20 * MiB and kept[failing.key].memory == 50 * MiB
+    assert ledger.leanable() == []  # switched, or failed to: not asked again
+    assert ledger.go_lean([small, failing]) == [] and len(switched) == 2

@@ -27,6 +27,10 @@ def memory_cgroups(real_mindspore):
 
 def run(name: str, mode: str, limit: str):
     code = f"from tests.memory_scenarios import run_scenario; run_scenario({name!r}, {mode!r})"
+    return run_code(code, limit)
+
+
+def run_code(code: str, limit: str):
     with isolated.memory_cgroup(limit) as group:
         proc = isolated.run_shell(f"exec {shlex.quote(sys.executable)} -c {shlex.quote(code)}", shm="2g",
                                   timeout=600, cgroup=group)
@@ -87,3 +91,17 @@ def test_stages_planned_in_turn_leave_the_last_one_room_in_a_700m_container(memo
     OOM-killed."""
     ours = raw_killed_ours_delivers("stages", "patch", "700M")
     assert ours["plan"]["memory"] <= ours["plan"]["budget"]
+
+
+@pytest.mark.parametrize("mode", ["raw", "ms_shm", "patch"])
+def test_train_and_eval_built_up_front_both_run_in_a_1000m_container(memory_cgroups, mode):
+    """Train and eval pipelines (a source, a map and a batch each, 8 MiB rows, no settings of their own) built
+    before either runs, as raw runs them in 1000 MB. The train source took its fastest plan, 2 threads (whose
+    queues hold 34 rows at any prefetch) or 2 worker processes, and the eval source was refused beside it (an
+    audit, 7 runs of 7; this test on the code before: ``ShmBudgetError`` for both modes). The train source, its
+    iterator not made yet, now switches to MindSpore's own thread and leaves the eval its room: raw's batches,
+    train and eval, in both epochs."""
+    proc, group = run_code(f"from tests.memory_scenarios import run_train_eval; run_train_eval({mode!r})", "1000M")
+    ours = result_of(proc)
+    assert not group.oom_kills, isolated.describe(proc)
+    assert ours.get("digests") == memory_scenarios.train_eval_digests(), isolated.describe(proc)

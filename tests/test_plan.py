@@ -688,3 +688,29 @@ def test_a_stage_that_lowers_the_global_prefetch_counts_what_the_stages_below_it
     assert len(source.by_prefetch) == source.prefetch == 16
     assert source.by_prefetch[-1] == (source.predicted_shm, source.predicted_fds, source.predicted_memory)
     assert source.by_prefetch[0][2] < source.predicted_memory
+
+
+def test_a_source_in_worker_threads_or_processes_can_lean_back_to_mindspores_own_thread():
+    """Its leanest settings (``Plan.lean``): what a stage built later may ask of it before its iterator is made.
+    A source's fastest plan in 2 threads holds their queues (34 rows of 8 MiB at any prefetch); in MindSpore's own
+    thread it holds the prefetch's rows. None where the call fixed its workers, or the plan already is the
+    leanest."""
+    stats = rows(8 * MiB, seconds=0.03, cpu=1.0)
+    fast = planning.plan_generator(replace(stats, parallel_fraction=1.0), ask(multiprocessing=False), room(), V210)
+    assert (fast.mode, fast.workers) == (THREADS, 2)
+    lean = fast.lean
+    assert (lean.mode, lean.workers) == (INLINE, 1) and len(lean.by_prefetch) == fast.prefetch
+    assert lean.by_prefetch[-1][2] < fast.predicted_memory and lean.by_prefetch[-1][:2] == (0, 0)
+    assert lean.seconds > fast.estimated_seconds
+    fixed = planning.plan_generator(replace(stats, parallel_fraction=1.0), ask(workers=2, multiprocessing=False),
+                                    room(), V210)
+    assert (fixed.mode, fixed.workers, fixed.lean) == (THREADS, 2, None)
+    inline = planning.plan_generator(rows(**TRIVIAL_BIG), ask(), room(2 * GiB, memory=100 * MiB), V210)
+    assert inline.mode == INLINE and inline.lean is None
+
+
+def test_a_map_in_threads_can_lean_back_to_one_thread_where_its_workers_were_left_to_ms_shm():
+    p = planning.plan_map(8 * MiB, 8 * MiB, 0.03, 0.2, 100, ask(), room(), V210)
+    assert (p.mode, p.workers) == (THREADS, 2)
+    assert (p.lean.mode, p.lean.workers) == (THREADS, 1) and p.lean.by_prefetch[-1][2] < p.predicted_memory
+    assert planning.plan_map(8 * MiB, 8 * MiB, 0.03, 0.2, 100, ask(workers=2), room(), V210).lean is None

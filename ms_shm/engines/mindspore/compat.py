@@ -429,6 +429,15 @@ def column_dtypes(column_types: Any) -> tuple | None:
     return tuple(out)
 
 
+def switch_workers(stage: Any, workers: int, processes: bool) -> None:
+    """Set a built stage's workers for the iterators made on it from now on: MindSpore reads
+    ``num_parallel_workers`` and ``python_multiprocessing`` from the stage as it parses a copy of the tree for
+    each new iterator (``second_iterator`` relies on the same). One worker reads in MindSpore's own thread."""
+    stage.num_parallel_workers = workers
+    if workers > 1:
+        stage.python_multiprocessing = processes
+
+
 def rows_come_from(dataset: Any) -> Any:
     """The stage whose rows ``dataset`` yields unchanged (reordered, repeated or cut), or ``dataset`` itself:
     a ``map`` after ``.shuffle()`` can be measured on the rows of the stage before the shuffle."""

@@ -302,7 +302,30 @@ def plan_generator(stats: RowStats, request: Request, budget: Budget, profile: E
     return Plan("generator", best.mode, best.workers, best.prefetch, best.mode in (PROCESSES, PIPES),
                 shared, static, row, best.shm, best.fds, 0, budget, True, slots,
                 worker_share, best.seconds, profile, tuple(decisions), (), tuple(plan.top(cands, best)), best.memory,
-                by_prefetch=tuple(needs(p) for p in range(1, best.prefetch + 1)))
+                by_prefetch=tuple(needs(p) for p in range(1, best.prefetch + 1)),
+                lean=_lean_generator(best, stats, req, row, costs))
+
+
+def _lean_generator(best: Candidate, stats: RowStats, req: Request, row: int, costs: Costs) -> plan.Lean | None:
+    """The in-process settings the call allows that hold the least memory at the chosen prefetch, where that is
+    less than the chosen ones hold and no more of /dev/shm or fds: worker processes are not started on a
+    stage's behalf after it was built (their slots and the runtime guard are sized at the plan)."""
+    rows = _epoch_rows(req, stats)
+    options = [(mode, w) for mode in _modes(req, [], stats) if mode in (INLINE, THREADS)
+               for w in _worker_options(req) if (w == 1) == (mode == INLINE)]
+    if not options:
+        return None
+
+    def needs(mode: str, w: int, prefetch: int) -> tuple:
+        return _generator_needs(mode, w, prefetch, row, None, stats.worker_bytes, rows)
+
+    mode, w = min(options, key=lambda o: needs(*o, best.prefetch)[2])
+    shm, fds, memory = needs(mode, w, best.prefetch)
+    if memory >= best.memory or shm > best.shm or fds > best.fds:
+        return None
+    return plan.Lean(mode, w, _epoch_seconds(mode, w, stats, priced_rows(rows), costs, req.start_method,
+                                             req.usable_cpus),
+                     tuple(needs(mode, w, p) for p in range(1, best.prefetch + 1)))
 
 
 def _planned_row(stats: RowStats, req: Request) -> tuple:
@@ -466,7 +489,19 @@ def plan_map(in_bytes: int, out_bytes: int, seconds_per_row: float | None, cpu_f
     return Plan("map", best.mode, best.workers, best.prefetch, best.mode == PROCESSES, req.shared_mem,
                 req.max_rowsize, row, best.shm, best.fds, sysv, budget.at_prefetch(best.prefetch), True, 0, 0,
                 best.seconds, profile, tuple(decisions), (), tuple(plan.top(cands, best)), best.memory,
-                by_prefetch=tuple((c.shm, c.fds, c.memory) for c in at))
+                by_prefetch=tuple((c.shm, c.fds, c.memory) for c in at),
+                lean=_lean_map(best, in_bytes, out_bytes, stats, req, profile, limits, costs))
+
+
+def _lean_map(best: Candidate, in_bytes: int, out_bytes: int, stats: RowStats, req: Request,
+              profile: EngineProfile, limits: tuple, costs: Costs) -> plan.Lean | None:
+    """One thread where the chosen map runs in more, and the call leaves the workers to ms_shm: the fewest rows
+    in flight. A map in worker processes keeps them (its pool is MindSpore's to size)."""
+    if best.mode != THREADS or best.workers <= 1 or 1 not in _worker_options(req):
+        return None
+    at = [_map_candidate(THREADS, 1, in_bytes, out_bytes, stats, replace(req, prefetch=p), profile, limits, costs)
+          for p in range(1, best.prefetch + 1)]
+    return plan.Lean(THREADS, 1, at[-1].seconds, tuple((c.shm, c.fds, c.memory) for c in at))
 
 
 def _map_prefetches(mode: str, w: int, in_bytes: int, out_bytes: int, stats: RowStats, req: Request,

@@ -18,6 +18,7 @@ from ms_shm.errors import (
     ReadOnlyError,
     RowError,
     RowTooLargeError,
+    RowTypeError,
     ShmBudgetError,
     ShmFullError,
     UsageError,
@@ -70,7 +71,7 @@ __version__ = "0.1.0"
 __all__ = [
     "tune", "build_dataset", "map", "batch", "build_dataloader", "plan_of", "patch", "unpatch", "patched", "probe", "reset", "session", "Session",
     "TuneReport", "Plan", "Decision", "Budget", "HostFacts", "RowStats",
-    "Error", "ShmBudgetError", "RowError", "ProcessesUnavailableError", "UsageError", "RowTooLargeError", "ShmFullError",
+    "Error", "ShmBudgetError", "RowError", "RowTypeError", "ProcessesUnavailableError", "UsageError", "RowTooLargeError", "ShmFullError",
     "ReadOnlyError", "clean", "CleanReport", "Leftover", "watch", "Watcher", "WatchSummary",
     "SharedList", "SharedDict", "CowFinding",
 ]

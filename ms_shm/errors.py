@@ -41,6 +41,11 @@ class RowError(Error, ValueError, RuntimeError):
         self.row = row
 
 
+class RowTypeError(RowError, TypeError):
+    """A row whose value MindSpore refuses with a ``TypeError`` as the iterator yields it (an array of a dtype it
+    has no tensor type for, inside a dict column): an ``except TypeError`` written for raw MindSpore catches it."""
+
+
 class ShmBudgetError(Error, RuntimeError):
     """The settings the caller insisted on cannot fit this rank's shared-memory or fd budget.
 
@@ -77,5 +82,5 @@ class ReadOnlyError(Error, TypeError):
     ``except TypeError`` still catches it; the message names the source attribute it stands in for, when known."""
 
 
-__all__ = ["Error", "RowError", "ShmBudgetError", "RowTooLargeError", "ShmFullError", "ProcessesUnavailableError",
+__all__ = ["Error", "RowError", "RowTypeError", "ShmBudgetError", "RowTooLargeError", "ShmFullError", "ProcessesUnavailableError",
            "UsageError", "ReadOnlyError"]

@@ -262,9 +262,11 @@ def probe_operations(lineage: Lineage, operations: Any, input_columns: Sequence[
             return f"input column(s) {missing} are not among the input's columns {sorted(available)}", None
         inputs = [[available[c][i] for c in input_columns] for i in range(_count(available))]
         first: list = []
-        return sandbox.watch_effects(lambda: time_operations(operations, inputs, first), watched,
-                                     lambda: _reread(first, lambda: run_operations(operations, inputs[0]),
-                                                     "the operations"))
+        measured = sandbox.watch_effects(lambda: time_operations(operations, inputs, first), watched,
+                                         lambda: _reread(first, lambda: run_operations(operations, inputs[0]),
+                                                         "the operations"))
+        _check_columns_returned(first, output_columns, "map")
+        return measured
 
     outcome = _fork(in_child, worker_pages, beside, operations=operations)
     probe = _outcome(outcome, "operations", defer_row_errors, fate)
@@ -304,10 +306,12 @@ def probe_batch(lineage: Lineage, per_batch_map: Any, batch_size: int, input_col
         if missing:
             return f"input column(s) {missing} are not among the input's columns {sorted(available)}", None
         columns, first = [list(available[c]) for c in input_columns], []
-        return sandbox.watch_effects(lambda: time_batch(per_batch_map, columns, batch_size, first),
-                                     _operation_objects(per_batch_map),
-                                     lambda: _reread(first, lambda: _call_batch(per_batch_map, columns),
-                                                     "per_batch_map"))
+        measured = sandbox.watch_effects(lambda: time_batch(per_batch_map, columns, batch_size, first),
+                                         _operation_objects(per_batch_map),
+                                         lambda: _reread(first, lambda: _call_batch(per_batch_map, columns),
+                                                         "per_batch_map"))
+        _check_columns_returned(first, output_columns, "per_batch_map")
+        return measured
 
     outcome = _fork(in_child, worker_pages, beside, operations=per_batch_map)
     probe = _outcome(outcome, "per_batch_map", defer_row_errors)
@@ -356,8 +360,8 @@ def _outcome(outcome: sandbox.Outcome, what: str, defer_row_errors: bool = False
              fate: str | None = None) -> StageProbe:
     if outcome.unavailable:
         return StageProbe(None, unmeasured=outcome.unavailable)
-    if isinstance(outcome.error, rows.RowError) and not defer_row_errors:
-        raise outcome.error
+    if isinstance(outcome.error, rows.RowError) and not defer_row_errors and fate is None:
+        raise outcome.error  # where the framework skips or replaces a failing row, said as a warning below
     if outcome.error is not None:
         why = _error_text(outcome.error, outcome.remote_traceback, what, fate)
         log.warning("ms_shm: %s", why)
@@ -456,8 +460,38 @@ def run_operations(operations: Any, columns: Sequence[Any]) -> tuple:
     values = tuple(c.copy() if isinstance(c, np.ndarray) else c for c in columns)
     for op in ops:
         out = op(*values)
-        values = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+        if out is None:
+            raise rows.RowError(f"the map operation {_name(op)} returns None for the first probe row: MindSpore "
+                                f"stops the pipeline there (\"Expected pyfunc to return NumPy array(s) or Python "
+                                f"dict(s), but got None\"). Fix: return the row's new value(s), a tuple of arrays "
+                                f"for several columns")
+        values = out if isinstance(out, tuple) else (out,)  # a list is one column, as MindSpore makes it
     return tuple(np.asarray(v.asnumpy() if hasattr(v, "asnumpy") else v) for v in values)
+
+
+def _name(op: Any) -> str:
+    return getattr(op, "__qualname__", None) or type(op).__name__
+
+
+def _check_columns_returned(first: list, output_columns: Sequence[str], what: str) -> None:
+    """A ``RowError`` where the first probe row's output has another number of columns than ``output_columns``
+    (the input columns where none are given): MindSpore stops the pipeline at the first row ("Invalid columns,
+    the number of columns returned in 'map' operations should match the number of 'output_columns'"), and an
+    audit's map and ``per_batch_map`` cases met that only once iterating."""
+    if not first:
+        return
+    out = first[0]
+    if out is None:
+        raise rows.RowError(f"the {what} returns None for the first probe batch: MindSpore stops the pipeline there. "
+                            f"Fix: return a tuple of lists, one per output column", None, 0)
+    got = len(out) if isinstance(out, tuple) else 1
+    if got != len(output_columns):
+        unit = "batch" if what == "per_batch_map" else "row"
+        raise rows.RowError(f"the {what} returns {got} column(s) for the first probe {unit}, but its output columns "
+                            f"are {len(output_columns)} ({list(output_columns)}): MindSpore stops the pipeline there "
+                            f"(\"the number of columns returned in '{what}' ... should match the number of "
+                            f"'output_columns'\"). Fix: return a tuple of {len(output_columns)} value(s), one per "
+                            f"output column, or pass output_columns with {got} name(s)", None, 0)
 
 
 def time_operations(operations: Any, inputs: list, keep: list | None = None) -> OperationStats:

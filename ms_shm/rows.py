@@ -12,6 +12,7 @@ import itertools
 import logging
 import operator
 import time
+from collections.abc import Iterator
 from dataclasses import field
 from typing import Any, Callable, Sequence
 
@@ -19,8 +20,8 @@ import numpy as np
 
 from ms_shm import parallel
 from ms_shm._results import Result, record
-from ms_shm.engines.mindspore.profiles import CARRIED_KINDS
-from ms_shm.errors import RowError
+from ms_shm.engines.mindspore.profiles import CARRIED_KINDS, DICT_DTYPES
+from ms_shm.errors import RowError, RowTypeError
 from ms_shm.host import NUMPY1_INSTALL
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,8 @@ class RowStats(Result):
     reread_differs: str | None = None  # the first probe row read again came back different (None: same or unread)
     threads_started: int | None = None  # native threads reading left running (a BLAS/OpenMP pool: ``sandbox``)
     cores_busy: float | None = None  # process CPU time / wall time of rows read alone: above ``cpu_fraction``
+    rows_one_column: str | None = None  # rows of this type (a list) reach MindSpore's worker-process queue whole
+    # and arrive as one column (``one_column``): read in this process, they are MindSpore's columns
     # where the rows' library ran a thread pool of its own (``pooled``)
 
     @property
@@ -97,13 +100,13 @@ def convert_row(row: Any, index: Any, names: Sequence[str] | None) -> tuple:
                        f"tuples (a dict is carried whole only as the single column of a one-column dataset). "
                        f"Fix: return a tuple of arrays in column order, e.g. "
                        f"`return (d['image'], d['label'])`, and pass column_names.", None, index)
-    if isinstance(row, (np.ndarray, int, float, str, bytes, np.generic)) or hasattr(row, "asnumpy"):
+    if isinstance(row, ONE_COLUMN) or hasattr(row, "asnumpy"):
         values = [row]
-    elif isinstance(row, (tuple, list)):
-        values = list(row)
     else:
-        raise RowError(f"{where} is a {type(row).__name__}: GeneratorDataset rows are tuples of numpy "
-                       f"arrays. Fix: return a tuple of numpy arrays{_names_hint(names)}.", None, index)
+        values = _columns(row)
+        if values is None:
+            raise RowError(f"{where} is a {type(row).__name__}: GeneratorDataset rows are tuples of numpy "
+                           f"arrays. Fix: return a tuple of numpy arrays{_names_hint(names)}.", None, index)
     if names is not None and len(values) != len(names):
         raise RowError(f"{where} has {len(values)} column(s) but column_names has {len(names)} "
                        f"({list(names)}): the 'source' of 'GeneratorDataset' should return same number of NumPy "
@@ -113,12 +116,69 @@ def convert_row(row: Any, index: Any, names: Sequence[str] | None) -> tuple:
     return tuple(_convert_column(v, index, _column_name(names, i)) for i, v in enumerate(values))
 
 
+# What MindSpore's ``_convert_row`` reads as one column (its ``prim_type``, and Tensors); anything else it iterates
+ONE_COLUMN = (np.ndarray, int, float, str, bytes, np.number, np.bool_)
+
+
+def one_column(row: Any) -> str | None:
+    """The type of ``row`` where MindSpore's worker processes would carry it as one column, else ``None``: their
+    queue (``_SharedQueue.put``) wraps a row that is not a tuple as ``(row,)``, and the main process converts that,
+    so a list, a deque or a generator of columns arrives as one stacked column or fails ("Cannot pickle
+    <class 'generator'>"), where MindSpore's own thread iterates it for its columns (2.10, measured: a source of
+    ``[image, label]`` rows in the 2 worker processes ms_shm chose, where raw's default read it)."""
+    if isinstance(row, (tuple, dict, *ONE_COLUMN)) or hasattr(row, "asnumpy"):
+        return None
+    return type(row).__name__
+
+
+def materialized(row: Any) -> Any:
+    """``row``, or, where it is a one-shot iterator MindSpore would iterate for its columns (a generator), a tuple
+    of what it yields: read once, then checked and measured as often as needed."""
+    if isinstance(row, Iterator) and not isinstance(row, (ONE_COLUMN, tuple, list, dict)):
+        return tuple(row)
+    return row
+
+
+def _columns(row: Any) -> list | None:
+    """The columns of a row MindSpore iterates (``for x in row``: a tuple, a deque, a generator, a record's
+    fields), or ``None`` where it cannot be iterated."""
+    if isinstance(row, (tuple, list)):
+        return list(row)
+    try:
+        iterator = iter(row)
+    except TypeError:
+        return None
+    return list(iterator)
+
+
 def _convert_dict(row: dict, index: Any, name: str) -> dict:
-    """A whole-row dict, MindSpore's dict column type: every value must itself be an array (2.10 + NumPy 2)."""
-    out = {}
-    for key, value in row.items():
-        out[key] = _convert_column(value, index, f"{name}['{key}']")
-    return out
+    """A dict column, carried whole: MindSpore converts its values only as the iterator yields them
+    (``__convert_python``), and refuses there only arrays of a dtype it has no tensor type for; ``None``, lists
+    and other objects come out as they went in (2.10, measured by an audit)."""
+    return {key: _dict_value(value, index, f"{name}['{key}']") for key, value in row.items()}
+
+
+_DICT_DTYPES = tuple(np.dtype(t) for t in DICT_DTYPES)
+
+
+def _dict_value(value: Any, index: Any, name: str) -> Any:
+    if isinstance(value, dict):
+        return _convert_dict(value, index, name)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_dict_value(v, index, f"{name}[{i}]") for i, v in enumerate(value))
+    if hasattr(value, "asnumpy"):
+        value = value.asnumpy()
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind not in "US" and value.dtype not in _DICT_DTYPES:
+            raise RowTypeError(f"column '{name}' of row {index} has dtype {value.dtype}: MindSpore's iterator "
+                               f"refuses it inside a dict column ('A NumPy array of unsupported type detected: "
+                               f"{value.dtype}'). Fix: convert it to a numeric, bool or string dtype in native "
+                               f"byte order (x.astype(np.int64) for datetimes, x.astype(x.dtype.newbyteorder('=')) "
+                               f"for big-endian, np.asarray(list(x), dtype=...) for objects).", name, index)
+        return value
+    if isinstance(value, (int, float, str, bytes, np.generic)):
+        return np.asarray(value)
+    return value  # None, or an object MindSpore hands back as it is
 
 
 def _names_hint(names: Sequence[str] | None) -> str:
@@ -284,6 +344,7 @@ class _Probe:
     walls: list = field(default_factory=list)  # seconds each fetch took, in probing order
     cpus: list = field(default_factory=list)  # CPU seconds of each, in the same order
     tensors: bool = False
+    one_column: str | None = None  # the type of rows worker processes would carry as one column (``one_column``)
     parallel: float | None = None  # fraction of the rows' CPU work that ran outside the GIL (two at once)
     pair_seconds: float = 0.0  # wall time of the last pair read at once
     gil_watched: bool = False  # a pair's fraction came from watching the GIL (``parallel.GilWatch``)
@@ -372,6 +433,8 @@ class _Probe:
             self.reread = f"source[{index}] read twice differs"
 
     def keep(self, index: Any, row: Any) -> None:
+        self.one_column = self.one_column or one_column(row)
+        row = materialized(row)
         converted = checked_row(row, index, self.names, self.check)
         refuse_column_types(converted, index, self.names, self.column_dtypes)
         if self.first is None:
@@ -402,7 +465,8 @@ class _Probe:
                         float(np.median(self.walls)) if self.walls else None,
                         self.share,
                         time.perf_counter() - started, tuple(notes), self.tensors,
-                        parallel_fraction=self.parallel, reread_differs=self.reread, cores_busy=self.cores_busy)
+                        parallel_fraction=self.parallel, reread_differs=self.reread, cores_busy=self.cores_busy,
+                        rows_one_column=self.one_column)
 
 
 def is_random_access(source: Any) -> bool:
@@ -503,8 +567,20 @@ def checked_row(row: Any, index: Any, names: Sequence[str] | None, check: Callab
         raise RowError(f"{ours} (MindSpore's row conversion: {type(refused).__name__}: {refused})", ours.column,
                        ours.row) from refused
     if refused is not None:
-        framework_check(refused, index)
+        framework_check(refused, index, _refused_column(row, names, check))
     return converted
+
+
+def _refused_column(row: Any, names: Sequence[str] | None, check: Callable[[Any], Any]) -> str | None:
+    """The first column of ``row`` (as the source returned it) the framework's conversion refuses alone
+    (``check((value,))``), or ``None``."""
+    columns = [row] if isinstance(row, (ONE_COLUMN, dict)) or hasattr(row, "asnumpy") else _columns(row) or []
+    for i, value in enumerate(columns):
+        try:
+            check((value,))
+        except Exception:  # noqa: BLE001  (the column it refuses)
+            return _column_name(names, i)
+    return None
 
 
 def refuse_column_types(converted: tuple, index: Any, names: Sequence[str] | None,
@@ -524,15 +600,17 @@ def refuse_column_types(converted: tuple, index: Any, names: Sequence[str] | Non
                        f"mindspore.{'bool_' if value.dtype == bool else value.dtype.name} in column_types.", name, index)
 
 
-def framework_check(exc: Exception, index: Any) -> None:
-    """Refuse a row the framework's own conversion refused with ``exc``, keeping its message."""
+def framework_check(exc: Exception, index: Any, column: str | None = None) -> None:
+    """Refuse a row the framework's own conversion refused with ``exc``, keeping its message; ``column``: the one
+    it refuses, where known."""
     hint = ""
     if "copy" in str(exc):
         hint = (" (NumPy 2 refuses np.array(x, copy=False) for scalars, Python's or numpy's such as np.int64(i), "
                 "and for lists, which MindSpore's conversion calls)")
-    raise RowError(f"row {index}: MindSpore's row conversion raises {type(exc).__name__}: {exc}{hint}. Fix: "
-                   f"return every column as a numpy array (np.asarray(x) for scalars and lists), or install "
-                   f"NumPy 1.x ({NUMPY1_INSTALL}).", None, index) from exc
+    where = f"column '{column}' of row {index}" if column is not None else f"row {index}"
+    raise RowError(f"{where}: MindSpore's row conversion raises {type(exc).__name__}: {exc}{hint}. Fix: "
+                   f"return {'it' if column is not None else 'every column'} as a numpy array (np.asarray(x) for "
+                   f"scalars and lists), or install NumPy 1.x ({NUMPY1_INSTALL}).", column, index) from exc
 
 
 def read_head(source: Any, count: int) -> list:

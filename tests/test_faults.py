@@ -286,7 +286,8 @@ def test_non_deterministic_shapes_arrive_bit_exact(faults):
     assert_nothing_left(out)
 
 
-GOOD = ["zero_d", "empty", "all_empty_some_rows", "non_contiguous", "strings", "dict_row", "column_types_match"]
+GOOD = ["zero_d", "empty", "all_empty_some_rows", "non_contiguous", "strings", "dict_row", "column_types_match",
+        "dict_with_none"]
 # Cases bad at one row: where ms_shm stops ("build": the probe, before any worker) and what it says, or the
 # row after which MindSpore itself raises, as it does raw (a bad row the probe did not read).
 BAD_AT = {
@@ -311,7 +312,7 @@ RAW_FAILS = {
     "none_at_probe": "Unable to avoid copy",
     "column_types_differ": "should be same with specified column_types",
 }
-RAW_PASSES = ["zero_d", "empty", "all_empty_some_rows", "non_contiguous", "strings", "dict_row", "column_types_match"]
+RAW_PASSES = GOOD
 
 
 def test_bad_inputs_are_carried_exactly_or_refused_naming_row_column_and_fix(faults):
@@ -333,6 +334,20 @@ def test_bad_inputs_are_carried_exactly_or_refused_naming_row_column_and_fix(fau
         else:
             assert 1 <= run["rows"] <= where and run["error"].startswith(text), (name, run)
     assert res["list_row"]["at"] == "read" and res["list_row"]["rows"] == 0
+    assert_nothing_left(out)
+
+
+def test_rows_that_are_not_tuples_are_read_where_mindspore_iterates_them(faults):
+    """A source of ``[image, label]`` rows (or a deque, or a generator of columns) whose work is pure Python:
+    ms_shm chose 2 worker processes, whose queue carries a row that is not a tuple as one column, and every
+    epoch failed ("Exception thrown from user defined Python function", "Cannot pickle <class 'generator'>")
+    where raw's default, MindSpore's own thread, iterates it for its columns. Such rows are now read in this
+    process: raw's rows."""
+    res = result(out := faults("row_kinds"))
+    for kind in ("list", "deque", "generator"):
+        assert res[kind + "_raw"] == {"rows": 12, "bad": [], "error": None}, (kind, res)
+        assert res[kind]["mode"] in ("inline", "threads"), (kind, res[kind])
+        assert {k: v for k, v in res[kind].items() if k != "mode"} == res[kind + "_raw"], (kind, res)
     assert_nothing_left(out)
 
 

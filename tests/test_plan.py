@@ -714,3 +714,15 @@ def test_a_map_in_threads_can_lean_back_to_one_thread_where_its_workers_were_lef
     assert (p.mode, p.workers) == (THREADS, 2)
     assert (p.lean.mode, p.lean.workers) == (THREADS, 1) and p.lean.by_prefetch[-1][2] < p.predicted_memory
     assert planning.plan_map(8 * MiB, 8 * MiB, 0.03, 0.2, 100, ask(workers=2), room(), V210).lean is None
+
+
+def test_rows_that_are_not_tuples_are_not_sent_through_worker_processes_unless_asked():
+    """MindSpore's worker-process queue carries a row that is not a tuple (a list of columns) as one column:
+    where the call leaves the transport to ms_shm, such rows are read in this process, and the plan says why."""
+    stats = replace(rows(**CPU_HEAVY), rows_one_column="list")
+    p = planning.plan_generator(stats, ask(), room(), V210)
+    assert p.mode in (INLINE, THREADS)
+    assert "rows are lists, which MindSpore's worker processes carry as one column" in mode_decision(p).reason
+    assert planning.plan_generator(rows(**CPU_HEAVY), ask(), room(), V210).mode == PROCESSES
+    asked = planning.plan_generator(stats, ask(workers=2, multiprocessing=True), room(), V210)
+    assert asked.mode == PROCESSES  # as asked: raw MindSpore fails the same way

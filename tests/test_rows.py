@@ -229,9 +229,45 @@ def test_the_frameworks_own_conversion_refuses_first_keeping_its_message():
     with pytest.raises(RowError) as err:
         rows.measure_random_access(Scalars(4), ["a", "b"], check=numpy2_convert)
     text = str(err.value)
-    assert text.startswith("row 0: MindSpore's row conversion raises ValueError: Unable to avoid copy")
-    assert "NumPy 2 refuses" in text and "Fix: return every column as a numpy array" in text
+    assert text.startswith("column 'b' of row 0: MindSpore's row conversion raises ValueError: Unable to avoid copy")
+    assert "NumPy 2 refuses" in text and "Fix: return it as a numpy array" in text and err.value.column == "b"
     assert isinstance(err.value.__cause__, ValueError)
+
+
+def _iterated(row):  # MindSpore's ``_convert_row`` for a row that is not one column: ``for x in row``
+    return tuple(np.asarray(x) for x in row)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: collections.deque([np.arange(3), np.float32(2)]),
+    lambda: (x for x in (np.arange(3), np.float32(2))),
+    lambda: map(np.asarray, [np.arange(3), np.float32(2)]),
+], ids=["deque", "generator", "map object"])
+def test_a_row_that_is_any_iterable_is_read_column_by_column_as_mindspore_does(make):
+    """MindSpore iterates any row that is not one column; an audit's deque, generator and ``__iter__`` rows came
+    out of raw MindSpore and were refused by ``build_dataset``."""
+    row = rows.materialized(make())
+    out = rows.checked_row(row, 0, ["a", "b"], _iterated)
+    assert len(out) == 2 and out[0].tolist() == [0, 1, 2] and out[1] == np.float32(2)
+
+
+def test_a_structured_scalar_row_is_iterated_for_its_fields_as_mindspore_does():
+    record = np.array([(1, 2.5)], dtype=[("a", "i4"), ("b", "f8")])[0]
+    out = rows.convert_row(record, 0, ["a", "b"])
+    assert [c.tolist() for c in out] == [1, 2.5]
+
+
+def test_a_dict_column_carries_none_lists_and_complex_and_refuses_what_mindspores_iterator_refuses():
+    """MindSpore hands a dict column's values out as they went in (``__convert_python``): ``None``, lists, complex
+    arrays; an array of a dtype it has no tensor type for raises its ``TypeError`` as the row is yielded."""
+    value = {"x": np.arange(3), "mask": None, "meta": {"z": np.ones(2, np.complex64), "tags": [None, 1]}}
+    out = rows.convert_row(value, 0, ["d"])[0]
+    assert out["mask"] is None and out["meta"]["tags"][0] is None and out["meta"]["z"].dtype == np.complex64
+    for bad in (np.array([object()]), np.array(["2020-01-01"], "datetime64[D]"), np.arange(3, dtype=">i4")):
+        with pytest.raises(rows.RowTypeError) as err:
+            rows.convert_row((np.zeros(1), {"v": {"w": bad}}), 5, ["a", "d"])
+        assert isinstance(err.value, TypeError) and isinstance(err.value, RowError)
+        assert "column 'd['v']['w']' of row 5" in str(err.value) and "Fix:" in str(err.value)
 
 
 def test_an_empty_source_is_noted_not_probed():

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Collection
 from typing import Any
 
 import numpy as np
@@ -276,12 +277,19 @@ def row_nbytes(row: Any) -> int:
     ``_convert_row``: every array column (a Python scalar becomes an 8-byte array, a dict is pickled)."""
     if type(row) is np.ndarray:
         return row.nbytes
-    if type(row) not in (tuple, list):
+    if type(row) not in (tuple, list) and not _iterated_whole(row):
         return _column_nbytes(row)
     total = 0
     for column in row:
         total += column.nbytes if type(column) is np.ndarray else _column_nbytes(column)
     return total
+
+
+def _iterated_whole(row: Any) -> bool:
+    """A container MindSpore iterates for its columns (a deque) that can be read again; a one-shot iterator is
+    left to MindSpore, read once."""
+    return isinstance(row, Collection) and not isinstance(row, (str, bytes, dict, np.generic)) and \
+        not hasattr(row, "asnumpy")
 
 
 def _column_nbytes(column: Any) -> int:

@@ -124,8 +124,12 @@ def _modes(req: Request, notes: list, stats: RowStats | None = None) -> list:
     unit tests)."""
     if req.multiprocessing is True:
         modes = [PROCESSES, PIPES] + ([INLINE] if req.workers in (None, 1) else [])
-    elif req.multiprocessing is False or (stats is not None and stats.framework_tensors):
+    elif req.multiprocessing is False or (stats is not None and (stats.framework_tensors or stats.rows_one_column)):
         modes = [THREADS, INLINE]
+        if stats is not None and stats.rows_one_column and req.multiprocessing is None:
+            notes.append(f"rows are {stats.rows_one_column}s, which MindSpore's worker processes carry as one "
+                         f"column (their queue wraps a row that is not a tuple): read in this process, in threads "
+                         f"or in MindSpore's own thread. To allow worker processes, return a tuple")
     else:
         modes = list(MODES)
     if not req.can_switch_shared_mem and PIPES in modes:
@@ -136,6 +140,13 @@ def _modes(req: Request, notes: list, stats: RowStats | None = None) -> list:
         notes.append("shared memory is switched off in this process (set_enable_shared_mem(False)): worker "
                      "processes send rows through pipes")
     return modes
+
+
+def _limits(req: Request, stats: RowStats) -> str:
+    """What kept transports out of the candidates (``_modes``'s notes), for the mode decision's reason."""
+    notes: list = []
+    _modes(req, notes, stats)
+    return "".join(f"; {n}" for n in notes)
 
 
 def _static_rowsize(req: Request, profile: EngineProfile, row_bytes: int, shared: bool) -> int | None:
@@ -278,7 +289,8 @@ def plan_generator(stats: RowStats, request: Request, budget: Budget, profile: E
         raise ShmBudgetError(plan.no_fit_message(cands, req, budget, stats, row, any(c.fits for c in relaxed)))
     best, kept = plan.choose(fitting, req, default_mode(req))
     decisions.append(Decision("mode", best.mode, default_mode(req),
-                              _mode_reason(best, fitting, req, stats) + kept + plan.unknown_shm(budget)))
+                              _mode_reason(best, fitting, req, stats) + kept + plan.unknown_shm(budget)
+                              + _limits(req, stats)))
     if room:
         decisions.append(room)
     decisions += _setting_decisions(best, cands, req, budget)

@@ -18,6 +18,10 @@ KNOWN_VERSIONS = ("2.3", "2.10")
 # datetime, structured and object arrays fail in C++ with "Failed to create tensor from numpy array, data type
 # is unknown" (measured on 2.10).
 CARRIED_KINDS = {"b": "bool", "i": "int", "u": "uint", "f": "float", "U": "str", "S": "bytes"}
+# dtypes (native byte order) of arrays MindSpore's iterator hands out from a dict column (``Tensor.np_types``, 2.10),
+# beside strings; any other array there raises its TypeError as the row is yielded
+DICT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32",
+               "float64", "bool", "complex64", "complex128")
 
 
 @record
@@ -95,4 +99,4 @@ def profile_for(version: str | None) -> EngineProfile:
 
 
 __all__ = ["EngineProfile", "profile_for", "parse_version", "is_modeled", "modeled_releases", "MODELED",
-           "KNOWN_VERSIONS", "CARRIED_KINDS"]
+           "KNOWN_VERSIONS", "CARRIED_KINDS", "DICT_DTYPES"]

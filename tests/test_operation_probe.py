@@ -1,0 +1,62 @@
+"""The probe of a map's operations and of a ``per_batch_map``, run in a forked child on a source's first rows: no
+framework. What MindSpore refuses at the first row (another number of columns than the output columns, ``None``)
+is refused at ``map()`` / ``batch()``, before any worker starts; what it carries is measured."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ms_shm import measure
+from ms_shm.rows import RowError
+
+
+class Rows:
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return (np.arange(3) + i, np.array(i))
+
+
+LINEAGE = measure.SourceLineage(Rows(), ("a", "b"), (0, 1, 2, 3))
+
+
+@pytest.mark.parametrize("operation, ins, outs, text", [
+    (lambda x: (x, x), ["a"], ["a"], "the map returns 2 column(s) for the first probe row, but its output columns "
+                                      "are 1 (['a'])"),
+    (lambda a, b: a, ["a", "b"], ["a", "b"], "the map returns 1 column(s)"),
+    (lambda x: None, ["a"], ["a"], "returns None for the first probe row"),
+])
+def test_a_map_that_mindspore_stops_at_its_first_row_is_refused_at_map(operation, ins, outs, text):
+    with pytest.raises(RowError) as err:
+        measure.probe_operations(LINEAGE, operation, ins, outs)
+    assert text in str(err.value) and "Fix:" in str(err.value)
+
+
+def test_a_list_a_map_returns_is_one_column_as_mindspore_makes_it():
+    """MindSpore 2.10 (measured): ``lambda x: [x, x]`` with one output column yields one 2x3 column; a tuple is
+    columns. Between Python operations a list goes on as one argument (``py_transforms_util.compose`` wraps only
+    what is not a tuple): ``y * 2`` repeats it."""
+    probe = measure.probe_operations(LINEAGE, lambda x: [x, x], ["a"], ["a"])
+    assert probe.stats is not None and probe.stats.out_bytes == 2 * np.arange(3).nbytes
+    assert measure.run_operations([lambda x: [x, x], lambda y: y * 2], (np.arange(3),))[0].shape == (4, 3)
+
+
+def test_where_mindspore_skips_or_replaces_a_failing_row_a_refused_output_is_a_warning(caplog):
+    probe = measure.probe_operations(LINEAGE, lambda x: (x, x), ["a"], ["a"], fate="skips it")
+    assert probe.stats is None and "the map returns 2 column(s)" in probe.unmeasured
+
+
+@pytest.mark.parametrize("per_batch_map, ins, outs, text", [
+    (lambda a, b, info: (a,), ["a", "b"], ["a", "b"], "the per_batch_map returns 1 column(s) for the first probe "
+                                                       "batch, but its output columns are 2"),
+    (lambda a, info: None, ["a"], ["a"], "the per_batch_map returns None"),
+])
+def test_a_per_batch_map_that_mindspore_stops_at_its_first_batch_is_refused_at_batch(per_batch_map, ins, outs,
+                                                                                     text):
+    with pytest.raises(RowError) as err:
+        measure.probe_batch(LINEAGE, per_batch_map, 2, ins, outs)
+    assert text in str(err.value)
+    ok = measure.probe_batch(LINEAGE, lambda a, info: ([x * 2 for x in a],), 2, ["a"], ["a"])
+    assert ok.stats is not None

@@ -43,6 +43,7 @@ import types
 from typing import Any, Callable, Iterator, NamedTuple
 
 from ms_shm import sandbox
+from ms_shm.engines.mindspore.profiles import is_random_transform
 
 NAMES = ("get_worker_info", "initial_seed")  # what a worker answers apart from the main process
 # ``forward``: a held ``nn.Module`` transform is called through torch's ``Module.__call__``, which is not read
@@ -297,7 +298,7 @@ def _mindspore_random(obj: Any) -> str | None:
     with a held ``RandomCrop``: 2 workers gave other batches than raw's main process, and others each run)."""
     cls = type(obj)
     module = getattr(cls, "__module__", None) or ""
-    if cls.__name__.startswith("Random") and module.startswith("mindspore.dataset."):
+    if is_random_transform(cls.__name__) and module.startswith("mindspore.dataset."):
         return f"{module.rsplit('.', 1)[0]}.{cls.__name__}"
     return None
 

@@ -25,6 +25,7 @@ import numpy as np
 
 from ms_shm import codescan, objects, parallel, rows, sandbox
 from ms_shm._results import Result, record
+from ms_shm.engines.mindspore.profiles import is_random_transform
 
 log = logging.getLogger(__name__)
 
@@ -443,7 +444,7 @@ def _random_transform(operations: Any, depth: int = 0) -> str | None:
     ``RandomChoice`` / ``RandomOrder`` too (their ``transforms``)."""
     ops = operations if isinstance(operations, (list, tuple)) else [operations]
     for op in ops:
-        if type(op).__name__.startswith("Random"):
+        if is_random_transform(type(op).__name__):
             return type(op).__name__
         inner = objects.attribute(op, "transforms")
         if depth < 4 and isinstance(inner, (list, tuple)):

@@ -94,13 +94,15 @@ def _make(name: str) -> dict:
             return tensor(sample_array(i, 1.0 + 3 * (i // 4)))
 
     class Ragged(base):
-        """24 samples of 4-8 MiB in no order of size (the 4-rank audit's), 30 ms each: worth workers."""
+        """24 samples of 4-8 MiB in no order of size (the 4-rank audit's), 60 ms each, mostly waiting: worth
+        workers (at 30 ms, making the sample's 4-8 MiB took 14-38 ms of CPU by how its pages faulted in, and the
+        dearer readings made no workers the faster estimate)."""
 
         def __len__(self):
             return 24
 
         def __getitem__(self, i):
-            time.sleep(0.03)
+            time.sleep(0.06)
             return tensor(ragged_array(i))
 
     class Quarter(base):

@@ -470,3 +470,12 @@ def test_mindspores_random_transforms_and_functions_are_draws():
                                              "MindSpore's seed; workers are seeded apart)")
     assert codescan.stage_draw(Crops()) == "Crops holds mindspore.dataset.vision.RandomCrop (draws from MindSpore's seed)"
     assert codescan.global_draw(Noise()) == f"Noise.__getitem__ calls mindspore.ops.rand ({WORKERS_SEEDED_APART})"
+
+
+@pytest.mark.parametrize("name, random", [("RandomCrop", True), ("AutoAugment", True), ("CutOut", True),
+                                          ("CutMixBatch", True), ("SoftDvppDecodeRandomCropResizeJpeg", True),
+                                          ("Decode", False), ("Resize", False), ("HWC2CHW", False)])
+def test_mindspores_random_transforms_are_known_by_name_not_only_by_prefix(name, random):
+    from ms_shm.engines.mindspore.profiles import is_random_transform
+
+    assert is_random_transform(name) is random

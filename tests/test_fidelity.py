@@ -956,6 +956,39 @@ def test_a_map_of_cpp_transforms_alone_in_processes_gives_raws_rows_and_prices_n
     assert (p.mode, p.python_multiprocessing, p.predicted_shm, p.predicted_sysv) == ("processes", True, 0, 0), p
 
 
+def _cut_out():
+    from mindspore.dataset import vision
+
+    return [vision.CutOut(6, 2)]
+
+
+def _auto_augment():
+    from mindspore.dataset import vision
+
+    return [vision.AutoAugment()]
+
+
+@pytest.mark.parametrize("make_ops", [_cut_out, _auto_augment], ids=["CutOut", "AutoAugment"])
+def test_a_map_of_random_transforms_not_named_random_keeps_mindspores_workers(ds, make_ops):
+    """Seeded maps of ``CutOut`` and ``AutoAugment`` (an audit: also RandAugment, CutMixBatch), workers left to
+    MindSpore's default of 2: ms_shm chose one worker and the images differed from raw's, as raw's own do with
+    one worker. They are random transforms: MindSpore's own mode and workers are kept, and the rows are raw's."""
+    import ms_shm
+
+    images = [np.random.default_rng(i).integers(0, 256, (32, 32, 3), dtype=np.uint8) for i in range(16)]
+    ds.config.set_num_parallel_workers(2)
+
+    def pipeline(mapper):
+        ds.config.set_seed(2024)
+        return mapper(ds.NumpySlicesDataset({"image": images}, shuffle=False), make_ops(), input_columns=["image"])
+
+    expected = rows_of(pipeline(lambda d, *a, **k: d.map(*a, **k)), epochs=2)
+    ours = pipeline(ms_shm.map)
+    assert rows_of(ours, epochs=2) == expected and len(set(expected)) > 1
+    locked = [d for d in ms_shm.plan_of(ours).decisions if d.setting == "mode_locked"]
+    assert locked and ms_shm.plan_of(ours).workers == 2, ms_shm.plan_of(ours).decisions
+
+
 LEFT_IN_A_CYCLE = """
 import gc, json, logging, os, sys
 import numpy as np

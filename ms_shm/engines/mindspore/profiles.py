@@ -18,6 +18,21 @@ KNOWN_VERSIONS = ("2.3", "2.10")
 # datetime, structured and object arrays fail in C++ with "Failed to create tensor from numpy array, data type
 # is unknown" (measured on 2.10).
 CARRIED_KINDS = {"b": "bool", "i": "int", "u": "uint", "f": "float", "U": "str", "S": "bytes"}
+# MindSpore transforms that draw random numbers beside every ``Random*`` class (vision, transforms, audio; 2.0 to
+# 2.10): their rows depend on which worker runs them. The ``random`` flag MindSpore sets tells too little (most of
+# these lack it, as do many fixed transforms). An audit: seeded maps of AutoAugment, RandAugment, CutOut and
+# CutMixBatch gave other images with the one worker ms_shm chose than with MindSpore's default of 2.
+RANDOM_TRANSFORMS = frozenset({"AutoAugment", "RandAugment", "TrivialAugmentWide", "UniformAugment", "CutOut", "Cutout",
+                               "CutMixBatch", "MixUpBatch", "MixUp", "BoundingBoxAugment", "FrequencyMasking",
+                               "TimeMasking"})
+
+
+def is_random_transform(class_name: str) -> bool:
+    """Whether a transform of this class draws random numbers (``RANDOM_TRANSFORMS``); "Random" anywhere in the
+    name counts (``SoftDvppDecodeRandomCropResizeJpeg``)."""
+    return "Random" in class_name or class_name in RANDOM_TRANSFORMS
+
+
 # dtypes (native byte order) of arrays MindSpore's iterator hands out from a dict column (``Tensor.np_types``, 2.10),
 # beside strings; any other array there raises its TypeError as the row is yielded
 DICT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32",
@@ -99,4 +114,4 @@ def profile_for(version: str | None) -> EngineProfile:
 
 
 __all__ = ["EngineProfile", "profile_for", "parse_version", "is_modeled", "modeled_releases", "MODELED",
-           "KNOWN_VERSIONS", "CARRIED_KINDS", "DICT_DTYPES"]
+           "KNOWN_VERSIONS", "CARRIED_KINDS", "DICT_DTYPES", "RANDOM_TRANSFORMS", "is_random_transform"]

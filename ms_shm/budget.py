@@ -248,9 +248,9 @@ class Ledger:
                 follows_prefetch: Callable[[], bool] | None = None, lean: tuple = (),
                 go_lean: Callable[[Reservation, Reservation], bool] | None = None) -> Reservation:
         """``by_prefetch`` with ``follows_prefetch`` (the engine's: no iterator holding the pipeline is alive):
-        what it holds where MindSpore's global prefetch is lowered before its next iterator is made. ``lean``
-        with ``go_lean(before, after)`` (which switches the stage to its leanest settings, ``True`` where it did): what it holds
-        there, asked of it only while no iterator holds it either."""
+        what it holds where MindSpore's global prefetch is lowered before its next iterator is made. ``lean`` with
+        ``go_lean(before, after)`` (which switches the stage to its leanest settings, ``True`` where it did): what
+        it holds there, asked of it only while no iterator holds it either."""
         following = follows_prefetch is not None
         with self._lock:
             item = Reservation(next(self._ids), label, int(shm_bytes), int(fds), int(memory), kind,

@@ -344,7 +344,7 @@ class _Probe:
     walls: list = field(default_factory=list)  # seconds each fetch took, in probing order
     cpus: list = field(default_factory=list)  # CPU seconds of each, in the same order
     tensors: bool = False
-    one_column: str | None = None  # the type of rows worker processes would carry as one column (``one_column``)
+    whole_rows: str | None = None  # the type of rows worker processes would carry as one column (``one_column``)
     parallel: float | None = None  # fraction of the rows' CPU work that ran outside the GIL (two at once)
     pair_seconds: float = 0.0  # wall time of the last pair read at once
     gil_watched: bool = False  # a pair's fraction came from watching the GIL (``parallel.GilWatch``)
@@ -433,7 +433,7 @@ class _Probe:
             self.reread = f"source[{index}] read twice differs"
 
     def keep(self, index: Any, row: Any) -> None:
-        self.one_column = self.one_column or one_column(row)
+        self.whole_rows = self.whole_rows or one_column(row)
         row = materialized(row)
         converted = checked_row(row, index, self.names, self.check)
         refuse_column_types(converted, index, self.names, self.column_dtypes)
@@ -466,7 +466,7 @@ class _Probe:
                         self.share,
                         time.perf_counter() - started, tuple(notes), self.tensors,
                         parallel_fraction=self.parallel, reread_differs=self.reread, cores_busy=self.cores_busy,
-                        rows_one_column=self.one_column)
+                        rows_one_column=self.whole_rows)
 
 
 def is_random_access(source: Any) -> bool:

@@ -22,7 +22,7 @@ from ms_shm import changes as changes_mod
 from ms_shm import plan as plan_mod
 from ms_shm._results import Result, mib, record
 from ms_shm.errors import ProcessesUnavailableError
-from ms_shm.plan import EXPLICIT, PIPES, PROCESSES, Decision, Plan, Request, ShmBudgetError, unasked
+from ms_shm.plan import EXPLICIT, PIPES, Decision, Plan, Request, ShmBudgetError, unasked
 from ms_shm.state import SESSION, Session
 
 log = logging.getLogger("ms_shm")
@@ -491,7 +491,7 @@ def _lean_switch(dataset: Any, p: Plan, label: str, eng: Any) -> Callable[[Any, 
         stage = ref()
         if stage is None:
             return False
-        eng.compat.switch_workers(stage, lean.workers, lean.mode in (PROCESSES, PIPES))
+        eng.compat.switch_workers(stage, lean.workers, processes=False)  # a lean stage reads in this process
         log.warning("ms_shm: %s switches to %s x%d (planned %s x%d) for its iterators from now on: a stage "
                     "built after it found no room beside it while its iterator was not made yet, and there it holds "
                     "%s of memory instead of %s (~%s s/epoch instead of ~%s), the same rows. To keep its settings, "
@@ -513,7 +513,7 @@ def _leaned(p: Plan) -> Plan:
     lean = p.lean
     shm, fds, memory = lean.by_prefetch[-1]
     decision = Decision("mode", lean.mode, p.mode, "switched to leave room for a pipeline built after it")
-    return replace(p, mode=lean.mode, workers=lean.workers, python_multiprocessing=lean.mode in (PROCESSES, PIPES),
+    return replace(p, mode=lean.mode, workers=lean.workers, python_multiprocessing=False,
                    predicted_shm=shm, predicted_fds=fds, predicted_memory=memory, guard_slots=0,
                    guard_worker_bytes=0, estimated_seconds=lean.seconds, by_prefetch=lean.by_prefetch, lean=None,
                    decisions=(decision,) + p.decisions)

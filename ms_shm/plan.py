@@ -69,7 +69,8 @@ class Candidate(Result):
 @record
 class Lean(Result):
     """The leanest settings a planned stage may switch to before its iterator is made, rows unchanged (one the
-    call's settings allow, ms_shm's own choice among them): what a pipeline planned later asks of it where it
+    call's settings allow, ms_shm's own choice among them; always in this process: MindSpore's own thread or
+    threads, as no worker process is started for a stage after it was built): what a pipeline planned later asks of it where it
     finds no room (``api._with_room``). ``by_prefetch`` as ``Plan.by_prefetch``."""
 
     mode: str

@@ -445,16 +445,45 @@ def _with_room(plan_with: Callable[[budget_mod.Budget], Plan], facts: host.HostF
     and this plan takes the room: train and eval built up front in a 1000 MB container (8 MiB rows, no settings
     of their own) had the eval refused beside the train's fastest plan, where raw ran both; the train source
     then reads in MindSpore's own thread, as raw's default does. Raises the first refusal where that is not
-    enough."""
+    enough, and no plan fits beside what the live pipelines hold now either (``_overcommitted``)."""
     try:
         return plan_with(SESSION.budget(facts))
-    except ShmBudgetError:
+    except ShmBudgetError as refused:
         while True:  # a stage that fails to switch is not asked again: planned anew without it
             chosen, p = _fewest_to_lean(plan_with, facts)
             if p is None:
-                raise
+                p = _overcommitted(plan_with, facts, refused)
+                if p is None:
+                    raise
+                return p
             if len(SESSION.ledger.go_lean(chosen)) == len(chosen):
                 return p
+
+
+def _overcommitted(plan_with: Callable[[budget_mod.Budget], Plan], facts: host.HostFacts,
+                   refused: ShmBudgetError) -> Plan | None:
+    """The leanest plan the call allows, planned on the memory left now, where nothing fits beside the live
+    pipelines' reservations and none of them may switch to leaner settings; said at WARNING, with the fix.
+    Reservations are each pipeline's worst case (every queue full behind a slow loop): an eval pipeline built
+    while the train's iterator ran was refused in a 1000 MB container, even in MindSpore's own thread, where raw
+    ran both at a 578 MiB peak. ``None`` where nothing is reserved, or nothing fits the memory left now."""
+    if not any(r.memory for r in SESSION.ledger.live()):
+        return None
+    now = SESSION.budget(facts, held_now=True)
+    p = _plan_or_none(plan_with, now)
+    if p is None:
+        return None
+    if p.lean is not None and p.lean.by_prefetch[-1][2] < p.predicted_memory:
+        p = _leaned(p, "the leanest settings, as the memory is overcommitted")
+    reserved = sum(r.memory for r in SESSION.ledger.live())
+    why = (f"the live pipelines reserve {mib(reserved)} of memory, their worst case (every queue full), and none "
+           f"of this call's settings fits beside that; it runs as {p.mode} x{p.workers}, holding up to "
+           f"{mib(p.predicted_memory)}, planned on the memory left now ({now.memory_reason})")
+    log.warning("ms_shm: overcommitting memory for the pipeline built at %s: %s. If the container runs out of "
+                "memory: %s; or build this pipeline before the other's iterator starts (then both are planned to "
+                "fit), or give an earlier pipeline num_parallel_workers=1", sites.call_site(), why,
+                refused.fix or str(refused).split(" Fix: ", 1)[-1].rstrip("."))
+    return replace(p, decisions=(Decision("memory_overcommitted", True, False, why),) + p.decisions)
 
 
 def _fewest_to_lean(plan_with: Callable[[budget_mod.Budget], Plan], facts: host.HostFacts) -> tuple:
@@ -508,12 +537,12 @@ def _seconds(value: float | None) -> str:
     return "?" if value is None else f"{value:.2f}"
 
 
-def _leaned(p: Plan) -> Plan:
-    """``p`` once its stage switched to its leanest settings."""
+def _leaned(p: Plan, why: str = "switched to leave room for a pipeline built after it") -> Plan:
+    """``p`` at its leanest settings."""
     lean = p.lean
     shm, fds, memory = lean.by_prefetch[-1]
-    decision = Decision("mode", lean.mode, p.mode, "switched to leave room for a pipeline built after it")
-    return replace(p, mode=lean.mode, workers=lean.workers, python_multiprocessing=False,
+    decision = Decision("mode", lean.mode, p.mode, why)
+    return replace(p, mode=lean.mode, workers=lean.workers, python_multiprocessing=False, max_rowsize=None,
                    predicted_shm=shm, predicted_fds=fds, predicted_memory=memory, guard_slots=0,
                    guard_worker_bytes=0, estimated_seconds=lean.seconds, by_prefetch=lean.by_prefetch, lean=None,
                    decisions=(decision,) + p.decisions)

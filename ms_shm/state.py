@@ -47,14 +47,17 @@ class Session:
             self.facts, self.fraction, self.ranks = facts, fraction, ranks
 
     def budget(self, facts: host.HostFacts, reserved: tuple | None = None,
-               apart: str | None = None, leaned: frozenset = frozenset()) -> budget_mod.Budget:
+               apart: str | None = None, leaned: frozenset = frozenset(), held_now: bool = False
+               ) -> budget_mod.Budget:
         """This rank's budget: free /dev/shm, memory and fds, less what live pipelines of this process reserved
         (but those of kind ``apart``: ``Ledger``; of theirs only the memory persistent workers keep between
         epochs counts, ``held_apart``: a val loader of 8 x 16 MiB samples was refused in a 450 MB container after
         a train loader with no workers, idle, that held nothing, where raw torch ran both). /dev/shm is as it
         was before the first pipeline (later readings would count our own slots as someone else's); memory is
         that, or what is left now plus what our pipelines reserved, whichever is less. ``leaned``: keys of
-        reservations counted as switched to their leanest settings (``Ledger.go_lean``)."""
+        reservations counted as switched to their leanest settings (``Ledger.go_lean``). ``held_now``: the live
+        pipelines' memory counted at what they hold now (the memory left now) instead of at their reservations,
+        which are their worst case, every queue full (``api._overcommitted``)."""
         if reserved is not None:
             (shm_used, fds_used, memory_used), pipelines, returned = reserved, 0, ()
         else:
@@ -67,7 +70,10 @@ class Session:
             returned = budget_mod.returned_at(self.ledger.following(counted))
         memory_left, memory_source = facts.memory_left
         now_left = host.memory_now(facts).memory_left[0] if memory_left is not None else None
-        if now_left is not None and now_left + memory_used < memory_left:  # the program took some since
+        if held_now and now_left is not None:
+            memory_left, memory_used = min(memory_left, now_left), 0
+            memory_source = f"{memory_source}, read now, live pipelines at what they hold now"
+        elif now_left is not None and now_left + memory_used < memory_left:  # the program took some since
             memory_left, memory_source = now_left + memory_used, f"{memory_source}, read now"
         return budget_mod.compute(facts.shm_free, facts.ranks.local_size, facts.nofile_soft, facts.open_fds,
                                   shm_used, fds_used, self.fraction, facts.ranks.source, memory_left,

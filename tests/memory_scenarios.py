@@ -116,37 +116,48 @@ def train_eval_digests() -> list:
     return (train + evaluation) * 2
 
 
-def _train_eval(mode: str) -> tuple:
-    """Train and eval pipelines built up front, with no settings of their own: a source, a map, a batch each."""
+def _train_eval_pipeline(mode: str, first: int, rows: int, size: int):
+    """A train or eval pipeline with no settings of its own: a source, a map, a batch."""
     import mindspore.dataset as ds
 
     import ms_shm
 
     if mode == "patch":
-        ms_shm.tune()
         with ms_shm.patched():
-            return _train_eval("raw")
+            return _train_eval_pipeline("raw", first, rows, size)
     if mode == "ms_shm":
-        ms_shm.tune()
-        return tuple(ms_shm.batch(ms_shm.map(ms_shm.build_dataset(NormalRows(first, rows), ["data"], shuffle=False),
-                                             scale, input_columns=["data"]), size)
-                     for first, rows, size in TRAIN_EVAL)
-    return tuple(ds.GeneratorDataset(NormalRows(first, rows), ["data"], shuffle=False).map(
-        scale, input_columns=["data"]).batch(size) for first, rows, size in TRAIN_EVAL)
+        return ms_shm.batch(ms_shm.map(ms_shm.build_dataset(NormalRows(first, rows), ["data"], shuffle=False),
+                                       scale, input_columns=["data"]), size)
+    return ds.GeneratorDataset(NormalRows(first, rows), ["data"], shuffle=False).map(
+        scale, input_columns=["data"]).batch(size)
 
 
-def run_train_eval(mode: str) -> None:
+def run_train_eval(mode: str, eval_late: bool = False) -> None:
+    """Two train epochs through one iterator, the eval pipeline read after each; built up front, or
+    (``eval_late``) the eval built after the train's first epoch, its iterator alive."""
     import ms_shm
 
-    try:
-        train, evaluation = _train_eval(mode)
-    except ms_shm.ShmBudgetError as exc:
-        print("RESULT " + json.dumps({"error": str(exc)}), flush=True)
-        return
-    iterator, digests = train.create_tuple_iterator(output_numpy=True, num_epochs=2), []
+    if mode != "raw":
+        ms_shm.tune()
+    built = []
+
+    def pipeline(first: int, rows: int, size: int):
+        try:
+            return _train_eval_pipeline(mode, first, rows, size)
+        except ms_shm.ShmBudgetError as exc:
+            print("RESULT " + json.dumps({"error": str(exc)}), flush=True)
+            raise SystemExit(0) from None
+
+    (train_spec, eval_spec), digests = TRAIN_EVAL, []
+    train = pipeline(*train_spec)
+    if not eval_late:
+        built.append(pipeline(*eval_spec))
+    iterator = train.create_tuple_iterator(output_numpy=True, num_epochs=2)
     for _ in range(2):
         digests += [_digest(r[0], 0) for r in iterator]
-        digests += [_digest(r[0], 0) for r in evaluation.create_tuple_iterator(output_numpy=True, num_epochs=1)]
+        if not built:
+            built.append(pipeline(*eval_spec))
+        digests += [_digest(r[0], 0) for r in built[0].create_tuple_iterator(output_numpy=True, num_epochs=1)]
     print("RESULT " + json.dumps({"digests": digests}), flush=True)
 
 

@@ -152,6 +152,22 @@ def test_memory_the_program_took_since_the_first_pipeline_is_not_planned_on():
     assert "read now" not in Session().budget(replace(earlier, live=False), reserved=(0, 0, 0)).memory_reason
 
 
+def test_a_budget_held_now_counts_live_pipelines_at_what_the_memory_left_now_shows():
+    """Reservations are each live pipeline's worst case, every queue full: where nothing fits beside them, a plan
+    may overcommit on the memory left now (``api._overcommitted``), in which their present pages already show."""
+    from ms_shm import host
+    from ms_shm.state import Session
+
+    s = Session()
+    s.ledger.reserve("GeneratorDataset(train)", 0, 0, 600 * MiB)
+    facts = host.probe()
+    reserved, now = s.budget(facts), s.budget(facts, held_now=True)
+    assert reserved.reserved_memory == 600 * MiB and now.reserved_memory == 0
+    assert "live pipelines at what they hold now" in now.memory_reason
+    assert now.memory_bytes <= host.memory_now(facts).memory_left[0] * 0.8 + MiB
+    assert now.memory_bytes > reserved.memory_bytes
+
+
 def test_a_kind_planned_apart_does_not_count_against_its_own_kind():
     """Two DataLoaders (train, val) built up front iterate one after the other: each is planned apart from the
     other (the audit's two.py: val refused in 64 MB while train, idle, held 40 MiB); a MindSpore pipeline, whose

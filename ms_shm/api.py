@@ -810,6 +810,13 @@ def map(dataset: Any, operations: Any = None, input_columns: Sequence[str] | str
         ms_shm.ShmBudgetError: explicit arguments that cannot fit.
     """
     eng = _pipeline_engine()
+    with eng.compat.source_code_read_once():  # MindSpore's check and ms_shm's: one read of the function's code
+        return _map(eng, dataset, operations, input_columns, output_columns, num_parallel_workers, _explicit,
+                    map_kwargs)
+
+
+def _map(eng: Any, dataset: Any, operations: Any, input_columns: Any, output_columns: Any,
+         num_parallel_workers: int | None, _explicit: str | None, map_kwargs: dict):
     asked = _asked(map_kwargs, num_parallel_workers)
     if not eng.compat.arguments_fit("map", dataset, operations, input_columns, output_columns, **asked):
         return eng.compat.map_dataset(dataset, operations, input_columns, output_columns, asked)  # its TypeError

@@ -161,8 +161,9 @@ def _make_map(real_map: Any) -> Any:
         given.pop(next(iter(sig.parameters)))
         extra = given.pop(varkw, {}) if varkw else {}
         operations = given.pop("operations", None)
-        _mindspore_checks("map", real_map, bound)
-        return _routed("map", lambda: _api().map(self, operations, **given, **extra, _explicit=_explicit()))
+        with _api()._engine().compat.source_code_read_once():  # MindSpore's check and ms_shm's: one read
+            _mindspore_checks("map", real_map, bound)
+            return _routed("map", lambda: _api().map(self, operations, **given, **extra, _explicit=_explicit()))
 
     return map
 

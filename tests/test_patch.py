@@ -326,6 +326,43 @@ def test_spawned_workers(real_mindspore):
     assert f"{script}:{line_of(script, 'ds.GeneratorDataset(')}" in adapted_warnings(proc)[0]
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_ranks_under_msrun_die_raw_and_run_through_ms_shm(real_mindspore, tmp_path):
+    """``msrun`` runs ``python TASK_SCRIPT`` per rank, and ``ms-shm`` is a Python script: ``msrun ...
+    $(which ms-shm) run train.py`` (the README's line). Two ranks of 2 worker processes and 8 MiB rows in one
+    64 MB ``/dev/shm``: raw's workers die of the bus error; through ``ms-shm run`` each rank plans for the 2
+    local ranks msrun says there are and delivers every row."""
+    bindir = Path(sys.executable).parent
+    msrun, ms_shm_script = bindir / "msrun", bindir / "ms-shm"
+    if not msrun.exists() or not ms_shm_script.exists():
+        pytest.skip(f"no msrun (MindSpore 2.3+) or no ms-shm console script beside {sys.executable}")
+    script = SCENARIOS / "gen_explicit.py"
+
+    def launch(logs: Path, *task: str) -> list:
+        command = (f"cd {shlex.quote(str(tmp_path))} && PATH={shlex.quote(str(bindir))}:$PATH exec {msrun} "
+                   f"--worker_num=2 --local_worker_num=2 --master_port={_free_port()} --log_dir={logs} "
+                   f"--join=True {' '.join(shlex.quote(t) for t in task)} {script} 31 12 8")
+        proc = isolated.run_shell(command, timeout=300)
+        return [proc] + [(logs / f"worker_{rank}.log").read_text() for rank in (0, 1)]
+
+    proc, *raw = launch(tmp_path / "raw")
+    assert proc.returncode != 0 and all("RESULT " not in log for log in raw), isolated.describe(proc)
+    assert any(isolated.BUS_WORKER in log for log in raw), raw
+    proc, *ours = launch(tmp_path / "run", str(ms_shm_script), "run", "--log-level", "INFO")
+    assert proc.returncode == 0, isolated.describe(proc) + "\n".join(ours)
+    for log in ours:
+        line = next(text for text in log.splitlines() if text.startswith("RESULT "))
+        assert_rows(json.loads(line[len("RESULT "):]), 31, 12, 8 * MiB)
+        assert "/ 2 local rank(s)" in log and "ms_shm adapted GeneratorDataset" in log, log[-3000:]
+
+
 def test_pipeline_built_inside_an_imported_package(real_mindspore, tmp_path):
     package = tmp_path / "zoo"
     package.mkdir()

@@ -365,7 +365,7 @@ def _build_dataset(eng: Any, source: Any, column_names: Any, generator_args: tup
         measure.probe_random_access(source, names, eng.compat.row_check(), _worker_pages(facts),
                                     defer_row_errors=_explicit is not None,  # patched: MindSpore raises it later
                                     column_dtypes=eng.compat.column_dtypes(generator_kwargs.get("column_types")),
-                                    beside=_beside_probe(facts))
+                                    beside=_beside_probe(facts), sampled=eng.compat.sampled_rows(generator_kwargs))
     if not share_lists:
         probe = _with_copies(probe, source, facts, req.start_method)
     p = _plan_source(probe, req, generator_kwargs, config, facts, eng)
@@ -383,7 +383,7 @@ def _plan_source(probe: measure.StageProbe, req: Request, kwargs: dict, config: 
     """The plan for a random-access source: measured, locked to MindSpore's mode, or as asked."""
     decisions = []
     if probe.stats is not None:
-        req = replace(req, rows_per_epoch=_rows_per_epoch(kwargs, probe.stats.length))
+        req = replace(req, rows_per_epoch=_rows_per_epoch(kwargs, probe.stats.length, probe.stats.sampled))
     if probe.effects.mode_bound:
         req, locked = _lock_mode(req, probe.effects.mode_bound, 1, True)
         decisions.append(locked)
@@ -626,9 +626,13 @@ def _adopt(dataset: Any, built: Any) -> None:
                   _STAGE_NAMES.get(p.kind, p.kind))
 
 
-def _rows_per_epoch(kwargs: dict, length: int | None) -> int | None:
+def _rows_per_epoch(kwargs: dict, length: int | None, sampled: int | None = None) -> int | None:
     """This rank's rows per epoch, as MindSpore's sampler draws them: the shard first (rounded up), then at most
-    ``num_samples`` of it (60 rows, 2 shards, ``num_samples=24``: 24 rows, not 12)."""
+    ``num_samples`` of it (60 rows, 2 shards, ``num_samples=24``: 24 rows, not 12); ``sampled``: what the
+    caller's sampler draws, where the probe read it (a ``SubsetRandomSampler`` of 10 rows of 200,000 was planned
+    as 200,000 rows, ~118 s an epoch, and given 2 worker processes)."""
+    if sampled is not None:
+        return sampled
     n = length
     if kwargs.get("num_shards") and n:
         n = -(-n // kwargs["num_shards"])

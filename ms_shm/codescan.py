@@ -43,7 +43,7 @@ import types
 from typing import Any, Callable, Iterator, NamedTuple
 
 from ms_shm import sandbox
-from ms_shm.engines.mindspore.profiles import is_random_transform
+from ms_shm.engines.mindspore.profiles import random_mindspore_base
 
 NAMES = ("get_worker_info", "initial_seed")  # what a worker answers apart from the main process
 # ``forward``: a held ``nn.Module`` transform is called through torch's ``Module.__call__``, which is not read
@@ -296,11 +296,11 @@ def _mindspore_random(obj: Any) -> str | None:
     """MindSpore's random transforms (``vision.RandomCrop``, ``transforms.RandomApply``), called eagerly in a
     dataset's code: each draws from MindSpore's seed in the process that calls it (an audit's dataset cropped
     with a held ``RandomCrop``: 2 workers gave other batches than raw's main process, and others each run)."""
-    cls = type(obj)
-    module = getattr(cls, "__module__", None) or ""
-    if is_random_transform(cls.__name__) and module.startswith("mindspore.dataset."):
-        return f"{module.rsplit('.', 1)[0]}.{cls.__name__}"
-    return None
+    base = random_mindspore_base(type(obj))
+    if base is None or not base.__module__.startswith("mindspore.dataset."):
+        return None
+    named = f"{base.__module__.rsplit('.', 1)[0]}.{base.__name__}"
+    return named if base is type(obj) else f"{named} (as {type(obj).__name__})"  # ``_drawn_from`` reads the head
 
 
 def _drawn_from(how: str) -> str:

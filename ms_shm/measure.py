@@ -25,7 +25,7 @@ import numpy as np
 
 from ms_shm import codescan, objects, parallel, rows, sandbox
 from ms_shm._results import Result, record
-from ms_shm.engines.mindspore.profiles import is_random_transform
+from ms_shm.engines.mindspore.profiles import is_random_transform, random_mindspore_base
 
 log = logging.getLogger(__name__)
 
@@ -150,12 +150,8 @@ def fresh_iteration_blocker(source: Any) -> str | None:
         return None
     if not objects.has(source, "__iter__"):
         return None  # a generator function: each call starts afresh (a file it reads is rewound: ``fdguard``)
-    try:
-        fresh = iter(source)
-    except Exception as exc:  # MindSpore itself will raise this when it iterates
-        return f"iter(source) raises {type(exc).__name__}"
-    if fresh is source:
-        return "the source is its own iterator (iter(source) is source): reading ahead would consume it"
+    if objects.has(source, "__next__"):  # told without calling ``__iter__`` here, which may draw or count
+        return "the source is its own iterator (it has __next__): reading ahead would consume it"
     return None
 
 
@@ -205,8 +201,10 @@ def lineage_of(dataset: Any) -> Lineage | None:
 
 def probe_random_access(source: Any, names: Sequence[str] | None, check: Callable | None,
                         worker_pages: bool = False, defer_row_errors: bool = False,
-                        column_dtypes: tuple | None = None, beside: bool = False) -> StageProbe:
-    """Measure a random-access source in a probe child.
+                        column_dtypes: tuple | None = None, beside: bool = False,
+                        sampled: Callable[[int], tuple] | None = None) -> StageProbe:
+    """Measure a random-access source in a probe child, on rows the caller's sampler may draw (``sampled``:
+    ``rows.measure_random_access``).
 
     Raises:
         rows.RowError: a probe row the framework cannot carry (an earlier, clearer error than a worker's),
@@ -226,7 +224,8 @@ def probe_random_access(source: Any, names: Sequence[str] | None, check: Callabl
                     f"dataset is built)"), None
 
         def measured():
-            stats.append(rows.measure_random_access(source, names, check=check, column_dtypes=column_dtypes))
+            stats.append(rows.measure_random_access(source, names, check=check, column_dtypes=column_dtypes,
+                                                    sampled=sampled))
             return stats[0]
 
         def again():
@@ -446,6 +445,9 @@ def _random_transform(operations: Any, depth: int = 0) -> str | None:
     for op in ops:
         if is_random_transform(type(op).__name__):
             return type(op).__name__
+        base = random_mindspore_base(type(op))
+        if base is not None:
+            return f"{type(op).__name__} (a {base.__name__})"
         inner = objects.attribute(op, "transforms")
         if depth < 4 and isinstance(inner, (list, tuple)):
             named = _random_transform(inner, depth + 1)

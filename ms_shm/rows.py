@@ -61,6 +61,7 @@ class RowStats(Result):
     rows_one_column: str | None = None  # rows of this type (a list) reach MindSpore's worker-process queue whole
     # and arrive as one column (``one_column``): read in this process, they are MindSpore's columns
     # where the rows' library ran a thread pool of its own (``pooled``)
+    sampled: int | None = None  # rows the caller's sampler draws an epoch, where it limits them and says how many
 
     @property
     def ragged(self) -> bool:
@@ -355,6 +356,7 @@ class _Probe:
     compared: bool = False  # the first row was read again
     alone_wall: float = 0.0  # wall seconds of the reads made alone (not in a pair)
     alone_process_cpu: float = 0.0  # the process's CPU seconds over those reads (its library's threads too)
+    sampled: int | None = None  # rows the caller's sampler draws an epoch (``RowStats.sampled``)
 
     @property
     def wall(self) -> float:
@@ -466,7 +468,7 @@ class _Probe:
                         self.share,
                         time.perf_counter() - started, tuple(notes), self.tensors,
                         parallel_fraction=self.parallel, reread_differs=self.reread, cores_busy=self.cores_busy,
-                        rows_one_column=self.whole_rows)
+                        rows_one_column=self.whole_rows, sampled=self.sampled)
 
 
 def is_random_access(source: Any) -> bool:
@@ -476,8 +478,10 @@ def is_random_access(source: Any) -> bool:
 
 def measure_random_access(source: Any, names: Sequence[str] | None, max_rows: int = 8, min_rows: int = 3,
                           time_fraction: float = 0.02, check: Callable[[Any], Any] | None = None,
-                          column_dtypes: tuple | None = None) -> RowStats:
-    """Fetch a few rows spread over the source; stop early once probing would cost a visible part of an epoch.
+                          column_dtypes: tuple | None = None,
+                          sampled: Callable[[int], tuple] | None = None) -> RowStats:
+    """Fetch a few rows spread over the rows the pipeline reads; stop early once probing would cost a visible
+    part of an epoch.
 
     Meant for a probe child (``sandbox.run_in_fork``): a source's ``__getitem__`` may have side effects. Each
     index is passed as ``numpy.int64``, as MindSpore's sampler passes it, so the rows' dtypes are the ones the
@@ -487,6 +491,9 @@ def measure_random_access(source: Any, names: Sequence[str] | None, max_rows: in
         check: the framework's own conversion of a row (MindSpore's ``_convert_row``): what it refuses is
             refused here, with the column and the fix.
         column_dtypes: ``GeneratorDataset``'s ``column_types`` as numpy dtypes (``compat.column_dtypes``).
+        sampled: ``length -> (rows, draws)``, the rows the caller's sampler may draw (``None``: any) and how
+            many it draws an epoch (the engine's ``sampled_rows``): rows it never draws are not read (a header
+            row that ``SequentialSampler(start_index=1)`` skips was refused as a bad row, where raw ran).
 
     Raises:
         RowError: a row the framework cannot carry.
@@ -499,7 +506,9 @@ def measure_random_access(source: Any, names: Sequence[str] | None, max_rows: in
     if length == 0:
         notes.append("source is empty")
         return probe.stats(True, 0, started, notes)
-    order, done, reads = _spread(length, max_rows), 0, 0
+    pool, probe.sampled = _sampled(sampled, length, notes)
+    order = [pool[k] for k in _spread(len(pool), max_rows)] if pool else _spread(length, max_rows)
+    epoch, done, reads = probe.sampled or (len(pool) if pool else length), 0, 0
     while done < len(order):
         if probe.pair_seconds == 0 and parallel.pair_now(probe.walls, probe.first_kernel, probe.share):
             # As cold as the pair: the first read for a pair at once (the pair's faster read of row 0 replaces
@@ -518,7 +527,7 @@ def measure_random_access(source: Any, names: Sequence[str] | None, max_rows: in
         # Rows cost about alike, so the share of an epoch is the share of its reads; reads, not distinct rows:
         # the pair's second read of row 0 costs a row's time too (all of it where rows hold the GIL), so a
         # source of 100 slow rows stops after the pair, its first and last rows read.
-        if reads >= min_rows and reads > time_fraction * length:
+        if reads >= min_rows and reads > time_fraction * epoch:
             notes.append(f"stopped after {done} rows ({reads} reads): probing is capped at {time_fraction:.0%} "
                          f"of an epoch")
             break
@@ -528,6 +537,21 @@ def measure_random_access(source: Any, names: Sequence[str] | None, max_rows: in
     probe.reread_first(source)  # where no pair re-read the first row
     return probe.stats(True, length, started, notes)
 
+
+
+def _sampled(sampled: Callable[[int], tuple] | None, length: int, notes: list) -> tuple:
+    """``(rows, draws)`` of the caller's sampler (``measure_random_access``), or ``(None, None)``."""
+    if sampled is None:
+        return None, None
+    try:
+        pool, draws = sampled(length)
+    except Exception as exc:  # the sampler's own code: MindSpore meets it when it iterates
+        notes.append(f"the sampler's rows could not be read ahead ({type(exc).__name__}): rows spread over the "
+                     f"source read instead")
+        return None, None
+    if pool:
+        notes.append(f"rows read among the {len(pool)} the sampler may draw")
+    return (pool or None), draws
 
 
 def _second_pair_if_cold(probe: _Probe, source: Any, index: int, alone: tuple, keep: bool, notes: list) -> bool:

@@ -115,6 +115,9 @@ class FakeCompat:
     def network_operators_in(self, source):
         return None
 
+    def sampled_rows(self, kwargs):
+        return None
+
     def one_worker_by_mindspore(self, kind, target, dataset=None):
         return None
 

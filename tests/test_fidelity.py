@@ -1005,14 +1005,43 @@ def _auto_augment():
     return [vision.AutoAugment()]
 
 
-@pytest.mark.parametrize("make_ops", [_cut_out, _auto_augment], ids=["CutOut", "AutoAugment"])
-def test_a_map_of_random_transforms_not_named_random_keeps_mindspores_workers(ds, make_ops):
-    """Seeded maps of ``CutOut`` and ``AutoAugment`` (an audit: also RandAugment, CutMixBatch), workers left to
-    MindSpore's default of 2: ms_shm chose one worker and the images differed from raw's, as raw's own do with
-    one worker. They are random transforms: MindSpore's own mode and workers are kept, and the rows are raw's."""
+def _mask_along_axis_iid():
+    from mindspore.dataset import audio
+
+    return [audio.MaskAlongAxisIID(8, 0.0, 2)]
+
+
+def _crop_subclass():
+    from mindspore.dataset import vision
+
+    class TrainCrop(vision.RandomCrop):  # a model zoo's own name for MindSpore's random crop
+        pass
+
+    return [TrainCrop(24)]
+
+
+def _images(i: int) -> np.ndarray:
+    return np.random.default_rng(i).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+
+
+def _spectrograms(i: int) -> np.ndarray:
+    return np.random.default_rng(i).random((1, 32, 40), dtype=np.float32)
+
+
+@pytest.mark.parametrize("make_ops, make_row", [(_cut_out, _images), (_auto_augment, _images),
+                                                (_mask_along_axis_iid, _spectrograms), (_crop_subclass, _images)],
+                         ids=["CutOut", "AutoAugment", "MaskAlongAxisIID", "RandomCrop subclass"])
+def test_a_map_of_random_transforms_not_named_random_keeps_mindspores_workers(ds, make_ops, make_row):
+    """Seeded maps of ``CutOut`` and ``AutoAugment`` (an audit: also RandAugment, CutMixBatch), of SpecAugment's
+    ``MaskAlongAxisIID`` and of a user's subclass of ``RandomCrop`` (audits), workers left to MindSpore's
+    default of 2: ms_shm chose one worker and the rows differed from raw's, as raw's own do with one worker.
+    They are random transforms: MindSpore's own mode and workers are kept, and the rows are raw's."""
     import ms_shm
 
-    images = [np.random.default_rng(i).integers(0, 256, (32, 32, 3), dtype=np.uint8) for i in range(16)]
+    if make_ops is _mask_along_axis_iid and not hasattr(__import__("mindspore.dataset.audio").dataset.audio,
+                                                        "MaskAlongAxisIID"):
+        pytest.skip("this MindSpore has no audio.MaskAlongAxisIID")
+    images = [make_row(i) for i in range(16)]
     ds.config.set_num_parallel_workers(2)
 
     def pipeline(mapper):
@@ -1144,3 +1173,81 @@ def test_a_map_failing_on_a_probe_row_is_said_as_mindsporeS_error_samples_mode_t
         ds.config.set_error_samples_mode(before)
     said = [r.getMessage() for r in caplog.records if "dirty row" in r.getMessage()]
     assert said and fate in said[0], said
+
+
+class ShufflingIndices:
+    """A sampler that is a plain iterable: each ``__iter__`` draws a new order from numpy's global generator."""
+
+    def __init__(self, n: int):
+        self.n, self.calls = n, 0
+
+    def __iter__(self):
+        self.calls += 1
+        return iter(np.random.permutation(self.n).tolist())
+
+
+class CountingStream:
+    """An iterable source (no ``__getitem__``) whose ``__iter__`` counts: each pass yields other rows."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __iter__(self):
+        self.calls += 1
+        for i in range(6):
+            yield (np.array([i, self.calls], np.int64),)
+
+
+def test_a_sampler_and_a_source_that_draw_in_iter_are_iterated_as_often_as_raw(ds):
+    """MindSpore's checker only asks whether a sampler or source is iterable, by ``iter()``; ms_shm ran it once
+    more ahead of MindSpore's call, and ``map``/``batch`` once more each to tell a one-pass iterator (an audit: a
+    sampler shuffling with ``np.random`` in ``__iter__`` gave every epoch another order than raw; a stream
+    counting its passes was iterated 4 times where raw iterated it once)."""
+    import ms_shm
+
+    def keep(x, info):
+        return (x,)
+
+    orders, passes, samplers, streams = [], [], [], []
+    for build, mapped, batched in ((ds.GeneratorDataset, lambda d, f: d.map(f, input_columns=["x"]),
+                                    lambda d, n: d.batch(n, per_batch_map=keep, input_columns=["x"])),
+                                   (ms_shm.build_dataset, lambda d, f: ms_shm.map(d, f, input_columns=["x"]),
+                                    lambda d, n: ms_shm.batch(d, n, per_batch_map=keep, input_columns=["x"]))):
+        np.random.seed(0)
+        samplers.append(ShufflingIndices(10))
+        orders.append(rows_of(build(Plain(10), ["a", "b"], sampler=samplers[-1]), epochs=2))
+        streams.append(CountingStream())
+        passes.append(rows_of(batched(mapped(build(streams[-1], ["x"], shuffle=False), lambda x: x + 1), 2)))
+    assert orders[0] == orders[1] and samplers[0].calls == samplers[1].calls
+    assert passes[0] == passes[1] and streams[0].calls == streams[1].calls
+
+
+class HeaderFirst:
+    """Row 0 is a header the pipeline skips (one column of text where rows have two), as a CSV-backed source
+    with ``SequentialSampler(start_index=1)`` has."""
+
+    def __len__(self):
+        return 11
+
+    def __getitem__(self, index):
+        if int(index) == 0:
+            return (np.array("id,value"),)
+        return np.array(int(index), np.int64), np.full(4, int(index), np.float32)
+
+
+def test_probe_rows_are_rows_the_sampler_draws(ds):
+    """The probe read rows 0, last, middle... whatever the sampler said: a header row that
+    ``SequentialSampler(start_index=1)`` skips was refused as a bad row (``RowError``) by ``build_dataset`` and
+    by ``map``, where raw ran; a ``SubsetRandomSampler`` of 10 rows of 200,000 was planned as 200,000 rows."""
+    import ms_shm
+
+    raw, ours = both(ds, HeaderFirst, ["id", "value"], sampler=ds.SequentialSampler(start_index=1))
+    assert_same(raw, ours, 10)
+    source = ms_shm.build_dataset(HeaderFirst(), ["id", "value"], sampler=ds.SequentialSampler(start_index=1))
+    assert ms_shm.plan_of(source).rows_per_epoch == 10
+    raw_map = ds.GeneratorDataset(HeaderFirst(), ["id", "value"], sampler=ds.SequentialSampler(start_index=1))
+    assert_same(rows_of(raw_map.map(lambda v: v * 2, input_columns=["value"])),
+                rows_of(ms_shm.map(source, lambda v: v * 2, input_columns=["value"])), 10)
+    subset = ms_shm.build_dataset(Plain(200_000), ["a", "b"],
+                                  sampler=ds.SubsetRandomSampler(list(range(0, 200_000, 20_000))))
+    assert ms_shm.plan_of(subset).rows_per_epoch == 10

@@ -220,6 +220,15 @@ def test_map_pool_cost(version, workers, out_bytes, dev_shm, sysv):
     assert (cost.dev_shm, cost.sysv) == (dev_shm, sysv)
 
 
+def test_a_dev_shm_map_pool_with_shared_memory_off_sends_rows_through_pipes():
+    """2.0-2.6 honour ``set_enable_shared_mem(False)`` for a map's pool (rows through pipes, no pre-check): an
+    audit's 2.0 ``map`` of 8 MiB rows was refused in 64 MB where raw ran with it off. SysV segments ignore it."""
+    old, new = model.profile_for("2.0.0"), model.profile_for("2.10.0")
+    assert model.map_pool_cost(old, 2, MiB, 8 * MiB, shared_mem=False) == model.MapCost(17 * 4096, 0, 0)
+    assert model.map_precheck_bytes(old, 2, 16, shared_mem=False) == 0
+    assert model.map_pool_cost(new, 2, MiB, 8 * MiB, shared_mem=False) == model.map_pool_cost(new, 2, MiB, 8 * MiB)
+
+
 def test_map_pool_of_no_workers_costs_nothing():
     assert model.map_pool_cost(model.profile_for("2.10"), 0, MiB, MiB) == model.MapCost(0, 0, 0)
     assert model.map_fds(0) == 0

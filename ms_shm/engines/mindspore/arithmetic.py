@@ -114,10 +114,12 @@ class MapCost(Result):
 
 
 def map_pool_cost(profile: EngineProfile, workers: int, in_bytes: int, out_bytes: int,
-                  max_rowsize_mb: int | None = None, slot_rows: int = 1) -> MapCost:
+                  max_rowsize_mb: int | None = None, slot_rows: int = 1, shared_mem: bool = True) -> MapCost:
     """Shared memory of ``.map(python_multiprocessing=True)`` (or ``batch(per_batch_map=...)``). ``slot_rows``:
     a batch's pool slots are ``max_rowsize x batch_size`` MiB (``BatchDataset`` multiplies them, 2.0 to 2.10: an
-    audit's 2.0 batch of 4 asked MindSpore's pre-check for 768 MiB where ms_shm priced 192 MiB)."""
+    audit's 2.0 batch of 4 asked MindSpore's pre-check for 768 MiB where ms_shm priced 192 MiB). ``shared_mem``:
+    MindSpore's global switch; a ``/dev/shm`` pool (2.0-2.6) sends rows through pipes where it is off, and checks
+    nothing (an audit: 2.0 refused where raw ran with it off); SysV segments (2.7+) ignore it."""
     if workers <= 0:
         return MapCost(0, 0, 0)
     sem = SEM_PAGES_PER_POOL * PAGE
@@ -125,15 +127,19 @@ def map_pool_cost(profile: EngineProfile, workers: int, in_bytes: int, out_bytes
     if profile.map_transport == "sysv":
         segment = pages(row + 512)
         return MapCost(sem, workers * segment, segment)
+    if not shared_mem:
+        return MapCost(sem, 0, 0)
     rowsize = max_rowsize_mb if max_rowsize_mb and max_rowsize_mb > 0 else profile.map_default_max_rowsize_mb
     per_slot = rowsize * slot_rows * MiB if rowsize else pages(row)
     return MapCost(workers * 6 * per_slot + sem, 0, 0)
 
 
-def map_precheck_bytes(profile: EngineProfile, workers: int, max_rowsize_mb: int | None) -> int:
+def map_precheck_bytes(profile: EngineProfile, workers: int, max_rowsize_mb: int | None,
+                       shared_mem: bool = True) -> int:
     """/dev/shm a map/batch pool's own pre-check asks for: ``W x 3 x (in + out)`` MiB with a static
-    ``max_rowsize`` on releases that check (2.7: "Required: 201326592" for 2 workers at 16 MiB), else 0."""
-    if not profile.map_checks_dev_shm or not max_rowsize_mb:
+    ``max_rowsize`` on releases that check (2.7: "Required: 201326592" for 2 workers at 16 MiB), else 0; a
+    ``/dev/shm`` pool checks only with shared memory on (``map_pool_cost``)."""
+    if not profile.map_checks_dev_shm or not max_rowsize_mb or (not shared_mem and profile.map_transport != "sysv"):
         return 0
     return workers * 3 * 2 * max_rowsize_mb * MiB
 

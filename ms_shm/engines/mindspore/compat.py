@@ -7,13 +7,16 @@ in ``profiles.profile_for``. Every change is returned as a ``Change`` with its o
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import errno
 import functools
 import importlib
 import inspect
+import itertools
 import logging
 import os
+import threading
 import types
 from typing import Any, Callable, Sequence
 
@@ -394,13 +397,48 @@ def validate(kind: str, real: Any, *args: Any, **kwargs: Any) -> None:
     checked_body.__signature__ = signature  # parse_user_args binds the caller's arguments to the real signature
     stand_in = types.SimpleNamespace()
     try:
-        _quietly(lambda: checker(checked_body)(stand_in, *args, **kwargs))
+        with _iterating_no_user_code(validators):
+            _quietly(lambda: checker(checked_body)(stand_in, *args, **kwargs))
     except (TypeError, ValueError, RuntimeError):
         raise  # MindSpore's own refusal
     except Exception as exc:  # the checker wanted more of ``self`` than a stand-in has: MindSpore's call checks
         log.debug("MindSpore's %s check was left to MindSpore's own call (%s: %s)", kind, type(exc).__name__, exc)
     else:
         _remember_no_network_operators(kind, stand_in, kwargs.get("operations"))
+
+
+_CHECKING = threading.local()  # ``_iterating_no_user_code``: this thread runs MindSpore's checker ahead
+_SHADOW_LOCK = threading.Lock()
+_SHADOWING = [0]  # threads inside ``_iterating_no_user_code``: the shadow stays while any is
+
+
+def _checked_iter(obj: Any, *sentinel: Any) -> Any:
+    if getattr(_CHECKING, "active", False) and not sentinel \
+            and isinstance(getattr(type(obj), "__iter__", None), types.FunctionType):
+        return builtins.iter(())  # Python code of the caller's: iterable, as far as the check asks
+    return builtins.iter(obj, *sentinel)
+
+
+@contextlib.contextmanager
+def _iterating_no_user_code(validators: Any):
+    """While this thread runs MindSpore's checker ahead of MindSpore's own call: its ``iter(source)`` and
+    ``iter(sampler)``, which only ask whether the object is iterable, do not run the object's own ``__iter__``.
+    MindSpore's call runs them as raw does; run here too, they were one draw more: a sampler shuffling with
+    ``np.random`` in ``__iter__`` gave every epoch another order than raw, and a source keeping an epoch count
+    in ``__iter__`` other rows. Other threads' checks call ``iter`` as ever."""
+    with _SHADOW_LOCK:
+        if _SHADOWING[0] == 0:
+            validators.iter = _checked_iter
+        _SHADOWING[0] += 1
+    _CHECKING.active = True
+    try:
+        yield
+    finally:
+        _CHECKING.active = False
+        with _SHADOW_LOCK:
+            _SHADOWING[0] -= 1
+            if _SHADOWING[0] == 0 and validators.__dict__.get("iter") is _checked_iter:
+                del validators.iter
 
 
 def _remember_no_network_operators(kind: str, stand_in: Any, operations: Any) -> None:
@@ -499,6 +537,67 @@ def batches(rows: int | None, batch_size: Any, drop_remainder: bool) -> int | No
     if rows is None or not isinstance(batch_size, int) or batch_size <= 0:
         return None
     return rows // batch_size if drop_remainder else -(-rows // batch_size)
+
+
+_DRAWS_READ = 100_000  # indices of a Python sampler read in the probe child, at most
+
+
+def sampled_rows(kwargs: dict) -> Callable[[int], tuple] | None:
+    """What the call's sampler draws from a source of ``length`` rows, as a function for the probe child:
+    ``(rows, draws)``, the rows it may draw (a ``range`` or a sorted tuple; ``None``: any) and how many it draws
+    an epoch (``None``: unknown). A Python sampler's ``__iter__`` runs only there, where its draws cannot move the
+    program's. ``None`` where nothing limits the rows: no sampler, or a random or distributed one (any row may be
+    drawn), or a sampler with a child (the child draws first)."""
+    sampler = kwargs.get("sampler")
+    if sampler is None:
+        n = kwargs.get("num_samples")
+        if n and kwargs.get("shuffle") is False and kwargs.get("num_shards") is None:  # MindSpore's sequential
+            return lambda length: (range(min(n, length)) or None, min(n, length))
+        return None
+    try:
+        from mindspore.dataset.engine import samplers
+    except ImportError:
+        return None
+    if getattr(sampler, "child_sampler", None) is not None:
+        return None
+    n = getattr(sampler, "num_samples", None)
+    if isinstance(sampler, samplers.SequentialSampler):
+        start = sampler.start_index or 0
+        return lambda length: _capped(range(start, length if not n else min(length, start + n)), n)
+    if isinstance(sampler, samplers.SubsetSampler):  # SubsetRandomSampler too
+        indices = list(sampler.indices)
+        return lambda length: (_valid(indices, length), min(len(indices), n) if n else len(indices))
+    if isinstance(sampler, samplers.WeightedRandomSampler):
+        weights = list(sampler.weights)
+        return lambda length: (tuple(i for i, w in enumerate(weights[:length]) if w > 0) or None, n)
+    if isinstance(sampler, samplers.BuiltinSampler) and not isinstance(sampler, samplers.Sampler):
+        return None
+    n = n if isinstance(sampler, samplers.Sampler) else kwargs.get("num_samples")  # a plain iterable's cap
+    return lambda length: _drawn(sampler, length, n)
+
+
+def _capped(rows: range, n: int | None) -> tuple:
+    return rows or None, min(len(rows), n) if n else len(rows)
+
+
+def _valid(indices: Any, length: int) -> tuple | None:
+    try:
+        return tuple(sorted({int(i) for i in indices if 0 <= int(i) < length})) or None
+    except (TypeError, ValueError):  # not indices MindSpore takes: it says so when it iterates
+        return None
+
+
+def _drawn(sampler: Any, length: int, n: int | None) -> tuple:
+    """A Python sampler's draws, in the probe child: MindSpore tells a ``ds.Sampler`` the dataset's size first."""
+    handshake = getattr(sampler, "_handshake", None)
+    if handshake is not None:
+        try:
+            handshake(length)
+        except TypeError:  # 2.0 passes num_samples too
+            handshake(length, n)
+    drawn = list(itertools.islice(iter(sampler), _DRAWS_READ + 1))
+    draws = len(drawn) if len(drawn) <= _DRAWS_READ else None
+    return _valid(drawn[:_DRAWS_READ], length), min(draws, n) if n and draws is not None else draws
 
 
 def network_operators_in(source: Any) -> str | None:

@@ -494,7 +494,8 @@ def plan_map(in_bytes: int, out_bytes: int, seconds_per_row: float | None, cpu_f
         decisions.append(Decision("prefetch_size", best.prefetch, req.prefetch,
                                   f"prefetch {req.prefetch} does not fit ({_why_not_at(cands, best, req.prefetch)}); "
                                   f"this lowers MindSpore's global prefetch size"))
-    sysv = model.map_pool_cost(profile, best.workers, in_bytes, out_bytes, req.max_rowsize, slot_rows).sysv \
+    sysv = model.map_pool_cost(profile, best.workers, in_bytes, out_bytes, req.max_rowsize, slot_rows,
+                               req.shared_mem).sysv \
         if best.mode == PROCESSES and python_pool else 0
     at = [_map_candidate(best.mode, best.workers, in_bytes, out_bytes, stats, replace(req, prefetch=p), profile,
                          limits, costs) for p in range(1, best.prefetch + 1)]
@@ -534,15 +535,15 @@ def _map_candidate(mode: str, w: int, in_bytes: int, out_bytes: int, stats: RowS
     budget, shmmax, worker_bytes, python_pool, slot_rows = limits
     budget = budget.at_prefetch(req.prefetch)
     processes = mode == PROCESSES and python_pool  # no pool: the C++ transforms run in MindSpore's threads
-    cost = model.map_pool_cost(profile, w, in_bytes, out_bytes, req.max_rowsize, slot_rows) if processes \
-        else model.MapCost(0, 0, 0)
+    cost = model.map_pool_cost(profile, w, in_bytes, out_bytes, req.max_rowsize, slot_rows, req.shared_mem) \
+        if processes else model.MapCost(0, 0, 0)
     why = []
     if budget.shm_bytes is not None and cost.dev_shm > budget.shm_bytes:
         why.append(f"needs {mib(cost.dev_shm)} of /dev/shm > budget {free_text(budget.shm_bytes, cost.dev_shm)}")
     if budget.shm_bytes is None and processes:
         why.append("/dev/shm unknown (semaphores live there)")
-    precheck = model.map_precheck_bytes(profile, w, req.max_rowsize and req.max_rowsize * slot_rows) if processes \
-        else 0
+    precheck = model.map_precheck_bytes(profile, w, req.max_rowsize and req.max_rowsize * slot_rows,
+                                        req.shared_mem) if processes else 0
     if precheck and budget.shm_bytes is not None and precheck > budget.shm_bytes:
         why.append(f"MindSpore {profile.version}'s map pre-check asks for {mib(precheck)} of /dev/shm for a static "
                    f"max_rowsize ({profile.precheck_error}: 'Insufficient shared memory')")

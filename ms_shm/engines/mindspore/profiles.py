@@ -24,13 +24,24 @@ CARRIED_KINDS = {"b": "bool", "i": "int", "u": "uint", "f": "float", "U": "str",
 # CutMixBatch gave other images with the one worker ms_shm chose than with MindSpore's default of 2.
 RANDOM_TRANSFORMS = frozenset({"AutoAugment", "RandAugment", "TrivialAugmentWide", "UniformAugment", "CutOut", "Cutout",
                                "CutMixBatch", "MixUpBatch", "MixUp", "BoundingBoxAugment", "FrequencyMasking",
-                               "TimeMasking"})
+                               "TimeMasking", "MaskAlongAxisIID", "Dither", "GriffinLim"})
+# (``GriffinLim`` draws only with ``rand_init=True``, its default: counted as drawing, the safe side)
 
 
 def is_random_transform(class_name: str) -> bool:
     """Whether a transform of this class draws random numbers (``RANDOM_TRANSFORMS``); "Random" anywhere in the
     name counts (``SoftDvppDecodeRandomCropResizeJpeg``)."""
     return "Random" in class_name or class_name in RANDOM_TRANSFORMS
+
+
+def random_mindspore_base(cls: type) -> type | None:
+    """The MindSpore random transform ``cls`` is or derives from (``mindspore.dataset``'s own classes only): a
+    user's ``class TrainCrop(vision.RandomCrop)`` draws as ``RandomCrop`` does (an audit: its map was planned on
+    one thread, where raw's two workers drew other crops)."""
+    for base in getattr(cls, "__mro__", ()):
+        if is_random_transform(base.__name__) and (getattr(base, "__module__", "") or "").startswith("mindspore."):
+            return base
+    return None
 
 
 # dtypes (native byte order) of arrays MindSpore's iterator hands out from a dict column (``Tensor.np_types``, 2.10),
@@ -114,4 +125,5 @@ def profile_for(version: str | None) -> EngineProfile:
 
 
 __all__ = ["EngineProfile", "profile_for", "parse_version", "is_modeled", "modeled_releases", "MODELED",
-           "KNOWN_VERSIONS", "CARRIED_KINDS", "DICT_DTYPES", "RANDOM_TRANSFORMS", "is_random_transform"]
+           "KNOWN_VERSIONS", "CARRIED_KINDS", "DICT_DTYPES", "RANDOM_TRANSFORMS", "is_random_transform",
+           "random_mindspore_base"]

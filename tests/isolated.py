@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -160,6 +161,13 @@ def run_shell(command: str, shm: str | None = "64m", cpus: int | None = None, no
     script = shell_prefix(shm, cpus, nofile, nofile_hard, cgroup) + " && " + command
     return subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
                           capture_output=True, text=True, timeout=timeout, env=full_env, cwd=str(REPO))
+
+
+def as_from_a_terminal() -> None:
+    """A child's ``preexec_fn``: SIGINT at its default, as for a program started at a terminal. A suite run as a
+    background job of a script inherits it ignored (``cmd &`` without job control), and Python then installs no
+    handler for it: a test that sends SIGINT would wait in vain."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def run_python(code: str, **kwargs) -> subprocess.CompletedProcess:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import gc
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ import numpy as np
 import psutil
 import pytest
 
+from tests import isolated
 from tests.conftest import release_skip
 
 pytestmark = pytest.mark.mindspore
@@ -1134,19 +1134,13 @@ except KeyboardInterrupt:
 """
 
 
-def _as_from_a_terminal() -> None:
-    """SIGINT at its default, as for a program started at a terminal: a suite run as a background job of a
-    script inherits it ignored (``cmd &`` without job control), and Python then installs no handler for it."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def test_ctrl_c_still_raises_keyboard_interrupt_after_ms_shm_probed_a_pipeline(ds):
     """The probe's fork runs MindSpore's fork hooks (2.7.2+), and ``prepare_before_fork`` installs MindSpore's
     own SIGINT handler for good: Ctrl-C then ended the program by SIGTERM (rc 143), with no ``KeyboardInterrupt``,
     ``finally`` or handler of the script's own. Raw MindSpore leaves Python's handler in place."""
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
     proc = subprocess.run([sys.executable, "-c", CTRL_C_AFTER_BUILD], capture_output=True, text=True, timeout=300,
-                          env=env, preexec_fn=_as_from_a_terminal)
+                          env=env, preexec_fn=isolated.as_from_a_terminal)
     assert proc.returncode == 0 and proc.stdout.strip() == "KeyboardInterrupt", \
         f"rc={proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
 

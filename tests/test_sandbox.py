@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from ms_shm import measure, sandbox
+from tests import isolated
 
 
 def draw_random():
@@ -540,7 +541,8 @@ def test_a_probe_child_dies_with_the_program_that_was_stopped_while_it_probed(ho
     """An audit: Ctrl-C or SIGTERM while a source's slow rows were probed left the child reading on, orphaned (19 s
     for 10 s rows; a source that hangs, for ever), where raw MindSpore leaves no process."""
     pid_file = tmp_path / "child.pid"
-    proc = subprocess.Popen([sys.executable, "-c", PROBING_FOREVER, str(pid_file)])
+    proc = subprocess.Popen([sys.executable, "-c", PROBING_FOREVER, str(pid_file)],
+                            preexec_fn=isolated.as_from_a_terminal)
     try:
         _until(lambda: pid_file.exists() and pid_file.read_text())
         child = int(pid_file.read_text())

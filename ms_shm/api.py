@@ -462,28 +462,51 @@ def _with_room(plan_with: Callable[[budget_mod.Budget], Plan], facts: host.HostF
 
 def _overcommitted(plan_with: Callable[[budget_mod.Budget], Plan], facts: host.HostFacts,
                    refused: ShmBudgetError) -> Plan | None:
-    """The leanest plan the call allows, planned on the memory left now, where nothing fits beside the live
-    pipelines' reservations and none of them may switch to leaner settings; said at WARNING, with the fix.
-    Reservations are each pipeline's worst case (every queue full behind a slow loop): an eval pipeline built
-    while the train's iterator ran was refused in a 1000 MB container, even in MindSpore's own thread, where raw
-    ran both at a 578 MiB peak. ``None`` where nothing is reserved, or nothing fits the memory left now."""
-    if not any(r.memory for r in SESSION.ledger.live()):
+    """The leanest plan the call allows, planned on the memory left now, where nothing fits beside the
+    reservations of pipelines an iterator runs and none may switch to leaner settings; said at WARNING, with the
+    fix. A running pipeline's reservation is its worst case (every queue full behind a slow loop), and what it
+    holds shows in the memory left now: an eval pipeline built while the train's iterator ran was refused in a
+    1000 MB container, even in MindSpore's own thread, where raw ran both at a 578 MiB peak. Pipelines built
+    and not iterated yet hold nothing now and keep their reservations (an audit: planned on the memory left
+    beside them, stages built up front were OOM-killed). ``None`` where no running pipeline reserved memory, or
+    nothing fits the memory left now."""
+    live = SESSION.ledger.live()
+    waiting = {r.key for r in SESSION.ledger.following(live)}
+    running = sum(r.memory for r in live if r.key not in waiting)
+    if not running:
         return None
     now = SESSION.budget(facts, held_now=True)
-    p = _plan_or_none(plan_with, now)
+    p = _leanest(plan_with, now)
     if p is None:
         return None
     if p.lean is not None and p.lean.by_prefetch[-1][2] < p.predicted_memory:
         p = _leaned(p, "the leanest settings, as the memory is overcommitted")
-    reserved = sum(r.memory for r in SESSION.ledger.live())
-    why = (f"the live pipelines reserve {mib(reserved)} of memory, their worst case (every queue full), and none "
-           f"of this call's settings fits beside that; it runs as {p.mode} x{p.workers}, holding up to "
-           f"{mib(p.predicted_memory)}, planned on the memory left now ({now.memory_reason})")
+    why = (f"the running pipelines reserve {mib(running)} of memory, their worst case (every queue full), and "
+           f"none of this call's settings fits beside that; it runs as {p.mode} x{p.workers}, the least memory "
+           f"the call allows, up to {mib(p.predicted_memory)}, planned on the memory left now "
+           f"({now.memory_reason})")
     log.warning("ms_shm: overcommitting memory for the pipeline built at %s: %s. If the container runs out of "
-                "memory: %s; or build this pipeline before the other's iterator starts (then both are planned to "
-                "fit), or give an earlier pipeline num_parallel_workers=1", sites.call_site(), why,
+                "memory: %s; or build this pipeline before the running one's iterator starts (then both are "
+                "planned to fit), or give the running pipeline num_parallel_workers=1", sites.call_site(), why,
                 refused.fix or str(refused).split(" Fix: ", 1)[-1].rstrip("."))
-    return replace(p, decisions=(Decision("memory_overcommitted", True, False, why),) + p.decisions)
+    return replace(p, budget=now, decisions=(Decision("memory_overcommitted", True, False, why),) + p.decisions)
+
+
+def _leanest(plan_with: Callable[[budget_mod.Budget], Plan], b: budget_mod.Budget) -> Plan | None:
+    """``plan_with``'s plan at the least memory it fits in, up to ``b``'s: the leanest the call allows (under
+    ``ms_shm.patch``, explicit settings that hold more give way, as where they do not fit), or ``None``."""
+    best = _plan_or_none(plan_with, b)
+    if best is None or b.memory_bytes is None:
+        return best
+    low, high = 0, b.memory_bytes
+    while high - low > max(1 << 20, high >> 6):  # to within a MiB or 1/64: plans differ by rows of memory
+        mid = (low + high) // 2
+        p = _plan_or_none(plan_with, replace(b, memory_bytes=mid))
+        if p is None:
+            low = mid
+        else:
+            best, high = p, mid
+    return best
 
 
 def _fewest_to_lean(plan_with: Callable[[budget_mod.Budget], Plan], facts: host.HostFacts) -> tuple:

@@ -50,8 +50,12 @@ NAMES = ("get_worker_info", "initial_seed")  # what a worker answers apart from 
 ENTRY_POINTS = ("__getitem__", "__getitems__", "__iter__", "__call__", "forward")
 FRAMEWORKS = frozenset({"torch", "mindspore", "numpy", "ms_shm", "builtins"})
 MAX_CODES = 300  # code objects read at most: a dataset's own code is tens
-HELD_DEPTH = 2  # objects held by the dataset, and by those: a Subset of a dataset holding a transform
-HELD_ITEMS = 8  # of a held list, tuple or dict (ConcatDataset's datasets), the first ones only
+# objects held by the dataset, and by those, down to a transform in a ``Compose`` in a dataset wrapped by
+# ``random_split``'s ``Subset`` or a ``ConcatDataset`` (an audit: at 2 levels and 8 items, a crop drawing for some
+# samples only was missed there, and in a 9-transform ``Compose``, and workers changed the batches)
+HELD_DEPTH = 5
+HELD_ITEMS = 64  # of a held list, tuple or dict, the first ones only
+MAX_HELD = 2000  # objects looked at per walk, at most: a dataset holding many small objects stays cheap
 # the standard library's top-level modules (``sys.stdlib_module_names`` arrived in Python 3.10; before it, the
 # modules a dataset's code commonly reaches)
 STDLIB = getattr(sys, "stdlib_module_names", None) or frozenset({
@@ -304,7 +308,10 @@ def _mindspore_random(obj: Any) -> str | None:
 
 
 def _drawn_from(how: str) -> str:
-    return "MindSpore's seed" if how.startswith("mindspore.") else "torch's global generator"
+    if how.startswith("mindspore."):
+        return "MindSpore's seed"
+    return next((f"{owner} global generator" for prefix, owner in (("numpy.random", "numpy's"), ("random.", "random's"))
+                 if how.startswith(prefix)), "torch's global generator")
 
 
 def _training(module: Any) -> bool:
@@ -369,7 +376,7 @@ def _held_entries(obj: Any, seen: set) -> Iterator:
 
 def _held(obj: Any, seen: set, depth: int = 0) -> Iterator:
     """``obj`` and the objects it holds as attributes, ``HELD_DEPTH`` levels down, each once (``seen``)."""
-    if id(obj) in seen or isinstance(obj, (str, bytes, int, float, bool, type(None))):
+    if id(obj) in seen or isinstance(obj, (str, bytes, int, float, bool, type(None))) or len(seen) >= MAX_HELD:
         return
     seen.add(id(obj))
     yield obj
@@ -391,9 +398,21 @@ def _held_random(roots: tuple, targets: _Targets) -> tuple | None:
     in training mode is taken as used, the safe side (the framework's default ``num_workers`` is kept)."""
     for root in roots:
         for obj in _held(root, set()) if root is not None else ():
-            found = targets.random_object(obj)
+            found = targets.random_object(obj) or _held_draw(obj, targets)
             if found:
                 return root, found
+    return None
+
+
+def _held_draw(obj: Any, targets: _Targets) -> str | None:
+    """How ``obj`` draws through a global generator's method or a sampling function it holds as an attribute
+    (``self.noise = np.random.normal``, called as ``self.noise()``, where the bytecode cannot know ``self``)."""
+    attrs = getattr(obj, "__dict__", None)
+    for value in (list(attrs.values()) if isinstance(attrs, dict) else ()):
+        if isinstance(value, (types.MethodType, types.BuiltinMethodType, types.BuiltinFunctionType)):
+            found = targets.label(value)
+            if found:
+                return f"{found[0]} (held)"
     return None
 
 

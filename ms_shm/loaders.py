@@ -267,7 +267,8 @@ def _through_pipes(eng: Any, stats: Any, req: LoaderRequest, b: Any, asked: dict
     try:
         profile = eng.profile()
         return eng.planning.plan_loader(stats, replace(req, pipes=True, custom_collate=profile.collate_in_shm and
-                                                       asked.get("collate_fn") is not None), b, profile)
+                                                       asked.get("collate_fn") is not None and
+                                                       stats.collate_shares is not False), b, profile)
     except ShmBudgetError:
         raise error from None
 
@@ -367,7 +368,8 @@ def _probe(eng: Any, dataset: Any, asked: dict, b: Any, timed: bool) -> tuple:
     return probe.probe_loader(dataset, asked.get("batch_size", 1), collate, eng.compat.weigh,
                               eng.compat.is_iterable(dataset), asked.get("sampler"), asked.get("batch_sampler"),
                               budget_mod.memory_may_bind(b), None if timed else eng.compat.twin,
-                              eng.compat.tensor_bytes, reread=timed, read=eng.compat.sample_reader(batched))
+                              eng.compat.tensor_bytes, reread=timed, read=eng.compat.sample_reader(batched),
+                              shares=eng.compat.collate_shares if asked.get("collate_fn") else None)
 
 
 def _arguments(eng: Any, asked: dict, p: Plan, b: Any) -> dict:

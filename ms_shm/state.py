@@ -54,12 +54,14 @@ class Session:
         epochs counts, ``held_apart``: a val loader of 8 x 16 MiB samples was refused in a 450 MB container after
         a train loader with no workers, idle, that held nothing, where raw torch ran both). /dev/shm is as it
         was before the first pipeline (later readings would count our own slots as someone else's); memory is
-        that, or what is left now plus what our pipelines reserved, whichever is less. ``leaned``: keys of
-        reservations counted as switched to their leanest settings (``Ledger.go_lean``). ``held_now``: the live
-        pipelines' memory counted at what they hold now (the memory left now) instead of at their reservations,
-        which are their worst case, every queue full (``api._overcommitted``)."""
+        that, or what is left now plus what our running pipelines reserved (those an iterator runs; one built and
+        not iterated yet holds nothing, and adding its reservation back planned a map on memory that was not
+        there: an audit's OOM kill at 650 MB where raw ran), whichever is less. ``leaned``: keys of reservations
+        counted as switched to their leanest settings (``Ledger.go_lean``). ``held_now``: the running pipelines'
+        memory counted at what they hold now (the memory left now) instead of at their reservations, which are
+        their worst case, every queue full (``api._overcommitted``); the others' at their reservations."""
         if reserved is not None:
-            (shm_used, fds_used, memory_used), pipelines, returned = reserved, 0, ()
+            (shm_used, fds_used, memory_used), pipelines, returned, idle = reserved, 0, (), 0
         else:
             live = self.ledger.live()  # one reading: a pipeline registered meanwhile is in all three or none
             live = tuple(r.leaned() if r.key in leaned else r for r in live)
@@ -67,14 +69,16 @@ class Session:
             shm_used, fds_used, memory_used = budget_mod.sums(counted)
             memory_used += sum(r.held_apart for r in live if r.kind == apart)
             pipelines = sum(1 for r in counted if r.shm_bytes)
-            returned = budget_mod.returned_at(self.ledger.following(counted))
+            waiting = self.ledger.following(counted)  # no iterator alive on them: they hold nothing now
+            returned, idle = budget_mod.returned_at(waiting), sum(r.memory for r in waiting)
         memory_left, memory_source = facts.memory_left
         now_left = host.memory_now(facts).memory_left[0] if memory_left is not None else None
+        running = memory_used - idle
         if held_now and now_left is not None:
-            memory_left, memory_used = min(memory_left, now_left), 0
-            memory_source = f"{memory_source}, read now, live pipelines at what they hold now"
-        elif now_left is not None and now_left + memory_used < memory_left:  # the program took some since
-            memory_left, memory_source = now_left + memory_used, f"{memory_source}, read now"
+            memory_left, memory_used = min(memory_left, now_left), idle
+            memory_source = f"{memory_source}, read now, running pipelines at what they hold now"
+        elif now_left is not None and now_left + running < memory_left:  # the program took some since
+            memory_left, memory_source = now_left + running, f"{memory_source}, read now"
         return budget_mod.compute(facts.shm_free, facts.ranks.local_size, facts.nofile_soft, facts.open_fds,
                                   shm_used, fds_used, self.fraction, facts.ranks.source, memory_left,
                                   memory_used, memory_source, pipelines, facts.shm_readonly, returned)

@@ -222,6 +222,14 @@ def as_batch(samples):
     return Batch([s[0] for s in samples], [s[1] for s in samples])
 
 
+def stacked_dict(samples):
+    """A ``collate_fn`` of the user's own that stacks with ``torch.stack`` itself: its batch is built in the
+    worker's own memory, never in /dev/shm."""
+    import torch
+
+    return {"data": torch.stack([s[0] for s in samples]), "index": torch.tensor([int(s[1]) for s in samples])}
+
+
 def fill_dev_shm(leave: int) -> None:
     """Another process takes all of /dev/shm but ``leave`` bytes (a rank planned as if alone)."""
     import os
@@ -277,13 +285,16 @@ SCENARIOS = {  # scenario: (dataset, DataLoader arguments a user writes, what ms
     # the same samples in batches of 3 (24 MiB) as a batch class of the user's own
     "drawn_class": ("drawn", dict(batch_size=3, num_workers=2, collate_fn=as_batch),
                     dict(batch_size=3, num_workers=2, collate_fn=as_batch)),
+    # the same samples in batches of 4 (32 MiB: two workers' would not fit 64 MB) through a stacking collate
+    "drawn_dict": ("drawn", dict(batch_size=4, num_workers=2, collate_fn=stacked_dict),
+                   dict(batch_size=4, num_workers=2, collate_fn=stacked_dict)),
     "preloaded": ("preloaded", dict(batch_size=8, num_workers=2, collate_fn=zip_collate),
                   dict(batch_size=8, num_workers=2, collate_fn=zip_collate)),
 }
-PEAK = ("tensords", "preloaded", "drawn", "drawn_class")  # scenarios whose /dev/shm peak is measured (sampled every 2 ms)
+PEAK = ("tensords", "preloaded", "drawn", "drawn_class", "drawn_dict")  # scenarios whose /dev/shm peak is measured (sampled every 2 ms)
 FILL = {"filled": 2 << 20}  # scenario: bytes another process leaves free in /dev/shm once the loader is built
-EPOCHS = {"epochs_held": 3, "drawn": 2, "drawn_persistent": 2, "drawn_class": 2}  # scenario: epochs iterated (1 where not named)
-SEEDED = ("drawn", "drawn_persistent", "drawn_class")  # scenarios whose MindSpore loader is given a seeded generator
+EPOCHS = {"epochs_held": 3, "drawn": 2, "drawn_persistent": 2, "drawn_class": 2, "drawn_dict": 2}  # scenario: epochs iterated (1 where not named)
+SEEDED = ("drawn", "drawn_persistent", "drawn_class", "drawn_dict")  # scenarios whose MindSpore loader is given a seeded generator
 
 
 def run(framework: str, scenario: str, mode: str) -> None:

@@ -153,6 +153,73 @@ def test_seeded_generators_and_mere_mentions_are_not_draws(dataset):
     assert codescan.global_draw(dataset) is None
 
 
+class Identity:
+    def __call__(self, x):
+        return x
+
+
+class Compose:
+    def __init__(self, transforms):
+        self.transforms = transforms
+
+    def __call__(self, x):
+        for t in self.transforms:
+            x = t(x)
+        return x
+
+
+class CropSometimes:
+    def __call__(self, x):
+        return x[random.randint(0, 3):] if len(x) > 8 else x
+
+
+class Wrapper:
+    """A ``Subset`` / ``ConcatDataset``-like wrapper: the dataset it reads is an attribute (or in a list)."""
+
+    def __init__(self, inner, as_list=False):
+        self.datasets = [inner] if as_list else None
+        self.dataset = None if as_list else inner
+
+    def __getitem__(self, i):
+        return (self.dataset or self.datasets[0])[i]
+
+
+class Holds:
+    def __init__(self, transform):
+        self.transform = transform
+
+    def __getitem__(self, i):
+        return self.transform(i)
+
+
+class HeldNoise:
+    """Holds a global generator's method, called for some samples: ``self.noise()`` cannot be resolved from the
+    bytecode."""
+
+    def __init__(self):
+        self.noise = np.random.normal
+
+    def __getitem__(self, i):
+        return i + (self.noise() if i % 4 == 0 else 0)
+
+
+@pytest.mark.parametrize("dataset", [
+    Wrapper(Holds(Compose([Identity(), CropSometimes()]))),
+    Wrapper(Wrapper(Holds(Transformed().transform))),
+    Wrapper(Holds(Compose([Identity()] * 8 + [Transformed().transform])), as_list=True),
+], ids=["Subset(DS(Compose))", "Subset(Subset(DS(transform)))", "Concat(DS(Compose of 9))"])
+def test_a_draw_deep_in_wrapped_datasets_and_long_composes_is_found(dataset):
+    """An audit: ``random_split``'s ``Subset`` or a ``ConcatDataset`` of a dataset holding a ``Compose``, and a
+    ``Compose`` of 9 transforms, hid a transform drawing for some samples only from a walk of 2 levels and 8
+    items; ms_shm added workers and the batches changed."""
+    assert codescan.global_draw(dataset) is not None
+
+
+def test_a_held_global_generator_method_is_a_draw():
+    assert codescan.global_draw(HeldNoise()) == (
+        "HeldNoise holds numpy.random.normal (held) (draws from numpy's global generator; workers are seeded apart)")
+
+
 def test_a_collate_fn_that_draws_is_named():
     assert codescan.global_draw(MentionsRandom(), random_collate) == (
         f"collate_fn random_collate calls random.randint ({WORKERS_SEEDED_APART})")

@@ -127,6 +127,21 @@ def test_a_batch_class_of_the_users_own_travels_through_the_pipes_too(real_torch
         assert ours["peak"] is None or ours["peak"] < 8 << 20, ours["peak"]
 
 
+def test_a_collate_that_stacks_in_its_own_memory_is_not_charged_dev_shm_for_its_pipes(real_torch):
+    """A ``collate_fn`` returning a dict it stacks with ``torch.stack`` (32 MiB batches, 2 workers that must stay,
+    64 MB): the pipe plan charged any collate of the caller's a batch of /dev/shm per worker (torch's default
+    collate builds there in a worker) and refused (an audit). The probe runs the collate as in a worker and sees
+    it builds nothing there: raw's batches through the pipes, bit for bit."""
+    reference = result(run("drawn_dict", "raw", "2g"))["digests"]
+    failed = raw_fails("drawn_dict")
+    assert failed == "hang" or "No space left on device" in failed or "Bus error" in failed, failed[-3000:]
+    for mode in ("ms_shm", "patch"):
+        ours = result(run("drawn_dict", mode, timeout=180))
+        assert ours["digests"] == reference and len(reference) == 12, mode
+        assert ours["plan"]["workers"] == 2, ours["plan"]
+        assert any(d.startswith("transport=pipes") for d in ours["plan"]["decisions"]), ours["plan"]
+
+
 pair = collections.namedtuple("pair", "a b")  # a batch's namedtuple, importable by name as a worker's must be
 
 

@@ -75,6 +75,12 @@ def numpy_problem() -> str | None:
             f"(or num_workers=0, which reads samples in the main process)")
 
 
+def collate_shares(collate: Any, samples: list) -> bool | None:
+    """MindSpore's DataLoader workers do not build batches in shared memory (``LoaderProfile.collate_in_shm``):
+    nothing to tell."""
+    return None
+
+
 def piped(collate: Any, samples: Any, default: bool) -> Any:
     """``collate(samples)`` in a worker, made to travel through the worker's result pipe instead of ``/dev/shm``
     (``plan.PIPES``): MindSpore's queue pickles every ``Tensor`` with its shared-memory reduction (one file per

@@ -134,6 +134,26 @@ def piped(collate: Any, samples: Any, default: bool) -> Any:
     return _piped(batch, {})
 
 
+def collate_shares(collate: Any, samples: list) -> bool | None:
+    """Whether ``collate(samples)``, run as in a worker (``get_worker_info()`` set), builds any of its batch in
+    shared memory: torch's default collate does (``_new_shared``), so does a ``collate_fn`` that calls it; one
+    that stacks with ``torch.stack`` itself does not, and its batch, sent through a pipe, never touches
+    ``/dev/shm`` (an audit: a dict-returning ``collate_fn`` was charged a batch per worker there and refused under
+    64 MB, where its pipes fitted). For the probe child only; ``None`` where it cannot tell."""
+    worker = sys.modules.get("torch.utils.data._utils.worker")
+    if worker is None or not hasattr(worker, "_worker_info") or not hasattr(worker, "WorkerInfo"):
+        return None
+    saved = worker._worker_info
+    try:
+        worker._worker_info = worker.WorkerInfo(id=0, num_workers=1, seed=0, dataset=None)
+        batch = collate(samples)
+    except Exception:  # a collate that wants more of a worker than this stand-in: priced as sharing
+        return None
+    finally:
+        worker._worker_info = saved
+    return any(s.is_shared() for s in _storages(batch).values())
+
+
 def _as_in_main(collate: Any, samples: Any) -> Any:
     """``collate(samples)`` with ``get_worker_info()`` reading ``None``: torch's default collate then stacks into
     ordinary memory (``collate_tensor_fn``'s ``_new_shared`` is for a worker only), the same values."""

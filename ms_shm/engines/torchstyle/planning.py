@@ -95,6 +95,8 @@ class BatchStats(Result):
     unsent: str | None = None
     batch_bytes_min: int | None = None
     shared_bytes: int = 0
+    collate_shares: bool | None = None  # the caller's collate_fn, run as in a worker, built its batch in shared
+    # memory (through torch's default collate); ``None``: not asked (no collate of the caller's) or unknown
 
     @property
     def ragged(self) -> bool:
@@ -120,7 +122,8 @@ class LoaderRequest(Result):
     persistent_workers: bool = False  # forked once, not every epoch (``model.held_at_start``)
     pipes: bool = False  # batches may travel through the workers' pipes where no shared-memory plan fits
     custom_collate: bool = False  # the caller's collate_fn: it may build its batch in /dev/shm in the worker
-    # (through torch's default collate: ``LoaderProfile.collate_in_shm``)
+    # (through torch's default collate: ``LoaderProfile.collate_in_shm``), unless the probe saw it does not
+    # (``BatchStats.collate_shares``)
 
 
 def _worker_options(req: LoaderRequest) -> list:

@@ -266,15 +266,19 @@ def probe_loader(dataset: Any, batch_size: int | None, collate: Callable, weigh:
                  iterable: bool, sampler: Any = None, batch_sampler: Any = None,
                  worker_pages: bool = False, twin: Callable[[Any], Any] | None = None,
                  tensor_bytes: Callable[[Any], tuple | None] = lambda value: None, reread: bool = True,
-                 read: Callable = operator.getitem) -> tuple:
+                 read: Callable = operator.getitem, shares: Callable[[Callable, list], bool | None] | None = None
+                 ) -> tuple:
     """``(BatchStats or None, Effects, why not measured)``, measured in a forked child, with the child's
     fork-to-ready time and the CPUs free while it ran. The child's reads cannot move what the parent reads
     through shared descriptors (``sandbox``'s ``fdguard``), and with ``reread`` the first sample of a map-style
     dataset is read twice (``tensor_bytes``: a tensor's dtype, shape and bytes) to tell samples that draw from a
-    generator the watch cannot see. ``read``: how the loader reads a sample (``sample_reader``)."""
+    generator the watch cannot see. ``read``: how the loader reads a sample (``sample_reader``). ``shares``: the
+    framework's test whether a ``collate_fn`` of the caller's builds its batch in shared memory in a worker
+    (``BatchStats.collate_shares``), run on the first sample."""
     shared = sandbox.shared_with_processes([dataset, collate])
     if shared:
         return None, sandbox.Effects(), shared
+    batched = batch_size is not None or batch_sampler is not None
     forked = time.perf_counter()  # CLOCK_MONOTONIC: the child reads the same clock
 
     def in_child():
@@ -289,7 +293,8 @@ def probe_loader(dataset: Any, batch_size: int | None, collate: Callable, weigh:
                                   first, kept, read),
             [dataset, collate], again)
         if isinstance(stats, BatchStats):  # the CPU the child kept busy since its fork (a collate may use threads)
-            stats = replace(stats, fork_seconds=ready, free_cpus=time.process_time())
+            stats = replace(stats, fork_seconds=ready, free_cpus=time.process_time(),
+                            collate_shares=shares(collate, kept[:1]) if shares and kept and batched else None)
         elif sandbox.blinded():
             stats += f" (the probe reads no pipe or terminal the program holds: {', '.join(sandbox.blinded())})"
         return stats, effects

@@ -116,15 +116,24 @@ def test_a_batch_class_of_the_users_own_travels_through_the_pipes_too(real_torch
     the pipes carried the tensors of lists, tuples and dicts and left the class's to torch's pickling, into
     /dev/shm, where the plan said none; the workers could not allocate and the loop waited (an audit, 3 runs of
     3). The class is now pickled by value: raw's batches, bit for bit, almost no /dev/shm."""
-    reference = result(run("drawn_class", "raw", "2g"))["digests"]
-    failed = raw_fails("drawn_class")
+    for ours in _through_the_pipes_as_raw("drawn_class", 16):
+        assert ours["peak"] is None or ours["peak"] < 8 << 20, ours["peak"]
+
+
+def _through_the_pipes_as_raw(scenario: str, batches: int) -> list:
+    """Raw dies under 64 MB; ``build_dataloader`` and ``patch()`` keep the 2 workers, each batch through its
+    pipe, and deliver raw's ``batches`` batches (with room to spare), bit for bit. Returns both results."""
+    reference = result(run(scenario, "raw", "2g"))["digests"]
+    failed = raw_fails(scenario)
     assert failed == "hang" or "No space left on device" in failed or "Bus error" in failed, failed[-3000:]
+    out = []
     for mode in ("ms_shm", "patch"):
-        ours = result(run("drawn_class", mode, timeout=180))
-        assert ours["digests"] == reference and len(reference) == 16, mode
+        ours = result(run(scenario, mode, timeout=180))
+        assert ours["digests"] == reference and len(reference) == batches, mode
         assert ours["plan"]["workers"] == 2, ours["plan"]
         assert any(d.startswith("transport=pipes") for d in ours["plan"]["decisions"]), ours["plan"]
-        assert ours["peak"] is None or ours["peak"] < 8 << 20, ours["peak"]
+        out.append(ours)
+    return out
 
 
 def test_a_collate_that_stacks_in_its_own_memory_is_not_charged_dev_shm_for_its_pipes(real_torch):
@@ -132,14 +141,7 @@ def test_a_collate_that_stacks_in_its_own_memory_is_not_charged_dev_shm_for_its_
     64 MB): the pipe plan charged any collate of the caller's a batch of /dev/shm per worker (torch's default
     collate builds there in a worker) and refused (an audit). The probe runs the collate as in a worker and sees
     it builds nothing there: raw's batches through the pipes, bit for bit."""
-    reference = result(run("drawn_dict", "raw", "2g"))["digests"]
-    failed = raw_fails("drawn_dict")
-    assert failed == "hang" or "No space left on device" in failed or "Bus error" in failed, failed[-3000:]
-    for mode in ("ms_shm", "patch"):
-        ours = result(run("drawn_dict", mode, timeout=180))
-        assert ours["digests"] == reference and len(reference) == 12, mode
-        assert ours["plan"]["workers"] == 2, ours["plan"]
-        assert any(d.startswith("transport=pipes") for d in ours["plan"]["decisions"]), ours["plan"]
+    _through_the_pipes_as_raw("drawn_dict", 12)
 
 
 pair = collections.namedtuple("pair", "a b")  # a batch's namedtuple, importable by name as a worker's must be

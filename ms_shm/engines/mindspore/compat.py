@@ -385,7 +385,7 @@ def validate(kind: str, real: Any, *args: Any, **kwargs: Any) -> None:
     The checker runs on a throw-away ``self`` (``check_map`` sets ``operator_mixed`` on it) and with MindSpore's
     logger quiet (the real call logs its deprecation warnings once). A release without the checker: nothing."""
     try:
-        from mindspore.dataset.engine import validators
+        validators = _validators()
         checker = next(getattr(validators, name) for name in _VALIDATORS[kind] if hasattr(validators, name))
         signature = inspect.signature(inspect.unwrap(real))
     except (ImportError, AttributeError, KeyError, StopIteration, TypeError, ValueError):
@@ -633,7 +633,7 @@ def source_code_read_once():
     (0.3 s each). The text, and ``network_operators_in``'s answer, are kept per source object for the call;
     nested calls share the outer memo."""
     try:
-        from mindspore.dataset.engine import validators
+        validators = _validators()
         real = validators.check_source_function
     except (ImportError, AttributeError):
         yield

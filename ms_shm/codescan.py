@@ -450,7 +450,7 @@ def _walk(fn: Any, owner: Any, seen: set, count: list, look: Callable) -> Any:
         return None
     seen.add(code)
     count[0] += 1
-    found, resolved = look(fn)
+    found, resolved = look(fn, owner)
     if found:
         return found
     names = set(_names(code))
@@ -463,7 +463,7 @@ def _walk(fn: Any, owner: Any, seen: set, count: list, look: Callable) -> Any:
     return None
 
 
-def _name_look(fn: Any) -> tuple:
+def _name_look(fn: Any, owner: Any = None) -> tuple:
     names = set(_names(fn.__code__))
     return next((name for name in NAMES if name in names), None), ()
 
@@ -499,7 +499,7 @@ def _named(name: str, fn: Any, owner: Any, held: list = ()) -> Iterator:
 # --- global draws, read from the bytecode ------------------------------------------------------------------
 
 
-def _draw_look(targets: _Targets, entry: Any, fn: Any) -> tuple:
+def _draw_look(targets: _Targets, entry: Any, fn: Any, owner: Any = None) -> tuple:
     """The first global draw in ``fn``'s code (or code nested in it), and the program's functions it resolves.
 
     ``entry``: a sampler's generator ``__iter__``, whose draws before the loop that yields are per epoch, as
@@ -510,7 +510,8 @@ def _draw_look(targets: _Targets, entry: Any, fn: Any) -> tuple:
     for code in _codes(fn.__code__):
         if not _worth_reading(code, fn.__globals__, cells):
             continue
-        for label, offset, value in _scan(code, fn.__globals__, cells, targets):
+        mine = owner if code is fn.__code__ else None  # ``self`` is its first argument there
+        for label, offset, value in _scan(code, fn.__globals__, cells, targets, mine):
             if value is not None:
                 resolved.append(value)
                 continue
@@ -554,7 +555,7 @@ def _cells(fn: Any) -> dict:
     return cells
 
 
-def _scan(code: types.CodeType, globals_: dict, cells: dict, targets: _Targets) -> Iterator:
+def _scan(code: types.CodeType, globals_: dict, cells: dict, targets: _Targets, owner: Any = None) -> Iterator:
     """``(label, offset, None)`` for each global draw in ``code`` and ``(None, None, (function, owner))`` for
     each program function an attribute chain resolves to (with its object: a bound method, a held transform).
 
@@ -562,7 +563,8 @@ def _scan(code: types.CodeType, globals_: dict, cells: dict, targets: _Targets) 
     and goes on through ``LOAD_ATTR`` / ``LOAD_METHOD`` (3.12's method form included: ``argval`` is the name).
     Any other instruction ends it, so ``np.random.default_rng(i).random`` is a chain ended by the call. What a
     chain ends on is judged then, unless it is stored: ``from torch import randint`` is judged where the local
-    is loaded, at the call that may pass ``generator=``."""
+    is loaded, at the call that may pass ``generator=``. ``owner``: the object ``code``'s first argument is
+    bound to (a method's ``self``), whose attribute passed as ``generator=`` may be ``None``."""
     ins = list(dis.get_instructions(code))
     local: dict = {}
     module: Any = _UNKNOWN
@@ -572,7 +574,7 @@ def _scan(code: types.CodeType, globals_: dict, cells: dict, targets: _Targets) 
         if op in ("LOAD_ATTR", "LOAD_METHOD"):
             parent, start, depth = pending + (0,) if pending else (_UNKNOWN, i, 1)  # 1: a result is below
             if name in INPLACE_DRAWS and not _foreign_module(parent) \
-                    and not _passes_generator(ins, start, code, depth):
+                    and not _passes_generator(ins, start, code, depth, owner):
                 yield f"Tensor.{name}", instr.offset, None
             drawn = targets.random_object(parent) if parent is not _UNKNOWN else None
             if drawn:  # a method of a module-level random object: ``NOISE.sample()``
@@ -580,7 +582,7 @@ def _scan(code: types.CodeType, globals_: dict, cells: dict, targets: _Targets) 
             pending = (_attr(parent, name, targets), start)
             continue
         if pending and not (op in _STORES and isinstance(name, str)):
-            yield from _judge(pending[0], targets, ins, pending[1], code, ins[i - 1].offset)
+            yield from _judge(pending[0], targets, ins, pending[1], code, ins[i - 1].offset, owner)
         value = _loaded(op, name, globals_, cells, local, module, targets)
         if op in _STORES:
             for each in (name,) if isinstance(name, str) else name if isinstance(name, tuple) else ():
@@ -589,7 +591,7 @@ def _scan(code: types.CodeType, globals_: dict, cells: dict, targets: _Targets) 
             value = module = _imported(name, ins, i, globals_)
         pending = (value, i) if value is not None else None
     if pending:
-        yield from _judge(pending[0], targets, ins, pending[1], code, ins[-1].offset)
+        yield from _judge(pending[0], targets, ins, pending[1], code, ins[-1].offset, owner)
 
 
 def _loaded(op: str, name: Any, globals_: dict, cells: dict, local: dict, module: Any, targets: _Targets) -> Any:
@@ -607,7 +609,8 @@ def _loaded(op: str, name: Any, globals_: dict, cells: dict, local: dict, module
     return _UNKNOWN if op == "IMPORT_NAME" else None
 
 
-def _judge(value: Any, targets: _Targets, ins: list, start: int, code: types.CodeType, offset: int) -> Iterator:
+def _judge(value: Any, targets: _Targets, ins: list, start: int, code: types.CodeType, offset: int,
+           owner: Any = None) -> Iterator:
     if value is _UNKNOWN:
         return
     if isinstance(value, _NotImported):
@@ -617,7 +620,7 @@ def _judge(value: Any, targets: _Targets, ins: list, start: int, code: types.Cod
         return
     label = targets.label(value)
     if label is not None:
-        if not (label[1] and _passes_generator(ins, start, code, 0)):
+        if not (label[1] and _passes_generator(ins, start, code, 0, owner)):
             yield label[0], offset, None
         return
     fn = _function(value)
@@ -680,8 +683,10 @@ def _foreign_module(obj: Any) -> bool:
     return isinstance(obj, types.ModuleType) and not getattr(obj, "__name__", "").startswith("torch")
 
 
-def _passes_generator(ins: list, start: int, code: types.CodeType, depth: int) -> bool:
-    """Whether the call that consumes the callable loaded from ``ins[start]`` passes a ``generator`` keyword.
+def _passes_generator(ins: list, start: int, code: types.CodeType, depth: int, owner: Any = None) -> bool:
+    """Whether the call that consumes the callable loaded from ``ins[start]`` passes a ``generator`` keyword that
+    is not ``None``: ``generator=None``, or ``generator=self.g`` where ``owner`` (``self``) holds ``None`` there,
+    draws from the default generator (an audit's ``torch.rand(3, generator=self.g)``, ``g`` a seed left unset).
 
     Approximation: the stack depth is followed linearly from ``start`` (``dis.stack_effect``, not taking
     jumps), and the call is the first one after which only its result is left; a conditional expression among
@@ -690,10 +695,50 @@ def _passes_generator(ins: list, start: int, code: types.CodeType, depth: int) -
         instr = ins[j]
         depth += _effect(instr)
         if instr.opname in _CALLS and depth <= 1:
-            return "generator" in _keywords(ins, j, code)
+            names = _keywords(ins, j, code)
+            return "generator" in names and not _none_argument(
+                _argument(ins, j, len(names) - 1 - names.index("generator")), code, owner)
         if depth < 1 and j > start:
             return False
     return False
+
+
+def _argument(ins: list, j: int, later: int) -> list:
+    """The instructions that push the argument of the call at ``ins[j]`` that has ``later`` arguments after it
+    (the keyword names' ``KW_NAMES`` / ``PRECALL`` / ``LOAD_CONST`` skipped); each argument is the shortest run
+    of instructions, read backwards, that pushes one value. Empty where that cannot be told."""
+    end = j - 1
+    while end >= 0 and (ins[end].opname in ("KW_NAMES", "PRECALL") or (
+            ins[end].opname == "LOAD_CONST" and isinstance(ins[end].argval, tuple) and end == j - 1
+            and ins[j].opname in ("CALL_FUNCTION_KW", "CALL_KW"))):
+        end -= 1
+    span: list = []
+    for _ in range(later + 1):
+        pushed, k = 0, end
+        while k >= 0 and pushed < 1:
+            pushed += _effect(ins[k])
+            k -= 1
+        if pushed != 1:
+            return []
+        span, end = ins[k + 1:end + 1], k
+    return span
+
+
+def _none_argument(span: list, code: types.CodeType, owner: Any) -> bool:
+    """Whether the argument ``span`` pushes is ``None`` as far as can be told: a constant ``None``, or an
+    attribute of ``self`` that ``owner`` holds as ``None`` now."""
+    if len(span) == 1:
+        return span[0].opname == "LOAD_CONST" and span[0].argval is None
+    if len(span) != 2 or owner is None or not code.co_argcount:
+        return False
+    this, attr = span
+    if not (this.opname == "LOAD_FAST" and this.argval == code.co_varnames[0] and attr.opname == "LOAD_ATTR"
+            and isinstance(attr.argval, str)):
+        return False
+    try:
+        return inspect.getattr_static(owner, attr.argval) is None
+    except AttributeError:
+        return False
 
 
 def _effect(instr: dis.Instruction) -> int:

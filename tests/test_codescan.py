@@ -329,6 +329,34 @@ def test_torch_functions_are_draws_unless_the_call_passes_a_generator():
         f"ModuleTransform.forward calls torch.randn_like ({WORKERS_SEEDED_APART})")
 
 
+def test_a_generator_argument_that_is_none_draws_from_the_default_generator():
+    """``generator=self.g`` with ``g`` left ``None`` (a seed the caller did not set) and ``generator=None`` draw
+    from torch's default generator, as no ``generator=`` does: workers would change the samples."""
+    torch = _torch()
+
+    class Optional:
+        def __init__(self, g=None):
+            self.g = g
+
+        def __getitem__(self, i):
+            return torch.rand(3, generator=self.g, dtype=torch.float32) + i
+
+    class Fills(Optional):
+        def __getitem__(self, i):
+            return torch.zeros(3).uniform_(0, 1, generator=self.g)
+
+    class ExplicitNone:
+        def __getitem__(self, i):
+            return torch.randint(0, 5, (2,), generator=None)
+
+    assert codescan.global_draw(Optional()) == f"Optional.__getitem__ calls torch.rand ({WORKERS_SEEDED_APART})"
+    assert codescan.global_draw(Optional(torch.Generator().manual_seed(0))) is None
+    assert codescan.global_draw(Fills()) == f"Fills.__getitem__ calls Tensor.uniform_ ({WORKERS_SEEDED_APART})"
+    assert codescan.global_draw(Fills(torch.Generator())) is None
+    assert codescan.global_draw(ExplicitNone()) == (
+        f"ExplicitNone.__getitem__ calls torch.randint ({WORKERS_SEEDED_APART})")
+
+
 def test_torchs_random_library_code_is_a_draw_called_held_or_made():
     """The audit's datasets that augment one sample in four through torch's own code (``F.dropout``, a held
     ``nn.Dropout``, a ``Normal`` sampled): the probe's three samples did not draw, and 2 workers changed the

@@ -470,9 +470,7 @@ def _overcommitted(plan_with: Callable[[budget_mod.Budget], Plan], facts: host.H
     and not iterated yet hold nothing now and keep their reservations (an audit: planned on the memory left
     beside them, stages built up front were OOM-killed). ``None`` where no running pipeline reserved memory, or
     nothing fits the memory left now."""
-    live = SESSION.ledger.live()
-    waiting = {r.key for r in SESSION.ledger.following(live)}
-    running = sum(r.memory for r in live if r.key not in waiting)
+    running = sum(r.memory for r in SESSION.ledger.running(SESSION.ledger.live()))
     if not running:
         return None
     now = SESSION.budget(facts, held_now=True)

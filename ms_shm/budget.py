@@ -293,6 +293,13 @@ class Ledger:
             checks = dict(self._follows)
         return [r for r in items if r.key in checks and _asked(checks[r.key])]
 
+    def running(self, items: Iterable[Reservation]) -> list:
+        """Those of ``items`` an iterator runs now (``following`` are not): what they hold shows in the memory
+        left now."""
+        items = list(items)
+        waiting = {r.key for r in self.following(items)}
+        return [r for r in items if r.key not in waiting]
+
     def lower_prefetch(self, prefetch: int) -> list:
         """MindSpore's global prefetch went down to ``prefetch``: the reservations that follow it hold what they
         hold there. Returns the ``(before, after)`` pairs changed."""

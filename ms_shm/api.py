@@ -482,12 +482,21 @@ def _overcommitted(plan_with: Callable[[budget_mod.Budget], Plan], facts: host.H
     why = (f"the running pipelines reserve {mib(running)} of memory, their worst case (every queue full), and "
            f"none of this call's settings fits beside that; it runs as {p.mode} x{p.workers}, the least memory "
            f"the call allows, up to {mib(p.predicted_memory)}, planned on the memory left now "
-           f"({now.memory_reason})")
+           f"({now.memory_reason}){_weighed_at(p.budget, now)}")
     log.warning("ms_shm: overcommitting memory for the pipeline built at %s: %s. If the container runs out of "
                 "memory: %s; or build this pipeline before the running one's iterator starts (then both are "
                 "planned to fit), or give the running pipeline num_parallel_workers=1", sites.call_site(), why,
                 refused.fix or str(refused).split(" Fix: ", 1)[-1].rstrip("."))
     return replace(p, budget=now, decisions=(Decision("memory_overcommitted", True, False, why),) + p.decisions)
+
+
+def _weighed_at(leanest: budget_mod.Budget, now: budget_mod.Budget) -> str:
+    """Where ``_leanest`` bisected the memory budget: the plan's other settings were refused against that, not
+    against the memory left, and its reasons quote it."""
+    if leanest.memory_bytes is None or leanest.memory_bytes == now.memory_bytes:
+        return ""
+    return (f"; the other settings were weighed against the least memory that yields a plan, "
+            f"{mib(leanest.memory_bytes)}, not against the {mib(now.memory_bytes)} left")
 
 
 def _leanest(plan_with: Callable[[budget_mod.Budget], Plan], b: budget_mod.Budget) -> Plan | None:

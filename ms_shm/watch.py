@@ -52,8 +52,9 @@ class Sample(Result):
         timestamp: ``time.time()`` of the reading.
         shm_used: Bytes used on the shm mount (statvfs; files MindSpore unlinks at once count here too).
         shm_total: Size of the shm mount.
-        sysv_bytes: Sum of all SysV segments' sizes in this IPC namespace (map/batch workers live here).
-        sysv_segments: How many SysV segments exist.
+        sysv_bytes: Sum of the sizes of the watched job's SysV segments (map/batch rows travel there on
+            MindSpore 2.7+; which segments are the job's: ``job_segments``).
+        sysv_segments: How many SysV segments the watched job has.
         workers: Worker processes found.
         workers_rss: Sum of the workers' RSS (shared pages counted once per worker).
         workers_uss: Sum of the workers' USS (pages only they hold), when measured.
@@ -134,11 +135,11 @@ class WatchSummary(Result):
         out = [
             f"watched {self.duration_s:.1f} s, {self.samples} samples every {self.interval_s:g} s",
             f"peak {self.shm_path}: {shm}",
-            f"peak SysV shared memory: {mib(self.peak_sysv_bytes)} in {self.peak_sysv_segments} segment(s)",
-            f"peak workers: {self.peak_workers}, RSS {mib(self.peak_workers_rss_bytes)} "
-            f"(largest {mib(self.peak_worker_rss_bytes)}), USS {mib(self.peak_workers_uss_bytes)} "
-            f"(largest {mib(self.peak_worker_uss_bytes)})",
-            f"peak open fds: main {self.peak_fds}, worker {self.peak_worker_fds}, soft limit {self.fd_soft_limit}",
+            f"peak SysV shared memory of the watched job: {mib(self.peak_sysv_bytes)} in "
+            f"{_or_dash(self.peak_sysv_segments)} segment(s)",
+            self._workers_line(),
+            f"peak open fds: main {_or_dash(self.peak_fds)}, worker {_or_dash(self.peak_worker_fds)}, "
+            f"soft limit {_or_dash(self.fd_soft_limit)}",
         ]
         if self.growth_per_epoch_bytes:
             out.append("workers' USS growth per epoch: "
@@ -148,6 +149,21 @@ class WatchSummary(Result):
         out.extend(f"warning: {text}" for text in self.warnings)
         out.extend(f"note: {text}" for text in self.notes)
         return out
+
+    def _workers_line(self) -> str:
+        """The workers' peaks; a job that never had a worker (``ms-shm watch`` of a plain process) gets just the
+        count, not "largest unknown" for sizes nobody could have read."""
+        if not self.peak_workers:
+            return "peak workers: 0"
+        return (f"peak workers: {self.peak_workers}, RSS {mib(self.peak_workers_rss_bytes)} "
+                f"(largest {mib(self.peak_worker_rss_bytes)}), USS {mib(self.peak_workers_uss_bytes)} "
+                f"(largest {mib(self.peak_worker_uss_bytes)})")
+
+
+def _or_dash(value) -> str:
+    """A count as the summary prints it: ``-`` where none was ever read (no worker seen, the job ended before
+    its fds could be read), not a literal ``None``."""
+    return "-" if value is None else str(value)
 
 
 # ------------------------------------------------------------------------------------- pure rules
@@ -209,6 +225,28 @@ def growth(series: list, epochs: int = 3, min_bytes: int = 8 << 20, min_fraction
     return diffs, all(d > max(min_bytes, min_fraction * before) for before, d in tail)
 
 
+def job_segments(rows: list, job_pids: set) -> list:
+    """The ``/proc/sysvipc/shm`` rows that belong to the watched job: created (``cpid``) or last attached
+    (``lpid``) by one of its processes.
+
+    Why not every row: the table lists the whole IPC namespace, and on a shared host that holds other jobs'
+    segments and killed runs' leftovers. Counting them all, ``ms-shm watch`` of a plain ``sleep`` reported
+    "peak SysV shared memory: 49.0 MiB in 5 segment(s)", none of them its own.
+
+    Why these two columns suffice for MindSpore: a 2.10 ``GeneratorDataset(...).map(fn, num_parallel_workers=2,
+    python_multiprocessing=True)`` of 1 MiB rows showed 2 segments of 1 MiB, each created by the main process
+    (``cpid``) and attached last by its own worker (``lpid``), ``nattch`` 2. Both pids are in the tree, and
+    ``shmat`` sets ``lpid``, so a segment made elsewhere but attached by a worker is caught too. Reading every
+    process's ``/proc/PID/maps`` for ``/SYSV…`` mappings would find the same segments at about 3 ms per MindSpore
+    process (1000 mappings each), ten times the rest of a sample, so it is not done; what this misses is a
+    segment that someone outside the job attached after the job did.
+
+    ``job_pids`` should hold every process seen in the tree so far, not only the live ones: a dead worker's
+    segment keeps its pids, and while it exists it is still the job's memory.
+    """
+    return [row for row in rows if row.get("cpid") in job_pids or row.get("lpid") in job_pids]
+
+
 # ------------------------------------------------------------------------------------- reading
 
 
@@ -238,8 +276,8 @@ class Watcher:
                  fd_threshold: float = 0.8, growth_epochs: int = 3, growth_bytes: int = 8 << 20,
                  growth_fraction: float = 0.01, uss_budget: float = 0.005, max_samples: int = 100_000,
                  sysv_path: str | os.PathLike = "/proc/sysvipc/shm", main_pid: int | None = None):
-        if interval <= 0:
-            raise UsageError(f"interval must be positive, got {interval}")
+        if not (math.isfinite(interval) and interval > 0):  # nan passes a plain `<= 0` test
+            raise UsageError(f"interval must be a finite number of seconds above 0, got {interval}")
         self.interval = float(interval)
         self.csv_path = Path(csv_path) if csv_path is not None else None
         self.shm_path = str(shm_path)
@@ -255,6 +293,7 @@ class Watcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._procs: dict = {}
+        self._job_pids: set = {main_pid or os.getpid()}  # every process seen in the job: its SysV segments count
         self._fast_children = procfs.children_files_exist()
         self._memory_dirs = host.memory_dirs()
         self._notes: list = []
@@ -280,13 +319,22 @@ class Watcher:
         if self._thread is not None:
             raise UsageError("this Watcher was already started; make a new one with ms_shm.watch()")
         if self.csv_path is not None:
-            self._csv_handle = open(self.csv_path, "w", newline="")
+            self._csv_handle = self._open_csv()
             self._csv_writer = csv.writer(self._csv_handle)
             self._csv_writer.writerow(CSV_COLUMNS)
         self._started = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="ms_shm.watch", daemon=True)
         self._thread.start()
         return self
+
+    def _open_csv(self):
+        """The CSV file, opened for the samples; a path that cannot be written is the caller's mistake
+        (``ms-shm watch PID --csv /no/such/dir/x.csv``), so it is a ``UsageError`` before sampling starts."""
+        try:
+            return open(self.csv_path, "w", newline="")
+        except OSError as exc:
+            raise UsageError(f"cannot write the CSV file {self.csv_path}: {exc.strerror or exc}",
+                             fix="give --csv / csv_path a file in a directory that exists and is writable") from exc
 
     def stop(self) -> WatchSummary:
         """Stop sampling, take a last sample, close the CSV, and return the summary."""
@@ -405,8 +453,9 @@ class Watcher:
         with self._lock:
             now = time.monotonic()
             shm_used, shm_total = self._read_shm()
-            sysv_bytes, sysv_segments = self._read_sysv()
             pids = self._workers()
+            self._job_pids.update(pids)
+            sysv_bytes, sysv_segments = self._read_sysv()
             live = set(pids)
             for gone in [pid for pid in self._procs if pid not in live]:
                 del self._procs[gone]
@@ -484,12 +533,13 @@ class Watcher:
     def _read_sysv(self) -> tuple:
         notes: list = []
         try:
-            segments, nbytes = procfs.segment_totals(procfs.read_sysvipc(self._sysv_path, notes=notes))
+            rows = procfs.read_sysvipc(self._sysv_path, notes=notes)
         except OSError as exc:
             self._note(f"{self._sysv_path}: {type(exc).__name__}: {exc}")
             return None, None
         for note in notes[:1]:  # one garbled row is worth a note; a table of them is worth no more
             self._note(note)
+        segments, nbytes = procfs.segment_totals(job_segments(rows, self._job_pids))
         return nbytes, segments
 
     def _own_fds(self) -> tuple:
@@ -498,14 +548,22 @@ class Watcher:
             soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE) if self._main is None else \
                 procfs.nofile_limits(self._main)
         except (OSError, ValueError) as exc:
-            self._note(f"open-files limit: {exc}")
+            if not self._main_ended():
+                self._note(f"open-files limit: {exc}")
             soft = hard = None
         try:
             fds = procfs.open_fd_count(self._main or "self")
         except OSError as exc:
-            self._note(f"/proc/{self._main or 'self'}/fd: {type(exc).__name__}")
+            if not self._main_ended():
+                self._note(f"/proc/{self._main or 'self'}/fd: {type(exc).__name__}")
             fds = None
         return fds, soft, hard
+
+    def _main_ended(self) -> bool:
+        """Whether the watched main process (``main_pid``) has exited. ``ms-shm watch PID`` takes its last sample
+        just after the job ends, when ``/proc/PID/limits`` and ``/proc/PID/fd`` are gone (or empty, for a zombie):
+        that is the end of the job, not a reading that failed, so it earns no note."""
+        return self._main is not None and (not os.path.isdir(f"/proc/{self._main}") or procfs.is_zombie(self._main))
 
     def _record(self, sample: Sample, hard: int | None) -> None:
         self._samples.append(sample)
@@ -638,4 +696,4 @@ def watch(interval: float = 1.0, csv_path: str | os.PathLike | None = None, pids
 
 
 __all__ = ["watch", "Watcher", "WatchSummary", "WorkerGrowth", "Sample", "CSV_COLUMNS", "shm_warning",
-           "fd_warning", "memory_warning", "growth", "descendants"]
+           "fd_warning", "memory_warning", "growth", "descendants", "job_segments"]

@@ -15,7 +15,7 @@ import time
 import pytest
 
 import ms_shm
-from ms_shm.watch import CSV_COLUMNS, descendants, fd_warning, growth, shm_warning, watch
+from ms_shm.watch import CSV_COLUMNS, descendants, fd_warning, growth, job_segments, shm_warning, watch
 
 MiB = 1 << 20
 
@@ -222,6 +222,43 @@ def test_real_generator_pipeline_under_watch(real_mindspore, tmp_path):
     assert max(int(row["workers"]) for row in rows) >= 2
 
 
+MAP_UNDER_WATCH = r"""
+import numpy as np, mindspore.dataset as ds
+from ms_shm.watch import watch
+
+class Rows:
+    def __getitem__(self, i):
+        return (np.full((1 << 18,), i, dtype=np.float32),)  # 1 MiB
+    def __len__(self):
+        return 48
+
+def plus(x):
+    return x + 1
+
+data = ds.GeneratorDataset(Rows(), ["x"], shuffle=False)
+data = data.map(plus, input_columns=["x"], num_parallel_workers=2, python_multiprocessing=True)
+with watch(interval=0.05) as w:
+    for row in data.create_tuple_iterator(output_numpy=True, num_epochs=1):
+        pass
+print("RESULT " + w.summary.to_json(indent=None))
+"""
+
+
+@pytest.mark.mindspore
+@pytest.mark.privileged
+def test_real_map_pipeline_counts_only_its_own_sysv_segments(real_mindspore):
+    """MindSpore 2.7+ moves map rows through SysV segments: one per worker, created by the main process and
+    attached by its worker. Run in this host's IPC namespace, beside whatever other jobs left there, the peak is
+    those 2 segments of 1 MiB (plus MindSpore's 32-byte header each), nothing else."""
+    result = real_mindspore.run_shell(f"exec {sys.executable} -c {shlex.quote(MAP_UNDER_WATCH)}", shm="64m",
+                                      env={"GLOG_v": "3"})
+    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    assert result.returncode == 0 and lines, real_mindspore.describe(result)
+    summary = json.loads(lines[-1][len("RESULT "):])
+    assert summary["peak_sysv_segments"] == 2, summary
+    assert summary["peak_sysv_bytes"] == 2 * (MiB + 32), summary
+
+
 @pytest.mark.privileged
 def test_full_dev_shm_warns_with_the_fix(private_shm):
     code = ("import logging, time; logging.basicConfig(level=logging.WARNING); "
@@ -244,3 +281,96 @@ def test_memory_warning_names_the_container_limit_and_the_fix():
     assert memory_warning(440 << 20, None) is None
     text = memory_warning(430 << 20, 450 << 20)
     assert "96% used" in text and "450.0 MiB limit" in text and "--memory" in text and "exit 137" in text
+
+
+# ------------------------------------------------------------------------------------- the watched job only
+
+
+def test_job_segments_are_those_its_processes_created_or_attached():
+    rows = [{"shmid": 1, "cpid": 100, "lpid": 100}, {"shmid": 2, "cpid": 100, "lpid": 101},  # main made, worker attached
+            {"shmid": 3, "cpid": 900, "lpid": 101},  # made elsewhere, attached by a worker
+            {"shmid": 4, "cpid": 900, "lpid": 901}, {"shmid": 5, "cpid": 900, "lpid": 0}]  # someone else's leftovers
+    assert [row["shmid"] for row in job_segments(rows, {100, 101})] == [1, 2, 3]
+
+
+HOLD_SEGMENT = r"""
+import ctypes, subprocess, sys
+libc = ctypes.CDLL("libc.so.6", use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+shmid = libc.shmget(0, int(sys.argv[1]), 0o1600)  # IPC_PRIVATE, IPC_CREAT | 0600
+if shmid < 0 or libc.shmat(shmid, None, 0) == ctypes.c_void_p(-1).value:
+    sys.exit("shmget/shmat failed: errno %d" % ctypes.get_errno())
+libc.shmctl(shmid, 0, None)  # IPC_RMID now: the segment goes with this process, however it ends
+if len(sys.argv) > 2:  # a worker of its own, holding the next size
+    child = subprocess.Popen([sys.executable, "-c", sys.argv[2], *sys.argv[3:]], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    child.stdout.readline()
+print("ready", flush=True)
+sys.stdin.read()  # until the test closes our stdin (and our death closes the worker's)
+"""
+
+
+def test_sysv_peak_counts_only_the_watched_process_tree():
+    """A job (main 1 MiB, worker 2 MiB) beside a 4 MiB segment of another process and this host's leftovers:
+    only the job's 3 MiB in 2 segments count ("49.0 MiB in 5 segment(s)" was every segment on the machine)."""
+    import ctypes
+
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    other = libc.shmget(0, 4 * MiB, 0o1600)  # IPC_PRIVATE segment of this (unwatched) process
+    if other < 0:
+        pytest.skip(f"no SysV shared memory here: errno {ctypes.get_errno()}")
+    job = subprocess.Popen([sys.executable, "-c", HOLD_SEGMENT, str(MiB), HOLD_SEGMENT, str(2 * MiB)],
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert job.stdout.readline() == "ready\n"
+        with watch(interval=0.05, main_pid=job.pid) as w:
+            time.sleep(0.3)
+    finally:
+        job.stdin.close()
+        job.wait(10)
+        libc.shmctl(other, 0, None)
+    summary = w.summary
+    assert (summary.peak_sysv_segments, summary.peak_sysv_bytes) == (2, 3 * MiB), summary.lines()
+    assert "peak SysV shared memory of the watched job: 3.0 MiB in 2 segment(s)" in summary.lines()
+
+
+def test_a_job_that_ends_is_no_failed_reading():
+    """`ms-shm watch PID` of a `sleep` that ends: no notes about its vanished /proc files, no literal None."""
+    job = subprocess.Popen(["sleep", "0.2"])
+    with watch(interval=0.05, main_pid=job.pid) as w:
+        job.wait(10)
+        time.sleep(0.15)  # samples after the job is gone, as the CLI's last one is
+    summary = w.summary
+    assert summary.notes == (), summary.notes
+    text = "\n".join(summary.lines())
+    assert "None" not in text and "peak open fds: main " in text and ", worker -," in text
+    assert "peak workers: 0\n" in text  # no "largest unknown" for a job without workers
+
+
+def test_a_bad_interval_or_csv_path_is_a_usage_error(tmp_path):
+    with pytest.raises(ms_shm.Error, match="finite number of seconds"):
+        watch(interval=float("nan"))
+    with pytest.raises(ms_shm.Error, match="cannot write the CSV file"):
+        watch(interval=0.05, pids=[], csv_path=tmp_path / "missing" / "x.csv").start()
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ms_shm", *args], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def test_cli_refuses_an_unwritable_csv_and_a_nan_interval_with_exit_2(tmp_path):
+    job = subprocess.Popen(["sleep", "30"])
+    try:
+        csv_path = tmp_path / "missing" / "x.csv"
+        r = _cli("watch", str(job.pid), "--csv", str(csv_path))
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert r.stderr == f"ms-shm watch: cannot write the CSV file {csv_path}: No such file or directory\n"
+        r = _cli("watch", str(job.pid), "--csv", str(csv_path), "--json")
+        assert r.returncode == 2 and json.loads(r.stdout)["error"].startswith("cannot write the CSV file")
+        r = _cli("watch", str(job.pid), "--interval", "nan")
+        assert r.returncode == 2 and "must be a finite number of seconds above 0: nan" in r.stderr
+        assert "MiB" not in r.stderr
+    finally:
+        job.kill()
+        job.wait()

@@ -79,6 +79,14 @@ _IPC_RMID = 0
 _KEY_FILES_SHOWN = 3  # /tmp/dataset_ipc files listed one per line before the rest are summed up in one
 _GONE = "already gone"  # removed by someone else between the scan and our attempt
 
+# Why an unattached segment was kept (``KeptSegment.why``), and how the tally line names each.
+KEPT_ORPHAN = "needs-orphan-keys"
+KEPT_UNRECOGNISED = "not-recognised"
+KEPT_IN_USE = "in-use"
+KEPT_OTHER_USER = "other-user"
+_KEPT_TALLY = {KEPT_ORPHAN: "need --orphan-keys", KEPT_UNRECOGNISED: "not recognisably MindSpore's",
+               KEPT_IN_USE: "of live processes", KEPT_OTHER_USER: "of other users"}
+
 
 @record
 class Leftover(Result):
@@ -105,21 +113,51 @@ class Leftover(Result):
 
 
 @record
+class KeptSegment(Result):
+    """A SysV segment nobody has attached that ``clean()`` leaves in place, and why.
+
+    ``ms-shm doctor`` counts every unattached segment as a possible leftover and points at ``ms-shm clean``; a
+    clean that silently skipped some (a lone segment under key 0x0000d149 with no queue beside it) left the
+    user with a count it never explained. So each one ``clean()`` does not remove is reported with its reason.
+
+    Attributes:
+        name: Its id and key, as a leftover's (``"shmid 3 key 0x0000d149"``).
+        size_bytes: Memory it holds (resident plus swapped; its size on kernels without those columns).
+        creator_pid: The pid that created it (``cpid``).
+        why: ``"needs-orphan-keys"`` (MindSpore's pair whose key file is gone: ``--orphan-keys`` removes it),
+            ``"not-recognised"`` (no engine's key, or not its segment + queue pair), ``"in-use"`` (a live
+            process created or last attached it, or runs its pipeline), ``"other-user"`` (not ours to remove).
+        reason: Why it stays and what would remove it, in one line.
+    """
+
+    name: str
+    size_bytes: int
+    creator_pid: int | None
+    why: str
+    reason: str
+
+
+@record
 class CleanReport(Result):
     """What ``clean()`` found and did.
 
     Attributes:
         leftovers: Objects that are (or in a dry run would be) removed, with the outcome of each.
-        bytes_freed: Bytes freed, or in a dry run the bytes a real run would free.
+        bytes_freed: Bytes really freed; 0 in a dry run, which removes nothing.
         dry_run: True when nothing was removed on purpose.
         notes: What could not be read or was deliberately kept, so a short list is never mistaken for
             "nothing there".
+        bytes_to_free: In a dry run, the bytes a run with ``--yes`` would free (0 after a real run).
+        kept: A ``KeptSegment`` for every unattached SysV segment not among ``leftovers``: with them, every
+            segment ``ms-shm doctor`` counts as unattached is accounted for.
     """
 
     leftovers: tuple = ()
     bytes_freed: int = 0
     dry_run: bool = True
     notes: tuple = field(default_factory=tuple)
+    bytes_to_free: int = 0
+    kept: tuple = field(default_factory=tuple)
 
     @property
     def failed(self) -> tuple:
@@ -142,10 +180,37 @@ class CleanReport(Result):
             out.append(self._key_files_summary(key_files[len(shown):]))
         if self.leftovers:
             count = sum(1 for item in self.leftovers if self.dry_run or item.removed)
-            out.append(f"{verb} {count} object(s), {mib(self.bytes_freed)} freed"
+            total = self.bytes_to_free if self.dry_run else self.bytes_freed
+            out.append(f"{verb} {count} object(s), {mib(total)} freed"
                        + (" if run with --yes" if self.dry_run else ""))
+        out.extend(self._kept_line(item) for item in self.kept)
+        tally = self._unattached_tally()
+        if tally:
+            out.append(tally)
         out.extend(f"note: {note}" for note in self.notes)
         return out
+
+    @staticmethod
+    def _kept_line(item: KeptSegment) -> str:
+        pid = f"pid {item.creator_pid}" if item.creator_pid else "no pid"
+        return f"kept: {_KIND_TEXT[KIND_SHM]} {item.name} ({mib(item.size_bytes)}, {pid}): {item.reason}"
+
+    def _unattached_tally(self) -> str | None:
+        """One line that adds up to ``ms-shm doctor``'s count of unattached segments: how many go, and how many
+        stay for which reason (``None`` when there are none)."""
+        segments = [item for item in self.leftovers if item.kind == KIND_SHM]
+        if not segments and not self.kept:
+            return None
+        if self.dry_run:
+            gone = f"{len(segments)} would be removed"
+        else:
+            gone = f"{sum(item.removed for item in segments)} removed"
+            failed = sum(not item.removed for item in segments)
+            gone += f", {failed} not removed (see above)" if failed else ""
+        kept = collections.Counter(item.why for item in self.kept)
+        parts = [gone] + [f"{kept[why]} kept ({text})" for why, text in _KEPT_TALLY.items() if kept[why]]
+        return (f"unattached SysV segments (what `ms-shm doctor` counts): {len(segments) + len(self.kept)}: "
+                + ", ".join(parts))
 
     def _state(self, item: Leftover) -> str:
         if self.dry_run:
@@ -270,6 +335,7 @@ class _Scan:
     procs: _Processes
     engines: tuple
     notes: list = field(default_factory=list)
+    kept: list = field(default_factory=list)  # KeptSegment per unattached segment left in place
 
     def mine(self, owner_uid: int | None) -> bool:
         """Whether objects of ``owner_uid`` may be touched: our own, or anyone's when we are root."""
@@ -285,6 +351,19 @@ class _Scan:
     def key_shape(self, key: int):
         """The engine whose SysV key shape ``key`` has (for objects whose key file is gone), or None."""
         return next((engine for engine in self.engines if engine.sysv_pair and engine.has_key_shape(key)), None)
+
+    def sysv_owners_text(self) -> str:
+        """The engines that use SysV keys, as a kept segment's reason names them ("MindSpore")."""
+        return " or ".join(engine.label for engine in self.engines if engine.ftok_proj is not None) or "any engine"
+
+    def keep_segment(self, table: _Table, row: dict, why: str, reason: str) -> None:
+        """Say why an unattached segment stays (queues and attached segments: ``ms-shm doctor`` counts neither)."""
+        if table.kind != KIND_SHM or row.get("nattch", 1) != 0:
+            return
+        name = f"{table.id_col} {row[table.id_col]} key {_fmt_key(row.get('key', 0))}"
+        hint = "" if why in (KEPT_ORPHAN, KEPT_IN_USE) else \
+            f"; `ipcrm -m {row[table.id_col]}` removes it once you know it is garbage"
+        self.kept.append(KeptSegment(name, _held_bytes(table, row), row.get("cpid") or None, why, reason + hint))
 
 
 @record(frozen=False)
@@ -442,21 +521,34 @@ def _judge_sysv(scan: _Scan, table: _Table, row: dict, owners: list | None, verd
     can claim it, and then only as an orphan.
     """
     key = row.get("key", 0) & 0xFFFFFFFF
-    if key == 0 or table.id_col not in row:  # IPC_PRIVATE is never an engine's
+    if table.id_col not in row:
+        return
+    if key == 0:  # IPC_PRIVATE is never an engine's
+        scan.keep_segment(table, row, KEPT_UNRECOGNISED, f"key IPC_PRIVATE (0): not {scan.sysv_owners_text()}'s, "
+                                                         "whose keys are ftok of their key files")
         return
     engine = owners[0].engine if owners else scan.key_shape(key)
     if engine is None:
+        scan.keep_segment(table, row, KEPT_UNRECOGNISED,
+                          f"key {_fmt_key(key)} is no key file's ftok and not of {scan.sysv_owners_text()}'s shape "
+                          f"(proj_id 0x{key >> 24:02x}): not recognisably a pipeline's")
         return
     if not scan.mine(row.get("uid")):
         if owners:
             verdicts.kept_keys.add(key)
+        scan.keep_segment(table, row, KEPT_OTHER_USER,
+                          f"owned by uid {row.get('uid')}: only that user or root may remove it")
         return
     pids = [row.get(col, 0) for col in table.pid_cols] + [item.main_pid for item in owners or ()]
     attached = table.kind == KIND_SHM and row.get("nattch", 1) != 0
-    if attached or any(scan.procs.alive(pid) for pid in pids):
+    live = [pid for pid in pids if scan.procs.alive(pid)]
+    if attached or live:
         if owners:
             verdicts.kept_keys.add(key)
             verdicts.in_use += 1
+        if live:
+            scan.keep_segment(table, row, KEPT_IN_USE, f"in use: pid {live[0]} (its creator, last attacher or "
+                                                       "pipeline) is alive")
         return
     if not owners:
         verdicts.maybe.setdefault(key, (engine, []))[1].append((table, row))
@@ -472,8 +564,21 @@ def _judge_orphans(scan: _Scan, verdicts: _SysvVerdicts, orphan_keys: bool) -> N
     whole segment + queue pair, and only when the caller asked (otherwise a note names their keys)."""
     orphans = [(key, engine, objs) for key, (engine, objs) in verdicts.maybe.items()
                if {table.kind for table, _ in objs} == {KIND_SHM, KIND_MSG}]
+    for key, (engine, objs) in verdicts.maybe.items():
+        if {table.kind for table, _ in objs} != {KIND_SHM, KIND_MSG}:
+            for table, row in objs:
+                scan.keep_segment(table, row, KEPT_UNRECOGNISED, (
+                    f"key {_fmt_key(key)} has {engine.label}'s shape, but no {engine.ipc_file_text} and no message "
+                    f"queue under it ({engine.label}'s map/batch workers leave a segment and a queue per key): "
+                    f"not recognisably {engine.label}'s"))
     if not orphan_keys:
         scan.notes.extend(_orphan_notes(orphans))
+        for key, engine, objs in orphans:
+            for table, row in objs:
+                scan.keep_segment(table, row, KEPT_ORPHAN, (
+                    f"key {_fmt_key(key)} has {engine.label}'s shape (segment + queue, proj_id {engine.ftok_proj}), "
+                    f"all pids dead, but its {engine.ipc_file_text} is gone, so the key alone is weak evidence: "
+                    "`ms-shm clean --orphan-keys` removes it"))
         return
     for key, engine, objs in orphans:
         reason = (f"key {_fmt_key(key)} has {engine.label}'s shape (segment + queue, proj_id {engine.ftok_proj}), "
@@ -496,14 +601,19 @@ def _orphan_notes(orphans: list) -> list:
             for engine, pairs in by_engine.items()]
 
 
+def _held_bytes(table: _Table, row: dict) -> int:
+    """Memory that comes back when a SysV object goes: a queue's queued bytes, a segment's resident and swapped
+    bytes (kernels since 4.x; its nominal size before, or a 16 MiB segment touched for 12 MiB reads 16)."""
+    if table.kind != KIND_SHM:
+        return int(row.get("cbytes", 0))
+    if "rss" in row:
+        return int(row["rss"] + row.get("swap", 0))
+    return int(row.get("size", 0))
+
+
 def _sysv_leftover(scan: _Scan, table: _Table, row: dict, key: int, pid: int | None, reason: str) -> _Candidate:
     ipc_id = row[table.id_col]
-    if table.kind != KIND_SHM:
-        size = row.get("cbytes", 0)
-    elif "rss" in row:  # kernels since 4.x: what the segment really holds, not its nominal size
-        size = row["rss"] + row.get("swap", 0)
-    else:
-        size = row.get("size", 0)
+    size = _held_bytes(table, row)
     path = procfs.sysvipc_path(scan.root, table.name)
     root = scan.root
 
@@ -650,11 +760,14 @@ def clean(dry_run: bool = True, root: Path | str = Path("/"), uid: int | None = 
     sysv, sysv_freed, failed_keys = _settle(chosen, dry_run)
     # A SysV object that could not be removed keeps its key file, or the next run cannot match it any more.
     others, files_freed, _ = _settle(_file_candidates(scan, files, kept_keys | failed_keys), dry_run)
-    return CleanReport(tuple(sysv + others), sysv_freed + files_freed, dry_run, tuple(scan.notes))
+    freed = sysv_freed + files_freed
+    return CleanReport(tuple(sysv + others), 0 if dry_run else freed, dry_run, tuple(scan.notes),
+                       bytes_to_free=freed if dry_run else 0, kept=tuple(scan.kept))
 
 
 def _settle(candidates: list, dry_run: bool) -> tuple:
-    """Report (dry run) or remove each candidate. Returns (leftovers, bytes freed, keys of failed removals)."""
+    """Report (dry run) or remove each candidate. Returns (leftovers, bytes freed (a dry run: bytes it would
+    free), keys of failed removals)."""
     leftovers, freed, failed_keys = [], 0, set()
     for candidate in candidates:
         outcome = candidate.leftover if dry_run else _attempt(candidate)
@@ -689,4 +802,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["clean", "CleanReport", "Leftover", "ftok", "engine_patterns"]
+__all__ = ["clean", "CleanReport", "Leftover", "KeptSegment", "ftok", "engine_patterns"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import json
 import logging
@@ -118,7 +119,8 @@ def test_dry_run_lists_a_crashed_pipeline_and_touches_nothing(host, rmid):
     assert not any(item.removed for item in report.leftovers)
     assert rmid == []
     assert len(list((host.root / "tmp").iterdir())) == 2
-    assert report.bytes_freed == 2 * ((4 << 20) + 64)  # the segments' rss column
+    assert report.bytes_freed == 0  # nothing was removed
+    assert report.bytes_to_free == 2 * ((4 << 20) + 64)  # the segments' rss column
     text = "\n".join(report.lines())
     assert "would remove" in text and "8.0 MiB" in text and "--yes" in text
     assert all(item.owner_pid == DEAD for item in report.leftovers)
@@ -132,7 +134,7 @@ def test_real_run_removes_and_logs_each_object(host, rmid, caplog):
     assert sorted(rmid) == [(KIND_MSG, 0), (KIND_MSG, 1), (KIND_SHM, 0), (KIND_SHM, 1)]
     assert all(item.removed and item.error is None for item in report.leftovers)
     assert list((host.root / "tmp").iterdir()) == []
-    assert report.bytes_freed == 2 * ((4 << 20) + 64)
+    assert report.bytes_freed == 2 * ((4 << 20) + 64) and report.bytes_to_free == 0
     assert sum("removed" in r.getMessage() for r in caplog.records) == 6
     assert "removed 6 object(s)" in "\n".join(report.lines())
 
@@ -260,6 +262,120 @@ def test_orphan_keys_are_reported_and_removed_only_when_asked(host, rmid):
     forced = clean(dry_run=False, root=host.root, uid=0, orphan_keys=True)
     assert sorted(rmid) == [(KIND_MSG, 7), (KIND_SHM, 7)]
     assert all("file is gone" in item.reason for item in forced.leftovers)
+
+
+def test_a_dry_run_reports_what_it_would_free_under_its_own_key(host, rmid):
+    """`clean --json --dry-run` said "bytes_freed": 56844288 with nothing removed; now that is bytes_to_free."""
+    host.crashed_pipeline()
+    dry = json.loads(clean(root=host.root, uid=0).to_json())
+    assert dry["dry_run"] and dry["bytes_freed"] == 0 and dry["bytes_to_free"] == 2 * ((4 << 20) + 64)
+    assert "would remove 6 object(s), 8.0 MiB freed if run with --yes" in clean(root=host.root, uid=0).lines()
+    real = json.loads(clean(dry_run=False, root=host.root, uid=0).to_json())
+    assert real["bytes_freed"] == dry["bytes_to_free"] and real["bytes_to_free"] == 0
+
+
+def test_every_unattached_segment_is_removed_or_kept_with_its_reason(host, rmid):
+    """Doctor counts every segment nobody has attached as a leftover and sends the user to `ms-shm clean`; clean
+    must account for each: the ones it removes, and for the rest why not."""
+    host.crashed_pipeline()  # shmids 0, 1: removed
+    host.segment(0x0000C0AB, 7)  # MindSpore's pair, key file gone: needs --orphan-keys
+    host.queue(0x0000C0AB, 7)
+    host.segment(0x0000D148, 8)  # MindSpore's shape, but no queue: not recognisably MindSpore's
+    host.segment(0x7E00C0AD, 9)  # another proj_id
+    host.segment(0, 12)  # IPC_PRIVATE
+    _, live_key = host.ipc_file(LIVE, 5)
+    host.segment(live_key, 13, cpid=LIVE)  # nattch 0, but its pipeline runs
+    host.segment(0x0000C0AE, 14, uid=1000)
+    host.segment(0x0000C0AF, 15, nattch=2)  # attached: doctor does not count it, and clean keeps it silently
+    rows = cleanup.read_sysvipc(host.root / "proc/sysvipc/shm", [])
+    doctor_count, _ = cleanup.procfs.detached_totals(rows)
+    report = clean(root=host.root, uid=0)
+    removed = [item.name.split()[1] for item in report.leftovers if item.kind == KIND_SHM]
+    kept = {item.name.split()[1]: item for item in report.kept}
+    assert sorted(removed) == ["0", "1"]
+    assert len(removed) + len(kept) == doctor_count == 8
+    assert kept["7"].why == cleanup.KEPT_ORPHAN and "--orphan-keys" in kept["7"].reason
+    assert {kept[i].why for i in ("8", "9", "12", "14")} == {cleanup.KEPT_UNRECOGNISED}  # root: 14 is ours
+    assert "no message queue" in kept["8"].reason and "ipcrm -m 8" in kept["8"].reason
+    assert kept["13"].why == cleanup.KEPT_IN_USE and str(LIVE) in kept["13"].reason
+    assert "15" not in kept
+    text = report.lines()
+    assert sum(line.startswith("kept: SysV shared memory segment") for line in text) == 6
+    assert ("unattached SysV segments (what `ms-shm doctor` counts): 8: 2 would be removed, 1 kept (need "
+            "--orphan-keys), 4 kept (not recognisably MindSpore's), 1 kept (of live processes)") in text
+    as_user = clean(root=host.root, uid=1234)
+    assert {item.name.split()[1]: item.why for item in as_user.kept}["14"] == cleanup.KEPT_OTHER_USER
+    assert len(as_user.leftovers) == 0 and len(as_user.kept) == doctor_count
+
+
+MAKE_DEAD_SEGMENTS = r"""
+import ctypes, json, random, sys
+libc = ctypes.CDLL("libc.so.6", use_errno=True)
+taken = set(json.loads(sys.argv[1]))  # ftok keys of /tmp/dataset_ipc files: ours must match none
+
+def fresh(make, shape):
+    while True:
+        key = shape | random.randrange(0x1000, 0xFFFF) if shape is not None else 0
+        if key in taken:
+            continue
+        ident = make(key, 0o600 | 0o1000 | (0o2000 if key else 0))  # IPC_CREAT | IPC_EXCL (not for IPC_PRIVATE)
+        if ident >= 0:
+            return key, ident
+        if ctypes.get_errno() != 17:  # EEXIST: try another key
+            sys.exit("shmget/msgget failed: errno %d" % ctypes.get_errno())
+
+out = {}
+for name, shape in (("lone", 0), ("foreign", 0x7E000000), ("private", None)):
+    out[name] = fresh(lambda key, flags: libc.shmget(key, 1 << 20, flags), shape)
+key, shmid = fresh(lambda key, flags: libc.shmget(key, 1 << 20, flags), 0)
+out["pair"] = (key, shmid, libc.msgget(key, 0o600 | 0o1000))
+print(json.dumps(out))
+"""
+
+
+def _remove_sysv(made: dict) -> None:
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    for _key, shmid, *queue in made.values():
+        libc.shmctl(shmid, 0, None)  # IPC_RMID
+        for msqid in queue:
+            libc.msgctl(msqid, 0, None)
+
+
+def _unattached_shmids() -> dict:
+    return {row["shmid"]: row["cpid"] for row in cleanup.read_sysvipc(Path("/proc/sysvipc/shm"), [])
+            if row.get("nattch") == 0}
+
+
+def test_real_unattached_segments_of_a_dead_process_are_all_accounted_for():
+    """Real segments made with shmget by a process that then exited, beside whatever this shared host holds: a
+    dry run (read-only) names every unattached segment, as removed or kept with its reason."""
+    if not Path("/proc/sysvipc/shm").exists():
+        pytest.skip("no /proc/sysvipc on this host")
+    taken = [ftok(entry.stat(follow_symlinks=False)) for entry in os.scandir("/tmp")
+             if entry.name.startswith("dataset_ipc_")]
+    made_by = subprocess.run([sys.executable, "-c", MAKE_DEAD_SEGMENTS, json.dumps(taken)], capture_output=True,
+                             text=True, timeout=60)
+    if made_by.returncode != 0:
+        pytest.skip(f"cannot make SysV segments here: {made_by.stderr.strip()[-200:]}")
+    made = json.loads(made_by.stdout)
+    try:
+        before = _unattached_shmids()
+        report = clean()
+        after = _unattached_shmids()
+        removed = {int(item.name.split()[1]) for item in report.leftovers if item.kind == KIND_SHM}
+        kept = {int(item.name.split()[1]): item for item in report.kept}
+        stable = {shmid for shmid, cpid in before.items() if after.get(shmid) == cpid}  # others' may come and go
+        assert stable <= removed | set(kept), (stable - removed - set(kept), report.lines())
+        ours = {name: kept[made[name][1]] for name in ("lone", "foreign", "private", "pair")}
+        assert ours["pair"].why == cleanup.KEPT_ORPHAN and "--orphan-keys" in ours["pair"].reason
+        assert ours["lone"].why == cleanup.KEPT_UNRECOGNISED and "no message queue" in ours["lone"].reason
+        assert ours["foreign"].why == ours["private"].why == cleanup.KEPT_UNRECOGNISED
+        assert all(item.creator_pid and not os.path.exists(f"/proc/{item.creator_pid}") for item in ours.values())
+        assert any(line.startswith("unattached SysV segments (what `ms-shm doctor` counts): ")
+                   for line in report.lines())
+    finally:
+        _remove_sysv(made)
+    assert not set(_unattached_shmids()) & {shmid for _, shmid, *_ in made.values()}
 
 
 def test_ipc_private_segments_are_never_candidates(host, rmid):
@@ -445,11 +561,11 @@ def test_real_map_pipeline_killed_as_a_group_leaks_and_clean_removes_it(real_min
     listed = sorted(item["kind"] for item in dry["leftovers"])
     assert listed == [KIND_IPC_FILE] * 2 + [KIND_MSG] * 2 + [KIND_SHM] * 2, dry
     assert not any(item["removed"] for item in dry["leftovers"])
-    assert dry["bytes_freed"] >= 2 * (4 << 20)
+    assert dry["bytes_freed"] == 0 and dry["bytes_to_free"] >= 2 * (4 << 20)
 
     real = out["real"]
     assert all(item["removed"] and item["error"] is None for item in real["leftovers"]), real
-    assert len(real["leftovers"]) == 6 and real["bytes_freed"] == dry["bytes_freed"]
+    assert len(real["leftovers"]) == 6 and real["bytes_freed"] == dry["bytes_to_free"]
     assert out["after"] == {"shm": [], "msg": []}
     assert not any(name.startswith("dataset_ipc_") for name in out["files_after"])
     assert out["bogus_rmid"] == "FileNotFoundError"

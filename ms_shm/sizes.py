@@ -72,7 +72,7 @@ def parse_size(text: str) -> int:
         value = float(raw)
     except ValueError:
         raise UsageError(f"not a size: {text!r} (try 64m, 512m, 2g)") from None
-    if value < 0 or math.isnan(value) or math.isinf(value):
+    if value < 0 or not math.isfinite(value * scale):  # 1e308g is a finite float and an infinite size
         raise UsageError(f"not a size: {text!r}")
     return int(value * scale)
 

@@ -406,6 +406,17 @@ def test_what_if_that_fits():
     assert p.fits is True and p.mode == PROCESSES
 
 
+def test_what_if_weighs_the_memory_left():
+    """An audit: 64 MiB rows on 2 workers were said to fit in a 500 MB container that OOM-killed them, where
+    ``build_dataset`` refused the same pipeline; the what-if plans against the memory left too."""
+    roomy = planning.what_if(8 * MiB, 2, 16, shm_free=4 * GiB, memory_left=16 * GiB)
+    tight = planning.what_if(8 * MiB, 2, 16, shm_free=4 * GiB, memory_left=300 * MiB, memory_source="test")
+    assert roomy.fits is True and tight.fits is False
+    asked = next(d for d in tight.decisions if d.setting == "as_asked")
+    assert "of memory vs 240.0 MiB left: does NOT fit" in asked.reason
+    assert tight.predicted_memory <= tight.budget.memory_bytes  # what ms_shm would build instead fits it
+
+
 def test_what_if_with_a_full_dev_shm_answers_instead_of_raising():
     p = planning.what_if(8 * MiB, 2, 16, shm_free=0)
     assert p.fits is False

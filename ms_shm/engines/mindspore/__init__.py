@@ -94,11 +94,11 @@ class MindSporeEngine:
 
     def what_if_report(self, facts: Any, row_bytes: int, workers: int, prefetch: int = arithmetic.DEFAULT_PREFETCH,
                        ranks: int | None = None, version: str | None = None, shm: int | None = None,
-                       rows: int | None = None) -> Any:
+                       rows: int | None = None, memory: int | None = None) -> Any:
         """``ms-shm plan``'s answer (``outcomes.what_if``): each release's outcome and the plan ms_shm would pick."""
         from ms_shm.engines.mindspore import outcomes
 
-        return outcomes.what_if(facts, row_bytes, workers, prefetch, ranks, version, shm, rows)
+        return outcomes.what_if(facts, row_bytes, workers, prefetch, ranks, version, shm, rows, memory)
 
     def leftover_patterns(self) -> leftovers.LeftoverPatterns:
         return leftovers.leftover_patterns()

@@ -30,6 +30,13 @@ def slots(prefetch: int, workers: int) -> int:
     return queue_size(prefetch, workers) + 2
 
 
+def slots_made(prefetch: int, workers: int, rows: int | None = None, static: bool = False) -> int:
+    """Slots a worker makes: with static slots all of them, up front; with dynamic ones no more than the rows
+    it delivers over ``rows`` (one epoch's)."""
+    s = slots(prefetch, workers)
+    return s if rows is None or static else max(1, min(s, math.ceil(rows / workers)))
+
+
 def pages(nbytes: int) -> int:
     return -(-int(nbytes) // PAGE) * PAGE
 
@@ -61,8 +68,7 @@ def generator_peak(row_bytes: int, workers: int, prefetch: int, rows: int | None
         return workers * s * (max_rowsize_mb * MiB + PAGE) + sem
     if row_bytes <= 0:
         return sem
-    used = s if rows is None else max(1, min(s, math.ceil(rows / workers)))
-    return workers * used * pages(row_bytes) + sem
+    return workers * slots_made(prefetch, workers, rows) * pages(row_bytes) + sem
 
 
 def fitting_prefetch(row_bytes: int, workers: int, budget: int, current: int = DEFAULT_PREFETCH,

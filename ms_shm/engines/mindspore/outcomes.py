@@ -161,7 +161,8 @@ def outcome(row_bytes: int, workers: int, prefetch: int, ranks: int = 1, shm_fre
     need = with_headroom(total)
     return Outcome(version, profile.note, transport, per_rank, total, verdict, fits,
                    MapOutcome(cost.dev_shm, cost.sysv, cost.sysv_segment, profile.map_transport),
-                   need, shm_size_flag(need) if need else None, model.slots(prefetch, workers), static,
+                   need, shm_size_flag(need) if need else None,
+                   model.slots_made(prefetch, workers, rows, bool(static)), static,
                    failure(profile), profile)
 
 
@@ -221,8 +222,9 @@ def _row_of(table: tuple, version: str) -> Outcome:
 
 def what_if(facts: Any, row_bytes: int, workers: int, prefetch: int = model.DEFAULT_PREFETCH,
             ranks: int | None = None, version: str | None = None, shm: int | None = None,
-            rows: int | None = None) -> WhatIf:
-    """``ms-shm plan``: a hypothetical pipeline on this host (``facts``), or on a /dev/shm of ``shm`` bytes.
+            rows: int | None = None, memory: int | None = None) -> WhatIf:
+    """``ms-shm plan``: a hypothetical pipeline on this host (``facts``), or on a /dev/shm of ``shm`` bytes and
+    ``memory`` bytes of memory left (default: this host's, ``HostFacts.memory_left``).
 
     ``ranks`` defaults to the launcher's count, ``version`` to the installed release (else the newest known).
     """
@@ -235,13 +237,15 @@ def what_if(facts: Any, row_bytes: int, workers: int, prefetch: int = model.DEFA
         seen = ShmSeen(shm, shm, "given with --shm")
     else:
         seen = ShmSeen(facts.shm_total, facts.shm_free, f"this host's {facts.shm_path}")
+    memory_left, memory_source = (memory, "given with --memory") if memory is not None else facts.memory_left
     table = tuple(outcome(row_bytes, workers, prefetch, ranks, seen.free, v, rows) for v in table_versions(version))
     inp = PlanInput(row_bytes, workers, prefetch, ranks, version, rows)
     try:
         chosen, note = planning.what_if(row_bytes=row_bytes, workers=workers, prefetch=prefetch, ranks=ranks,
                                         version=version, shm_free=seen.free, cpu_count=facts.cpu_count,
                                         nofile_soft=facts.nofile_soft, open_fds=facts.open_fds,
-                                        ranks_source=ranks_source), None
+                                        ranks_source=ranks_source, memory_left=memory_left,
+                                        memory_source=memory_source), None
     except Error as exc:  # the planner answers misfits with fits=False; anything else is worth a note
         chosen, note = None, f"{type(exc).__name__}: {exc}"
     fits = chosen.fits if chosen is not None else _row_of(table, version).fits

@@ -564,8 +564,11 @@ def _map_candidate(mode: str, w: int, in_bytes: int, out_bytes: int, stats: RowS
 def what_if(row_bytes: int, workers: int, prefetch: int = model.DEFAULT_PREFETCH, ranks: int = 1,
             version: str | None = None, shm_free: int | None = None, cpu_count: int | None = None,
             nofile_soft: int | None = None, open_fds: int | None = None,
-            fraction: float = 0.8, ranks_source: str = "given") -> Plan:
-    """The plan for a hypothetical pipeline (``ms-shm plan``): the user's workers and prefetch, row size given.
+            fraction: float = 0.8, ranks_source: str = "given", memory_left: int | None = None,
+            memory_source: str = "") -> Plan:
+    """The plan for a hypothetical pipeline (``ms-shm plan``): the user's workers and prefetch, row size given,
+    against /dev/shm and the memory left (an audit: 64 MiB rows, 2 workers, said to fit in a 500 MB container
+    that OOM-killed them, where ``build_dataset`` refused the same pipeline).
 
     Never raises for a misfit: the returned plan has ``fits=False`` and the reason, since the question is
     "what would happen".
@@ -574,29 +577,29 @@ def what_if(row_bytes: int, workers: int, prefetch: int = model.DEFAULT_PREFETCH
 
     profile = profile_for(version)
     b = budget_mod.compute(shm_free, ranks, nofile_soft, open_fds, fraction=fraction,
-                           ranks_source=ranks_source)
+                           ranks_source=ranks_source, memory_left=memory_left, memory_source=memory_source)
     cpus = max(workers, cpu_count or workers)
     stats = RowStats.synthetic(row_bytes)
     req = Request(workers=workers, prefetch=prefetch, cpu_count=cpus, usable_cpus=cpus)
     static = profile.generator_default_max_rowsize_mb
-    as_asked = model.generator_peak(row_bytes, workers, prefetch, None, static)
+    as_asked, fds, memory = _generator_needs(PROCESSES if workers > 1 else INLINE, workers, prefetch, row_bytes,
+                                             static, None, None)
     try:
         chosen = plan_generator(stats, req, b, profile)
     except ShmBudgetError as exc:
-        return Plan("generator", "none", workers, prefetch, True, True, static, row_bytes, as_asked,
-                    model.generator_fds(workers, prefetch), 0, b, False, 0, 0, None, profile,
-                    (Decision("mode", "none", PROCESSES, str(exc)),))
-    fits = b.shm_bytes is None or as_asked <= b.shm_bytes
+        return Plan("generator", "none", workers, prefetch, True, True, static, row_bytes, as_asked, fds, 0, b,
+                    False, 0, 0, None, profile, (Decision("mode", "none", PROCESSES, str(exc)),),
+                    predicted_memory=memory)
+    shm_fits = b.shm_bytes is None or as_asked <= b.shm_bytes
+    memory_fits = b.memory_bytes is None or memory <= b.memory_bytes
     asked = f"processes x{workers}, prefetch {prefetch}"
+    memory_text = "" if b.memory_bytes is None else f", {mib(memory)} of memory vs {mib(b.memory_bytes)} left"
     decisions = (Decision("as_asked", asked, asked,
-                          f"needs {mib(as_asked)} of /dev/shm vs budget {mib(b.shm_bytes)}: "
-                          f"{'fits' if fits else 'does NOT fit'}"),) + chosen.decisions
-    return replace(chosen, fits=fits, decisions=decisions,
-                   alternatives=chosen.alternatives + (Candidate(PROCESSES, workers, prefetch, as_asked,
-                                                                 model.generator_fds(workers, prefetch), None,
-                                                                 fits, "as asked"),))
-
-
+                          f"needs {mib(as_asked)} of /dev/shm vs budget {mib(b.shm_bytes)}{memory_text}: "
+                          f"{'fits' if shm_fits and memory_fits else 'does NOT fit'}"),) + chosen.decisions
+    return replace(chosen, fits=shm_fits and memory_fits, decisions=decisions,
+                   alternatives=chosen.alternatives + (Candidate(PROCESSES, workers, prefetch, as_asked, fds, None,
+                                                                 shm_fits and memory_fits, "as asked", memory),))
 
 
 __all__ = ["Costs", "RAGGED_MARGIN", "plan_generator", "plan_map", "plan_iterable", "plan_unmeasured", "what_if",

@@ -475,14 +475,24 @@ def _words(facts: Any, sig: Signature, fields: dict) -> dict:
                    _shm_state(facts, fields)), size=advice.human_size(size),
         readonly_state=_READONLY_STATE.get(getattr(facts, "shm_readonly", None)),
         who=f"worker {fields['pid']}" if fields.get("pid") else "a worker",
-        memory_limit=mib(getattr(facts, "memory_limit", None)), workers=t.workers, prefetch=t.prefetch, fds=fds,
+        memory_limit=_memory_limit(facts), workers=t.workers, prefetch=t.prefetch, fds=fds,
         target=_nofile_target(facts, fds), limits=_limits(facts, fds), required_mib=mib(required),
         available_mib=mib(available),
         ratio=(required / available if available else float("inf")) if required is not None else 0.0,
         **_ipc_words(facts))
-    if sig.words is not None:
-        words.update(sig.words(fields))
+    if sig.words is not None:  # given every field so far: the engine's arithmetic may need the host's too
+        words.update(sig.words(dict(words)))
     return words
+
+
+def _memory_limit(facts: Any) -> str:
+    """The limit the OOM killer enforced, as far as this host tells: its cgroup's, else no limit but RAM (an
+    audit: "the memory limit (23.5 GiB here)" named a host's RAM as a limit it never had)."""
+    limit, total = getattr(facts, "cgroup_mem_limit", None), getattr(facts, "mem_total", None)
+    if limit:
+        return f"this cgroup's limit is {mib(limit)}"
+    return ("no container limit here, and RAM is " + mib(total) if total else "no limit could be read here") + \
+        "; if the job ran in a container, its limit there"
 
 
 def _nofile_target(facts: Any, fds: int) -> int:

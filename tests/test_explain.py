@@ -237,6 +237,36 @@ def test_row_too_big_fix_follows_the_release():
     assert "max_rowsize=None" not in old.fix and "max_rowsize=9" in old.fix and "only static slots" in old.fix
 
 
+def test_a_static_row_fix_says_the_dev_shm_its_larger_slots_take():
+    """An audit: 2.0.0's "pass max_rowsize=9", applied under 64 MB, raised 'Insufficient shared memory' at launch
+    where the rows had run through pipes."""
+    line = "rowsize is larger than allocated memory max_rowsize: 6.0MB, current rowsize: 8.0MB."
+    fix = only(line, mindspore_version="2.0.0").fix
+    assert "2 workers x 18 slots x 9 MiB = 324.2 MiB at prefetch 16" in fix, fix
+    assert "Exception 'Insufficient shared memory available' at launch" in fix and "through pipes" in fix
+
+
+def test_torchs_own_too_many_open_files_is_torchs():
+    """An audit: torch's "Communication with the workers is no longer possible" was told as MindSpore's slots."""
+    line = ("RuntimeError: Too many open files. Communication with the workers is no longer possible. Please "
+            "increase the limit using `ulimit -n` in the shell or change the sharing strategy by calling "
+            "`torch.multiprocessing.set_sharing_strategy('file_system')` at the beginning of your code\n")
+    assert only(line).kind == "pytorch-too-many-files"
+
+
+def test_a_line_saying_there_was_no_such_error_is_not_one():
+    assert explain("health check: no Bus error, no Too many open files seen in 24h\n", facts()) == ()
+
+
+def test_mindspores_dataloader_under_numpy_2_quotes_the_error_line():
+    text = ('  File "/x/mindspore/multiprocessing/reductions.py", line 48, in restore_tensor\n'
+            "    t = _restore_tensor(storage, storage_offset, shape, stride)\n"
+            "SystemError: <built-in method __instancecheck__ of pybind11_type object at 0x5650> returned a result "
+            "with an exception set\n")
+    e = only(text)
+    assert e.kind == "msloader-numpy2" and e.line.startswith("SystemError:"), e.line
+
+
 def test_every_signature_template_formats():
     """Each engine's templates name only fields its regex, its ``words`` and explain provide."""
     from ms_shm import explain as explain_mod
@@ -442,7 +472,7 @@ SIGKILL_LINES = [
 def _same_oom_answer(e, worker) -> None:
     """The MindSpore worker-killed answer's fix, snippet and memory-limit sentence: one OOM rule, not two."""
     assert e.fix == worker.fix and set(worker.snippets) <= set(e.snippets), e
-    assert "2.0 GiB here" in e.cause and "OOM killer" in e.cause
+    assert "this cgroup's limit is 2.0 GiB" in e.cause and "OOM killer" in e.cause
     assert "memory.failcnt" in e.cause and "memory.events" in e.cause and "dmesg | grep -i oom" in e.cause
 
 
@@ -462,6 +492,12 @@ def test_the_kernels_oom_kill_lines_name_the_cgroup_and_the_process():
     assert (e.kind, e.severity, e.pid) == ("oom-killed", "crash", None)  # the job, not a dataset worker
     assert "process 22683" in e.cause and "memory cgroup" in e.cause
     _same_oom_answer(e, only(WORKER_KILLED, cgroup_mem_limit=2 * GiB))
+
+
+def test_a_host_without_a_memory_limit_is_not_said_to_have_one():
+    """An audit: "the memory limit (23.5 GiB here)" named a host's RAM as a limit it never had."""
+    e = only(WORKER_KILLED)
+    assert "no container limit here, and RAM is 16.0 GiB" in e.cause and "limit (16.0 GiB here)" not in e.cause
 
 
 def test_a_bare_killed_is_weaker_evidence_than_an_oom_line():

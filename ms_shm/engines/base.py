@@ -11,7 +11,7 @@ from ms_shm._results import record
 
 # The one sentence every engine's kill signature (and ``explain``'s bare SIGKILL lines) gives for a SIGKILL.
 OOM_CAUSE = ("SIGKILL ('Killed') is usually the OOM killer: /dev/shm pages count against the memory limit "
-             "({memory_limit} here).")
+             "({memory_limit}).")
 
 
 @record
@@ -39,7 +39,8 @@ class Signature:
         alone: reported only when no other failure was recognised (a consequence, not a cause).
         yields_to: kinds that, when also recognised, make this one redundant.
         signal: the signal this failure is, when the line does not name one.
-        words: more template fields computed from the matched ones (the engine's arithmetic).
+        words: more template fields computed from the others (the matched ones and the host's words, above:
+            the engine's arithmetic).
         engine: the engine the signature belongs to.
     """
 

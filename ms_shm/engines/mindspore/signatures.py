@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ms_shm._results import mib
 from ms_shm.engines.base import OOM_CAUSE, Signature
 from ms_shm.engines.mindspore import arithmetic as model
 from ms_shm.engines.mindspore import profiles
@@ -42,10 +43,16 @@ def _bus_words(fields: dict) -> dict:
                        "a shared-memory slot)"}
 
 
-def _row_words(fields: dict) -> dict:
-    """The static slot and row sizes of a "rowsize is larger" warning, and the smallest max_rowsize above."""
-    slot, row = float(fields["slot_mb"]), float(fields["row_mb"])
-    return {"slot_mb": slot, "row_mb": row, "better": model.static_rowsize_for(int(row * model.MiB))}
+def _row_words(words: dict) -> dict:
+    """The static slot and row sizes of a "rowsize is larger" warning, the smallest max_rowsize above, and the
+    /dev/shm its static slots take with the typical workers and prefetch (an audit: 2.0.0's fix "pass
+    max_rowsize=9" under 64 MB raised 'Insufficient shared memory' at launch where the pipes had run)."""
+    slot, row = float(words["slot_mb"]), float(words["row_mb"])
+    better = model.static_rowsize_for(int(row * model.MiB))
+    workers, prefetch = max(2, int(words.get("workers") or 2)), int(words.get("prefetch") or model.DEFAULT_PREFETCH)
+    need = model.generator_peak(int(row * model.MiB), workers, prefetch, None, better)
+    return {"slot_mb": slot, "row_mb": row, "better": better, "static_workers": workers,
+            "static_slots": model.slots(prefetch, workers), "static_need": mib(need), "static_prefetch": prefetch}
 
 
 def _shm_signatures(profile: EngineProfile) -> tuple:
@@ -109,7 +116,7 @@ def _os_signatures() -> tuple:
             "it is probably not /dev/shm: check the disk the job writes to",
             "check with: df -h; df -h /dev/shm", not_near=SEMAPHORE_HINTS),
         Signature(
-            "too-many-open-files", "'Too many open files'", r"Too many open files|\[Errno 24\]|errno:? 24\b|EMFILE",
+            "too-many-open-files", "'Too many open files'", r"(?<!\bno )Too many open files|\[Errno 24\]|errno:? 24\b|EMFILE",
             "crash",
             "A process ran out of file descriptors (errno 24, EMFILE). Every MindSpore shared-memory slot is an "
             "fd passed to the main process, so a {workers}-worker pipeline at prefetch {prefetch} holds about "
@@ -179,7 +186,11 @@ def _worker_signatures(profile: EngineProfile) -> tuple:
 
 def _rowsize_signatures(profile: EngineProfile) -> tuple:
     static = profile.generator_default_max_rowsize_mb
-    fix = (f"pass max_rowsize={{better}} ({release_name(profile)} has only static slots, {static} MiB by default)"
+    fix = (f"pass max_rowsize={{better}} ({release_name(profile)} has only static slots, {static} MiB by default) "
+           "where /dev/shm holds them: {static_workers} workers x {static_slots} slots x {better} MiB = "
+           "{static_need} at prefetch {static_prefetch} (the job's own workers and prefetch decide); where it does "
+           f"not, {profile.precheck_error} 'Insufficient shared memory available' at launch, so lower prefetch or "
+           "workers with it; or leave it: the rows arrive all the same, through pipes"
            if static else "use max_rowsize=None (dynamic slots, MindSpore 2.4+) or max_rowsize={better}")
     return (
         Signature(

@@ -31,7 +31,8 @@ SIGNATURES = (
               yields_to=("pytorch-bus-error",), engine="torch"),
     Signature("pytorch-too-many-files", "PyTorch's 'Too many open files' (EMFILE) and lost fds",
               r"unable to open shared memory object </?torch_[^\n]*Too many open files|"
-              r"received 0 items of ancdata|Too many open files \(24\)",
+              r"received 0 items of ancdata|Too many open files \(24\)|"
+              r"Too many open files\. Communication with the workers is no longer possible",
               "crash", _FD_CAUSE, _FD_FIX, need="nofile", engine="torch"),
     worker_killed("worker-killed", "PyTorch", "PyTorch DataLoader",
                   r"DataLoader worker \(pid (?P<pid>\d+)\) is killed by signal: (?!Bus error)(?P<signal>[A-Za-z ]+?)\.",

@@ -133,6 +133,28 @@ def shm_fixes(size_bytes: int, container: str | None, memory_limit: int | None =
     return (host, docker, compose, kube)
 
 
+def memory_fixes(target: str, container: str | None, cgroup_version: str | None = None,
+                 was: int | None = None) -> tuple:
+    """Ways to raise the memory limit to ``target`` (``docker run --memory``'s form), the one for ``container``
+    first: the ``cgroup-small`` finding's fix (its snippets were ``--shm-size``, which leaves the limit as it is,
+    an audit found)."""
+    docker = ("docker run", f"docker run --memory={target} ...")
+    compose = ("docker-compose", f"services:\n  train:\n    mem_limit: \"{target}\"")
+    kube = ("kubernetes", f"spec:\n  containers:\n  - name: train\n    resources:\n      limits:\n"
+                          f"        memory: {k8s_size(target)}" + (f"   # was {mib(was)}" if was else ""))
+    podman = ("podman run", f"podman run --memory={target} ...")
+    knob = "memory.limit_in_bytes" if cgroup_version == "v1" else "memory.max"
+    host = ("bare host", f"# the memory cgroup the job runs in (cat /proc/self/cgroup): raise its {knob}\n"
+                         f"sudo systemd-run --scope -p MemoryMax={target.upper()} python train.py   # or a new scope")
+    if container == "kubernetes":
+        return (kube, docker, compose)
+    if container == "podman":
+        return (podman, docker, compose, kube)
+    if container in ("docker", "container"):
+        return (docker, compose, kube)
+    return (host, docker, compose, kube)
+
+
 def nofile_fixes(n: int, container: str | None = None, hard: int | None = None) -> tuple:
     """Ways to raise the open-files limit to at least ``n`` (rounded up to 1024, 4096, 65536..., but not past a
     ``hard`` limit that already allows ``n``: ``ulimit -n`` above it fails).
@@ -466,15 +488,15 @@ def _cgroup_findings(facts: Any, t: Typical) -> list:
         return []
     out = []
     if t.memory and limit < t.memory:
+        target = memory_target(limit, human_size(t.need), t.memory)
         out.append(Advice(
             f"the cgroup memory limit is {mib(limit)}, smaller than the {mib(t.memory)} a typical GeneratorDataset "
             f"pipeline here adds ({mib(t.peak)} of /dev/shm, rows in flight and each worker's own pages, 20% "
             f"headroom): tmpfs "
             "pages are charged to the writer's cgroup (a Kubernetes emptyDir to the pod), so the kernel "
             "OOM-kills the job (exit 137) before /dev/shm fills; ms_shm plans within the memory left, slower",
-            "crash", f"raise the memory limit to at least {memory_target(limit, human_size(t.need), t.memory)} "
-                     "(resources.limits.memory, docker run --memory)",
-            shm_fixes(t.need, facts.container, limit, t.memory), "cgroup-small"))
+            "crash", f"raise the memory limit to at least {target} (resources.limits.memory, docker run --memory)",
+            memory_fixes(target, facts.container, facts.cgroup_version, limit), "cgroup-small"))
     elif facts.shm_total is not None and facts.shm_total > limit:
         out.append(Advice(
             f"/dev/shm ({mib(facts.shm_total)}) is larger than the cgroup memory limit ({mib(limit)}): filling "
@@ -529,13 +551,16 @@ def _sysv_findings(facts: Any, t: Typical) -> list:
                 "if no pipeline is running now they are leftovers")
     elif detached:
         what = (f"{detached} SysV shared-memory segment(s) that no process has attached "
-                f"({mib(facts.sysv_detached_bytes or 0)}): leftovers")
+                f"({mib(facts.sysv_detached_bytes or 0)}): possible leftovers")
     else:
         return out
     out.append(Advice(
         f"{what}. MindSpore's map/batch workers leave theirs behind when the whole process group is SIGKILLed "
         "(OOM killer)", "info",
-        "list them with `ipcs -m`; remove MindSpore's leftovers with `ms-shm clean` (it keeps what a live process uses)",
+        "list them with `ipcs -m`; `ms-shm clean` accounts for each: it removes MindSpore's leftovers (never what a "
+        "live process uses), names those that need `--orphan-keys` (MindSpore's pairs whose /tmp/dataset_ipc file "
+        "is gone), and says why it leaves the rest (not recognisably MindSpore's: `ipcrm -m SHMID` once you know "
+        "whose they are)",
         (("shell", "ipcs -m\nms-shm clean --dry-run"),), "sysv-in-use"))
     return out
 

@@ -339,9 +339,21 @@ def test_plan_of_a_dataloader_prints_json_under_json():
     assert r.returncode == 0 and data["schema"] == 1 and data["fits"] is True
     assert data["input"]["framework"] == "torch" and data["input"]["batch_bytes"] == 8 * MiB
     assert data["shm"]["source"] == "given with --shm" and data["plan"]["workers"] == 2
-    tight = json.loads(run("plan", "--framework", "mindspore-dataloader", "--batch-mb", "8", "--workers", "2",
+    tight = json.loads(run("plan", "--framework", "torch", "--batch-mb", "8", "--workers", "2",
                            "--shm", "1m", "--json").stdout)
     assert tight["fits"] is False and tight["plan"] is None and "honouring" in tight["plan_note"]
+
+
+def test_plan_of_mindspores_dataloader_under_numpy_2_does_not_fit_whatever_dev_shm_holds():
+    """An audit: "Result: fits." on MindSpore 2.10 with NumPy 2.4.6, where the loader's workers fail (doctor's
+    ``msloader-numpy2``)."""
+    np = pytest.importorskip("numpy")
+    if int(np.__version__.split(".")[0]) < 2:
+        pytest.skip(f"NumPy {np.__version__}: MindSpore's DataLoader workers run")
+    r = run("plan", "--framework", "mindspore-dataloader", "--batch-mb", "8", "--workers", "2", "--shm", "1g",
+            "--json")
+    data = json.loads(r.stdout)
+    assert r.returncode == 0 and data["fits"] is False and "numpy<2" in data["plan_note"], r.stdout
 
 
 def test_explain_json_on_an_unreadable_file_is_a_json_error():
@@ -550,7 +562,8 @@ def test_clean_groups_many_dataset_ipc_files_in_its_text():
 
     files = [Leftover(KIND_IPC_FILE, f"/tmp/dataset_ipc_{100 + i % 3}_1_{i}", 0, 100 + i % 3, "pid dead")
              for i in range(10)]
-    lines = CleanReport((Leftover(KIND_SHM, "shmid 2 key 0x1", MiB, 7, "dead"), *files), MiB, True).lines()
+    lines = CleanReport((Leftover(KIND_SHM, "shmid 2 key 0x1", MiB, 7, "dead"), *files), 0, True,
+                        bytes_to_free=MiB).lines()
     assert sum(line.startswith("would remove: /tmp/dataset_ipc file ") for line in lines) == 3
     assert "... and 7 more /tmp/dataset_ipc files (would remove: 7; 0 B, 3 dead pid(s))" in lines[4]
     assert lines[5] == "would remove 11 object(s), 1.0 MiB freed if run with --yes"

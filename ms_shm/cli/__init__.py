@@ -28,6 +28,7 @@ from ms_shm.cli.run import cmd_run, split_run_argv
 SCHEMA = 1  # bumped when a key of the --json output changes meaning or goes away
 EXIT_OK, EXIT_NOTHING, EXIT_CRASH = 0, 1, 2
 EXIT_USAGE = 2  # as argparse exits for a usage error
+MAX_MIB = 1 << 30  # sizes given in MiB: above a PiB is a typo, and float MiB overflow int() as bytes
 _LABEL = 20
 _WIDTH = 100
 _UNLIMITED = 1 << 62
@@ -240,7 +241,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def _plan_table(report: Any) -> list:
     inp, asked = report.input, report.asked
-    lines = [f"Predicted peak /dev/shm ({asked.slots} slots per worker; * = MindSpore {inp.mindspore}):",
+    epoch = f" over one epoch of {inp.rows} rows" if inp.rows else ""
+    lines = [f"Predicted peak /dev/shm ({asked.slots} slots per worker{epoch}; * = MindSpore {inp.mindspore}):",
              f"  {'MindSpore':<11}{'transport':<44}{'per rank':>11}{'all ranks':>12}  outcome"]
     for r in report.versions:
         mark = "*" if r is asked else " "
@@ -284,15 +286,26 @@ def loader_what_if(args: argparse.Namespace, facts: host.HostFacts) -> tuple:
 
     eng = engines.get(args.framework)
     shm = args.shm if args.shm is not None else facts.shm_free
-    b = compute(shm, args.ranks or facts.ranks.local_size, facts.nofile_soft, facts.open_fds)
+    memory_left, memory_source = _memory_left(args, facts)
+    b = compute(shm, args.ranks or facts.ranks.local_size, facts.nofile_soft, facts.open_fds,
+                memory_left=memory_left, memory_source=memory_source)
     stats = BatchStats(int(args.batch_mb * sizes.MiB), args.storages, None, None, 1)
     req = LoaderRequest(args.framework, args.workers, args.prefetch_factor, eng.profile().default_strategy,
                         eng.profile().can_switch_strategy, usable_cpus=facts.usable_cpus,
                         nofile_soft=facts.nofile_soft, nofile_hard=facts.nofile_hard)
+    problem = eng.compat.numpy_problem() if args.workers else None
+    if problem:  # fits or not, its workers fail here: said as doctor says it (msloader-numpy2)
+        return b, None, problem
     try:
         return b, eng.planning.plan_loader(stats, req, b, eng.profile()), None
     except ShmBudgetError as exc:
         return b, None, str(exc)
+
+
+def _memory_left(args: argparse.Namespace, facts: host.HostFacts) -> tuple:
+    """``(bytes, where from)``: ``--memory``, else what this host has left (a cgroup's limit less its usage, or
+    MemAvailable): a plan that ignored it said 'fits' in a 500 MB container that OOM-killed the pipeline."""
+    return (args.memory, "given with --memory") if args.memory is not None else facts.memory_left
 
 
 def loader_plan_lines(args: argparse.Namespace, budget: Any, chosen: Any, note: str | None) -> list:
@@ -342,7 +355,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.row_mb is None:
         return _usage("ms-shm plan: --row-mb is required for GeneratorDataset (--framework mindspore)")
     report = _engine().what_if_report(facts, int(args.row_mb * sizes.MiB), args.workers, args.prefetch,
-                                      args.ranks, args.mindspore, args.shm, args.rows)
+                                      args.ranks, args.mindspore, args.shm, args.rows, args.memory)
     if args.json:
         _print_json(report)
     else:
@@ -356,7 +369,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def explain_lines(found: tuple, where: str) -> list:
     lines = [f"ms-shm explain: recognised {len(found)} failure(s) in {where}", ""]
     for number, e in enumerate(found, 1):
-        extra = [f"worker {e.pid}" if e.pid else "", f"signal {e.signal}" if e.signal else "",
+        extra = [f"pid {e.pid}" if e.pid else "", f"signal {e.signal}" if e.signal else "",
                  f"required {mib(e.required)}" if e.required is not None else "",
                  f"available {mib(e.available)}" if e.available is not None else ""]
         extra = ", ".join(x for x in extra if x)
@@ -435,30 +448,53 @@ def cmd_watch(args: argparse.Namespace) -> int:
     import time
 
     from ms_shm import procfs
+    from ms_shm.errors import UsageError
     from ms_shm.watch import watch
 
     if not os.path.isdir(f"/proc/{args.pid}"):
-        if args.json:
-            print(json.dumps({"schema": SCHEMA, "pid": args.pid, "error": f"no process {args.pid}"}))
-        else:
-            print(f"ms-shm watch: no process {args.pid}", file=sys.stderr)
-        return EXIT_CRASH
+        return _watch_refused(args, f"no process {args.pid}")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
     logging.getLogger("ms_shm").addHandler(handler)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # a summary on `kill` too, as on Ctrl-C
     watcher = watch(interval=args.interval, csv_path=args.csv, main_pid=args.pid)
     try:
-        with watcher:
-            while os.path.isdir(f"/proc/{args.pid}") and not procfs.is_zombie(args.pid):
-                time.sleep(min(args.interval, 0.5))
+        watcher.start()
+    except UsageError as exc:  # --csv in a directory that does not exist
+        return _watch_refused(args, str(exc))
+    try:
+        while os.path.isdir(f"/proc/{args.pid}") and not procfs.is_zombie(args.pid):
+            time.sleep(min(args.interval, 0.5))
     except KeyboardInterrupt:
         pass
+    watcher.stop()
     if args.json:
         _print_json(watcher.summary)
     else:
         print("\n".join(watcher.summary.lines()))
     return EXIT_OK
+
+
+def _watch_refused(args: argparse.Namespace, error: str) -> int:
+    """A watch that cannot start (no such process, an unwritable --csv): exit 2 as for any usage error, with
+    the reason on stderr, or as JSON under --json, since a script reading --json must get JSON on this path too."""
+    if args.json:
+        print(json.dumps({"schema": SCHEMA, "pid": args.pid, "error": error}))
+    else:
+        print(f"ms-shm watch: {error}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _interval_seconds(text: str) -> float:
+    """``watch --interval``: seconds, finite and above 0. ``nan`` and ``inf`` parse as floats, and ``inf`` would
+    take one sample, then none until the job ends; the sizes' ``_positive_float`` said "MiB" for them."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds above 0: {text}")
+    return value
 
 
 # ------------------------------------------------------------------------------------------- main
@@ -489,6 +525,8 @@ def _positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"must be a finite number of MiB: {text}")
+    if value > MAX_MIB:  # 1e308 MiB is finite, and infinite in bytes (OverflowError)
+        raise argparse.ArgumentTypeError(f"too large: {text} MiB (at most {MAX_MIB} MiB, 1 PiB)")
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be positive: {text}")
     return value
@@ -540,6 +578,9 @@ def _add_plan(sub: Any) -> None:
                       help="MindSpore release 2.0 to 2.10, e.g. 2.3 or 2.10 (default: installed)")
     plan.add_argument("--shm", type=_size_arg, metavar="SIZE",
                       help="assume a /dev/shm of this size, e.g. 64m or 2g (default: this host's free space)")
+    plan.add_argument("--memory", type=_size_arg, metavar="SIZE",
+                      help="assume this much memory left for the pipeline, e.g. 4g (default: this host's: a "
+                           "container's limit less its usage, or available RAM)")
     plan.add_argument("--rows", type=_positive_int, help="rows per epoch (small datasets create fewer slots)")
     plan.add_argument("--json", action="store_true", help="one JSON object")
     plan.set_defaults(func=cmd_plan)
@@ -569,7 +610,7 @@ def _add_watch(sub: Any) -> None:
                                        "until it ends or Ctrl-C, with ms_shm.watch()'s warnings as they come; "
                                        "then print the peaks.")
     watch.add_argument("pid", type=_positive_int, metavar="PID", help="the job's main process")
-    watch.add_argument("--interval", type=_positive_float, default=1.0, help="seconds between samples (default 1)")
+    watch.add_argument("--interval", type=_interval_seconds, default=1.0, help="seconds between samples (default 1)")
     watch.add_argument("--csv", metavar="FILE", help="write every sample to FILE as it is taken")
     watch.add_argument("--json", action="store_true", help="the summary as one JSON object")
     watch.set_defaults(func=cmd_watch)

@@ -238,6 +238,9 @@ def probe_random_access(source: Any, names: Sequence[str] | None, check: Callabl
     probe = _outcome(outcome, "source", defer_row_errors)
     if isinstance(probe.stats, str):
         probe = StageProbe(None, unmeasured=probe.stats)
+    elif getattr(probe.stats, "raised", None):
+        log.warning("ms_shm: the source's probe %s; planned from the %d row(s) read before it (%s)",
+                    probe.stats.raised, probe.stats.probed, RAISES_AT_ROW)
     return _drawing_code(probe, source, read=outcome.beside)
 
 

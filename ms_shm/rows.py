@@ -12,6 +12,7 @@ import itertools
 import logging
 import operator
 import time
+import traceback
 from collections.abc import Iterator
 from dataclasses import field
 from typing import Any, Callable, Sequence
@@ -62,6 +63,7 @@ class RowStats(Result):
     # and arrive as one column (``one_column``): read in this process, they are MindSpore's columns
     # where the rows' library ran a thread pool of its own (``pooled``)
     sampled: int | None = None  # rows the caller's sampler draws an epoch, where it limits them and says how many
+    raised: str | None = None  # a probe row after the first raised this (the rows read before it were measured)
 
     @property
     def ragged(self) -> bool:
@@ -357,6 +359,7 @@ class _Probe:
     alone_wall: float = 0.0  # wall seconds of the reads made alone (not in a pair)
     alone_process_cpu: float = 0.0  # the process's CPU seconds over those reads (its library's threads too)
     sampled: int | None = None  # rows the caller's sampler draws an epoch (``RowStats.sampled``)
+    raised: str | None = None  # what a later probe row raised (``RowStats.raised``)
 
     @property
     def wall(self) -> float:
@@ -468,7 +471,7 @@ class _Probe:
                         self.share,
                         time.perf_counter() - started, tuple(notes), self.tensors,
                         parallel_fraction=self.parallel, reread_differs=self.reread, cores_busy=self.cores_busy,
-                        rows_one_column=self.whole_rows, sampled=self.sampled)
+                        rows_one_column=self.whole_rows, sampled=self.sampled, raised=self.raised)
 
 
 def is_random_access(source: Any) -> bool:
@@ -510,20 +513,18 @@ def measure_random_access(source: Any, names: Sequence[str] | None, max_rows: in
     order = [pool[k] for k in _spread(len(pool), max_rows)] if pool else _spread(length, max_rows)
     epoch, done, reads = probe.sampled or (len(pool) if pool else length), 0, 0
     while done < len(order):
-        if probe.pair_seconds == 0 and parallel.pair_now(probe.walls, probe.first_kernel, probe.share):
-            # As cold as the pair: the first read for a pair at once (the pair's faster read of row 0 replaces
-            # it), the warm reads for a late one.
-            alone = (probe.walls[0], probe.cpus[0]) if done == 1 else \
-                (float(np.median(probe.walls[1:])), float(np.median(probe.cpus[1:])))
-            probe.fetch_pair(source, order[done])  # row 0 again beside a new row: the GIL's share and the re-read
-            done, reads = done + 1, reads + 2
-            if len(order) > done and _second_pair_if_cold(probe, source, order[done], alone, True, notes):
-                done, reads = done + 1, reads + 2
-        else:
-            row = probe.fetch(operator.getitem, source, np.int64(order[done]))
-            probe.keep(order[done], row)
-            del row  # freed before the next fetch, which can then reuse its pages
-            done, reads = done + 1, reads + 1
+        try:
+            done, reads = _read_next(probe, source, order, done, reads, notes)
+        except RowError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the source's own error, MindSpore's to raise at that row
+            if not probe.indices:
+                raise
+            failed = next((i for i in order[done:] if i not in probe.indices), order[done])  # a pair's second
+            probe.raised = _raised_at(failed, exc)
+            notes.append(f"row {failed} raised {type(exc).__name__}: planned from the {len(probe.indices)} "
+                         f"row(s) read before it")
+            break
         # Rows cost about alike, so the share of an epoch is the share of its reads; reads, not distinct rows:
         # the pair's second read of row 0 costs a row's time too (all of it where rows hold the GIL), so a
         # source of 100 slow rows stops after the pair, its first and last rows read.
@@ -531,11 +532,40 @@ def measure_random_access(source: Any, names: Sequence[str] | None, max_rows: in
             notes.append(f"stopped after {done} rows ({reads} reads): probing is capped at {time_fraction:.0%} "
                          f"of an epoch")
             break
-    if probe.pair_seconds == 0 and len(order) == 2 and parallel.pair_now(probe.walls, probe.first_kernel,
-                                                                         probe.share):
+    if probe.pair_seconds == 0 and len(order) == 2 and probe.raised is None \
+            and parallel.pair_now(probe.walls, probe.first_kernel, probe.share):
         probe.fetch_pair(source, order[1], keep=False)  # two rows, both read and counted already: the late rule
     probe.reread_first(source)  # where no pair re-read the first row
     return probe.stats(True, length, started, notes)
+
+
+def _read_next(probe: _Probe, source: Any, order: list, done: int, reads: int, notes: list) -> tuple:
+    """Read ``order[done]`` (alone, or beside row 0 again where a pair is due); ``(done, reads)`` after it."""
+    if probe.pair_seconds == 0 and parallel.pair_now(probe.walls, probe.first_kernel, probe.share):
+            # As cold as the pair: the first read for a pair at once (the pair's faster read of row 0 replaces
+            # it), the warm reads for a late one.
+        alone = (probe.walls[0], probe.cpus[0]) if done == 1 else \
+            (float(np.median(probe.walls[1:])), float(np.median(probe.cpus[1:])))
+        probe.fetch_pair(source, order[done])  # row 0 again beside a new row: the GIL's share and the re-read
+        done, reads = done + 1, reads + 2
+        if len(order) > done and _second_pair_if_cold(probe, source, order[done], alone, True, notes):
+            done, reads = done + 1, reads + 2
+        return done, reads
+    row = probe.fetch(operator.getitem, source, np.int64(order[done]))
+    probe.keep(order[done], row)
+    del row  # freed before the next fetch, which can then reuse its pages
+    return done + 1, reads + 1
+
+
+def _raised_at(index: int, exc: BaseException) -> str:
+    """A later probe row's error in a line, with the source line that raised it: planned from the rows read
+    before it, as MindSpore raises it when the pipeline reaches that row (an audit: a source whose last rows
+    raise went unplanned, and its unplanned slots filled a 64 MB /dev/shm before that row was reached)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    hint = (" (the probe reads the last index len(source)-1: if the data has fewer rows, __len__ is wrong)"
+            if isinstance(exc, IndexError) else "")
+    return f"row {index} raised {type(exc).__name__}: {str(exc)[:200]}{where}{hint}"
 
 
 

@@ -280,6 +280,19 @@ def test_generator_with_explicit_processes_dies_raw_and_runs_through_ms_shm(real
     assert pipelines[0]["plan"]["predicted_shm"] <= pipelines[0]["plan"]["budget"]["shm_bytes"]
 
 
+def test_a_source_whose_last_rows_raise_is_planned_and_raises_where_mindspore_does(real_mindspore):
+    """``__len__`` 24, rows 12 on raise ``IndexError``; the probe reads the last index. An audit: that row's error
+    left the pipeline unplanned, and its slots filled 64 MB before row 12 (``ShmFullError`` blaming something
+    else). Now planned from the rows read before it: every row up to 12, then MindSpore's ``IndexError``."""
+    script = SCENARIOS / "gen_short.py"
+    assert_raw_bus_error(f"{script} 31 24 8 12")
+    proc = run(f"-m ms_shm run {script} 31 24 8 12")
+    rows = [int(line.split()[1]) for line in proc.stdout.splitlines() if line.startswith("ROW ")]
+    assert proc.returncode != 0 and rows == list(range(12)), isolated.describe(proc)
+    assert "IndexError: index 12 out of range" in proc.stderr and "ShmFullError" not in proc.stderr, proc.stderr
+    assert "probe row 23 raised IndexError" in proc.stderr and "planned from the" in proc.stderr, proc.stderr
+
+
 def test_a_generator_dataset_subclass_dies_raw_and_runs_through_ms_shm(real_mindspore):
     """A subclass calling ``super().__init__`` with explicit processes was passed on unplanned (audit)."""
     script = SCENARIOS / "gen_subclass.py"

@@ -210,10 +210,24 @@ def test_a_pair_whose_gil_was_watched_is_not_read_again(monkeypatch):
     assert not any("second pair" in n for n in stats.notes)
 
 
-def test_the_sources_own_exception_passes_unchanged():
+def test_the_sources_own_exception_on_the_first_row_passes_unchanged():
     """MindSpore raises it when the pipeline reads the row: the caller decides, the probe does not wrap it."""
-    with pytest.raises(KeyError, match="missing file 18.jpg"):
-        rows.measure_random_access(Indexed(64, fail_at=18), ["a", "b"], time_fraction=1e9)
+    with pytest.raises(KeyError, match="missing file 0.jpg"):
+        rows.measure_random_access(Indexed(64, fail_at=0), ["a", "b"], time_fraction=1e9)
+
+
+@pytest.mark.parametrize("source, failed, read", [
+    (Indexed(64, fail_at=18), "row 18 raised KeyError: 'missing file 18.jpg'", [0, 63, 36, 9]),
+    (Indexed(40, data_rows=30), "row 39 raised IndexError: list index out of range", [0]),
+])
+def test_a_later_rows_exception_is_said_and_the_rows_before_it_measured(source, failed, read):
+    """An audit: a source whose last rows raise (``__len__`` larger than the data) went unplanned, and its
+    unplanned slots filled a 64 MB /dev/shm before MindSpore reached the row that raises. The rows read before it
+    plan the pipeline; MindSpore raises the error when it reaches that row, as raw."""
+    stats = rows.measure_random_access(source, ["a", "b"], time_fraction=1e9)
+    assert stats.raised.startswith(failed) and "test_rows.py:" in stats.raised, stats.raised
+    assert list(stats.indices) == read and stats.row_bytes_max == 100 + max(read) + 8  # and the int64 label
+    assert ("__len__ is wrong" in stats.raised) is (failed.startswith("row 39"))
 
 
 def test_the_frameworks_own_conversion_refuses_first_keeping_its_message():

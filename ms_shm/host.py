@@ -396,11 +396,17 @@ _LOCAL_SIZE_VARS = (
     ("LOCAL_WORLD_SIZE", "LOCAL_RANK"),
     ("MPI_LOCALNRANKS", "MPI_LOCALRANKID"),
     ("SLURM_NTASKS_PER_NODE", "SLURM_LOCALID"),
+    ("MV2_COMM_WORLD_LOCAL_SIZE", "MV2_COMM_WORLD_LOCAL_RANK"),  # MVAPICH2
+    ("HOROVOD_LOCAL_SIZE", "HOROVOD_LOCAL_RANK"),  # horovodrun with gloo
+    ("PALS_LOCAL_SIZE", "PALS_LOCAL_RANKID"),  # Cray PALS (aprun's successor)
+    ("JSM_NAMESPACE_LOCAL_SIZE", "JSM_NAMESPACE_LOCAL_RANK"),  # LSF jsrun
 )
 # Launchers that say only the global count: msrun (``MS_WORKER_NUM``, ``RANK_SIZE``), and torch's legacy
 # ``torch.distributed.launch`` and hand-rolled ``mp.spawn`` scripts (``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``): read
 # as MindSpore's own shm check reads them. WORLD_SIZE was not read: under 64 MB two such ranks planned for 1 and 2
 # ranks, and one or both died of ShmFullError (an audit, 3 runs of 3).
+_LOCAL_RANK_VARS = ("OMPI_COMM_WORLD_LOCAL_RANK", "LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "DEVICE_ID",
+                    "MV2_COMM_WORLD_LOCAL_RANK", "HOROVOD_LOCAL_RANK", "PALS_LOCAL_RANKID", "JSM_NAMESPACE_LOCAL_RANK")
 _GLOBAL_SIZE_VARS = (("MS_WORKER_NUM", "RANK_ID"), ("RANK_SIZE", "RANK_ID"), ("WORLD_SIZE", "RANK"))
 _DEVICES_PER_HOST = 8  # MindSpore's own assumption: device_num = min(group_size, 8)
 
@@ -424,12 +430,22 @@ def sharing_hint(local_ranks: int, shm_path: str | os.PathLike = "/dev/shm") -> 
         n = len(found.pids) + 1
         pids = ", ".join(str(pid) for pid in found.pids[:8]) + (", ..." if len(found.pids) > 8 else "")
         return (f"{len(found.pids)} other process(es) run this same command here (pid {pids}), holding "
-                f"{mib(found.shm_bytes)} of {shm_path}: ranks that each planned as if alone, where ms_shm planned "
-                f"for {local_ranks} rank(s) using it",
+                f"{mib(found.shm_bytes)} of {shm_path}: {n} copies share it, where ms_shm planned for "
+                f"{local_ranks} rank(s) using it{_msrun_scheduler(os.environ)}",
                 f"tell every rank how many share {shm_path}: export LOCAL_WORLD_SIZE={n} (or "
                 f"MS_SHM_LOCAL_RANKS={n}), or ms_shm.tune(ranks={n}); or ")
     return (f"ms_shm planned for {local_ranks} rank(s) using this host's /dev/shm; where more ranks run here, "
             f"tell each how many: export LOCAL_WORLD_SIZE (or MS_SHM_LOCAL_RANKS), or ms_shm.tune(ranks=N)", "")
+
+
+def _msrun_scheduler(env: Mapping[str, str]) -> str:
+    """msrun starts the script once more as its scheduler (``MS_ROLE=MS_SCHED``), which runs it like a rank until
+    ``mindspore.communication.init()`` ends it there (an audit: a data script without ``init()`` under msrun ran
+    3 copies where ``MS_WORKER_NUM`` said 2)."""
+    if not env.get("MS_ROLE"):
+        return ""
+    return ("; under msrun its scheduler (MS_ROLE=MS_SCHED) runs the script too until "
+            "mindspore.communication.init() ends it there: call init() before building the pipeline")
 
 
 def detect_ranks(env: Mapping[str, str], override: int | None = None) -> Ranks:
@@ -440,7 +456,7 @@ def detect_ranks(env: Mapping[str, str], override: int | None = None) -> Ranks:
     8 ranks per host, and the ``source`` says it was assumed.
     """
     local_rank = None
-    for name in ("OMPI_COMM_WORLD_LOCAL_RANK", "LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "DEVICE_ID"):
+    for name in _LOCAL_RANK_VARS:
         local_rank = _int(env, name)
         if local_rank is not None:
             break
@@ -448,6 +464,15 @@ def detect_ranks(env: Mapping[str, str], override: int | None = None) -> Ranks:
         return Ranks(max(1, int(override)), local_rank or 0, "override")
     if _int(env, "MS_SHM_LOCAL_RANKS"):
         return Ranks(_int(env, "MS_SHM_LOCAL_RANKS"), local_rank or 0, "MS_SHM_LOCAL_RANKS")
+    if str(env.get("MS_SHM_LOCAL_RANKS", "")).strip():  # set, and not a count: said, not silently dropped
+        ranks = _from_launcher(env, local_rank)
+        return replace(ranks, source=f"{ranks.source}; MS_SHM_LOCAL_RANKS={env['MS_SHM_LOCAL_RANKS']!r} ignored: "
+                                     f"not a count of 1 or more")
+    return _from_launcher(env, local_rank)
+
+
+def _from_launcher(env: Mapping[str, str], local_rank: int | None) -> Ranks:
+    """``detect_ranks``' answer from the launcher's variables alone."""
     for size_var, rank_var in _LOCAL_SIZE_VARS:
         size = _int(env, size_var)
         if size:

@@ -254,6 +254,13 @@ def test_container_detection(tmp_path, setup, env, expected):
     ({"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}, 2, 0, "WORLD_SIZE=2 (assumed all on this host)"),
     ({"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}, 2, 1, "WORLD_SIZE=2 (assumed all on this host)"),
     ({"WORLD_SIZE": "16", "RANK": "9"}, 8, 1, "WORLD_SIZE=16 (assumed 8 per host)"),
+    # launchers an audit found unread (each rank planned as if alone: 3 of 4 died of ShmFullError under 64 MB)
+    ({"MV2_COMM_WORLD_LOCAL_SIZE": "4", "MV2_COMM_WORLD_LOCAL_RANK": "2"}, 4, 2, "MV2_COMM_WORLD_LOCAL_SIZE"),
+    ({"HOROVOD_LOCAL_SIZE": "4", "HOROVOD_LOCAL_RANK": "1"}, 4, 1, "HOROVOD_LOCAL_SIZE"),
+    ({"PALS_LOCAL_SIZE": "3", "PALS_LOCAL_RANKID": "2"}, 3, 2, "PALS_LOCAL_SIZE"),
+    ({"JSM_NAMESPACE_LOCAL_SIZE": "2", "JSM_NAMESPACE_LOCAL_RANK": "1"}, 2, 1, "JSM_NAMESPACE_LOCAL_SIZE"),
+    # a count ms_shm cannot read is said in the source, not silently dropped
+    ({"MS_SHM_LOCAL_RANKS": "abc", "LOCAL_WORLD_SIZE": "2"}, 2, 0, "MS_SHM_LOCAL_RANKS='abc' ignored"),
 ])
 def test_ranks_from_launcher_env(tmp_path, env, size, rank, source):
     facts = probe(base_tree(tmp_path), env)

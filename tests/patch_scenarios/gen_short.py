@@ -3,7 +3,6 @@
 import sys
 
 import mindspore.dataset as ds
-
 from gen_explicit import Rows as Full
 
 DATA = int(sys.argv[4])

@@ -702,9 +702,13 @@ def _apply_globals(p: Plan, config: Any, eng: Any, quiet: bool = False) -> list:
 
 
 def _changed_globals(made: list, quiet: bool) -> list:
+    """Each global change said; a lowered prefetch stays for the rest of the process, and says so (an audit: a
+    pipeline rebuilt while the one before it was still bound lowered it once, and every later build ran at it)."""
     for change in made:
-        log.log(logging.INFO if quiet else logging.WARNING, "ms_shm changed MindSpore's global %s from %s to %s: %s",
-                change.setting, change.old, change.new, change.reason)
+        stays = (" (for the rest of this process: later pipelines are planned at it; ms_shm.session().restore() "
+                 "puts it back)" if change.setting == "prefetch_size" else "")
+        log.log(logging.INFO if quiet else logging.WARNING, "ms_shm changed MindSpore's global %s from %s to %s: %s%s",
+                change.setting, change.old, change.new, change.reason, stays)
         if change.setting == "prefetch_size":
             _follow_prefetch(change.new)
     return made

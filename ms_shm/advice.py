@@ -124,6 +124,13 @@ def shm_fixes(size_bytes: int, container: str | None, memory_limit: int | None =
     host = ("bare host", f"sudo mount -o remount,size={size} /dev/shm\n"
                          f"# and in /etc/fstab, to keep it after a reboot:\n"
                          f"tmpfs  /dev/shm  tmpfs  defaults,size={size}  0 0")
+    return _for_container(container, host, docker, compose, kube, podman)
+
+
+def _for_container(container: str | None, host: tuple, docker: tuple, compose: tuple, kube: tuple,
+                   podman: tuple) -> tuple:
+    """A fix's snippets, the one for where the process runs first: every place is listed, because the same
+    image runs under ``docker run``, compose and Kubernetes."""
     if container == "kubernetes":
         return (kube, docker, compose)
     if container == "podman":
@@ -146,13 +153,7 @@ def memory_fixes(target: str, container: str | None, cgroup_version: str | None 
     knob = "memory.limit_in_bytes" if cgroup_version == "v1" else "memory.max"
     host = ("bare host", f"# the memory cgroup the job runs in (cat /proc/self/cgroup): raise its {knob}\n"
                          f"sudo systemd-run --scope -p MemoryMax={target.upper()} python train.py   # or a new scope")
-    if container == "kubernetes":
-        return (kube, docker, compose)
-    if container == "podman":
-        return (podman, docker, compose, kube)
-    if container in ("docker", "container"):
-        return (docker, compose, kube)
-    return (host, docker, compose, kube)
+    return _for_container(container, host, docker, compose, kube, podman)
 
 
 def nofile_fixes(n: int, container: str | None = None, hard: int | None = None) -> tuple:

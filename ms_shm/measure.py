@@ -387,8 +387,7 @@ def _error_text(exc: BaseException, remote_traceback: str, what: str, fate: str 
     where = f" ({lines[-1]})" if lines else ""
     hint = ""
     if isinstance(exc, IndexError) and what == "source":
-        hint = (" (the probe reads the last index len(source)-1: if the data has fewer rows, __len__ is "
-                "wrong)")
+        hint = f" ({rows.LEN_HINT})"
     return (f"the {what} raised {type(exc).__name__}: {exc} on a probe row{where}{hint}; "
             f"{fate or RAISES_AT_ROW}, so the pipeline is built as asked, without a measurement")
 

@@ -474,6 +474,9 @@ class _Probe:
                         rows_one_column=self.whole_rows, sampled=self.sampled, raised=self.raised)
 
 
+LEN_HINT = "the probe reads the last index len(source)-1: if the data has fewer rows, __len__ is wrong"
+
+
 def is_random_access(source: Any) -> bool:
     """MindSpore takes the multiprocess path only for sources with both ``__getitem__`` and ``__len__``."""
     return hasattr(source, "__getitem__") and hasattr(source, "__len__")
@@ -520,7 +523,7 @@ def measure_random_access(source: Any, names: Sequence[str] | None, max_rows: in
         except Exception as exc:  # noqa: BLE001 - the source's own error, MindSpore's to raise at that row
             if not probe.indices:
                 raise
-            failed = next((i for i in order[done:] if i not in probe.indices), order[done])  # a pair's second
+            failed = next((i for i in order[done:] if i not in probe.indices), order[done])  # a second pair's
             probe.raised = _raised_at(failed, exc)
             notes.append(f"row {failed} raised {type(exc).__name__}: planned from the {len(probe.indices)} "
                          f"row(s) read before it")
@@ -542,8 +545,8 @@ def measure_random_access(source: Any, names: Sequence[str] | None, max_rows: in
 def _read_next(probe: _Probe, source: Any, order: list, done: int, reads: int, notes: list) -> tuple:
     """Read ``order[done]`` (alone, or beside row 0 again where a pair is due); ``(done, reads)`` after it."""
     if probe.pair_seconds == 0 and parallel.pair_now(probe.walls, probe.first_kernel, probe.share):
-            # As cold as the pair: the first read for a pair at once (the pair's faster read of row 0 replaces
-            # it), the warm reads for a late one.
+        # As cold as the pair: the first read for a pair at once (the pair's faster read of row 0 replaces it),
+        # the warm reads for a late one.
         alone = (probe.walls[0], probe.cpus[0]) if done == 1 else \
             (float(np.median(probe.walls[1:])), float(np.median(probe.cpus[1:])))
         probe.fetch_pair(source, order[done])  # row 0 again beside a new row: the GIL's share and the re-read
@@ -563,8 +566,7 @@ def _raised_at(index: int, exc: BaseException) -> str:
     raise went unplanned, and its unplanned slots filled a 64 MB /dev/shm before that row was reached)."""
     frames = traceback.extract_tb(exc.__traceback__)
     where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
-    hint = (" (the probe reads the last index len(source)-1: if the data has fewer rows, __len__ is wrong)"
-            if isinstance(exc, IndexError) else "")
+    hint = f" ({LEN_HINT})" if isinstance(exc, IndexError) else ""
     return f"row {index} raised {type(exc).__name__}: {str(exc)[:200]}{where}{hint}"
 
 

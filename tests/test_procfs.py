@@ -108,7 +108,7 @@ def test_doctor_watch_and_clean_count_the_same_segments(tmp_path):
                   + "garbage\n")
     notes = host._Notes()
     sysv = host.read_sysv(tmp_path, notes)
-    w = Watcher(pids=[], shm_path=tmp_path, sysv_path=table)
+    w = Watcher(pids=[], shm_path=tmp_path, sysv_path=table, main_pid=4242)  # watch counts its job's: 4242's
     assert (sysv["sysv_segments"], sysv["sysv_bytes"]) == (2, 8389120 + 16777728)
     assert w._read_sysv() == (8389120 + 16777728, 2)
     assert len(cleanup.read_sysvipc(table, [])) == 2

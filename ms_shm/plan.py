@@ -27,11 +27,12 @@ EXPLICIT = "explicit_arguments"  # a Decision on the arguments the caller passed
 class Decision(Result):
     setting: str
     value: Any
-    default: Any  # the framework's default, or, for ``EXPLICIT``, what the caller asked
+    default: Any  # the framework's default, or, for ``EXPLICIT`` and where ``asked``, what the caller asked
     reason: str
+    asked: bool = False  # ``default`` is what the caller passed (a cap on it), said "asked", not "default"
 
     def __str__(self) -> str:
-        before = "asked" if self.setting == EXPLICIT else "default"
+        before = "asked" if self.setting == EXPLICIT or self.asked else "default"
         changed = "" if self.value == self.default else f" ({before} {self.default})"
         return f"{self.setting}={self.value}{changed}: {self.reason}"
 

@@ -449,7 +449,7 @@ def cap_workers(workers: int | None, cpu_count: int) -> tuple:
     if workers is None or workers <= cpu_count:
         return workers, []
     return cpu_count, [Decision("num_parallel_workers", cpu_count, workers,
-                                f"MindSpore refuses more workers than os.cpu_count()={cpu_count}")]
+                                f"MindSpore refuses more workers than os.cpu_count()={cpu_count}", asked=True)]
 
 
 def plan_map(in_bytes: int, out_bytes: int, seconds_per_row: float | None, cpu_fraction: float | None,

@@ -5,10 +5,12 @@ on first use; ``torch`` itself only when a function is called.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import sys
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, Callable
 
 from ms_shm.changes import Change
 from ms_shm.engines.torchstyle.compat import DataModule, by_value, rebuilt
@@ -140,31 +142,37 @@ def collate_shares(collate: Any, samples: list) -> bool | None:
     that stacks with ``torch.stack`` itself does not, and its batch, sent through a pipe, never touches
     ``/dev/shm`` (an audit: a dict-returning ``collate_fn`` was charged a batch per worker there and refused under
     64 MB, where its pipes fitted). For the probe child only; ``None`` where it cannot tell."""
-    worker = sys.modules.get("torch.utils.data._utils.worker")
-    if worker is None or not hasattr(worker, "_worker_info") or not hasattr(worker, "WorkerInfo"):
-        return None
-    saved = worker._worker_info
     try:
-        worker._worker_info = worker.WorkerInfo(id=0, num_workers=1, seed=0, dataset=None)
-        batch = collate(samples)
+        with _worker_info_reads(lambda worker: worker.WorkerInfo(id=0, num_workers=1, seed=0, dataset=None)) as set_:
+            if not set_:
+                return None
+            batch = collate(samples)
     except Exception:  # a collate that wants more of a worker than this stand-in: priced as sharing
         return None
-    finally:
-        worker._worker_info = saved
     return any(s.is_shared() for s in _storages(batch).values())
 
 
 def _as_in_main(collate: Any, samples: Any) -> Any:
     """``collate(samples)`` with ``get_worker_info()`` reading ``None``: torch's default collate then stacks into
     ordinary memory (``collate_tensor_fn``'s ``_new_shared`` is for a worker only), the same values."""
+    with _worker_info_reads(lambda worker: None):
+        return collate(samples)
+
+
+@contextlib.contextmanager
+def _worker_info_reads(info: Callable[[Any], Any]) -> Iterator[bool]:
+    """``get_worker_info()`` reads ``info(torch's worker module)`` inside the block, and what it read before
+    after it; yields whether it could be set (``False``: torch's worker module is not loaded, nothing changed)."""
     worker = sys.modules.get("torch.utils.data._utils.worker")
     if worker is None or not hasattr(worker, "_worker_info"):
-        return collate(samples)
-    info, worker._worker_info = worker._worker_info, None
+        yield False
+        return
+    saved = worker._worker_info
     try:
-        return collate(samples)
+        worker._worker_info = info(worker)
+        yield True
     finally:
-        worker._worker_info = info
+        worker._worker_info = saved
 
 
 def _piped(value: Any, storages: dict) -> Any:

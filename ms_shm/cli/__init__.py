@@ -488,10 +488,7 @@ def _watch_refused(args: argparse.Namespace, error: str) -> int:
 def _interval_seconds(text: str) -> float:
     """``watch --interval``: seconds, finite and above 0. ``nan`` and ``inf`` parse as floats, and ``inf`` would
     take one sample, then none until the job ends; the sizes' ``_positive_float`` said "MiB" for them."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    value = _number(text)
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"must be a finite number of seconds above 0: {text}")
     return value
@@ -517,12 +514,17 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _positive_float(text: str) -> float:
-    """A size in MiB: a finite number above 0 (``inf`` would reach ``int()`` as an OverflowError)."""
+def _number(text: str) -> float:
+    """An argument that must parse as a float (``nan`` and ``inf`` do: the callers judge those)."""
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def _positive_float(text: str) -> float:
+    """A size in MiB: a finite number above 0 (``inf`` would reach ``int()`` as an OverflowError)."""
+    value = _number(text)
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"must be a finite number of MiB: {text}")
     if value > MAX_MIB:  # 1e308 MiB is finite, and infinite in bytes (OverflowError)

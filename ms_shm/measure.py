@@ -47,6 +47,7 @@ class OperationStats(Result):
     parallel_fraction: float | None = None  # of the CPU work, what ran outside the GIL (``ms_shm.parallel``)
     threads_started: int | None = None  # native threads the operations left running (``sandbox.Outcome``)
     cores_busy: float | None = None  # process CPU time / wall time of runs made alone (``RowStats.cores_busy``)
+    raised: str | None = None  # a probe row after the first raised this (the rows run before it were measured)
 
 
 @record
@@ -76,6 +77,10 @@ class Lineage:
         """Why this stage's rows cannot be made without side effects, or ``None``."""
         return None
 
+    def row_name(self, k: int) -> str:
+        """The ``k``-th row ``rows`` makes, as the user knows it (a source's probe rows are spread over it)."""
+        return f"row {k}"
+
 
 @record
 class SourceLineage(Lineage):
@@ -89,6 +94,9 @@ class SourceLineage(Lineage):
 
     def why_not(self) -> str | None:
         return sandbox.shared_with_processes([self.source])
+
+    def row_name(self, k: int) -> str:
+        return f"source row {self.indices[k]}"
 
 
 @record
@@ -124,14 +132,34 @@ class MapLineage(Lineage):
     def rows(self, count: int) -> dict:
         available = self.parent.rows(count)
         out = {k: v for k, v in available.items() if k not in self.input_columns}
-        results = [run_operations(self.operations, [available[c][i] for c in self.input_columns])
-                   for i in range(_count(available))]
+        results = _rows_until_one_raises(self.operations, [[available[c][i] for c in self.input_columns]
+                                                           for i in range(_count(available))])
+        out = {k: v[:len(results)] for k, v in out.items()}
         for n, name in enumerate(self.output_columns):
             out[name] = [r[n] for r in results if n < len(r)]
         return out
 
     def why_not(self) -> str | None:
         return self.parent.why_not() or sandbox.shared_with_processes(_operation_objects(self.operations))
+
+    def row_name(self, k: int) -> str:
+        return self.parent.row_name(k)
+
+
+def _rows_until_one_raises(operations: Any, inputs: list) -> list:
+    """The operations' outputs for ``inputs`` up to the first row they raise on (the next stage is measured on
+    the rows before it, as the stage itself is: ``time_operations``); the error where the first row raises."""
+    results: list = []
+    for args in inputs:
+        try:
+            results.append(run_operations(operations, args))
+        except rows.RowError:
+            raise
+        except Exception:  # noqa: BLE001 - said by this map's own probe, which ran the same rows
+            if not results:
+                raise
+            break
+    return results
 
 
 @record
@@ -265,7 +293,8 @@ def probe_operations(lineage: Lineage, operations: Any, input_columns: Sequence[
             return f"input column(s) {missing} are not among the input's columns {sorted(available)}", None
         inputs = [[available[c][i] for c in input_columns] for i in range(_count(available))]
         first: list = []
-        measured = sandbox.watch_effects(lambda: time_operations(operations, inputs, first), watched,
+        measured = sandbox.watch_effects(lambda: time_operations(operations, inputs, first, lineage.row_name),
+                                         watched,
                                          lambda: _reread(first, lambda: run_operations(operations, inputs[0]),
                                                          "the operations"))
         _check_columns_returned(first, output_columns, "map")
@@ -275,6 +304,9 @@ def probe_operations(lineage: Lineage, operations: Any, input_columns: Sequence[
     probe = _outcome(outcome, "operations", defer_row_errors, fate)
     if isinstance(probe.stats, str):  # MindSpore raises on these columns when the pipeline starts
         return StageProbe(None, unmeasured=probe.stats)
+    if getattr(probe.stats, "raised", None):
+        log.warning("ms_shm: the map's operations on its probe %s; planned from the %d row(s) run before it (%s)",
+                    probe.stats.raised, probe.stats.rows, fate or RAISES_AT_ROW)
     return _drawing_code(StageProbe(probe.stats, _random_ops(operations, probe.effects), probe.unmeasured),
                          operations=operations, read=outcome.beside)
 
@@ -466,7 +498,7 @@ def run_operations(operations: Any, columns: Sequence[Any]) -> tuple:
     for op in ops:
         out = op(*values)
         if out is None:
-            raise rows.RowError(f"the map operation {_name(op)} returns None for the first probe row: MindSpore "
+            raise rows.RowError(f"the map operation {_name(op)} returns None for a probe row: MindSpore "
                                 f"stops the pipeline there (\"Expected pyfunc to return NumPy array(s) or Python "
                                 f"dict(s), but got None\"). Fix: return the row's new value(s), a tuple of arrays "
                                 f"for several columns")
@@ -499,12 +531,15 @@ def _check_columns_returned(first: list, output_columns: Sequence[str], what: st
                             f"output column, or pass output_columns with {got} name(s)", None, 0)
 
 
-def time_operations(operations: Any, inputs: list, keep: list | None = None) -> OperationStats:
+def time_operations(operations: Any, inputs: list, keep: list | None = None,
+                    row_name: Callable[[int], str] = "input row {}".format) -> OperationStats:
     """Sizes (largest input and output row) and median time per row of ``operations`` over ``inputs``; with
     the GIL's share (``parallel``) where rows are not trivially cheap (``parallel.pair_now``): the first row
     alone and the next two at once on two threads when the first was dear; else the first two alone and, where
     the second still was, the first again beside the third (that second output is the re-run ``_reread``
     compares: no run only for it). ``keep`` gets the first input's output, and its second where a pair made one.
+    Rows after the first that raise end the runs: measured on the rows before, the error said (``raised``,
+    naming the row by ``row_name``).
     """
     walls, cpus, out_sizes, first, again = [], [], [], [], []
     alone_wall, alone_process_cpu = [], []  # the runs made alone: ``cores_busy``
@@ -527,20 +562,25 @@ def time_operations(operations: Any, inputs: list, keep: list | None = None) -> 
 
     n = min(len(inputs), PROBE_ROWS_FOR_MAP)
     first_kernel = alone(inputs[0]) if n else 0.0
-    while len(walls) < n and not (n == 3 and parallel.pair_now(walls, first_kernel, _share(walls, cpus))):
-        alone(inputs[len(walls)])
-    fraction = None
-    if len(walls) < n:  # a pair: the next two rows at once (after one alone), or the first and the third
-        share, late = _share(walls, cpus), len(walls) == 2
-        pair, pair_walls, pair_cpus, fraction = _operations_pair(operations, [inputs[0], inputs[2]] if late
-                                                                 else inputs[1:3], share)
-        if late and pair:
-            again, pair, pair_walls, pair_cpus = [pair[0]], pair[1:], pair_walls[1:], pair_cpus[1:]
-        for k in range(len(pair)):
-            account(pair[k], parallel.time_alone(pair_walls[k], pair_cpus[k], share), pair_cpus[k])
-        del pair  # the pair's outputs: freed before any other run
-        for args in inputs[len(walls):n]:  # operations not safe on two threads: run alone, as in a worker
-            alone(args)
+    fraction, raised = None, None
+    try:
+        while len(walls) < n and not (n == 3 and parallel.pair_now(walls, first_kernel, _share(walls, cpus))):
+            alone(inputs[len(walls)])
+        if len(walls) < n:  # a pair: the next two rows at once (after one alone), or the first and the third
+            share, late = _share(walls, cpus), len(walls) == 2
+            pair, pair_walls, pair_cpus, fraction = _operations_pair(operations, [inputs[0], inputs[2]] if late
+                                                                     else inputs[1:3], share)
+            if late and pair:
+                again, pair, pair_walls, pair_cpus = [pair[0]], pair[1:], pair_walls[1:], pair_cpus[1:]
+            for k in range(len(pair)):
+                account(pair[k], parallel.time_alone(pair_walls[k], pair_cpus[k], share), pair_cpus[k])
+            del pair  # the pair's outputs: freed before any other run
+            for args in inputs[len(walls):n]:  # operations not safe on two threads: run alone, as in a worker
+                alone(args)
+    except rows.RowError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the operations' own error, MindSpore's to raise at that row
+        raised = rows.raised_at(row_name(len(walls)), exc)  # a failed pair is run alone: that row's position
     if keep is not None:
         keep += first + again  # the first input's output, and its second where a pair made one
     in_bytes = max((sum(int(a.nbytes) for a in args if hasattr(a, "nbytes")) for args in inputs[:len(walls)]),
@@ -548,7 +588,7 @@ def time_operations(operations: Any, inputs: list, keep: list | None = None) -> 
     return OperationStats(len(walls), in_bytes, max(out_sizes, default=0),
                           float(np.median(walls)) if walls else None, _share(walls, cpus),
                           parallel_fraction=fraction,
-                          cores_busy=_share(alone_wall, alone_process_cpu))
+                          cores_busy=_share(alone_wall, alone_process_cpu), raised=raised)
 
 
 def _share(walls: list, cpus: list) -> float | None:

@@ -524,7 +524,7 @@ def measure_random_access(source: Any, names: Sequence[str] | None, max_rows: in
             if not probe.indices:
                 raise
             failed = next((i for i in order[done:] if i not in probe.indices), order[done])  # a second pair's
-            probe.raised = _raised_at(failed, exc)
+            probe.raised = raised_at(f"row {failed}", exc, LEN_HINT)
             notes.append(f"row {failed} raised {type(exc).__name__}: planned from the {len(probe.indices)} "
                          f"row(s) read before it")
             break
@@ -560,14 +560,14 @@ def _read_next(probe: _Probe, source: Any, order: list, done: int, reads: int, n
     return done + 1, reads + 1
 
 
-def _raised_at(index: int, exc: BaseException) -> str:
-    """A later probe row's error in a line, with the source line that raised it: planned from the rows read
+def raised_at(row: str, exc: BaseException, index_error_hint: str | None = None) -> str:
+    """A later probe row's error in a line, with the code line that raised it: planned from the rows read
     before it, as MindSpore raises it when the pipeline reaches that row (an audit: a source whose last rows
     raise went unplanned, and its unplanned slots filled a 64 MB /dev/shm before that row was reached)."""
     frames = traceback.extract_tb(exc.__traceback__)
     where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
-    hint = f" ({LEN_HINT})" if isinstance(exc, IndexError) else ""
-    return f"row {index} raised {type(exc).__name__}: {str(exc)[:200]}{where}{hint}"
+    hint = f" ({index_error_hint})" if index_error_hint and isinstance(exc, IndexError) else ""
+    return f"{row} raised {type(exc).__name__}: {str(exc)[:200]}{where}{hint}"
 
 
 

@@ -1169,6 +1169,37 @@ def test_a_map_failing_on_a_probe_row_is_said_as_mindsporeS_error_samples_mode_t
     assert said and fate in said[0], said
 
 
+def test_a_map_failing_on_a_later_probe_row_is_planned_from_the_rows_before_and_skips_as_raw(ds, caplog):
+    """A map whose operations raise on the source's last row (the probe's second) was built unmeasured, as if its
+    first row raised: MindSpore's own settings, unprotected. Now planned from the first row; under SKIP the same
+    rows arrive as raw's."""
+    import ms_shm
+
+    before = ds.config.get_error_samples_mode()
+    ds.config.set_error_samples_mode(ds.config.ErrorSamplesMode.SKIP)
+
+    def last_is_dirty(x):
+        if int(x[0]) == 7:
+            raise ValueError("dirty row")
+        return x * 3
+
+    def values(build_map):
+        base = ms_shm.build_dataset([(np.full(4, i, np.int64),) for i in range(8)], ["x"], shuffle=False)
+        mapped = build_map(base)
+        return [int(r[0][0]) for r in mapped.create_tuple_iterator(output_numpy=True, num_epochs=1)], mapped
+
+    try:
+        raw, _ = values(lambda b: b.map(last_is_dirty, input_columns=["x"], num_parallel_workers=2))
+        with caplog.at_level("WARNING", logger="ms_shm"):
+            ours, mapped = values(lambda b: ms_shm.map(b, last_is_dirty, input_columns=["x"], num_parallel_workers=2))
+    finally:
+        ds.config.set_error_samples_mode(before)
+    assert ours == raw == [0, 3, 6, 9, 12, 15, 18]
+    said = [r.getMessage() for r in caplog.records if "dirty row" in r.getMessage()]
+    assert said and "source row 7 raised ValueError" in said[0] and "planned from the 1 row(s)" in said[0], said
+    assert "drop that row" in said[0] and "probe rows took" in ms_shm.plan_of(mapped).summary()
+
+
 class ShufflingIndices:
     """A sampler that is a plain iterable: each ``__iter__`` draws a new order from numpy's global generator."""
 

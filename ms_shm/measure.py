@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import traceback
 import types
 import weakref
 from dataclasses import replace
@@ -242,6 +243,9 @@ def probe_random_access(source: Any, names: Sequence[str] | None, check: Callabl
     shared = sandbox.shared_with_processes([source])
     if shared:
         return _drawing_code(StageProbe(None, unmeasured=shared), source)
+    here = _read_here(source, names, check, column_dtypes, sampled) if not worker_pages else None
+    if here is not None:
+        return _drawing_code(_source_probe(here, defer_row_errors), source)
 
     def in_child():
         stats: list = []
@@ -263,13 +267,35 @@ def probe_random_access(source: Any, names: Sequence[str] | None, check: Callabl
         return sandbox.watch_effects(measured, [source], lambda: stats[0].reread_differs, again)
 
     outcome = _fork(in_child, worker_pages, beside, source)
+    return _drawing_code(_source_probe(outcome, defer_row_errors), source, read=outcome.beside)
+
+
+def _read_here(source: Any, names: Sequence[str] | None, check: Callable | None, column_dtypes: tuple | None,
+               sampled: Callable[[int], tuple] | None) -> sandbox.Outcome | None:
+    """The probe of a source whose rows are plain data in a list, tuple or array (``sandbox.reads_purely``),
+    read in this process: nothing to throw away, no fork. ``None`` where it is not such a source, or a row
+    holds an object of the program's (read in a fork then: converting it may run the program's code). Where
+    memory may bind the fork is kept too: it measures a forked worker's own pages."""
+    if not sandbox.reads_purely(source):
+        return None
+    try:
+        stats = rows.measure_random_access(sandbox.PlainRows(source), names, check=check,
+                                           column_dtypes=column_dtypes, sampled=sampled)
+    except sandbox.NotPlainData:
+        return None
+    except Exception as exc:  # noqa: BLE001 - a row MindSpore refuses, or what converting it raised
+        return sandbox.Outcome(error=exc, remote_traceback=traceback.format_exc())
+    return sandbox.Outcome(value=(stats, sandbox.Effects()))
+
+
+def _source_probe(outcome: sandbox.Outcome, defer_row_errors: bool) -> StageProbe:
     probe = _outcome(outcome, "source", defer_row_errors)
     if isinstance(probe.stats, str):
-        probe = StageProbe(None, unmeasured=probe.stats)
-    elif getattr(probe.stats, "raised", None):
+        return StageProbe(None, unmeasured=probe.stats)
+    if getattr(probe.stats, "raised", None):
         log.warning("ms_shm: the source's probe %s; planned from the %d row(s) read before it (%s)",
                     probe.stats.raised, probe.stats.probed, RAISES_AT_ROW)
-    return _drawing_code(probe, source, read=outcome.beside)
+    return probe
 
 
 def probe_operations(lineage: Lineage, operations: Any, input_columns: Sequence[str],

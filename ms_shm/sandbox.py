@@ -659,6 +659,47 @@ def _named(where: str, obj: Any) -> str:
     return f"{where} is a {type(obj).__module__}.{type(obj).__qualname__}"
 
 
+_PLAIN_SCALARS = (bool, int, float, complex, str, bytes)
+
+
+def reads_purely(source: Any) -> bool:
+    """A ``list``, ``tuple`` or numpy array as it is (no subclass, no ``object`` dtype): reading its rows runs
+    none of the program's code, so a probe needs no fork to leave the program as it was (a fork with MindSpore
+    loaded costs ~15 ms; an audit ran MindSpore's own tests of 30 small in-memory pipelines 8x slower patched)."""
+    if type(source) is np.ndarray:
+        return source.dtype != object
+    return type(source) in (list, tuple)
+
+
+def is_plain_row(row: Any) -> bool:
+    """A row of plain values (numbers, strings, bytes, numpy arrays other than ``object`` ones), alone or in a
+    tuple or list: converting it runs none of the program's code."""
+    values = row if type(row) in (list, tuple) else (row,)
+    return all(type(v) in _PLAIN_SCALARS or isinstance(v, np.generic) and not isinstance(v, np.object_)
+               or type(v) is np.ndarray and v.dtype != object for v in values)
+
+
+class NotPlainData(BaseException):
+    """A row of a ``reads_purely`` source that holds an object of the program's: read it in a fork after all. A
+    ``BaseException``: the probe's handling of a row's own errors must not take it for one."""
+
+
+class PlainRows:
+    """A ``reads_purely`` source as the probe reads it in this process: each row checked ``is_plain_row``."""
+
+    def __init__(self, source: Any):
+        self.source = source
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, index: Any) -> Any:
+        row = self.source[index]
+        if not is_plain_row(row):
+            raise NotPlainData(type(row).__name__)
+        return row
+
+
 def shared_with_processes(objects: Sequence[Any]) -> str | None:
     """Why ``objects`` cannot be read in a probe child, or ``None``: they hold (``_holding``) something the
     child would share with the program rather than copy, or threads it would not have. A read there would change

@@ -381,7 +381,9 @@ def validate(kind: str, real: Any, *args: Any, **kwargs: Any) -> None:
     """Run MindSpore's own argument checks of ``real`` (``GeneratorDataset.__init__``, ``Dataset.map`` or
     ``Dataset.batch`` as MindSpore defines them; ``args`` without ``self``) on the caller's arguments, without
     running the method: what MindSpore refuses (wrong types, ``num_parallel_workers`` above ``os.cpu_count()``,
-    ...) raises MindSpore's own ``TypeError`` / ``ValueError``, word for word, before ms_shm reads any argument.
+    ...) raises MindSpore's own ``TypeError`` / ``ValueError``, word for word, before ms_shm reads any argument
+    (``api.check_as_mindspore`` passes a worker count above the CPU count as that count, unless strict: ms_shm
+    caps it, with a warning).
     The checker runs on a throw-away ``self`` (``check_map`` sets ``operator_mixed`` on it) and with MindSpore's
     logger quiet (the real call logs its deprecation warnings once). A release without the checker: nothing."""
     try:

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from ms_shm import measure, sandbox
+from ms_shm.rows import RowError
 from tests import isolated
 
 
@@ -605,3 +606,57 @@ def test_a_probe_leaves_the_programs_shown_warnings_alone():
             "    sandbox.run_in_fork(lambda: 1)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stderr.count("UserWarning: shown once") == 1, proc.stderr
+
+
+class RowObject:
+    """A value of the program's own: converting it may run its code (``__array__``)."""
+
+    def __array__(self, dtype=None, copy=None):
+        return np.zeros(3)
+
+
+@pytest.mark.parametrize("source", [
+    [(np.arange(4) + i, np.array(i)) for i in range(10)],
+    tuple(np.full(3, i, np.float32) for i in range(6)),
+    np.arange(40).reshape(10, 4),
+    [(np.arange(2), "label", 3.5, b"raw") for _ in range(5)],
+], ids=["list of tuples", "tuple of arrays", "ndarray", "strings and numbers"])
+def test_plain_data_in_a_list_tuple_or_array_is_probed_without_a_fork(source, monkeypatch):
+    def no_fork(*args, **kwargs):
+        raise AssertionError("forked")
+
+    monkeypatch.setattr(measure, "_fork", no_fork)
+    names = ["a", "b", "c", "d"][:len(source[0]) if isinstance(source[0], tuple) else 1]
+    probe = measure.probe_random_access(source, names, None)
+    assert probe.stats is not None and probe.stats.length == len(source), probe
+    assert probe.effects == sandbox.Effects()
+
+
+@pytest.mark.parametrize("source", [
+    [(np.arange(3),), (RowObject(),)] * 3,  # a row holding an object of the program's, not the first
+    np.array([RowObject()] * 4, dtype=object),
+    np.arange(8).reshape(4, 2).view(np.matrix),
+    [([1, 2, 3],)] * 4,  # a list column
+], ids=["an object in a later row", "object array", "ndarray subclass", "list column"])
+def test_a_source_that_may_run_the_programs_code_when_read_is_probed_in_a_fork(source, monkeypatch):
+    forks = []
+    real = measure._fork
+
+    def counted(*args, **kwargs):
+        forks.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(measure, "_fork", counted)
+    try:
+        measure.probe_random_access(source, ["a"], None)
+    except RowError:  # what MindSpore makes of the row is not the question here
+        pass
+    assert forks == [1]
+
+
+def test_where_memory_may_bind_a_plain_source_is_still_probed_in_a_fork_for_a_workers_pages(monkeypatch):
+    forks = []
+    real = measure._fork
+    monkeypatch.setattr(measure, "_fork", lambda *a, **k: forks.append(1) or real(*a, **k))
+    probe = measure.probe_random_access([(np.arange(4),)] * 5, ["a"], None, worker_pages=True)
+    assert forks == [1] and probe.stats.worker_bytes is not None

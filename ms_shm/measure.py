@@ -273,10 +273,12 @@ def probe_random_access(source: Any, names: Sequence[str] | None, check: Callabl
 def _read_here(source: Any, names: Sequence[str] | None, check: Callable | None, column_dtypes: tuple | None,
                sampled: Callable[[int], tuple] | None) -> sandbox.Outcome | None:
     """The probe of a source whose rows are plain data in a list, tuple or array (``sandbox.reads_purely``),
-    read in this process: nothing to throw away, no fork. ``None`` where it is not such a source, or a row
-    holds an object of the program's (read in a fork then: converting it may run the program's code). Where
-    memory may bind the fork is kept too: it measures a forked worker's own pages."""
-    if not sandbox.reads_purely(source):
+    read in this process: nothing to throw away, no fork. ``None`` where it is not such a source, a row holds
+    an object of the program's (converting it may run the program's code), or the rows drawn are asked of the
+    program's own sampler (``runs_program_code``: its ``__iter__`` may draw from ``np.random`` or be a one-shot
+    iterator; an audit's sampler shuffling with ``np.random.permutation`` gave other epochs than raw's): read in
+    a fork then. Where memory may bind the fork is kept too: it measures a forked worker's own pages."""
+    if not sandbox.reads_purely(source) or getattr(sampled, "runs_program_code", False):
         return None
     try:
         stats = rows.measure_random_access(sandbox.PlainRows(source), names, check=check,

@@ -1247,6 +1247,41 @@ def test_a_sampler_and_a_source_that_draw_in_iter_are_iterated_as_often_as_raw(d
     assert passes[0] == passes[1] and streams[0].calls == streams[1].calls
 
 
+class OneShotOrder:
+    """A sampler that is its own iterator: it yields its order once, as a generator of indices would."""
+
+    def __init__(self, order):
+        self.order = iter(order)
+        self.n = len(order)
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self.order)
+
+
+@pytest.mark.parametrize("make_sampler", [lambda: ShufflingIndices(6), lambda: OneShotOrder([5, 4, 3, 2, 1, 0])],
+                         ids=["draws from np.random", "one-shot iterator"])
+def test_a_python_sampler_over_plain_data_is_not_iterated_at_construction(ds, make_sampler):
+    """A list of arrays is probed in this process (no fork); its probe asked the program's sampler for the rows
+    it draws there too (an audit: a sampler shuffling with ``np.random.permutation`` gave other epochs and moved
+    the program's random state; a one-shot sampler was used up before MindSpore read it)."""
+    import ms_shm
+
+    out = []
+    for build in (ds.GeneratorDataset, ms_shm.build_dataset):
+        np.random.seed(1)
+        sampler = make_sampler()
+        dataset = build([np.full(2, i, np.int64) for i in range(6)], ["x"], sampler=sampler)
+        after_build = np.random.randint(1000)
+        out.append((attempt(lambda d=dataset: rows_of(d)), after_build, getattr(sampler, "calls", None)))
+    assert out[0] == out[1] and isinstance(out[0][0], list) and len(out[0][0]) == 6, out
+
+
 class HeaderFirst:
     """Row 0 is a header the pipeline skips (one column of text where rows have two), as a CSV-backed source
     with ``SequentialSampler(start_index=1)`` has."""

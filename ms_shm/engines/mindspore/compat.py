@@ -575,7 +575,9 @@ def sampled_rows(kwargs: dict) -> Callable[[int], tuple] | None:
     if isinstance(sampler, samplers.BuiltinSampler) and not isinstance(sampler, samplers.Sampler):
         return None
     n = n if isinstance(sampler, samplers.Sampler) else kwargs.get("num_samples")  # a plain iterable's cap
-    return lambda length: _drawn(sampler, length, n)
+    drawn = functools.partial(_drawn, sampler, n=n)
+    drawn.runs_program_code = True  # the sampler's own ``__iter__``: in a probe child only (``measure._read_here``)
+    return drawn
 
 
 def _capped(rows: range, n: int | None) -> tuple:
@@ -589,7 +591,7 @@ def _valid(indices: Any, length: int) -> tuple | None:
         return None
 
 
-def _drawn(sampler: Any, length: int, n: int | None) -> tuple:
+def _drawn(sampler: Any, length: int, *, n: int | None) -> tuple:
     """A Python sampler's draws, in the probe child: MindSpore tells a ``ds.Sampler`` the dataset's size first."""
     handshake = getattr(sampler, "_handshake", None)
     if handshake is not None:

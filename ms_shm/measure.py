@@ -287,7 +287,7 @@ def _read_here(source: Any, names: Sequence[str] | None, check: Callable | None,
         return None
     except Exception as exc:  # noqa: BLE001 - a row MindSpore refuses, or what converting it raised
         return sandbox.Outcome(error=exc, remote_traceback=traceback.format_exc())
-    return sandbox.Outcome(value=(stats, sandbox.Effects()))
+    return sandbox.Outcome(value=(stats, sandbox.Effects()), threads_started=0)  # plain data starts no thread
 
 
 def _source_probe(outcome: sandbox.Outcome, defer_row_errors: bool) -> StageProbe:

@@ -629,7 +629,7 @@ def test_plain_data_in_a_list_tuple_or_array_is_probed_without_a_fork(source, mo
     names = ["a", "b", "c", "d"][:len(source[0]) if isinstance(source[0], tuple) else 1]
     probe = measure.probe_random_access(source, names, None)
     assert probe.stats is not None and probe.stats.length == len(source), probe
-    assert probe.effects == sandbox.Effects()
+    assert probe.effects == sandbox.Effects() and probe.stats.threads_started == 0  # no thread pools to look for
 
 
 @pytest.mark.parametrize("source", [

@@ -12,23 +12,28 @@ Examples:
 
 import importlib
 
-from ms_shm.errors import (
-    Error,
-    ProcessesUnavailableError,
-    ReadOnlyError,
-    RowError,
-    RowTooLargeError,
-    RowTypeError,
-    ShmBudgetError,
-    ShmFullError,
-    UsageError,
-)
+from ms_shm.collector import quiet
 
-# ``patch`` and ``watch`` are also module names: importing a submodule binds it on the package, which would hide
-# a lazily bound function of the same name, so these two are bound here (both modules import no framework and
-# little else: ``ms-shm run`` needs ``patch`` before the script starts anyway).
-from ms_shm.patch import patch, patched, unpatch
-from ms_shm.watch import Watcher, WatchSummary, watch
+# The collector is kept quiet while ms_shm's modules load: their objects would tip a program that has just
+# imported MindSpore into a full collection of its heap (``ms_shm.collector``).
+with quiet():
+    from ms_shm.errors import (
+        Error,
+        ProcessesUnavailableError,
+        ReadOnlyError,
+        RowError,
+        RowTooLargeError,
+        RowTypeError,
+        ShmBudgetError,
+        ShmFullError,
+        UsageError,
+    )
+
+    # ``patch`` and ``watch`` are also module names: importing a submodule binds it on the package, which would
+    # hide a lazily bound function of the same name, so these two are bound here (both modules import no
+    # framework and little else: ``ms-shm run`` needs ``patch`` before the script starts anyway).
+    from ms_shm.patch import patch, patched, unpatch
+    from ms_shm.watch import Watcher, WatchSummary, watch
 
 # The rest is bound on first use (PEP 562): ``ms-shm run`` and ``import ms_shm`` then cost what they use
 # (measured with MindSpore loaded: the package 8 ms, every module 35 ms; ~0.15 s before result classes stopped
@@ -52,7 +57,8 @@ def __getattr__(name: str):
     module = _HOME.get(name)
     if module is None:
         raise AttributeError(f"module 'ms_shm' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    with quiet():
+        value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
 

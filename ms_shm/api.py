@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import multiprocessing
 import os
 import sys
 import weakref
@@ -268,6 +269,24 @@ def _lock_mode(req: Request, why: str, default_workers: int, default_multiproces
                                                                                   reason)
 
 
+def _program_start_method_kept(req: Request, raw_starts_processes: bool, default_multiprocessing: bool) -> tuple:
+    """``(request, decision or None)``: no worker processes the call did not start raw, where the program chose a
+    start method other than fork. MindSpore's pools set ``multiprocessing``'s start method to ``"fork"`` for the
+    whole program once they have started their workers (2.10: ``SamplerFn.launch`` and the map pool's
+    ``launch`` call ``set_start_method("fork", True)``), so processes ms_shm chose would change every later
+    ``Pool`` and DataLoader of the program's (an audit: ``spawn`` became ``fork`` after a ``GeneratorDataset``
+    of default arguments ms_shm planned as 2 processes)."""
+    chosen = multiprocessing.get_start_method(allow_none=True)
+    if chosen in (None, "fork") or raw_starts_processes or req.multiprocessing is False:
+        return req, None
+    reason = (f"the program set multiprocessing's start method to {chosen!r}, and MindSpore's worker processes set "
+              f"it to 'fork' for the whole program once they start; raw MindSpore starts none for this call, so "
+              f"ms_shm starts none either (pass python_multiprocessing=True and num_parallel_workers to have them)")
+    asked = req.multiprocessing is not None
+    return replace(req, multiprocessing=False), Decision(
+        "python_multiprocessing", False, req.multiprocessing if asked else default_multiprocessing, reason, asked)
+
+
 def check_as_mindspore(kind: str, real: Any, named: dict, strict: bool = False) -> None:
     """MindSpore's own argument errors, word for word, before ms_shm reads an argument: what a raw call raises
     at once (a ``num_parallel_workers`` of 0 or ``"2"``, a ``python_multiprocessing`` of ``1``, column names that
@@ -393,6 +412,8 @@ def _plan_source(probe: measure.StageProbe, req: Request, kwargs: dict, config: 
     if blocker:
         req = _without_processes(req, blocker)
         decisions.append(Decision("python_multiprocessing", False, True, blocker))
+    req, kept = _program_start_method_kept(req, req.multiprocessing is not False and (req.workers or 1) > 1, True)
+    decisions += [kept] if kept else []
     profile = _profile(config, facts, eng)
     if probe.stats is None:
         p = eng.planning.plan_unmeasured(req, SESSION.budget(facts), profile, probe.unmeasured)
@@ -1041,6 +1062,8 @@ def _plan_operations(probe: measure.StageProbe, req: Request, config: Any, facts
     if why:
         req = replace(req, workers=req.workers if req.workers is not None else _map_default_workers(config),
                       multiprocessing=bool(req.multiprocessing))
+    req, kept = _program_start_method_kept(req, req.multiprocessing is True and (
+        req.workers if req.workers is not None else _map_default_workers(config)) > 1, False)
     if probe.stats is None:
         p = eng.planning.plan_unmeasured(req, SESSION.budget(facts), profile, probe.unmeasured, kind=kind)
     else:
@@ -1053,7 +1076,7 @@ def _plan_operations(probe: measure.StageProbe, req: Request, config: Any, facts
                                             costs=costs, parallel_fraction=st.parallel_fraction,
                                             python_pool=python_pool, slot_rows=slot_rows, cores_busy=st.cores_busy),
             req, bool(why)), facts)
-    p = replace(p, kind=kind, rows_per_epoch=rows)
+    p = replace(p, kind=kind, rows_per_epoch=rows, decisions=((kept,) if kept else ()) + p.decisions)
     if not why:
         return p
     return replace(p, decisions=(Decision("mode_locked", True, False,

@@ -331,6 +331,18 @@ def test_batch_with_per_batch_map_in_processes(real_mindspore, tmp_path):
     assert batch_plan["kind"] == "batch" and batch_plan["row_bytes"] >= 4 * 4 * MiB  # the batch is the row
 
 
+def test_a_program_that_chose_spawn_keeps_it_where_raw_starts_no_worker_process(real_mindspore):
+    """An audit: a ``GeneratorDataset`` of default arguments over GIL-bound rows, planned as 2 worker processes,
+    turned the program's ``spawn`` into ``fork`` for every later ``Pool`` (MindSpore's pools switch it once they
+    start). Raw starts none there, so neither does ms_shm, and it says why."""
+    script = SCENARIOS / "spawn_program.py"
+    raw = result_of(run(str(script), shm="1g"))
+    proc = run(f"-m ms_shm run {script}", shm="1g")
+    ours = result_of(proc)
+    assert raw["start_method"] == ours["start_method"] == "spawn", (raw, ours)
+    assert ours["rows"] == raw["rows"] and len(raw["rows"]) == 200
+
+
 def test_spawned_workers(real_mindspore):
     script = SCENARIOS / "spawn_gen.py"
     assert_raw_bus_error(f"{script} 61 12 8")

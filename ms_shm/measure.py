@@ -110,7 +110,8 @@ class IterableLineage(Lineage):
         return _by_column([rows.convert_row(r, i, self.names) for i, r in enumerate(head)], self.names)
 
     def why_not(self) -> str | None:
-        return fresh_iteration_blocker(self.source) or sandbox.shared_with_processes([self.source])
+        return fresh_iteration_blocker(self.source) or sandbox.stream_blocker([self.source]) or \
+            sandbox.shared_with_processes([self.source])
 
 
 @record

@@ -641,8 +641,13 @@ _SHARED_KINDS = (("multiprocessing.synchronize", ("SemLock", "Condition", "Event
 
 
 # Threads a forked child does not have: a source that hands its reads to a pool waits there forever (60 s, the
-# probe's timeout, in a run that printed nothing).
-_THREAD_KINDS = (("concurrent.futures._base", ("Executor",)), ("threading", ("Thread",)))
+# probe's timeout, in a run that printed nothing); one that reads a queue a thread of the program fills waits as
+# long (an audit's stream over a ``queue.Queue`` filled once the pipeline was built).
+_THREAD_KINDS = (("concurrent.futures._base", ("Executor",)), ("threading", ("Thread",)),
+                 ("queue", ("Queue", "SimpleQueue")))
+# What a stream reads its rows off, shared with a forked child: what the child reads there, the program never
+# gets (files are rewound and pipes blinded in the child, ``fdguard``; a socket is neither).
+_STREAM_KINDS = (("socket", ("socket",)),)
 # What a reader holds open, with a position or a thread of its own: streams (files, BytesIO), sockets, and the
 # database and array-file handles datasets keep (by module: never imported here). Not memory maps: read by
 # slices (``np.memmap``), they have no position to race on.
@@ -715,6 +720,19 @@ def shared_with_processes(objects: Sequence[Any]) -> str | None:
         return (f"{_named(*found[0])}, whose threads a forked probe process would not have (a read there would wait "
                 f"on them): nothing is read ahead")
     return None
+
+
+def stream_blocker(objects: Sequence[Any]) -> str | None:
+    """Why the head of a stream (an iterable source or dataset) cannot be read in a probe child, or ``None``: it
+    holds an open socket, whose bytes a read in the child takes from the program (an audit: a generator over a
+    ``socketpair`` gave 17 of 20 rows through ``ms_shm.map``, the 3 the probe read were gone, and nothing was
+    said). A map-style dataset's socket stays readable: its request and reply are whole in the child."""
+    found = [(where, obj) for where, obj in _holding(objects, _kinds(_STREAM_KINDS))
+             if getattr(obj, "fileno", lambda: -1)() != -1]
+    if not found:
+        return None
+    return (f"{_named(*found[0])}, open: a stream's rows read in a probe process would be taken off it for good, "
+            f"so nothing is read ahead")
 
 
 def _logging_streams() -> set:
@@ -841,9 +859,15 @@ _NOTHING = object()
 
 
 def _function_children(function: types.FunctionType) -> list:
-    """A function's closure cells and the module globals its code names (nested code included)."""
+    """A function's closure cells, its arguments' default values (``def rows(reader=reader)`` binds as a closure
+    does: an audit's stream held its socket so) and the module globals its code names (nested code included)."""
     out = [(f"<closure {name}>", cell.cell_contents) for name, cell in
            zip(function.__code__.co_freevars, function.__closure__ or ()) if _filled(cell)]
+    defaults = function.__defaults__ or ()
+    positional = function.__code__.co_varnames[:function.__code__.co_argcount]
+    out += [(f"<default {name}>", value) for name, value in zip(positional[len(positional) - len(defaults):],
+                                                                defaults)]
+    out += [(f"<default {name}>", value) for name, value in (function.__kwdefaults__ or {}).items()]
     names, codes = set(), [function.__code__]
     while codes:
         code = codes.pop()

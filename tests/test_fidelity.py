@@ -1282,6 +1282,31 @@ def test_a_python_sampler_over_plain_data_is_not_iterated_at_construction(ds, ma
     assert out[0] == out[1] and isinstance(out[0][0], list) and len(out[0][0]) == 6, out
 
 
+def test_a_stream_read_off_a_socket_arrives_whole_through_a_map(ds):
+    """An audit: a generator function reading rows off a socket, then a Python map. The map's probe read the
+    stream's head in its child, which took 3 rows off the socket: 17 of 20 arrived, and nothing was said."""
+    import socket
+
+    import ms_shm
+
+    out = []
+    for build, mapped in ((ds.GeneratorDataset, lambda d: d.map(lambda x: x * 2, input_columns=["x"])),
+                          (ms_shm.build_dataset, lambda d: ms_shm.map(d, lambda x: x * 2, input_columns=["x"]))):
+        writer, reader = socket.socketpair()
+        for i in range(20):
+            writer.sendall(np.full(4, i, np.int64).tobytes())
+        writer.shutdown(socket.SHUT_WR)
+
+        def stream(reader=reader):
+            while len(data := reader.recv(32, socket.MSG_WAITALL)) == 32:
+                yield (np.frombuffer(data, np.int64).copy(),)
+
+        out.append(rows_of(mapped(build(stream, ["x"]))))
+        writer.close()
+        reader.close()
+    assert out[0] == out[1] and len(out[0]) == 20
+
+
 class HeaderFirst:
     """Row 0 is a header the pipeline skips (one column of text where rows have two), as a CSV-backed source
     with ``SequentialSampler(start_index=1)`` has."""

@@ -13,6 +13,7 @@ import itertools
 import logging
 import os
 import shlex
+import socket
 import subprocess
 import sys
 import time
@@ -1156,3 +1157,29 @@ def test_a_seeded_shuffle_left_early_gives_the_next_epoch_raws_order(real_torch)
     reference = result(isolated.run_python(LEFT_EARLY.format(patched=False), shm="2g", timeout=180))
     ours = result(isolated.run_python(LEFT_EARLY.format(patched=True), timeout=180))
     assert (ours["workers"], ours["prefetch"]) == (2, 2) and ours["order"] == reference["order"], (ours, reference)
+
+
+class SocketStream(torch.utils.data.IterableDataset if torch is not None else object):
+    """Samples read off a socket: each one read is gone from it."""
+
+    def __init__(self, count: int):
+        self.writer, self.reader = socket.socketpair()
+        for i in range(count):
+            self.writer.sendall(np.full(4, i, np.int64).tobytes())
+        self.writer.shutdown(socket.SHUT_WR)
+
+    def __iter__(self):
+        while len(data := self.reader.recv(32, socket.MSG_WAITALL)) == 32:
+            yield torch.from_numpy(np.frombuffer(data, np.int64).copy())
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_an_iterable_dataset_read_off_a_socket_delivers_every_sample(fresh_torch, workers, caplog):
+    """An audit: the probe read the stream's first samples in its child, off the socket the loader reads: 18 of
+    20 arrived, and nothing was said. Now it is built as asked, said."""
+    stream = SocketStream(20)
+    with caplog.at_level("WARNING", logger="ms_shm"):
+        loader = ms_shm.build_dataloader(stream, batch_size=2, num_workers=workers)
+    got = [int(v) for batch in loader for v in batch[:, 0]]
+    assert got == list(range(20))
+    assert "socket.socket, open" in caplog.text and "built as asked" in caplog.text

@@ -660,3 +660,33 @@ def test_where_memory_may_bind_a_plain_source_is_still_probed_in_a_fork_for_a_wo
     monkeypatch.setattr(measure, "_fork", lambda *a, **k: forks.append(1) or real(*a, **k))
     probe = measure.probe_random_access([(np.arange(4),)] * 5, ["a"], None, worker_pages=True)
     assert forks == [1] and probe.stats.worker_bytes is not None
+
+
+def test_a_stream_over_an_open_socket_is_not_read_ahead_and_a_closed_one_is():
+    import socket
+
+    writer, reader = socket.socketpair()
+    try:
+        def rows():
+            yield reader.recv(8)
+
+        why = sandbox.stream_blocker([rows])
+        assert why is not None and "socket.socket, open" in why and "taken off it for good" in why
+    finally:
+        writer.close()
+        reader.close()
+    assert sandbox.stream_blocker([rows]) is None  # closed: nothing left to take
+
+
+def test_a_stream_over_a_queue_a_thread_fills_is_not_read_ahead():
+    """An audit: the probe child, which has no producer thread, waited the probe's 60 s on the empty queue."""
+    import queue
+
+    feed = queue.Queue()
+
+    def rows():
+        while (item := feed.get()) is not None:
+            yield item
+
+    why = sandbox.shared_with_processes([rows])
+    assert why is not None and "queue.Queue" in why and "threads a forked probe process would not have" in why

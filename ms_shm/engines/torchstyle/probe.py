@@ -275,7 +275,8 @@ def probe_loader(dataset: Any, batch_size: int | None, collate: Callable, weigh:
     generator the watch cannot see. ``read``: how the loader reads a sample (``sample_reader``). ``shares``: the
     framework's test whether a ``collate_fn`` of the caller's builds its batch in shared memory in a worker
     (``BatchStats.collate_shares``), run on the first sample."""
-    shared = sandbox.shared_with_processes([dataset, collate])
+    shared = sandbox.shared_with_processes([dataset, collate]) or (sandbox.stream_blocker([dataset]) if iterable
+                                                                   else None)
     if shared:
         return None, sandbox.Effects(), shared
     batched = batch_size is not None or batch_sampler is not None

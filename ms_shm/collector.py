@@ -5,9 +5,9 @@ Why: CPython runs a full collection once the objects that survived into the olde
 full one pass a quarter of the objects there (``long_lived_pending > long_lived_total / 4``). Right after
 ``import mindspore.dataset`` (~162,000 tracked objects on 2.10) a program is ~1,200 long-lived objects short of
 that; ms_shm's modules, result classes and session make ~7,800 (import 1,500, ``tune()`` 5,900, a build 350).
-So ``import ms_shm`` tipped the collector into a full collection of MindSpore's heap, ~50-80 ms of CPU here,
-which a raw run of the same pipeline never made (measured: raw, none in import, build and epoch; ms_shm, one,
-inside its import).
+So ``import ms_shm`` tipped the collector into a full collection of MindSpore's heap, ~50 ms of CPU here,
+inside ms_shm's own call; raw MindSpore pays it where the program's own objects tip it (measured: a model built
+after the pipeline), or never in a short script (measured: none in a raw build and epoch).
 
 While ms_shm's own calls run, the collector is off; at their end, a young collection (``gc.collect(0)``: the
 cycles just made, ~1 ms) frees what died, and ``gc.freeze()`` + ``gc.unfreeze()`` move what lives into the

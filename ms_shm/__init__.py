@@ -2,7 +2,8 @@
 
 It reads the host (``/dev/shm``, fds, CPUs, ranks), measures a few rows, predicts the shared memory a pipeline
 will need with MindSpore's measured model, and builds the fastest configuration that fits; every decision is
-logged with its reason and the exact fix. Nothing runs at import.
+logged with its reason and the exact fix. Nothing runs at import (but a young garbage collection:
+``ms_shm.collector``).
 
 Examples:
     >>> import ms_shm
@@ -10,13 +11,12 @@ Examples:
     >>> ds = ms_shm.build_dataset(source, ["image", "label"], shuffle=True)  # doctest: +SKIP
 """
 
-import importlib
-
-from ms_shm.collector import quiet
+from ms_shm.collector import load as _load
+from ms_shm.collector import quiet as _quiet
 
 # The collector is kept quiet while ms_shm's modules load: their objects would tip a program that has just
 # imported MindSpore into a full collection of its heap (``ms_shm.collector``).
-with quiet():
+with _quiet():
     from ms_shm.errors import (
         Error,
         ProcessesUnavailableError,
@@ -57,8 +57,7 @@ def __getattr__(name: str):
     module = _HOME.get(name)
     if module is None:
         raise AttributeError(f"module 'ms_shm' has no attribute {name!r}")
-    with quiet():
-        value = getattr(importlib.import_module(module), name)
+    value = getattr(_load(module), name)
     globals()[name] = value
     return value
 

@@ -17,7 +17,7 @@ import weakref
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
-from ms_shm import advice, collector, engines, host, hostcost, measure, rows, sites, sizes, threads
+from ms_shm import advice, engines, host, hostcost, measure, rows, sites, sizes, threads
 from ms_shm import budget as budget_mod
 from ms_shm import changes as changes_mod
 from ms_shm import plan as plan_mod
@@ -70,7 +70,6 @@ class TuneReport(Result):
         return "\n".join(lines)
 
 
-@collector.quietly
 def tune(dry_run: bool = False, ranks: int | None = None, shm_fraction: float = budget_mod.DEFAULT_FRACTION,
          workers: int | None = None, row_mb: float | None = None, prefetch: int | None = None,
          raise_nofile: bool = True, clean: bool = False) -> TuneReport:
@@ -327,7 +326,6 @@ def by_name(bound: inspect.BoundArguments, skip: int = 1) -> dict:
     return named
 
 
-@collector.quietly
 def build_dataset(source: Any, column_names: Sequence[str] | str | None = None, *generator_args: Any,
                   share_lists: bool = False, _explicit: str | None = None, **generator_kwargs: Any):
     """A ``mindspore.dataset.GeneratorDataset`` whose transport, workers and prefetch fit this host.
@@ -854,7 +852,6 @@ def _names_list(columns: Any) -> list | None:
     return [columns] if isinstance(columns, str) else list(columns)
 
 
-@collector.quietly
 def map(dataset: Any, operations: Any = None, input_columns: Sequence[str] | str | None = None,
         output_columns: Sequence[str] | str | None = None, num_parallel_workers: int | None = None, *,
         _explicit: str | None = None, **map_kwargs: Any):
@@ -921,7 +918,6 @@ def _stage_kwargs(given: dict, p: Plan, num_parallel_workers: int | None, config
     return kwargs
 
 
-@collector.quietly
 def batch(dataset: Any, batch_size: Any, drop_remainder: bool = False, num_parallel_workers: int | None = None, *,
           _explicit: str | None = None, **batch_kwargs: Any):
     """``dataset.batch(...)``; with a ``per_batch_map``, its workers and transport are planned like ``map``'s,

@@ -1,34 +1,39 @@
-"""Python's cyclic garbage collector, kept from running a full collection of the program's heap for objects
-ms_shm made.
+"""Python's cyclic garbage collector, kept from running a full collection of the program's heap for the
+modules ms_shm loads.
 
 Why: CPython runs a full collection once the objects that survived into the oldest generation since the last
 full one pass a quarter of the objects there (``long_lived_pending > long_lived_total / 4``). Right after
 ``import mindspore.dataset`` (~162,000 tracked objects on 2.10) a program is ~1,200 long-lived objects short of
-that; ms_shm's modules, result classes and session make ~7,800 (import 1,500, ``tune()`` 5,900, a build 350).
-So ``import ms_shm`` tipped the collector into a full collection of MindSpore's heap, ~50 ms of CPU here,
-inside ms_shm's own call; raw MindSpore pays it where the program's own objects tip it (measured: a model built
-after the pipeline), or never in a short script (measured: none in a raw build and epoch).
+that; ms_shm's modules and result classes make ~7,500. So ``import ms_shm`` tipped the collector into a full
+collection of MindSpore's heap, ~50 ms of CPU here, inside ms_shm's own import; raw MindSpore pays it where the
+program's own objects tip it (measured: a model built after the pipeline), or never in a short script. Under
+``ms-shm run`` it was one full collection more than plain ``python`` (3 against 2, ~45 ms of CPU).
 
-While ms_shm's own calls run, the collector is off; at their end, a young collection (``gc.collect(0)``: the
-cycles just made, ~1 ms) frees what died, and ``gc.freeze()`` + ``gc.unfreeze()`` move what lives into the
-oldest generation the way a program's long-lived objects get there, without counting toward the next full
-collection (neither call touches ``long_lived_pending``). Nothing is left frozen: the collector runs as before,
-and every object is still collected when it becomes garbage. Where the program froze objects itself
-(``gc.get_freeze_count()``) or turned the collector off, nothing is changed here.
+While ms_shm's modules load, the collector is off; at the end a young collection (``gc.collect(0)``: the cycles
+the import made, ~1 ms) frees what died, and ``gc.freeze()`` + ``gc.unfreeze()`` move what lives — modules,
+classes, functions, alive for the process's life — into the oldest generation without counting toward the next
+full collection (neither call touches ``long_lived_pending``). Only imports, a few per process: around ms_shm's
+calls (a build, ``tune()``) an audit saw it go wrong — another thread's garbage piled up while a slow probe ran
+(3.6 GB), and the program's own young objects, promoted at every build, waited for a full collection that no
+longer came (50 MB held per epoch). An import moves the program's young objects once, at most the ~7,700 its
+young generations hold. Where the program turned the collector off or froze objects itself, nothing is changed.
+A thread of the program's that turns the collector off during those milliseconds finds it on again after.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import gc
-from typing import Any, Callable, Iterator
+import importlib
+import sys
+from types import ModuleType
+from typing import Iterator
 
 
 @contextlib.contextmanager
 def quiet() -> Iterator[None]:
-    """The body runs with the collector off; what it made joins the oldest generation, uncounted. Nested
-    uses pass through: the outermost one settles."""
+    """The body (an import) runs with the collector off; what it made joins the oldest generation, uncounted.
+    Nested uses pass through: the outermost one settles."""
     if not gc.isenabled() or gc.get_freeze_count():
         yield
         return
@@ -38,6 +43,16 @@ def quiet() -> Iterator[None]:
     finally:
         settle()
         gc.enable()
+
+
+def load(name: str) -> ModuleType:
+    """``importlib.import_module(name)``, quietly where it is not loaded yet (never settling for a module
+    already there: a patched call asks for its modules at every call)."""
+    module = sys.modules.get(name)
+    if module is not None:
+        return module
+    with quiet():
+        return importlib.import_module(name)
 
 
 def settle() -> None:
@@ -51,15 +66,4 @@ def settle() -> None:
         pass
 
 
-def quietly(function: Callable) -> Callable:
-    """``function`` run inside ``quiet()``."""
-
-    @functools.wraps(function)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        with quiet():
-            return function(*args, **kwargs)
-
-    return wrapper
-
-
-__all__ = ["quiet", "quietly", "settle"]
+__all__ = ["load", "quiet", "settle"]

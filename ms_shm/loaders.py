@@ -21,7 +21,7 @@ from typing import Any
 
 from ms_shm import budget as budget_mod
 from ms_shm import changes as changes_mod
-from ms_shm import codescan, collector, engines, measure
+from ms_shm import codescan, engines, measure
 from ms_shm._results import mib
 from ms_shm.engines.torchstyle import arithmetic, probe
 from ms_shm.engines.torchstyle.guard import GuardedCollate, guard_fix, used_now
@@ -180,7 +180,6 @@ def _locked(asked_lock: str | None, effects: Any) -> str | None:
     return None
 
 
-@collector.quietly
 def build_dataloader(dataset: Any, *args: Any, framework: str | None = None, **kwargs: Any) -> Any:
     """``DataLoader(dataset, *args, **kwargs)`` of the dataset's framework, sized to this host.
 

@@ -45,9 +45,9 @@ _TUNES: list = []  # seconds each ``tune()`` of ``ms-shm run`` took
 def _api() -> Any:
     """``ms_shm.api``, imported when a patched name is first used: ``ms-shm run`` installs the patch before the
     script's first line, and the planner's modules cost ~0.1 s that a script building no pipeline never needs."""
-    from ms_shm import api
+    from ms_shm import collector
 
-    return api
+    return collector.load("ms_shm.api")  # the planner's modules, without a full collection of the program's heap
 
 
 def _depth() -> int:
@@ -207,7 +207,9 @@ def _make_loader_init(cls: type, real_init: Any, engine: str) -> Any:
     def __init__(self, dataset, *args, **kwargs):
         if _depth() or not _STATE:
             return real_init(self, dataset, *args, **kwargs)
-        from ms_shm import engines, loaders
+        from ms_shm import collector
+
+        engines, loaders = collector.load("ms_shm.engines"), collector.load("ms_shm.loaders")
         from ms_shm.plan import EXPLICIT
 
         site, started = sites.call_site(), time.perf_counter()

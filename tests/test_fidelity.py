@@ -1279,7 +1279,9 @@ def test_a_python_sampler_over_plain_data_is_not_iterated_at_construction(ds, ma
         dataset = build([np.full(2, i, np.int64) for i in range(6)], ["x"], sampler=sampler)
         after_build = np.random.randint(1000)
         out.append((attempt(lambda d=dataset: rows_of(d)), after_build, getattr(sampler, "calls", None)))
-    assert out[0] == out[1] and isinstance(out[0][0], list) and len(out[0][0]) == 6, out
+    assert out[0] == out[1], out
+    assert not isinstance(out[0][0], Failed) and len(out[0][0]) == 6 or \
+        isinstance(out[0][0], Failed) and out[0][0][1].startswith("Syntax error"), out  # 2.0 refuses a one-shot one
 
 
 def test_a_stream_read_off_a_socket_arrives_whole_through_a_map(ds):

@@ -9,14 +9,16 @@ collection of MindSpore's heap, ~50 ms of CPU here, inside ms_shm's own import; 
 program's own objects tip it (measured: a model built after the pipeline), or never in a short script. Under
 ``ms-shm run`` it was one full collection more than plain ``python`` (3 against 2, ~45 ms of CPU).
 
-While ms_shm's modules load, the collector is off; at the end a young collection (``gc.collect(0)``: the cycles
-the import made, ~1 ms) frees what died, and ``gc.freeze()`` + ``gc.unfreeze()`` move what lives — modules,
+While ms_shm's modules load, the collector is off. Before, the program's young generations are collected
+(``gc.collect(1)``, ~1 ms: an audit's 400 MB cycle, dropped just before ``import ms_shm``, was otherwise moved
+to the oldest generation and held until a full collection that did not come); at the end a young collection
+(``gc.collect(0)``: the cycles the import made) frees what died, and ``gc.freeze()`` + ``gc.unfreeze()`` move what lives — modules,
 classes, functions, alive for the process's life — into the oldest generation without counting toward the next
 full collection (neither call touches ``long_lived_pending``). Only imports, a few per process: around ms_shm's
 calls (a build, ``tune()``) an audit saw it go wrong — another thread's garbage piled up while a slow probe ran
 (3.6 GB), and the program's own young objects, promoted at every build, waited for a full collection that no
 longer came (50 MB held per epoch). An import moves the program's young objects once, at most the ~7,700 its
-young generations hold. Where the program turned the collector off or froze objects itself, nothing is changed.
+young generations hold, and only those alive (their garbage is collected first). Where the program turned the collector off or froze objects itself, nothing is changed.
 A thread of the program's that turns the collector off during those milliseconds finds it on again after.
 """
 
@@ -37,12 +39,20 @@ def quiet() -> Iterator[None]:
     if not gc.isenabled() or gc.get_freeze_count():
         yield
         return
+    _collect(1)  # the program's young garbage first: settling must move only what lives
     gc.disable()
     try:
         yield
     finally:
         settle()
         gc.enable()
+
+
+def _collect(generation: int) -> None:
+    try:
+        gc.collect(generation)
+    except Exception:  # noqa: BLE001 - an interpreter without it: the collector as it was
+        pass
 
 
 def load(name: str) -> ModuleType:

@@ -641,10 +641,13 @@ _SHARED_KINDS = (("multiprocessing.synchronize", ("SemLock", "Condition", "Event
 
 
 # Threads a forked child does not have: a source that hands its reads to a pool waits there forever (60 s, the
-# probe's timeout, in a run that printed nothing); one that reads a queue a thread of the program fills waits as
-# long (an audit's stream over a ``queue.Queue`` filled once the pipeline was built).
-_THREAD_KINDS = (("concurrent.futures._base", ("Executor",)), ("threading", ("Thread",)),
-                 ("queue", ("Queue", "SimpleQueue")))
+# probe's timeout, in a run that printed nothing).
+_THREAD_KINDS = (("concurrent.futures._base", ("Executor",)), ("threading", ("Thread",)))
+# A queue a thread of the program fills: empty when the pipeline is built, a read in the child waits as long (an
+# audit's stream over a ``queue.Queue`` filled once the pipeline was built). One holding items is the child's own
+# copy to read (an audit's free-list of buffers: refused by kind, its pipeline lost its plan and died of
+# ``ShmFullError`` under 64 MB).
+_QUEUE_KINDS = (("queue", ("Queue", "SimpleQueue")),)
 # What a stream reads its rows off, shared with a forked child: what the child reads there, the program never
 # gets (files are rewound and pipes blinded in the child, ``fdguard``; a socket is neither).
 _STREAM_KINDS = (("socket", ("socket",)),)
@@ -715,11 +718,19 @@ def shared_with_processes(objects: Sequence[Any]) -> str | None:
     if found:
         return (f"{_named(*found[0])}, shared with other processes: a read in a probe process would change it for "
                 f"the program too (or wait on it), so nothing is read ahead")
-    found = _holding(objects, _kinds(_THREAD_KINDS))
+    found = _holding(objects, _kinds(_THREAD_KINDS)) + [
+        (where, q) for where, q in _holding(objects, _kinds(_QUEUE_KINDS)) if _empty(q)]
     if found:
         return (f"{_named(*found[0])}, whose threads a forked probe process would not have (a read there would wait "
                 f"on them): nothing is read ahead")
     return None
+
+
+def _empty(queue_: Any) -> bool:
+    try:
+        return bool(queue_.empty())
+    except Exception:  # noqa: BLE001 - a queue that cannot say: as if a thread were to fill it
+        return True
 
 
 def stream_blocker(objects: Sequence[Any]) -> str | None:

@@ -690,3 +690,5 @@ def test_a_stream_over_a_queue_a_thread_fills_is_not_read_ahead():
 
     why = sandbox.shared_with_processes([rows])
     assert why is not None and "queue.Queue" in why and "threads a forked probe process would not have" in why
+    feed.put(1)  # holding items (a free-list of buffers): the child reads its own copy
+    assert sandbox.shared_with_processes([rows]) is None

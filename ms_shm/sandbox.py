@@ -737,7 +737,9 @@ def stream_blocker(objects: Sequence[Any]) -> str | None:
     """Why the head of a stream (an iterable source or dataset) cannot be read in a probe child, or ``None``: it
     holds an open socket, whose bytes a read in the child takes from the program (an audit: a generator over a
     ``socketpair`` gave 17 of 20 rows through ``ms_shm.map``, the 3 the probe read were gone, and nothing was
-    said). A map-style dataset's socket stays readable: its request and reply are whole in the child."""
+    said). A map-style dataset's socket stays readable, for a request and reply are whole in the child; one that
+    reads a stream off it there loses rows, as does a socket this walk does not reach (README, Known
+    limitations)."""
     found = [(where, obj) for where, obj in _holding(objects, _kinds(_STREAM_KINDS))
              if getattr(obj, "fileno", lambda: -1)() != -1]
     if not found:

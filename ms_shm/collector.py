@@ -1,25 +1,26 @@
-"""Python's cyclic garbage collector, kept from running a full collection of the program's heap for the
-modules ms_shm loads.
+"""Python's cyclic garbage collector, kept from running a full collection of the program's heap for the modules ms_shm
+loads.
 
-Why: CPython runs a full collection once the objects that survived into the oldest generation since the last
-full one pass a quarter of the objects there (``long_lived_pending > long_lived_total / 4``). Right after
-``import mindspore.dataset`` (~162,000 tracked objects on 2.10) a program is ~1,200 long-lived objects short of
-that; ms_shm's modules and result classes make ~7,500. So ``import ms_shm`` tipped the collector into a full
-collection of MindSpore's heap, ~50 ms of CPU here, inside ms_shm's own import; raw MindSpore pays it where the
-program's own objects tip it (measured: a model built after the pipeline), or never in a short script. Under
-``ms-shm run`` it was one full collection more than plain ``python`` (3 against 2, ~45 ms of CPU).
+Why: CPython runs a full collection once the objects that survived into the oldest generation since the last full
+one pass a quarter of the objects there (``long_lived_pending > long_lived_total / 4``). Right after ``import
+mindspore.dataset`` (~162,000 tracked objects on 2.10) a program is ~1,200 long-lived objects short of that;
+ms_shm's modules and result classes make ~7,500. So ``import ms_shm`` tipped the collector into a full collection of
+MindSpore's heap, ~50 ms of CPU here, inside ms_shm's own import; raw MindSpore pays it where the program's own
+objects tip it (measured: a model built after the pipeline), or never in a short script. Under ``ms-shm run`` it was
+one full collection more than plain ``python`` (3 against 2, ~45 ms of CPU).
 
 While ms_shm's modules load, the collector is off. Before, the program's young generations are collected
-(``gc.collect(1)``, ~1 ms: an audit's 400 MB cycle, dropped just before ``import ms_shm``, was otherwise moved
-to the oldest generation and held until a full collection that did not come); at the end a young collection
-(``gc.collect(0)``: the cycles the import made) frees what died, and ``gc.freeze()`` + ``gc.unfreeze()`` move what lives — modules,
-classes, functions, alive for the process's life — into the oldest generation without counting toward the next
-full collection (neither call touches ``long_lived_pending``). Only imports, a few per process: around ms_shm's
-calls (a build, ``tune()``) an audit saw it go wrong — another thread's garbage piled up while a slow probe ran
-(3.6 GB), and the program's own young objects, promoted at every build, waited for a full collection that no
-longer came (50 MB held per epoch). An import moves the program's young objects once, at most the ~7,700 its
-young generations hold, and only those alive (their garbage is collected first). Where the program turned the collector off or froze objects itself, nothing is changed.
-A thread of the program's that turns the collector off during those milliseconds finds it on again after.
+(``gc.collect(1)``, ~1 ms: an audit's 400 MB cycle, dropped just before ``import ms_shm``, was otherwise moved to
+the oldest generation and held until a full collection that did not come); at the end a young collection
+(``gc.collect(0)``: the cycles the import made) frees what died, and ``gc.freeze()`` + ``gc.unfreeze()`` move what
+lives — modules, classes, functions, alive for the process's life — into the oldest generation without counting
+toward the next full collection (neither call touches ``long_lived_pending``). Only imports, a few per process:
+around ms_shm's calls (a build, ``tune()``) an audit saw it go wrong — another thread's garbage piled up while a
+slow probe ran (3.6 GB), and the program's own young objects, promoted at every build, waited for a full collection
+that no longer came (50 MB held per epoch). An import moves the program's young objects once, at most the ~7,700 its
+young generations hold, and only those alive (their garbage is collected first). Where the program turned the
+collector off or froze objects itself, nothing is changed. A thread of the program's that turns the collector off
+during those milliseconds finds it on again after.
 """
 
 from __future__ import annotations
@@ -67,8 +68,8 @@ def load(name: str) -> ModuleType:
 
 def settle() -> None:
     """Free the young cycles, then move the survivors to the oldest generation without a full collection."""
+    _collect(0)
     try:
-        gc.collect(0)
         if not gc.get_freeze_count():  # another thread froze objects meanwhile: leave them frozen
             gc.freeze()
             gc.unfreeze()

@@ -772,7 +772,9 @@ def _log_plan(p: Plan, asked: dict, explicit: str | None = None) -> None:
 
 
 _PROCESS_MODES = ("processes", "pipes")
-_SAID_AT_INFO = ("mode_locked", "memory_kept_for_next_stage")  # decisions that change a plan no argument asked
+# decisions that change a plan no argument asked (python_multiprocessing: processes not planned, the program's
+# start method or /proc the reason, the fix in it)
+_SAID_AT_INFO = ("mode_locked", "memory_kept_for_next_stage", "python_multiprocessing")
 
 
 def _edits_note(changed: list) -> str:

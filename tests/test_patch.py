@@ -337,9 +337,12 @@ def test_a_program_that_chose_spawn_keeps_it_where_raw_starts_no_worker_process(
     start). Raw starts none there, so neither does ms_shm, and it says why."""
     script = SCENARIOS / "spawn_program.py"
     raw = result_of(run(str(script), shm="1g"))
-    proc = run(f"-m ms_shm run {script}", shm="1g")
+    proc = run(f"-m ms_shm run --log-level INFO {script}", shm="1g")
     ours = result_of(proc)
     assert raw["start_method"] == ours["start_method"] == "spawn", (raw, ours)
+    said = [line for line in proc.stderr.splitlines() if "ms_shm decision python_multiprocessing=False" in line]
+    assert said and "start method to 'spawn'" in said[0] and "pass python_multiprocessing=True" in said[0], \
+        proc.stderr[-3000:]
     assert ours["rows"] == raw["rows"] and len(raw["rows"]) == 200
 
 

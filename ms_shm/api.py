@@ -161,11 +161,16 @@ def _apply_startup(decisions: Sequence[Decision], eng: Any, raise_nofile: bool) 
 
 
 def _log_tune(report: TuneReport) -> None:
+    """The budget and each decision at INFO; each change made to a setting of the process (the soft open-files
+    limit, MindSpore's globals) also at WARNING, as a pipeline's are: an audit's ``ms-shm run`` under ``ulimit
+    -Sn 64`` raised the limit to 20000 with nothing shown at the default level."""
     b = report.budget
     log.info("ms_shm.tune: /dev/shm budget %s per pipeline: %s; memory %s: %s", mib(b.shm_bytes), b.reason,
              mib(b.memory_bytes), b.memory_reason)
     for d in report.decisions:
         log.info("ms_shm.tune%s: %s", " (dry run)" if report.dry_run else "", d)
+    for change in report.changes:
+        log.warning("ms_shm.tune changed %s from %s to %s: %s", change.setting, change.old, change.new, change.reason)
     SESSION.log_advice_once(report.facts, [a for a in report.advice if a.code not in _SAID_WHEN_USED])
 
 
@@ -213,8 +218,7 @@ def _with_copies(probe: measure.StageProbe, source: Any, facts: host.HostFacts,
 
     if probe.stats is None:
         return probe
-    copied = sum(f.bytes_per_worker for f in cow.inspect_source(source, workers=1, ranks=facts.ranks.local_size,
-                                                                start_method=start_method or "fork"))
+    copied = cow.copied_per_worker(source, facts.ranks.local_size, start_method or "fork")
     if not copied:
         return probe
     log.debug("ms_shm: each worker process would copy ~%s of the source's lists and dicts (copy-on-read); "

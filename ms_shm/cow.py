@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # imported where a stand-in is made: see _no_objects
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CowFinding", "inspect_source", "log_findings", "share_lists"]
+__all__ = ["CowFinding", "inspect_source", "copied_per_worker", "log_findings", "share_lists"]
 
 PAGE = 4096
 #: Objects larger than this come from malloc, not pymalloc's pools: touching one copies about one page.
@@ -168,6 +168,12 @@ def inspect_source(source: Any, workers: int, ranks: int = 1, start_method: str 
     return tuple(findings)
 
 
+def copied_per_worker(source: Any, ranks: int = 1, start_method: str = "fork") -> int:
+    """Bytes one worker process comes to copy of ``source``'s big containers over an epoch: what a planner adds
+    to each worker's own memory (threads and in-process reading share the one copy)."""
+    return sum(f.bytes_per_worker for f in inspect_source(source, workers=1, ranks=ranks, start_method=start_method))
+
+
 def _walk_attributes(source: Any, judge: Callable[..., CowFinding | None]) -> list:
     """Findings among the source's attributes and below, each container judged once, with its aliases.
 
@@ -224,12 +230,13 @@ def _flagged(finding: CowFinding | None) -> list:
     return [] if finding is None else [finding]
 
 
-def log_findings(findings: Iterable[CowFinding], effects: Any = None) -> None:
+def log_findings(findings: Iterable[CowFinding], effects: Any = None, offer_share_lists: bool = True) -> None:
     """Log one WARNING per finding through the ``ms_shm.cow`` logger (call it from local rank 0 only). Where
     the probe saw the source keep state as it reads (``effects``), ``share_lists=True`` would refuse the swap
-    (``_kept_state``), so it is not offered."""
+    (``_kept_state``), so it is not offered; nor where the call has no such argument (``offer_share_lists``:
+    a DataLoader)."""
     findings = tuple(findings)
-    kept = _kept_state(effects, findings)
+    kept = _kept_state(effects, findings) or not offer_share_lists
     for finding in findings:
         log.warning("ms_shm: %s", (replace(finding, swappable=False) if kept else finding).message)
 

@@ -290,10 +290,13 @@ SCENARIOS = {  # scenario: (dataset, DataLoader arguments a user writes, what ms
                    dict(batch_size=4, num_workers=2, collate_fn=stacked_dict)),
     "preloaded": ("preloaded", dict(batch_size=8, num_workers=2, collate_fn=zip_collate),
                   dict(batch_size=8, num_workers=2, collate_fn=zip_collate)),
+    # every batch kept by the program (``list(loader)``): 256 batches of 8 storages, each holding its fds
+    "kept": ("many_small", dict(batch_size=1, num_workers=1), dict(batch_size=1, num_workers=1)),
 }
 PEAK = ("tensords", "preloaded", "drawn", "drawn_class", "drawn_dict")  # scenarios whose /dev/shm peak is measured (sampled every 2 ms)
 FILL = {"filled": 2 << 20}  # scenario: bytes another process leaves free in /dev/shm once the loader is built
 EPOCHS = {"epochs_held": 3, "drawn": 2, "drawn_persistent": 2, "drawn_class": 2, "drawn_dict": 2}  # scenario: epochs iterated (1 where not named)
+KEPT = ("kept",)  # scenarios whose program keeps every batch until the epoch ends
 SEEDED = ("drawn", "drawn_persistent", "drawn_class", "drawn_dict")  # scenarios whose MindSpore loader is given a seeded generator
 
 
@@ -320,7 +323,10 @@ def run(framework: str, scenario: str, mode: str) -> None:
         fill_dev_shm(FILL[scenario])
     with ShmPeak(scenario in PEAK) as peak:
         # ``batch`` stays bound to an epoch's last batch while the next epoch's iterator starts, as in a training loop
-        digests = [_digest(batch) for _ in range(EPOCHS.get(scenario, 1)) for batch in loader]
+        if scenario in KEPT:
+            digests = [_digest(batch) for batch in list(loader)]
+        else:
+            digests = [_digest(batch) for _ in range(EPOCHS.get(scenario, 1)) for batch in loader]
     p = ms_shm.plan_of(loader)
     plan = None if p is None else {"workers": p.workers, "prefetch": p.prefetch, "shm": p.predicted_shm,
                                    "fds": p.predicted_fds, "decisions": [str(d) for d in p.decisions]}

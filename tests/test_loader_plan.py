@@ -105,6 +105,26 @@ def test_many_storages_raise_the_soft_limit_where_the_hard_one_allows():
     assert NOFILE in d and d[NOFILE].value > 256 and "sharing_strategy" not in d
 
 
+@pytest.mark.parametrize("samples, strategy, soft, hard, raised", [
+    (35, model.FILE_DESCRIPTOR, 64, 20000, True),  # torch's test_chain_iterable_style_dataset: 35 batches kept
+    (None, model.FILE_DESCRIPTOR, 64, 20000, True),  # an epoch of unknown length: KEPT_BATCHES_UNKNOWN batches
+    (35, model.FILE_SYSTEM, 64, 20000, False),  # storages named in /dev/shm: a kept batch holds no fd
+    (35, model.FILE_DESCRIPTOR, 64, 64, False),  # nothing to raise it to (tune() picks file_system there)
+    (35, model.FILE_DESCRIPTOR, 1024, 1 << 20, False),  # the batches of an epoch fit under the soft limit
+    (4000, model.FILE_DESCRIPTOR, 1024, 1 << 20, True),  # they do not
+])
+def test_an_epochs_kept_batches_raise_the_soft_limit_under_file_descriptor(samples, strategy, soft, hard, raised):
+    """Every batch the program keeps (``list(loader)``) holds its storages' fds under file_descriptor: an audit's
+    35 kept batches of one worker under ``ulimit -Sn 64`` failed with "Too many open files", planned on the 14
+    fds in flight only."""
+    s = replace(stats(0.001, storages=1, samples=35, batch_size=1), samples=samples)
+    p = plan_loader(s, ask(workers=1, strategy=strategy, nofile_soft=soft, nofile_hard=hard), room(nofile=soft, open_fds=30))
+    d = {d.setting: d for d in p.decisions}
+    assert (NOFILE in d) is raised
+    if raised:
+        assert d[NOFILE].value == min(hard, 65536) and "keep" in d[NOFILE].reason and d[NOFILE].default == soft
+
+
 def test_mindspore_dataloader_cannot_switch_strategy_so_explicit_workers_raise():
     with pytest.raises(ShmBudgetError):
         plan_loader(stats(1, storages=512), ask(workers=2, nofile_soft=256, nofile_hard=256), room(nofile=256))
@@ -727,6 +747,16 @@ def test_without_workers_three_batches_count_against_a_container_and_the_fix_nam
         plan_loader(stats(96), ask(), tight)
     text = str(err.value)
     assert "docker run --memory" in text and "--shm-size" not in text and "ulimit" not in text, text
+
+
+def test_each_workers_copies_of_the_datasets_lists_count_in_its_memory():
+    """An audit's 500k token lists under ``num_workers=8``: planned at the probe's pages only, OOM-killed as raw
+    was. Each worker's copy (``copied_bytes``) counts: two workers' copies do not fit, fewer workers do."""
+    limit = budget.compute(2 * GiB, 1, 65536, 10, memory_left=int(700 * MiB / budget.DEFAULT_FRACTION))
+    plain = plan_loader(stats(1), ask(), limit)
+    copied = plan_loader(replace(stats(1), copied_bytes=400 * MiB), ask(), limit)
+    assert plain.workers == 2 and copied.workers < 2 and copied.predicted_memory <= limit.memory_bytes
+    assert any("840.0 MiB of memory" in c.why_not for c in copied.alternatives if c.workers == 2)
 
 
 @pytest.mark.parametrize("extra", [{"generator": "loader"}, {"sampler": "sampler"}, {"batch_sampler": "batch"}])

@@ -200,6 +200,19 @@ def test_fd_starved_soft_limit_raw_dies_ms_shm_raises_the_soft_limit(reference):
     assert ours["digests"] == reference["many_small"]
 
 
+def test_batches_the_program_keeps_raise_the_soft_limit(real_torch):
+    """``list(loader)`` keeps every batch, and under file_descriptor each holds its storages' fds: 2048 here. The
+    batches in flight fit under ``ulimit -Sn 256``, the kept ones do not (torch's own test_dataloader.py
+    ``test_chain_iterable_style_dataset`` failed so through ms_shm, under ``ulimit -Sn 64``)."""
+    how = raw_fails("kept", shm="1g", nofile=256)
+    assert how == "hang" or "Too many open files" in how, how[-2000:]
+    reference = result(run("kept", "raw", "1g"))["digests"]
+    for mode in ("ms_shm", "patch"):
+        ours = result(run("kept", mode, "1g", nofile=256))
+        assert ours["digests"] == reference
+        assert any(d.startswith("RLIMIT_NOFILE") and "keep" in d for d in ours["plan"]["decisions"]), ours["plan"]
+
+
 def test_fd_starved_hard_limit_switches_to_file_system(reference):
     raw_fails("many_small", shm="1g", nofile=256, hard=256)
     ours = result(run("many_small", "ms_shm", "1g", nofile=256, hard=256))
@@ -611,6 +624,34 @@ def test_a_dataset_read_in_batches_is_probed_as_torch_reads_it(fresh_torch, capl
         opaque = ms_shm.build_dataloader(BatchedOnly(opaque=True), batch_size=4, num_workers=2,
                                          collate_fn=lambda batch: batch["data"])
     assert opaque.num_workers == 2 and "not a list of one sample" in caplog.text, caplog.text
+
+
+class TokenLists(Dataset if Dataset is not None else object):
+    """Token lists held as a Python list: every forked worker copies the pages it reads (copy-on-read)."""
+
+    def __init__(self, n: int = 20_000):
+        self.examples = [[i, i + 1, i + 2] for i in range(n)]
+
+    def __len__(self):
+        return len(self.examples)
+
+    def __getitem__(self, i):
+        return torch.tensor(self.examples[i])
+
+
+def test_a_datasets_big_list_is_counted_in_each_workers_memory_and_named(fresh_torch, caplog):
+    """As ``build_dataset`` does: each worker's copy of the list is in the plan's memory, and one warning names
+    the list and the fix (``SharedList``; no ``share_lists=True``, which a DataLoader has not). An audit's 500k
+    lists under 8 workers were planned without them and OOM-killed as raw was, nothing said."""
+    with caplog.at_level(logging.WARNING, logger="ms_shm"):
+        loader = ms_shm.build_dataloader(TokenLists(), batch_size=4, num_workers=2)
+    text = caplog.text
+    assert "copy-on-read: source attribute 'examples'" in text and "ms_shm.SharedList" in text, text
+    assert "share_lists=True" not in text
+    small = ms_shm.build_dataloader(TokenLists(100), batch_size=4, num_workers=2)
+    assert ms_shm.plan_of(loader).predicted_memory > ms_shm.plan_of(small).predicted_memory + (1 << 20)
+    assert [b.tolist() for b in itertools.islice(loader, 2)] == [[[i, i + 1, i + 2] for i in range(k, k + 4)]
+                                                                for k in (0, 4)]
 
 
 def probe_reads() -> int:

@@ -97,6 +97,8 @@ class BatchStats(Result):
     shared_bytes: int = 0
     collate_shares: bool | None = None  # the caller's collate_fn, run as in a worker, built its batch in shared
     # memory (through torch's default collate); ``None``: not asked (no collate of the caller's) or unknown
+    copied_bytes: int = 0  # what each worker process comes to copy of the dataset's big lists and dicts over an
+    # epoch (``cow.copied_per_worker``: copy-on-read), beyond the pages the probe's few samples touched
 
     @property
     def ragged(self) -> bool:
@@ -220,8 +222,9 @@ def _why_not(shm: int, fds: int, worker_fds: int, memory: int, budget: Budget, r
 
 
 def _worker_bytes(stats: BatchStats) -> int:
-    """A worker's own pages: the probe child's, else 32 MiB (measured 12-25)."""
-    return stats.worker_bytes if stats.worker_bytes is not None else 32 << 20
+    """A worker's own pages: the probe child's, else 32 MiB (measured 12-25), and its copies of the dataset's big
+    containers."""
+    return (stats.worker_bytes if stats.worker_bytes is not None else 32 << 20) + stats.copied_bytes
 
 
 def _candidates(stats: BatchStats, req: LoaderRequest, budget: Budget, costs: WorkerCosts) -> list:
@@ -320,17 +323,51 @@ def plan_loader(stats: BatchStats, req: LoaderRequest, budget: Budget, profile: 
                                   f"({_why_at(items, best, model.DEFAULT_PREFETCH_FACTOR, strategy)})"))
     if strategy != req.strategy:
         decisions.append(Decision("sharing_strategy", strategy, req.strategy, _strategy_reason(items, best, req)))
-    if budget.fds is not None and best.fds > budget.fds and req.nofile_soft is not None:
-        target = min(req.nofile_hard or sizes.nofile_target(req.nofile_soft + best.fds),
-                     sizes.nofile_target(req.nofile_soft + best.fds - budget.fds))
-        decisions.append(Decision(NOFILE, target, req.nofile_soft,
-                                  f"{best.fds} fds for the batches in flight ({stats.storages} storage(s) each) > "
-                                  f"{budget.fds} left under the soft open-files limit: raised toward the hard "
-                                  f"limit {req.nofile_hard}"))
+    decisions += _nofile_decision(best, strategy, stats, req, budget)
     guard = max(0, (budget.shm_bytes or 0)) if best.workers else 0
     return Plan("dataloader", best.mode, best.workers, best.prefetch, best.workers > 0, best.mode != PIPES, None,
                 stats.batch_bytes, best.shm, best.fds, 0, budget, True, 0, guard, best.seconds, profile,
                 tuple(decisions), (), tuple(c for c, _ in items if c is not best)[:6], best.memory)
+
+
+def kept_batch_fds(stats: BatchStats, strategy: str) -> int:
+    """Fds the batches of one epoch hold where the program keeps them all (``list(loader)``, a buffer of outputs):
+    under ``file_descriptor`` a received storage keeps its fd until it is freed, which no plan of the batches in
+    flight counts (torch's note "DataLoader on Linux and open files limit"). An epoch of unknown length counts
+    ``KEPT_BATCHES_UNKNOWN`` batches."""
+    if strategy != model.FILE_DESCRIPTOR:
+        return 0
+    batches = KEPT_BATCHES_UNKNOWN if not stats.samples else -(-stats.samples // max(1, stats.batch_size))
+    return stats.storages * batches
+
+
+KEPT_BATCHES_UNKNOWN = 256
+
+
+def _nofile_decision(best: Candidate, strategy: str, stats: BatchStats, req: LoaderRequest, budget: Budget) -> list:
+    """The soft open-files limit raised toward the hard one where the batches in flight need it, or where an
+    epoch's batches, kept by the program, would pass it (``kept_batch_fds``): process-local, undone by
+    ``ms_shm.session().restore()``. An audit: torch's own ``test_chain_iterable_style_dataset`` (35 batches kept
+    by ``list(loader)``, one worker) under ``ulimit -Sn 64`` failed with "Too many open files" raw and through
+    ms_shm alike, whose plan counted the 14 fds in flight only, which fit."""
+    soft, hard, room = req.nofile_soft, req.nofile_hard, budget.fds
+    if soft is None or room is None or not best.workers:
+        return []
+    kept = kept_batch_fds(stats, strategy) if best.mode == PROCESSES else 0  # piped batches arrive as memory
+    if best.fds + kept <= room:
+        return []
+    target = sizes.nofile_target(soft + best.fds + kept - room)
+    target = target if hard is None else min(hard, target)
+    if target <= soft:
+        return []  # nothing to raise it to: the hard limit is the soft one (``tune()`` then picks file_system)
+    if best.fds > room:
+        why = f"{best.fds} fds for the batches in flight ({stats.storages} storage(s) each) > {room} left"
+    else:
+        why = (f"{best.fds} fds for the batches in flight and {kept} more for an epoch's batches the program may "
+               f"keep ({stats.storages} fd(s) each under {strategy} until freed: `list(loader)`, a buffer of "
+               f"outputs) > {room} left")
+    return [Decision(NOFILE, target, soft, f"{why} under the soft open-files limit: raised toward the hard limit "
+                                           f"{hard}")]
 
 
 def planned_batch(stats: BatchStats) -> tuple:

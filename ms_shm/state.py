@@ -116,7 +116,7 @@ class Session:
             return
         held, self.held, self.until_pipeline = self.held, [], frozenset()
         for facts, item in held:
-            self.log_advice_once(facts, [item])
+            self.log_advice_once(facts, [_planned_around(item)])
 
     def log_advice_once(self, facts: host.HostFacts, items: Sequence[Any]) -> None:
         """Recommendations go to the log once per process, and only from local rank 0 of a multi-rank job."""
@@ -143,6 +143,17 @@ class Session:
             self.changes.clear()
             self.undoers.clear()
         self.ledger.clear()
+
+
+def _planned_around(item: Any) -> Any:
+    """Held advice of a pipeline that dies (``"crash"``), said once the program builds a pipeline through ms_shm,
+    which plans around it: the advice names how raw MindSpore fails here, and the pipeline will not (an audit's
+    ``ms-shm run`` under 64 MB printed the bus error to come, 27 lines, for a pipeline it then fitted)."""
+    if getattr(item, "severity", "") != "crash" or not isinstance(getattr(item, "problem", None), str):
+        return item
+    return replace(item, problem=f"{item.problem.rstrip('.')}. ms_shm plans the pipelines it builds to fit this instead (each "
+                                 f"change it makes is logged), at some cost in speed; the fix gives them MindSpore's "
+                                 f"own settings back.")
 
 
 SESSION = Session()

@@ -647,5 +647,6 @@ def test_run_says_what_a_typical_generatordataset_needs_only_once_the_script_bui
         proc = run(f"-m ms_shm run {shlex.quote(str(script))} {argv}", shm="64m")
         assert result_of(proc) == expected, proc.stderr[-2000:]
         assert proc.stderr.count(said) == expected, proc.stderr[-3000:]
-        if expected:  # said as the pipeline is built, not before the script ran
+        if expected:  # said as the pipeline is built, not before the script ran, and that ms_shm fits it
             assert proc.stderr.index(said) > proc.stderr.index("imported"), proc.stderr[-3000:]
+            assert "ms_shm plans the pipelines it builds to fit this instead" in proc.stderr, proc.stderr[-3000:]

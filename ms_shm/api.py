@@ -98,7 +98,7 @@ def tune(dry_run: bool = False, ranks: int | None = None, shm_fraction: float = 
     b = SESSION.budget(facts, reserved=(0, 0, 0))
     w = workers or advice.typical_workers(facts)
     p = config.prefetch_size if config and config.prefetch_size else eng.arithmetic.DEFAULT_PREFETCH
-    decisions = [d for d in (_nofile_decision(facts, w, p, eng),) if d]
+    decisions = [d for d in (_nofile_decision(facts, w, p, eng, _mindspore_in_use()),) if d]
     if config is not None:
         decisions += eng.planning.plan_startup(config, b.shm_bytes, w, row_mb, prefetch, facts.mindspore_version)
     made = () if dry_run else _apply_startup(decisions, eng, raise_nofile)
@@ -137,16 +137,19 @@ def _mindspore_in_use() -> bool:
     return "mindspore" in sys.modules or "torch" not in sys.modules
 
 
-def _nofile_decision(facts: host.HostFacts, workers: int, prefetch: int, eng: Any) -> Decision | None:
-    """A train and an eval pipeline need their fds under the soft limit (one fd per shared-memory slot)."""
+def _nofile_decision(facts: host.HostFacts, workers: int, prefetch: int, eng: Any,
+                     mindspore: bool = True) -> Decision | None:
+    """A train and an eval pipeline need their fds under the soft limit (one fd per shared-memory slot). A
+    program without MindSpore (a torch one under ``ms-shm run``) is told it in a DataLoader's terms."""
     need = advice.fds_needed(facts, workers, prefetch, pipelines=2)
     soft, hard = facts.nofile_soft, facts.nofile_hard
     if soft is None or soft >= need:
         return None
     target = sizes.nofile_target(need) if hard is None else min(hard, sizes.nofile_target(need))
-    return Decision(changes_mod.NOFILE, target, soft,
-                    f"soft open-files limit {soft} < {need} needed by two {workers}-worker pipelines at prefetch "
-                    f"{prefetch} (one fd per shared-memory slot)")
+    why = (f"{need} needed by two {workers}-worker pipelines at prefetch {prefetch} (one fd per shared-memory slot)"
+           if mindspore else f"{need}, the fds of two {workers}-worker data pipelines (a DataLoader holds one per "
+                             f"tensor storage in flight, and per batch the program keeps)")
+    return Decision(changes_mod.NOFILE, target, soft, f"soft open-files limit {soft} < {why}")
 
 
 def _apply_startup(decisions: Sequence[Decision], eng: Any, raise_nofile: bool) -> list:

@@ -556,6 +556,8 @@ def _footprint(obj: Any, depth: int, seen: set[int], fork: bool) -> tuple[float,
             size = header
     elif fork and size > _SMALL_OBJECT:
         size = float(PAGE)
+    elif fork:
+        size = float(_pymalloc_block(int(size)))
     count = 1.0
     if depth <= 0 or isinstance(obj, _no_objects()):
         return size, count
@@ -581,6 +583,13 @@ def _footprint(obj: Any, depth: int, seen: set[int], fork: bool) -> tuple[float,
         size += sub_bytes * scale
         count += sub_count * scale
     return size, count
+
+
+def _pymalloc_block(size: int) -> int:
+    """The block pymalloc gives an object of ``size`` bytes: sizes round up to 16 (an audit measured a forked
+    worker's copy of 500k token lists at 30.8 MiB, 64 B a list header of 56, and of 500k path strings at 46.0 MiB,
+    96 B a string of 81; the estimate without it was 13-16% low, and a plan admitted on it was OOM-killed)."""
+    return (size + 15) & ~15
 
 
 def _own_size(obj: Any, fork: bool) -> int:

@@ -436,19 +436,25 @@ def _guarded(eng: Any, asked: dict, p: Plan, b: Any) -> GuardedCollate:
 
 
 def _apply(eng: Any, p: Plan) -> None:
-    made = []
+    made, quiet = [], []
     for d in p.decisions:
         if d.setting == changes_mod.NOFILE:
             made.append(changes_mod.set_nofile_soft(d.value, d.reason))
         elif d.setting == "sharing_strategy":
             made.append(eng.apply_setting(d.setting, d.value, d.reason))
-    _say_changed(SESSION.record(made, eng.undo))
+        else:
+            continue
+        if d.precaution:
+            quiet.append(made[-1])
+    _say_changed(SESSION.record(made, eng.undo), quiet)
 
 
-def _say_changed(changes: Any) -> None:
-    """Process-wide changes (a kill -9 under ``file_system`` may leave files in ``/dev/shm``): each a warning."""
+def _say_changed(changes: Any, quiet: list) -> None:
+    """Process-wide changes (a kill -9 under ``file_system`` may leave files in ``/dev/shm``): each a warning, but
+    a precaution (``Decision.precaution``) at INFO."""
     for change in changes:
-        log.warning("ms_shm changed %s from %s to %s: %s", change.setting, change.old, change.new, change.reason)
+        log.log(logging.INFO if any(change is q for q in quiet) else logging.WARNING,
+                "ms_shm changed %s from %s to %s: %s", change.setting, change.old, change.new, change.reason)
 
 
 def register(loader: Any, p: Plan) -> None:

@@ -30,6 +30,8 @@ class Decision(Result):
     default: Any  # the framework's default, or, for ``EXPLICIT`` and where ``asked``, what the caller asked
     reason: str
     asked: bool = False  # ``default`` is what the caller passed (a cap on it), said "asked", not "default"
+    precaution: bool = False  # a process-wide change made for what the program may do, not what the plan needs:
+    # said at INFO (a soft open-files limit of 1024 raised for batches the program may keep)
 
     def __str__(self) -> str:
         before = "asked" if self.setting == EXPLICIT or self.asked else "default"

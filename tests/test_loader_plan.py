@@ -17,6 +17,7 @@ from ms_shm.engines.torchstyle import planning, probe
 from ms_shm.engines.torchstyle.engine import LoaderProfile
 from ms_shm.engines.torchstyle.planning import BatchStats, LoaderRequest, plan_loader
 from ms_shm.errors import ShmBudgetError
+from ms_shm.plan import Plan
 from ms_shm.sandbox import Effects
 
 MiB, GiB = 1 << 20, 1 << 30
@@ -747,6 +748,33 @@ def test_without_workers_three_batches_count_against_a_container_and_the_fix_nam
         plan_loader(stats(96), ask(), tight)
     text = str(err.value)
     assert "docker run --memory" in text and "--shm-size" not in text and "ulimit" not in text, text
+
+
+def kept(samples: int = 300, **kw) -> Plan:
+    """Batches of one storage, one sample each, 2 workers; ``kw`` the request's strategy and limits."""
+    s = stats(0.001, storages=1, samples=samples, batch_size=1)
+    return plan_loader(s, ask(workers=2, **kw), room(nofile=kw.get("nofile_soft", 256), open_fds=13))
+
+
+def test_kept_batches_past_a_low_hard_limit_switch_torch_to_file_system():
+    """An audit: ``ulimit -n 256`` (soft = hard), 300 batches kept by ``list(loader)``: raw and build_dataloader
+    died alike ("Too many open files"); only tune() switched the strategy."""
+    d = {d.setting: d for d in kept(can_switch_strategy=True, nofile_soft=256, nofile_hard=256).decisions}
+    assert d["sharing_strategy"].value == model.FILE_SYSTEM and "kept by the program" in d["sharing_strategy"].reason
+    assert NOFILE not in d
+    # MindSpore's DataLoader cannot switch: as asked, nothing raised (there is nothing to raise it to)
+    assert all(x.setting not in (NOFILE, "sharing_strategy") for x in kept(nofile_soft=256, nofile_hard=256).decisions)
+    # a hard limit past FILE_SYSTEM_BELOW_HARD keeps the strategy: the soft limit is raised instead
+    d = {d.setting: d for d in kept(4000, can_switch_strategy=True, nofile_soft=1024, nofile_hard=8192).decisions}
+    assert "sharing_strategy" not in d and d[NOFILE].value == 8192
+
+
+def test_a_soft_limit_raised_short_of_the_kept_batches_says_so_and_a_default_one_is_raised_quietly():
+    short = {d.setting: d for d in kept(500, nofile_soft=256, nofile_hard=400).decisions}[NOFILE]
+    assert short.value == 400 and "short of them" in short.reason and "ulimit -Hn" in short.reason, short.reason
+    assert not short.precaution  # 256: a starved limit, said as a warning
+    usual = {d.setting: d for d in kept(4000, nofile_soft=1024, nofile_hard=1 << 20).decisions}[NOFILE]
+    assert usual.precaution and "short of" not in usual.reason  # the usual default, raised for what may be kept
 
 
 def test_each_workers_copies_of_the_datasets_lists_count_in_its_memory():

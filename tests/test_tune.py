@@ -58,6 +58,10 @@ print(json.dumps({"before": before, "after_dry": after_dry, "tuned": tuned, "res
     assert out["restored"] == out["before"]
     assert {"prefetch_size", "RLIMIT_NOFILE(soft)"} <= set(out["changes"])
     assert "RLIMIT_NOFILE" in log and "ms_shm.tune: /dev/shm budget" in log
+    # each change said once as a warning, the dry run's none (an audit: ``ms-shm run`` raised the soft limit
+    # with nothing shown at the default level)
+    for setting in ("RLIMIT_NOFILE(soft) from 40 to", "prefetch_size from 16 to 4"):
+        assert log.count(f"WARNING:ms_shm:ms_shm.tune changed {setting}") == 1, log
 
 
 def test_rows_too_big_for_any_prefetch_are_explained(real_mindspore):

@@ -284,15 +284,29 @@ def _pipes_decision(best: Candidate, items: list, req: LoaderRequest, budget: Bu
                     f"and its speed: {fix}")
 
 
-def _rank(item: tuple, req: LoaderRequest, fastest: float | None) -> tuple:
+def _rank(item: tuple, req: LoaderRequest, fastest: float | None, kept_short: bool = False) -> tuple:
     """Fastest first, where every estimate within ``plan.TIE_FRACTION`` of the fastest ties (a few probe samples
-    cannot tell them apart); then the request's own strategy, then the framework's defaults: the fewest workers
-    (0: none to start), then prefetch 2."""
+    cannot tell them apart); then one whose kept batches fit the open-files limit (``_kept_short``); then the
+    request's own strategy, then the framework's defaults: the fewest workers (0: none to start), then prefetch 2."""
     c, strategy = item
     seconds = c.seconds if c.seconds is not None else 0.0
     tied = fastest is None or c.seconds is None or seconds <= fastest * (1 + plan.TIE_FRACTION)
     untimed = c.workers if c.seconds is None else 0  # nothing to gain measured: the framework's default, 0
-    return (0.0 if tied else seconds, strategy != req.strategy, untimed, c.workers, -c.prefetch)
+    return (0.0 if tied else seconds, kept_short, strategy != req.strategy, untimed, c.workers, -c.prefetch)
+
+
+def _kept_short(item: tuple, stats: BatchStats, req: LoaderRequest, room: int | None) -> bool:
+    """Whether an epoch's batches kept by the program would pass the open-files limit even raised to the hard one
+    (``kept_batch_fds``), where that hard limit is as low as ``startup_strategy`` judges too low for
+    ``file_descriptor``: torch's ``file_system`` strategy, the same speed, holds no fd per kept batch (an audit:
+    ``ulimit -n 256``, 300 batches kept by ``list(loader)``, died of "Too many open files" raw and through
+    ``build_dataloader`` alike; ``tune()`` had switched the strategy, ``build_dataloader`` did not). A higher hard
+    limit keeps the framework's strategy: the soft one is raised (``_nofile_decision``)."""
+    c, strategy = item
+    if room is None or not c.workers or c.mode != PROCESSES or req.nofile_hard is None or \
+            req.nofile_hard >= FILE_SYSTEM_BELOW_HARD:
+        return False
+    return c.fds + kept_batch_fds(stats, strategy) > room
 
 
 def plan_loader(stats: BatchStats, req: LoaderRequest, budget: Budget, profile: object = None) -> Plan:
@@ -313,7 +327,8 @@ def plan_loader(stats: BatchStats, req: LoaderRequest, budget: Budget, profile: 
     if not fitting:
         raise ShmBudgetError(_no_fit(items, stats, req, budget))
     fastest = min((c.seconds for c, _ in fitting if c.seconds is not None), default=None)
-    best, strategy = min(fitting, key=lambda i: _rank(i, req, fastest))
+    room = _fd_room(budget, req)
+    best, strategy = min(fitting, key=lambda i: _rank(i, req, fastest, _kept_short(i, stats, req, room)))
     decisions = [_mode_decision(best, measured, req, fitting)] + sized
     if best.mode == PIPES:
         decisions.append(_pipes_decision(best, items, req, budget))
@@ -322,7 +337,8 @@ def plan_loader(stats: BatchStats, req: LoaderRequest, budget: Budget, profile: 
                                   f"prefetch_factor {model.DEFAULT_PREFETCH_FACTOR} does not fit "
                                   f"({_why_at(items, best, model.DEFAULT_PREFETCH_FACTOR, strategy)})"))
     if strategy != req.strategy:
-        decisions.append(Decision("sharing_strategy", strategy, req.strategy, _strategy_reason(items, best, req)))
+        decisions.append(Decision("sharing_strategy", strategy, req.strategy,
+                                  _strategy_reason(items, best, req, stats, room)))
     decisions += _nofile_decision(best, strategy, stats, req, budget)
     guard = max(0, (budget.shm_bytes or 0)) if best.workers else 0
     return Plan("dataloader", best.mode, best.workers, best.prefetch, best.workers > 0, best.mode != PIPES, None,
@@ -366,8 +382,15 @@ def _nofile_decision(best: Candidate, strategy: str, stats: BatchStats, req: Loa
         why = (f"{best.fds} fds for the batches in flight and {kept} more for an epoch's batches the program may "
                f"keep ({stats.storages} fd(s) each under {strategy} until freed: `list(loader)`, a buffer of "
                f"outputs) > {room} left")
+    short = soft + best.fds + kept - room - target  # fds still missing at the target
+    fix = (f"; {short} short of them even so, should the program keep them: raise the hard limit (`ulimit -Hn`, "
+           f"`docker run --ulimit nofile={sizes.nofile_target(target + short)}`)" if short > 0 else "")
     return [Decision(NOFILE, target, soft, f"{why} under the soft open-files limit: raised toward the hard limit "
-                                           f"{hard}")]
+                                           f"{hard}{fix}",
+                     precaution=best.fds <= room and soft >= KEPT_QUIET_FROM)]
+
+
+KEPT_QUIET_FROM = 1024  # a soft limit this high (the usual default) raised for batches the program *may* keep: INFO
 
 
 def planned_batch(stats: BatchStats) -> tuple:
@@ -423,8 +446,10 @@ def _why_at(items: list, best: Candidate, prefetch: int, strategy: str) -> str:
                  and s == strategy), "")
 
 
-def _strategy_reason(items: list, best: Candidate, req: LoaderRequest) -> str:
-    why = next((c.why_not for c, s in items if c.workers == best.workers and s == req.strategy), "")
+def _strategy_reason(items: list, best: Candidate, req: LoaderRequest, stats: BatchStats, room: int | None) -> str:
+    why = next((c.why_not for c, s in items if c.workers == best.workers and s == req.strategy), "") or (
+        f"an epoch's batches kept by the program would hold {kept_batch_fds(stats, req.strategy)} fds, "
+        f"{stats.storages} each, beyond the {room} the hard open-files limit {req.nofile_hard} leaves")
     return (f"{req.strategy} does not fit ({why}); file_system names each batch's storages in /dev/shm instead of "
             f"passing an fd per storage, so a killed run leaves /dev/shm/torch_* files behind (`ms-shm clean` "
             f"removes those of dead processes); this is process-wide")

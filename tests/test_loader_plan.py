@@ -787,6 +787,18 @@ def test_each_workers_copies_of_the_datasets_lists_count_in_its_memory():
     assert any("840.0 MiB of memory" in c.why_not for c in copied.alternatives if c.workers == 2)
 
 
+def test_workers_whose_copies_do_not_fit_are_told_to_share_the_lists():
+    """An audit's 8 workers kept as asked (a generator passed) over 500k token lists: the refusal's fix named the
+    container's memory and a smaller batch, not the lists every worker copies."""
+    limit = budget.compute(2 * GiB, 1, 65536, 10, memory_left=int(700 * MiB / budget.DEFAULT_FRACTION))
+    with pytest.raises(ShmBudgetError) as err:
+        plan_loader(replace(stats(1), copied_bytes=400 * MiB), ask(workers=2, workers_locked="a generator"), limit)
+    assert "ms_shm.SharedList" in str(err.value) and "~400.0 MiB" in str(err.value), str(err.value)
+    with pytest.raises(ShmBudgetError) as err:  # without copies, no such fix
+        plan_loader(stats(300), ask(workers=2, workers_locked="a generator"), limit)
+    assert "SharedList" not in str(err.value)
+
+
 @pytest.mark.parametrize("extra", [{"generator": "loader"}, {"sampler": "sampler"}, {"batch_sampler": "batch"}])
 def test_a_generator_of_the_callers_keeps_the_workers_and_the_prefetch_asked(extra):
     """A sampler drawing from a generator of the caller's draws as far ahead as the workers read (torch's

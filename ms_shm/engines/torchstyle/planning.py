@@ -477,7 +477,10 @@ def _no_fit(items: list, stats: BatchStats, req: LoaderRequest, budget: Budget) 
     memory = plan.memory_fix(least_memory, budget)
     # bytes shrink with the batch, not below one sample (fds: a default collate stacks each field into one storage)
     smaller = "a smaller batch_size" if stats.batch_size > 1 and (shm_binds or memory) else ""
-    fixes += [memory, smaller]
+    shared = (f"share the dataset's big lists and dicts (`ms_shm.SharedList` / `SharedDict`, named in the "
+              f"copy-on-read warning): each worker copies ~{mib(stats.copied_bytes)} of them"
+              if memory and stats.copied_bytes and _least_memory_workers(items) else "")
+    fixes += [shared, memory, smaller]
     if req.prefetch_factor is not None and req.prefetch_factor > 1:
         fixes.append(f"prefetch_factor={req.prefetch_factor - 1}")
     if locked:
@@ -487,6 +490,11 @@ def _no_fit(items: list, stats: BatchStats, req: LoaderRequest, budget: Budget) 
             f"against {mib(budget.shm_bytes)} ({budget.reason}) and {least.fds} fds against "
             f"{budget.fds if budget.fds is not None else 'unlimited'}{memory_text}. Why: {' | '.join(reasons)[:600]}. "
             f"Fix: {'; or '.join(f for f in fixes if f)}.")
+
+
+def _least_memory_workers(items: list) -> int:
+    """The workers of the candidate that needs the least memory: where it has none, the copies are not why."""
+    return min(((c.memory, c.workers) for c, _ in items), default=(0, 0))[1]
 
 
 FILE_SYSTEM_BELOW_HARD = 4096  # a hard open-files limit this low cannot carry a loader's batches as fds

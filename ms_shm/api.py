@@ -13,6 +13,7 @@ import logging
 import multiprocessing
 import os
 import sys
+import types
 import weakref
 from dataclasses import replace
 from typing import Any, Callable, Sequence
@@ -212,35 +213,52 @@ def _profile(config: Any, facts: host.HostFacts, eng: Any) -> Any:
     return eng.profile(config.version if config else facts.mindspore_version)
 
 
-def _with_copies(probe: measure.StageProbe, source: Any, facts: host.HostFacts,
+def _with_copies(probe: measure.StageProbe, holders: Sequence[tuple], facts: host.HostFacts,
                  start_method: str | None) -> measure.StageProbe:
-    """The probe with what each worker process will copy of the source's big lists and dicts (copy-on-read)
-    added to the worker's own memory: a source holding 2M paths planned processes at 479 of a 485 MiB memory
-    budget and was OOM-killed, as raw MindSpore was. Threads and inline read the one copy, so they stay."""
+    """The probe with what each worker process will copy of the big lists and dicts its ``(name, object)``
+    holders keep (the source, or a map's operations; copy-on-read) added to the worker's own memory: a source
+    holding 2M paths planned processes at 479 of a 485 MiB memory budget and was OOM-killed, as raw MindSpore
+    was. Threads and inline read the one copy, so they stay."""
     from ms_shm import cow
 
     if probe.stats is None:
         return probe
-    copied = cow.copied_per_worker(source, facts.ranks.local_size, start_method or "fork")
+    copied = sum(cow.copied_per_worker(held, facts.ranks.local_size, start_method or "fork") for _, held in holders)
     if not copied:
         return probe
-    log.debug("ms_shm: each worker process would copy ~%s of the source's lists and dicts (copy-on-read); "
-              "counted in its memory", mib(copied))
+    log.debug("ms_shm: each worker process would copy ~%s of the %s's lists and dicts (copy-on-read); "
+              "counted in its memory", mib(copied), holders[0][0])
     return replace(probe, stats=replace(probe.stats, worker_bytes=(probe.stats.worker_bytes or 0) + copied))
 
 
-def _inspect_copy_on_read(source: Any, workers: int, facts: host.HostFacts, start_method: str,
+def _inspect_copy_on_read(holders: Sequence[tuple], workers: int, facts: host.HostFacts, start_method: str,
                           share_lists: bool, effects: Any = None) -> None:
+    """Each big container the ``workers`` will copy, said (local rank 0), or swapped for shared storage where
+    the call asked (``share_lists``: ``build_dataset``'s, for its source alone)."""
     from ms_shm import cow
 
-    findings = cow.inspect_source(source, workers=workers, ranks=facts.ranks.local_size,
-                                  start_method=start_method)
+    findings = [replace(f, holder=name) for name, held in holders
+                for f in cow.inspect_source(held, workers=workers, ranks=facts.ranks.local_size,
+                                            start_method=start_method)]
     if not findings:
         return
     if share_lists:
-        cow.share_lists(source, findings, effects=effects)
+        cow.share_lists(holders[0][1], findings, effects=effects)
     elif facts.ranks.local_rank == 0:
-        cow.log_findings(findings, effects)
+        cow.log_findings(findings, effects, offer_share_lists=holders[0][0] == SOURCE)
+
+
+SOURCE = "source"  # the holder name of a GeneratorDataset's source (``_with_copies``), the one share_lists swaps
+
+
+def _operation_holders(operations: Any) -> list:
+    """A map's operations that are objects of the program's own, as ``(name, object)`` copy-on-read holders (a
+    lookup table or vocabulary kept on the operation is copied by every map worker process as the source's
+    lists are; functions hold nothing walked)."""
+    ops = operations if isinstance(operations, (list, tuple)) else [operations]
+    return [(f"map operation {type(op).__name__}", op) for op in ops
+            if op is not None and not isinstance(op, (types.FunctionType, types.BuiltinFunctionType))
+            and getattr(type(op), "__module__", "").split(".")[0] != "mindspore"]
 
 
 def _column_names(column_names: Any, kwargs: dict) -> tuple | None:
@@ -393,10 +411,10 @@ def _build_dataset(eng: Any, source: Any, column_names: Any, generator_args: tup
                                     column_dtypes=eng.compat.column_dtypes(generator_kwargs.get("column_types")),
                                     beside=_beside_probe(facts), sampled=eng.compat.sampled_rows(generator_kwargs))
     if not share_lists:
-        probe = _with_copies(probe, source, facts, req.start_method)
+        probe = _with_copies(probe, [(SOURCE, source)], facts, req.start_method)
     p = _plan_source(probe, req, generator_kwargs, config, facts, eng)
     if p.python_multiprocessing and p.workers > 1:
-        _inspect_copy_on_read(source, p.workers, facts, req.start_method, share_lists, probe.effects)
+        _inspect_copy_on_read([(SOURCE, source)], p.workers, facts, req.start_method, share_lists, probe.effects)
     lineage = measure.SourceLineage(source, names, probe.stats.indices[:4]) if probe.stats and names else \
         measure.Unavailable(probe.unmeasured or "no column names")
     p, feed = threads.cap_source(p, _guarded(source, p, facts, eng), facts.usable_cpus,  # threads per worker
@@ -903,9 +921,12 @@ def _map(eng: Any, dataset: Any, operations: Any, input_columns: Any, output_col
     probe = measure.probe_operations(lineage, operations, ins, outs, _worker_pages(facts),
                                      defer_row_errors=_explicit is not None, beside=_beside_probe(facts),
                                      fate=eng.compat.failing_row_fate(config))
-    p = _plan_operations(probe, _request(asked, config, facts, eng, _explicit), config, facts, eng,
-                         eng.compat.rows_per_epoch(dataset, _rows_known), "map",
+    req, holders = _request(asked, config, facts, eng, _explicit), _operation_holders(operations)
+    probe = _with_copies(probe, holders, facts, req.start_method)
+    p = _plan_operations(probe, req, config, facts, eng, eng.compat.rows_per_epoch(dataset, _rows_known), "map",
                          eng.compat.starts_python_pool(operations))
+    if p.python_multiprocessing and p.workers > 1 and holders:
+        _inspect_copy_on_read(holders, p.workers, facts, req.start_method, False, probe.effects)
     kwargs = _stage_kwargs(map_kwargs, p, num_parallel_workers, config)
     p, fed = threads.cap_operations(p, operations, facts.usable_cpus, _threads_started(probe))  # per worker
     _apply_globals(p, config, eng, quiet=_explicit is not None)

@@ -105,11 +105,13 @@ class CowFinding(Result):
     container_id: int = field(default=0, repr=False, compare=False)
     #: Other paths from the source to the same container (``self.train_paths = self.paths``).
     aliases: tuple = field(default=(), repr=False, compare=False)
+    #: What holds the container, as the warning names it: the source, or a map's operation.
+    holder: str = field(default="source", repr=False, compare=False)
 
     @property
     def message(self) -> str:
         """The one-line warning: what, how many, how it gets copied, how much, and the fix."""
-        where = "the source itself" if not self.path else f"source attribute {self.attribute!r}"
+        where = f"the {self.holder} itself" if not self.path else f"{self.holder} attribute {self.attribute!r}"
         if self.start_method == "fork":
             how = (f"{self.mechanism}: each of {self.workers} worker(s) x {self.ranks} rank(s) copies "
                    "the pages it reads as reference counts are touched")

@@ -562,3 +562,18 @@ def test_inspecting_a_source_leaves_shared_list_unimported():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_a_maps_holders_are_its_operations_objects_not_functions_nor_mindspores_own():
+    """A map's operations are walked as the source is (copy-on-read in each map worker), but only objects of the
+    program's: a function holds nothing the walk reads, and MindSpore's own transforms hold no program data."""
+    from ms_shm.api import _operation_holders
+
+    class Lookup:
+        def __call__(self, x):
+            return x
+
+    own = Lookup()
+    native = type("Decode", (), {"__module__": "mindspore.dataset.vision.transforms", "__call__": lambda s, x: x})()
+    assert _operation_holders([own, len, lambda x: x, None, native]) == [("map operation Lookup", own)]
+    assert _operation_holders(own) == [("map operation Lookup", own)]

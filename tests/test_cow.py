@@ -251,6 +251,9 @@ def test_fork_and_spawn_say_which_mechanism_applies():
     assert spawn.bytes_per_worker > fork.bytes_per_worker  # spawn rebuilds dict tables too
     assert only(inspect_source(source, workers=2, start_method="forkserver")).mechanism == (
         "forkserver: pickled into each worker")
+    # the fix: under spawn the stand-in's buffer travels through shared memory, or each worker unpickles it
+    assert fork.fix == "self.annotations = ms_shm.SharedList(self.annotations)"
+    assert spawn.fix == "self.annotations = ms_shm.SharedList(self.annotations, shared_memory=True)"
 
 
 def test_estimates_track_object_sizes():

@@ -360,7 +360,7 @@ def test_real_workers_are_capped_while_the_main_process_keeps_its_pools():
     assert r["same_x"] and r["rows"] == [24, 24] and r["map_rows"] == 24
     reason = f"capped to {cap} per worker: 2 workers × {pool} BLAS/OpenMP threads > {r['cpus']} CPUs"
     assert r["decision"] == {"setting": "num_threads", "value": cap, "default": pool, "reason": reason,
-                             "asked": False}
+                             "asked": False, "precaution": False}
     assert r["map_decision"]["reason"] == reason
     assert f"ms_shm.threads num_threads: {reason}" in proc.stderr
 

@@ -257,7 +257,7 @@ def prepare(eng: Any, cls: Any, dataset: Any, args: tuple, kwargs: dict, prefere
     if refused is not None:
         p = replace(p, decisions=(refused,) + p.decisions)
     _apply(eng, p)
-    return _warned(eng, asked, _arguments(eng, asked, p, b)), p
+    return _warned(eng, asked, _strategy_in_workers(eng, asked, _arguments(eng, asked, p, b), p.workers)), p
 
 
 def _with_copies(stats: Any, dataset: Any, facts: Any, start_method: str) -> Any:
@@ -397,6 +397,17 @@ def _probe(eng: Any, dataset: Any, asked: dict, b: Any, timed: bool) -> tuple:
                               budget_mod.memory_may_bind(b), None if timed else eng.compat.twin,
                               eng.compat.tensor_bytes, reread=timed, read=eng.compat.sample_reader(batched),
                               shares=eng.compat.collate_shares if asked.get("collate_fn") else None)
+
+
+def _strategy_in_workers(eng: Any, asked: dict, arguments: dict, workers: int) -> dict:
+    """Workers started by spawn or forkserver get the sharing strategy ms_shm set in this process (here or at
+    ``tune()``), through a ``worker_init_fn`` that then calls the caller's (``compat.StrategyInWorker``): such a
+    worker starts at the framework's default, and the sender's strategy decides how a batch travels."""
+    wrap = getattr(eng.compat, "StrategyInWorker", None)
+    if wrap is None or not workers or _start_method(asked.get("multiprocessing_context")) == "fork" or \
+            not any(c.setting == "sharing_strategy" for c in list(SESSION.changes)):
+        return arguments
+    return dict(arguments, worker_init_fn=wrap(eng.compat.sharing_strategy(), asked.get("worker_init_fn")))
 
 
 def _arguments(eng: Any, asked: dict, p: Plan, b: Any) -> dict:

@@ -292,11 +292,13 @@ SCENARIOS = {  # scenario: (dataset, DataLoader arguments a user writes, what ms
                   dict(batch_size=8, num_workers=2, collate_fn=zip_collate)),
     # every batch kept by the program (``list(loader)``): 256 batches of 8 storages, each holding its fds
     "kept": ("many_small", dict(batch_size=1, num_workers=1), dict(batch_size=1, num_workers=1)),
+    "kept_spawn": ("many_small", dict(batch_size=1, num_workers=1, multiprocessing_context="spawn"),
+                   dict(batch_size=1, num_workers=1, multiprocessing_context="spawn")),
 }
 PEAK = ("tensords", "preloaded", "drawn", "drawn_class", "drawn_dict")  # scenarios whose /dev/shm peak is measured (sampled every 2 ms)
 FILL = {"filled": 2 << 20}  # scenario: bytes another process leaves free in /dev/shm once the loader is built
 EPOCHS = {"epochs_held": 3, "drawn": 2, "drawn_persistent": 2, "drawn_class": 2, "drawn_dict": 2}  # scenario: epochs iterated (1 where not named)
-KEPT = ("kept",)  # scenarios whose program keeps every batch until the epoch ends
+KEPT = ("kept", "kept_spawn")  # scenarios whose program keeps every batch until the epoch ends
 SEEDED = ("drawn", "drawn_persistent", "drawn_class", "drawn_dict")  # scenarios whose MindSpore loader is given a seeded generator
 
 

@@ -112,6 +112,24 @@ def set_sharing_strategy(value: str, reason: str) -> Change | None:
     return Change(SHARING_STRATEGY, old, value, reason)
 
 
+class StrategyInWorker:
+    """A loader's ``worker_init_fn`` that sets the sharing strategy in a worker started by spawn or forkserver,
+    then calls the caller's own: the process that sends a storage picks how it travels, and such a worker starts
+    at torch's default, ``file_descriptor``, whatever the main process set (an audit: ``ulimit -n 256``, 300
+    batches kept by ``list(loader)``, spawn workers: "Too many open files" after ms_shm had switched the main
+    process to ``file_system``). Picklable: spawn sends it to each worker."""
+
+    def __init__(self, strategy: str, worker_init_fn: Callable[[int], Any] | None = None) -> None:
+        self.strategy, self.worker_init_fn = strategy, worker_init_fn
+
+    def __call__(self, worker_id: int) -> None:
+        import torch.multiprocessing as mp
+
+        mp.set_sharing_strategy(self.strategy)
+        if self.worker_init_fn is not None:
+            self.worker_init_fn(worker_id)
+
+
 def undo(changes: Any) -> None:
     for change in reversed(list(changes)):
         if change.setting == SHARING_STRATEGY:

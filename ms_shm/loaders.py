@@ -240,10 +240,13 @@ def prepare(eng: Any, cls: Any, dataset: Any, args: tuple, kwargs: dict, prefere
         log.warning("ms_shm build_dataloader: num_workers=%s: %s%s", asked["num_workers"], problem,
                     f" (kept: {locked})" if preferences else "")
     if stats is None:
-        log.warning("ms_shm build_dataloader: %s; the DataLoader is built as asked%s", why,
-                    f", without workers ({problem})" if refused else "")
-        return _warned(eng, asked, {k: v for k, v in asked.items() if k not in _WORKER_ONLY} if refused
-                       else asked), None
+        outside = _read_outside_a_worker(dataset, asked) if why.startswith(probe.RAISED) else ""
+        log.log(logging.INFO if outside else logging.WARNING, "ms_shm build_dataloader: %s%s; the DataLoader is "
+                "built as asked%s", why.replace(probe.WILL_RAISE, "") if outside else why, outside,
+                f", without workers ({problem})" if refused else "")
+        if refused:
+            return _warned(eng, asked, {k: v for k, v in asked.items() if k not in _WORKER_ONLY}), None
+        return _warned(eng, asked, _unplanned_fds(eng, req, asked)), None
     stats = _with_copies(stats, dataset, facts, req.start_method)
     try:
         try:
@@ -256,8 +259,29 @@ def prepare(eng: Any, cls: Any, dataset: Any, args: tuple, kwargs: dict, prefere
     _say_copies(dataset, p.workers, facts, req.start_method, effects, stats)
     if refused is not None:
         p = replace(p, decisions=(refused,) + p.decisions)
-    _apply(eng, p)
+    _apply(eng, p.decisions)
     return _warned(eng, asked, _strategy_in_workers(eng, asked, _arguments(eng, asked, p, b), p.workers)), p
+
+
+def _read_outside_a_worker(dataset: Any, asked: dict) -> str:
+    """Why a probe batch's error says nothing of the loader: the dataset or collate reads ``get_worker_info()``,
+    or a ``worker_init_fn`` sets it up, and the probe reads outside any worker (torch's own tests: 29 warnings
+    of 46 in a run of test_dataloader.py named an error the loader never met). ``""``: nothing of the kind."""
+    if asked.get("worker_init_fn") is not None:
+        return " (read outside a worker: the worker_init_fn passed runs in workers only)"
+    used = codescan.worker_info_use(dataset, asked.get("collate_fn"))
+    return f" (read outside a worker: {used})" if used else ""
+
+
+def _unplanned_fds(eng: Any, req: LoaderRequest, asked: dict) -> dict:
+    """The caller's arguments for a loader whose batches were not measured, with what its workers need of the
+    open-files limits whatever they send (``planning.unplanned_fd_decisions``): an audit's loader whose probe
+    failed got no soft-limit raise, and died under ``ulimit -Sn 64`` where a measured one lived."""
+    workers = asked.get("num_workers") or 0
+    if not workers or isinstance(workers, bool):
+        return asked
+    _apply(eng, eng.planning.unplanned_fd_decisions(req))
+    return _strategy_in_workers(eng, asked, asked, workers)
 
 
 def _with_copies(stats: Any, dataset: Any, facts: Any, start_method: str) -> Any:
@@ -446,9 +470,9 @@ def _guarded(eng: Any, asked: dict, p: Plan, b: Any) -> GuardedCollate:
                           if p.mode == PIPES else None)
 
 
-def _apply(eng: Any, p: Plan) -> None:
+def _apply(eng: Any, decisions: Any) -> None:
     made, quiet = [], []
-    for d in p.decisions:
+    for d in decisions:
         if d.setting == changes_mod.NOFILE:
             made.append(changes_mod.set_nofile_soft(d.value, d.reason))
         elif d.setting == "sharing_strategy":

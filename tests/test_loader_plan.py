@@ -777,6 +777,18 @@ def test_a_soft_limit_raised_short_of_the_kept_batches_says_so_and_a_default_one
     assert usual.precaution and "short of" not in usual.reason  # the usual default, raised for what may be kept
 
 
+@pytest.mark.parametrize("kw, expected", [
+    (dict(can_switch_strategy=True, nofile_soft=256, nofile_hard=256), ("sharing_strategy", model.FILE_SYSTEM)),
+    (dict(nofile_soft=256, nofile_hard=256), None),  # MindSpore's DataLoader, nothing to raise it to
+    (dict(nofile_soft=64, nofile_hard=20000), (NOFILE, 20000)),
+    (dict(nofile_soft=1024, nofile_hard=1 << 20), None),  # the usual default: left as it is, unmeasured
+    (dict(nofile_soft=64, nofile_hard=20000, strategy=model.FILE_SYSTEM), None),  # no fd per storage
+])
+def test_a_loader_whose_probe_failed_still_gets_the_open_files_rules_that_need_no_probe(kw, expected):
+    decisions = planning.unplanned_fd_decisions(ask(workers=2, **kw))
+    assert [(d.setting, d.value) for d in decisions] == ([expected] if expected else [])
+
+
 def test_each_workers_copies_of_the_datasets_lists_count_in_its_memory():
     """An audit's 500k token lists under ``num_workers=8``: planned at the probe's pages only, OOM-killed as raw
     was. Each worker's copy (``copied_bytes``) counts: two workers' copies do not fit, fewer workers do."""

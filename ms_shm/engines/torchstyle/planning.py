@@ -500,6 +500,25 @@ def _least_memory_workers(items: list) -> int:
 FILE_SYSTEM_BELOW_HARD = 4096  # a hard open-files limit this low cannot carry a loader's batches as fds
 
 
+def unplanned_fd_decisions(req: LoaderRequest) -> list:
+    """What a loader with workers whose batches were not measured (its probe failed) needs of the open-files
+    limits all the same: ``file_system`` under a hard limit too low for ``file_descriptor`` (``startup_strategy``,
+    where the framework can switch), else, under ``file_descriptor``, a soft limit below the usual default raised
+    toward the hard one (every storage in flight or kept holds an fd)."""
+    if req.can_switch_strategy:
+        switch = startup_strategy(req.nofile_hard, req.strategy)
+        if switch is not None:
+            return [switch]
+    soft, hard = req.nofile_soft, req.nofile_hard
+    if req.strategy != model.FILE_DESCRIPTOR or soft is None or soft >= KEPT_QUIET_FROM or \
+            (hard is not None and hard <= soft):
+        return []
+    target = sizes.NOFILE_FLOOR if hard is None else min(hard, sizes.NOFILE_FLOOR)
+    return [Decision(NOFILE, target, soft, f"the batches were not measured, and under {req.strategy} each "
+                                           f"storage a worker sends holds an fd while in flight or kept: the soft "
+                                           f"open-files limit {soft} raised toward the hard limit {hard}")]
+
+
 def startup_strategy(nofile_hard: int | None, current: str) -> Decision | None:
     """At ``tune()``, with torch loaded: ``file_system`` where the hard open-files limit is too low for
     ``file_descriptor`` (one fd per storage in flight, in every worker too), else nothing."""
@@ -512,4 +531,4 @@ def startup_strategy(nofile_hard: int | None, current: str) -> Decision | None:
 
 
 __all__ = ["BatchStats", "LoaderRequest", "WorkerCosts", "DEFAULT_COSTS", "plan_loader", "planned_batch", "kept_plan",
-           "start_seconds", "cpus_free", "cpu_part", "startup_strategy"]
+           "start_seconds", "cpus_free", "cpu_part", "startup_strategy", "unplanned_fd_decisions"]

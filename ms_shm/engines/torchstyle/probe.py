@@ -307,8 +307,7 @@ def probe_loader(dataset: Any, batch_size: int | None, collate: Callable, weigh:
     if outcome.unavailable:
         return None, sandbox.Effects(), outcome.unavailable
     if outcome.error is not None:
-        return None, sandbox.Effects(), (f"the probe batch raised {type(outcome.error).__name__}: "
-                                         f"{outcome.error} (the DataLoader will raise it where it reads that sample)")
+        return None, sandbox.Effects(), f"{RAISED} {type(outcome.error).__name__}: {outcome.error}{WILL_RAISE}"
     stats, effects = outcome.value
     if isinstance(stats, str):
         return None, effects, stats
@@ -341,5 +340,8 @@ def free_cpus(idle: float | None, probe_cpu_seconds: float, window: float) -> fl
     return idle + probe_cpu_seconds / window
 
 
-__all__ = ["measure_batch", "probe_loader", "first_batch", "spread_indices", "batch_bytes_at", "reread_differs", "sample_seconds", "why_not_sent",
+RAISED = "the probe batch raised"  # how a probe's error begins (``loaders`` tells one read outside a worker)
+WILL_RAISE = " (the DataLoader will raise it where it reads that sample)"
+
+__all__ = ["RAISED", "WILL_RAISE", "measure_batch", "probe_loader", "first_batch", "spread_indices", "batch_bytes_at", "reread_differs", "sample_seconds", "why_not_sent",
            "free_cpus", "PROBE_SAMPLES", "PROBE_SECONDS"]

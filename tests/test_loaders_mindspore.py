@@ -95,15 +95,21 @@ def test_workers_that_must_stay_deliver_through_their_pipes_where_dev_shm_is_too
     isolated.assert_through_pipes(run, scenario, reference, batches)
 
 
-def test_fd_starved_soft_limit_raised(loader):
-    numpy1(loader)
-    expected = result(run("many_small", "raw", "1g"))["digests"]
+def fd_starved(scenario: str) -> tuple:
+    """``(raw's batches with fds to spare, ms_shm's run under ulimit -Sn 256)``, after raw failed there."""
+    expected = result(run(scenario, "raw", "1g"))["digests"]
     try:
-        raw = run("many_small", "raw", "1g", nofile=256, timeout=90)
+        raw = run(scenario, "raw", "1g", nofile=256, timeout=90)
         assert raw.returncode != 0, isolated.describe(raw)
     except subprocess.TimeoutExpired:  # out of fds, a worker's queue can block for good: a hang is a failure too
         pass
-    assert result(run("many_small", "ms_shm", "1g", nofile=256))["digests"] == expected
+    return expected, result(run(scenario, "ms_shm", "1g", nofile=256))
+
+
+def test_fd_starved_soft_limit_raised(loader):
+    numpy1(loader)
+    expected, ours = fd_starved("many_small")
+    assert ours["digests"] == expected
 
 
 def test_batches_the_program_keeps_raise_the_soft_limit(loader):
@@ -111,13 +117,7 @@ def test_batches_the_program_keeps_raise_the_soft_limit(loader):
     keeps holds it (measured on 2.10: 300 kept batches of 2 workers under ``ulimit -Sn 128``, raw "received 0
     items of ancdata")."""
     numpy1(loader)
-    expected = result(run("kept", "raw", "1g"))["digests"]
-    try:
-        raw = run("kept", "raw", "1g", nofile=256, timeout=90)
-        assert raw.returncode != 0, isolated.describe(raw)
-    except subprocess.TimeoutExpired:  # out of fds, a worker's queue can block for good: a hang is a failure too
-        pass
-    ours = result(run("kept", "ms_shm", "1g", nofile=256))
+    expected, ours = fd_starved("kept")
     assert ours["digests"] == expected
     assert any(d.startswith("RLIMIT_NOFILE") and "keep" in d for d in ours["plan"]["decisions"]), ours["plan"]
 

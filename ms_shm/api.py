@@ -146,7 +146,7 @@ def _nofile_decision(facts: host.HostFacts, workers: int, prefetch: int, eng: An
     soft, hard = facts.nofile_soft, facts.nofile_hard
     if soft is None or soft >= need:
         return None
-    target = sizes.nofile_target(need) if hard is None else min(hard, sizes.nofile_target(need))
+    target = sizes.nofile_within(need, hard)
     why = (f"{need} needed by two {workers}-worker pipelines at prefetch {prefetch} (one fd per shared-memory slot)"
            if mindspore else f"{need}, the fds of two {workers}-worker data pipelines (a DataLoader holds one per "
                              f"tensor storage in flight, and per batch the program keeps)")
@@ -237,9 +237,7 @@ def _inspect_copy_on_read(holders: Sequence[tuple], workers: int, facts: host.Ho
     the call asked (``share_lists``: ``build_dataset``'s, for its source alone)."""
     from ms_shm import cow
 
-    findings = [replace(f, holder=name) for name, held in holders
-                for f in cow.inspect_source(held, workers=workers, ranks=facts.ranks.local_size,
-                                            start_method=start_method)]
+    findings = cow.findings_in(holders, workers, facts.ranks.local_size, start_method)
     if not findings:
         return
     if share_lists:

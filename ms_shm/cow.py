@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # imported where a stand-in is made: see _no_objects
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CowFinding", "inspect_source", "copied_per_worker", "log_findings", "share_lists"]
+__all__ = ["CowFinding", "inspect_source", "findings_in", "copied_per_worker", "log_findings", "share_lists"]
 
 PAGE = 4096
 #: Objects larger than this come from malloc, not pymalloc's pools: touching one copies about one page.
@@ -168,6 +168,13 @@ def inspect_source(source: Any, workers: int, ranks: int = 1, start_method: str 
     findings = _walk_attributes(source, judge)
     findings.sort(key=lambda f: f.total_bytes, reverse=True)
     return tuple(findings)
+
+
+def findings_in(holders: Iterable[tuple], workers: int, ranks: int = 1, start_method: str = "fork") -> list:
+    """``inspect_source`` of each ``(name, object)`` holder (a source, a DataLoader's dataset, a map's
+    operation), each finding named by its holder."""
+    return [replace(f, holder=name) for name, held in holders
+            for f in inspect_source(held, workers=workers, ranks=ranks, start_method=start_method)]
 
 
 def copied_per_worker(source: Any, ranks: int = 1, start_method: str = "fork") -> int:

@@ -301,8 +301,8 @@ def _say_copies(dataset: Any, workers: int, facts: Any, start_method: str, effec
         return
     from ms_shm import cow
 
-    cow.log_findings(cow.inspect_source(dataset, workers=workers, ranks=facts.ranks.local_size,
-                                        start_method=start_method), effects, offer_share_lists=False)
+    cow.log_findings(cow.findings_in([("source", dataset)], workers, facts.ranks.local_size, start_method), effects,
+                     offer_share_lists=False)
 
 
 def _through_pipes(eng: Any, stats: Any, req: LoaderRequest, b: Any, asked: dict, preferences: bool,

@@ -91,5 +91,11 @@ def nofile_target(need: int) -> int:
     return max(target, NOFILE_FLOOR)
 
 
+def nofile_within(need: int, hard: int | None) -> int:
+    """``nofile_target(need)``, never past the hard limit (``None``: unlimited): what a soft limit is raised to."""
+    target = nofile_target(need)
+    return target if hard is None else min(hard, target)
+
+
 __all__ = ["KiB", "MiB", "GiB", "PAGE", "HEADROOM", "FD_MARGIN", "NOFILE_FLOOR", "with_headroom", "shm_size_flag", "where_to_set",
-           "k8s_size", "parse_size", "fds_needed", "nofile_target"]
+           "k8s_size", "parse_size", "fds_needed", "nofile_target", "nofile_within"]

@@ -372,8 +372,7 @@ def _nofile_decision(best: Candidate, strategy: str, stats: BatchStats, req: Loa
     kept = kept_batch_fds(stats, strategy) if best.mode == PROCESSES else 0  # piped batches arrive as memory
     if best.fds + kept <= room:
         return []
-    target = sizes.nofile_target(soft + best.fds + kept - room)
-    target = target if hard is None else min(hard, target)
+    target = sizes.nofile_within(soft + best.fds + kept - room, hard)
     if target <= soft:
         return []  # nothing to raise it to: the hard limit is the soft one (``tune()`` then picks file_system)
     if best.fds > room:
@@ -513,7 +512,7 @@ def unplanned_fd_decisions(req: LoaderRequest) -> list:
     if req.strategy != model.FILE_DESCRIPTOR or soft is None or soft >= KEPT_QUIET_FROM or \
             (hard is not None and hard <= soft):
         return []
-    target = sizes.NOFILE_FLOOR if hard is None else min(hard, sizes.NOFILE_FLOOR)
+    target = sizes.nofile_within(soft, hard)  # at least NOFILE_FLOOR
     return [Decision(NOFILE, target, soft, f"the batches were not measured, and under {req.strategy} each "
                                            f"storage a worker sends holds an fd while in flight or kept: the soft "
                                            f"open-files limit {soft} raised toward the hard limit {hard}")]

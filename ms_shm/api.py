@@ -213,50 +213,65 @@ def _profile(config: Any, facts: host.HostFacts, eng: Any) -> Any:
     return eng.profile(config.version if config else facts.mindspore_version)
 
 
-def _with_copies(probe: measure.StageProbe, holders: Sequence[tuple], facts: host.HostFacts,
-                 start_method: str | None) -> measure.StageProbe:
-    """The probe with what each worker process will copy of the big lists and dicts its ``(name, object)``
-    holders keep (the source, or a map's operations; copy-on-read) added to the worker's own memory: a source
-    holding 2M paths planned processes at 479 of a 485 MiB memory budget and was OOM-killed, as raw MindSpore
-    was. Threads and inline read the one copy, so they stay."""
+def _copies(holders: Sequence[tuple], facts: host.HostFacts, start_method: str) -> list:
+    """What one worker process of a stage comes to copy of the big lists and dicts its ``(name, object)``
+    holders keep or their code reads (the source, a map's operations; copy-on-read), walked once per stage:
+    the plan counts it in each worker's memory and the warnings scale it to the workers it picks."""
     from ms_shm import cow
 
-    if probe.stats is None:
-        return probe
-    copied = sum(cow.copied_per_worker(held, facts.ranks.local_size, start_method or "fork") for _, held in holders)
-    if not copied:
+    return cow.findings_in(holders, 1, facts.ranks.local_size, start_method)
+
+
+def _with_copies(probe: measure.StageProbe, copies: Sequence) -> measure.StageProbe:
+    """The probe with each worker process's ``copies`` added to the worker's own memory: a source holding 2M
+    paths planned processes at 479 of a 485 MiB memory budget and was OOM-killed, as raw MindSpore was.
+    Threads and inline read the one copy, so they stay."""
+    copied = sum(f.bytes_per_worker for f in copies)
+    if probe.stats is None or not copied:
         return probe
     log.debug("ms_shm: each worker process would copy ~%s of the %s's lists and dicts (copy-on-read); "
-              "counted in its memory", mib(copied), holders[0][0])
+              "counted in its memory", mib(copied), copies[0].holder)
     return replace(probe, stats=replace(probe.stats, worker_bytes=(probe.stats.worker_bytes or 0) + copied))
 
 
-def _inspect_copy_on_read(holders: Sequence[tuple], workers: int, facts: host.HostFacts, start_method: str,
-                          share_lists: bool, effects: Any = None) -> None:
-    """Each big container the ``workers`` will copy, said (local rank 0), or swapped for shared storage where
-    the call asked (``share_lists``: ``build_dataset``'s, for its source alone)."""
+def _inspect_copy_on_read(copies: Sequence, workers: int, facts: host.HostFacts, effects: Any = None,
+                          share_lists_of: Any = None) -> None:
+    """Each big container the ``workers`` will copy, said (local rank 0), or swapped for shared storage in
+    ``share_lists_of``, the source, where the call asked (``build_dataset``'s ``share_lists``)."""
     from ms_shm import cow
 
-    findings = cow.findings_in(holders, workers, facts.ranks.local_size, start_method)
-    if not findings:
+    if not copies:
         return
-    if share_lists:
-        cow.share_lists(holders[0][1], findings, effects=effects)
+    findings = cow.for_workers(copies, workers)
+    if share_lists_of is not None:
+        cow.share_lists(share_lists_of, findings, effects=effects)
     elif facts.ranks.local_rank == 0:
-        cow.log_findings(findings, effects, offer_share_lists=holders[0][0] == SOURCE)
+        cow.log_findings(findings, effects, offer_share_lists=findings[0].holder == SOURCE)
 
 
-SOURCE = "source"  # the holder name of a GeneratorDataset's source (``_with_copies``), the one share_lists swaps
+SOURCE = "source"  # the holder name of a GeneratorDataset's source (``_copies``), the one share_lists swaps
 
 
 def _operation_holders(operations: Any) -> list:
-    """A map's operations that are objects of the program's own, as ``(name, object)`` copy-on-read holders (a
-    lookup table or vocabulary kept on the operation is copied by every map worker process as the source's
-    lists are; functions hold nothing walked)."""
-    ops = operations if isinstance(operations, (list, tuple)) else [operations]
-    return [(f"map operation {type(op).__name__}", op) for op in ops
-            if op is not None and not isinstance(op, (types.FunctionType, types.BuiltinFunctionType))
-            and getattr(type(op), "__module__", "").split(".")[0] != "mindspore"]
+    """A map's operations of the program's own, as ``(name, object)`` copy-on-read holders: a lookup table or
+    vocabulary kept on an operation object, or a module global or closure variable an operation function reads,
+    is copied by every map worker process as the source's lists are. A bound method holds its object and reads
+    what its function reads."""
+    holders = []
+    for op in operations if isinstance(operations, (list, tuple)) else [operations]:
+        run = op.func if isinstance(op, functools.partial) else op
+        if run is None or isinstance(run, types.BuiltinFunctionType) or _from_mindspore(run):
+            continue
+        name = f"map operation {getattr(run, '__qualname__', None) or type(run).__name__}"
+        if isinstance(run, types.MethodType):
+            holders.append((name, run.__self__))
+        holders.append((name, run))
+    return holders
+
+
+def _from_mindspore(op: Any) -> bool:
+    module = op.__module__ if isinstance(op, (types.FunctionType, types.MethodType)) else type(op).__module__
+    return (module or "").split(".")[0] == "mindspore"
 
 
 def _column_names(column_names: Any, kwargs: dict) -> tuple | None:
@@ -408,11 +423,12 @@ def _build_dataset(eng: Any, source: Any, column_names: Any, generator_args: tup
                                     defer_row_errors=_explicit is not None,  # patched: MindSpore raises it later
                                     column_dtypes=eng.compat.column_dtypes(generator_kwargs.get("column_types")),
                                     beside=_beside_probe(facts), sampled=eng.compat.sampled_rows(generator_kwargs))
+    copies = _copies([(SOURCE, source)], facts, req.start_method)
     if not share_lists:
-        probe = _with_copies(probe, [(SOURCE, source)], facts, req.start_method)
+        probe = _with_copies(probe, copies)
     p = _plan_source(probe, req, generator_kwargs, config, facts, eng)
     if p.python_multiprocessing and p.workers > 1:
-        _inspect_copy_on_read([(SOURCE, source)], p.workers, facts, req.start_method, share_lists, probe.effects)
+        _inspect_copy_on_read(copies, p.workers, facts, probe.effects, source if share_lists else None)
     lineage = measure.SourceLineage(source, names, probe.stats.indices[:4]) if probe.stats and names else \
         measure.Unavailable(probe.unmeasured or "no column names")
     p, feed = threads.cap_source(p, _guarded(source, p, facts, eng), facts.usable_cpus,  # threads per worker
@@ -919,12 +935,13 @@ def _map(eng: Any, dataset: Any, operations: Any, input_columns: Any, output_col
     probe = measure.probe_operations(lineage, operations, ins, outs, _worker_pages(facts),
                                      defer_row_errors=_explicit is not None, beside=_beside_probe(facts),
                                      fate=eng.compat.failing_row_fate(config))
-    req, holders = _request(asked, config, facts, eng, _explicit), _operation_holders(operations)
-    probe = _with_copies(probe, holders, facts, req.start_method)
+    req = _request(asked, config, facts, eng, _explicit)
+    copies = _copies(_operation_holders(operations), facts, req.start_method)
+    probe = _with_copies(probe, copies)
     p = _plan_operations(probe, req, config, facts, eng, eng.compat.rows_per_epoch(dataset, _rows_known), "map",
                          eng.compat.starts_python_pool(operations))
-    if p.python_multiprocessing and p.workers > 1 and holders:
-        _inspect_copy_on_read(holders, p.workers, facts, req.start_method, False, probe.effects)
+    if p.python_multiprocessing and p.workers > 1:
+        _inspect_copy_on_read(copies, p.workers, facts, probe.effects)
     kwargs = _stage_kwargs(map_kwargs, p, num_parallel_workers, config)
     p, fed = threads.cap_operations(p, operations, facts.usable_cpus, _threads_started(probe))  # per worker
     _apply_globals(p, config, eng, quiet=_explicit is not None)

@@ -13,6 +13,8 @@ containers for ``SharedList``/``SharedDict`` when the caller opted in.
 
 from __future__ import annotations
 
+import dis
+import functools
 import gc
 import itertools
 import logging
@@ -34,7 +36,8 @@ if TYPE_CHECKING:  # imported where a stand-in is made: see _no_objects
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CowFinding", "inspect_source", "findings_in", "copied_per_worker", "log_findings", "share_lists"]
+__all__ = ["CowFinding", "inspect_source", "findings_in", "for_workers", "copied_per_worker", "log_findings",
+           "share_lists"]
 
 PAGE = 4096
 #: Objects larger than this come from malloc, not pymalloc's pools: touching one copies about one page.
@@ -58,6 +61,13 @@ _PLAIN = (str, bytes, bytearray, memoryview, range, int, float, complex, bool, t
 _NOT_WALKED = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
                types.CodeType, types.FrameType, types.GeneratorType)
 _DICT_KEY_TYPES = (str, bytes, int)
+#: Path steps that reach a value through code rather than through the source: a module global a function
+#: names, a variable it closes over. Forked workers read them as they read the source's attributes.
+_CODE_STEPS = ("global", "closure")
+#: The methods through which a worker reads a source: what they name is read in every worker.
+_READING_METHODS = ("__getitem__", "__iter__", "__next__", "__call__")
+#: How deep into nested code (comprehensions, inner functions) the names a function reads are looked for.
+_CODE_DEPTH = 2
 #: Containers whose item table is allocated apart from the object header.
 _TABLED = (list, dict, set, frozenset, deque)
 _GC_HEAD = 16  # bytes CPython puts before every object that the cyclic GC can track
@@ -111,7 +121,7 @@ class CowFinding(Result):
     @property
     def message(self) -> str:
         """The one-line warning: what, how many, how it gets copied, how much, and the fix."""
-        where = f"the {self.holder} itself" if not self.path else f"{self.holder} attribute {self.attribute!r}"
+        where = _where(self.path, self.attribute, self.holder)
         if self.start_method == "fork":
             how = (f"{self.mechanism}: each of {self.workers} worker(s) x {self.ranks} rank(s) copies "
                    "the pages it reads as reference counts are touched")
@@ -161,6 +171,8 @@ def inspect_source(source: Any, workers: int, ranks: int = 1, start_method: str 
     fork = start_method == "fork"
 
     def judge(path: tuple, value: Any, assignable: bool = True) -> CowFinding | None:
+        if not fork and _through_code(path):  # a spawned worker builds its globals anew by importing
+            return None
         return _finding(path, value, workers, ranks, start_method, fork, min_objects, assignable)
 
     if _is_container(source):
@@ -172,9 +184,21 @@ def inspect_source(source: Any, workers: int, ranks: int = 1, start_method: str 
 
 def findings_in(holders: Iterable[tuple], workers: int, ranks: int = 1, start_method: str = "fork") -> list:
     """``inspect_source`` of each ``(name, object)`` holder (a source, a DataLoader's dataset, a map's
-    operation), each finding named by its holder."""
-    return [replace(f, holder=name) for name, held in holders
-            for f in inspect_source(held, workers=workers, ranks=ranks, start_method=start_method)]
+    operation), each finding named by its holder; a container two holders reach (a module global two map
+    operations read) is said and counted once."""
+    findings, met = [], set()
+    for name, held in holders:
+        for finding in inspect_source(held, workers=workers, ranks=ranks, start_method=start_method):
+            if finding.container_id not in met:
+                met.add(finding.container_id)
+                findings.append(replace(finding, holder=name))
+    return findings
+
+
+def for_workers(findings: Iterable[CowFinding], workers: int) -> list:
+    """The same findings for ``workers`` worker processes: a pipeline walks its holders once, before its plan
+    picks the workers."""
+    return [replace(f, workers=workers, total_bytes=f.bytes_per_worker * workers * f.ranks) for f in findings]
 
 
 def copied_per_worker(source: Any, ranks: int = 1, start_method: str = "fork") -> int:
@@ -191,6 +215,7 @@ def _walk_attributes(source: Any, judge: Callable[..., CowFinding | None]) -> li
     """
     seen: dict[int, list] = {id(source): [()]}  # id -> every path the object was met at, first one judged
     findings = _walk(source, (), 1, seen, judge, True)
+    findings += _walk_steps(_reading_methods_reads(source), (), 1, seen, judge, False)
     return [replace(f, aliases=tuple(seen[f.container_id][1:])) if len(seen.get(f.container_id, ())) > 1 else f
             for f in findings]
 
@@ -198,8 +223,13 @@ def _walk_attributes(source: Any, judge: Callable[..., CowFinding | None]) -> li
 def _walk(value: Any, path: tuple, depth: int, seen: dict, judge: Callable[..., CowFinding | None],
           assignable: bool) -> list:
     """Findings among the children of ``value`` (met at ``path``, ``depth`` levels below the source)."""
+    return _walk_steps(_children(value), path, depth, seen, judge, assignable)
+
+
+def _walk_steps(steps: Iterable[tuple[Step, Any]], path: tuple, depth: int, seen: dict,
+                judge: Callable[..., CowFinding | None], assignable: bool) -> list:
     findings: list = []
-    for step, child in _children(value):
+    for step, child in steps:
         if isinstance(child, _no_objects()):
             continue
         child_path = (*path, step)
@@ -330,6 +360,10 @@ def _swappable(finding: CowFinding) -> bool:
     if not finding.path:
         log.info("ms_shm: the source itself is a %s; wrap it yourself: %s", finding.kind, finding.fix)
         return False
+    if _through_code(finding.path):
+        log.info("ms_shm: left %s as is: the source's code reads it, but it is not the source's to replace; by "
+                 "hand: %s", finding.attribute, finding.fix)
+        return False
     if not finding.swappable:
         log.info("ms_shm: left %s (%s) as is: no read-only shared stand-in fits; by hand: %s",
                  finding.attribute, finding.kind, finding.fix)
@@ -456,6 +490,9 @@ def _safe_len(value: Any) -> int:
 def _children(value: Any) -> Iterator[tuple[Step, Any]]:
     """The (step, child) pairs one level below ``value``; never raises."""
     try:
+        if isinstance(value, (types.FunctionType, types.MethodType)):
+            yield from _code_reads(value)
+            return
         if isinstance(value, np.ndarray) or isinstance(value, _no_objects() + _NOT_WALKED):
             return
         if isinstance(value, dict):
@@ -500,6 +537,79 @@ def _attributes(obj: Any) -> Iterator[tuple[Step, Any]]:
             log.debug("ms_shm.cow: attribute %s of a %s skipped: %s", name, type(obj).__name__, exc)
 
 
+def _reading_methods_reads(source: Any) -> Iterator[tuple[Step, Any]]:
+    """What the methods a worker calls on the source (``__getitem__`` and the like, defined in Python) read
+    through code: ``return load(PATHS[i])`` reads a module-level ``PATHS`` in every worker."""
+    if isinstance(source, (types.FunctionType, types.MethodType)):
+        return  # its own reads are its children
+    for name in _READING_METHODS:
+        method = getattr(type(source), name, None)
+        if isinstance(method, types.FunctionType):
+            yield from _code_reads(method)
+
+
+def _code_reads(func: Any) -> Iterator[tuple[Step, Any]]:
+    """The module globals ``func`` (or a function nested in it) loads and the variables it closes over; never
+    raises. Modules, classes and functions among them are yielded too: the walk skips the first two and looks
+    one level into the third."""
+    func = getattr(func, "__func__", func)
+    try:
+        code, namespace = func.__code__, func.__globals__
+        for name, cell in zip(code.co_freevars, func.__closure__ or ()):
+            try:
+                yield ("closure", name), cell.cell_contents
+            except ValueError:  # a cell not filled yet
+                continue
+        if not any(_worth_walking(namespace.get(name, None)) for name in _names(code, _CODE_DEPTH)):
+            return  # only modules and classes (np, Image): no need to tell global loads from attribute names
+        for name in _globals_loaded(code):
+            if name in namespace:
+                yield ("global", name), namespace[name]
+    except Exception as exc:
+        log.debug("ms_shm.cow: cannot read the names %r uses: %s", func, exc)
+
+
+def _worth_walking(value: Any) -> bool:
+    return value is not None and not isinstance(value, (types.ModuleType, type, types.BuiltinFunctionType))
+
+
+def _names(code: types.CodeType, depth: int) -> Iterator[str]:
+    """Every name ``code`` and the code nested in it use: globals, and attribute names too."""
+    yield from code.co_names
+    if depth > 1:
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                yield from _names(const, depth - 1)
+
+
+@functools.lru_cache(maxsize=256)
+def _globals_loaded(code: types.CodeType, depth: int = _CODE_DEPTH) -> tuple:
+    """The global names ``code`` (and the code nested in it) loads, once each."""
+    loaded = [instruction.argval for instruction in dis.get_instructions(code)
+              if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME") and isinstance(instruction.argval, str)]
+    if depth > 1:
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                loaded.extend(_globals_loaded(const, depth - 1))
+    return tuple(dict.fromkeys(loaded))
+
+
+def _through_code(path: tuple) -> bool:
+    return any(kind in _CODE_STEPS for kind, _ in path)
+
+
+def _where(path: tuple, attribute: str, holder: str) -> str:
+    """What holds a container, as a warning names it: the holder, an attribute of it, or what its code reads."""
+    if not path:
+        return f"the {holder} itself"
+    last_code = next((kind for kind, _ in reversed(path) if kind in _CODE_STEPS), None)
+    if last_code == "global":
+        return f"module global {attribute!r} read by the {holder}"
+    if last_code == "closure":
+        return f"variable {attribute!r} closed over by the {holder}"
+    return f"{holder} attribute {attribute!r}"
+
+
 def _raw_attribute(obj: Any, name: str) -> Any:
     try:
         return vars(obj)[name]
@@ -512,7 +622,9 @@ def _format_path(path: tuple) -> str:
         return "<source>"
     text = ""
     for kind, key in path:
-        if kind == "attr":
+        if kind in _CODE_STEPS:  # a name of its own, wherever it was reached from
+            text = key
+        elif kind == "attr":
             text += f".{key}" if text else key
         elif kind == "key":
             text += f"[{key!r}]"
@@ -659,7 +771,7 @@ def _fix(path: tuple, value: Any, assignable: bool, shared_memory: bool = False)
 
 
 def _plain_fix(path: tuple, value: Any, assignable: bool) -> tuple[str, bool]:
-    target = "source" if not path else "self." + _format_path(path)
+    target = "source" if not path else _format_path(path) if _through_code(path) else "self." + _format_path(path)
     swappable = bool(path) and assignable
     if type(value) is list:
         return f"{target} = ms_shm.SharedList({target})", swappable

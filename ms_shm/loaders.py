@@ -15,6 +15,7 @@ import inspect
 import logging
 import multiprocessing
 import sys
+import types
 import weakref
 from dataclasses import replace
 from typing import Any
@@ -247,16 +248,17 @@ def prepare(eng: Any, cls: Any, dataset: Any, args: tuple, kwargs: dict, prefere
         if refused:
             return _warned(eng, asked, {k: v for k, v in asked.items() if k not in _WORKER_ONLY}), None
         return _warned(eng, asked, _unplanned_fds(eng, req, asked)), None
-    stats = _with_copies(stats, dataset, facts, req.start_method)
+    copies = _copies(dataset, asked, facts, req.start_method)
+    stats = replace(stats, copied_bytes=sum(f.bytes_per_worker for f in copies)) if copies else stats
     try:
         try:
             p = _plan(eng, stats, req, b, preferences, lambda: _probe(eng, dataset, asked, b, timed=True))
         except ShmBudgetError as error:
             p = _through_pipes(eng, stats, req, b, asked, preferences, error)
     except ShmBudgetError:
-        _say_copies(dataset, req.workers or 0, facts, req.start_method, effects, stats)  # part of why
+        _say_copies(copies, req.workers or 0, facts, effects)  # part of why
         raise
-    _say_copies(dataset, p.workers, facts, req.start_method, effects, stats)
+    _say_copies(copies, p.workers, facts, effects)
     if refused is not None:
         p = replace(p, decisions=(refused,) + p.decisions)
     _apply(eng, p.decisions)
@@ -284,25 +286,25 @@ def _unplanned_fds(eng: Any, req: LoaderRequest, asked: dict) -> dict:
     return _strategy_in_workers(eng, asked, asked, workers)
 
 
-def _with_copies(stats: Any, dataset: Any, facts: Any, start_method: str) -> Any:
-    """The probe batch with what each worker process comes to copy of the dataset's big lists and dicts
-    (copy-on-read) over an epoch: the probe's few samples touch few of their pages. An audit: a dataset of 500k
-    token lists and ``num_workers=8``, planned at ~100 MiB of workers' memory, was OOM-killed in 1560 MB as raw
-    was in 1500 MB, and nothing named the lists."""
+def _copies(dataset: Any, asked: dict, facts: Any, start_method: str) -> list:
+    """What each worker process comes to copy over an epoch of the big lists and dicts the dataset holds or
+    its code and the ``collate_fn`` read (copy-on-read; the probe's few samples touch few of their pages). An
+    audit: a dataset of 500k token lists and ``num_workers=8``, planned at ~100 MiB of workers' memory, was
+    OOM-killed in 1560 MB as raw was in 1500 MB, and nothing named the lists."""
     from ms_shm import cow
 
-    copied = cow.copied_per_worker(dataset, facts.ranks.local_size, start_method)
-    return replace(stats, copied_bytes=copied) if copied else stats
+    collate = asked.get("collate_fn")
+    holders = [("source", dataset)] + ([("collate_fn", collate)] if isinstance(collate, types.FunctionType) else [])
+    return cow.findings_in(holders, 1, facts.ranks.local_size, start_method)
 
 
-def _say_copies(dataset: Any, workers: int, facts: Any, start_method: str, effects: Any, stats: Any) -> None:
+def _say_copies(copies: list, workers: int, facts: Any, effects: Any) -> None:
     """Each big container the ``workers`` will copy, as ``build_dataset`` says it (local rank 0 only)."""
-    if not workers or not stats.copied_bytes or facts.ranks.local_rank != 0:
+    if not workers or not copies or facts.ranks.local_rank != 0:
         return
     from ms_shm import cow
 
-    cow.log_findings(cow.findings_in([("source", dataset)], workers, facts.ranks.local_size, start_method), effects,
-                     offer_share_lists=False)
+    cow.log_findings(cow.for_workers(copies, workers), effects, offer_share_lists=False)
 
 
 def _through_pipes(eng: Any, stats: Any, req: LoaderRequest, b: Any, asked: dict, preferences: bool,

@@ -469,6 +469,35 @@ def test_a_map_operations_lookup_table_is_named_and_counted_as_each_map_workers_
     assert "ms_shm.SharedDict(self.table)" in said[0] and "share_lists" not in said[0], said[0]
 
 
+def test_a_module_global_a_map_function_reads_is_named_and_counted_as_each_map_workers_copy(real_mindspore):
+    """A map function reading a module-level 200,000-entry dict in 2 map worker processes: the warning names the
+    global and ``SharedDict`` at module level, and the rows are raw MindSpore's."""
+    proc = isolated.run_python("""
+        import numpy as np
+        import mindspore.dataset as ds
+        import ms_shm
+
+        TABLE = {i: [i, i + 1] for i in range(200000)}
+
+        def lookup(x):
+            return np.array(TABLE[int(x[0])], np.int64)
+
+        rows = [(np.array([i], np.int64),) for i in range(32)]
+        def pipeline(build, map_):
+            source = build(rows, ["x"], shuffle=False)
+            return map_(source, lookup, ["x"], num_parallel_workers=2, python_multiprocessing=True)
+        ours = pipeline(ms_shm.build_dataset, lambda d, op, cols, **kw: ms_shm.map(d, op, input_columns=cols, **kw))
+        raw = pipeline(ds.GeneratorDataset, lambda d, op, cols, **kw: d.map(op, input_columns=cols, **kw))
+        got = [r[0].tolist() for r in ours.create_tuple_iterator(output_numpy=True, num_epochs=1)]
+        assert got == [r[0].tolist() for r in raw.create_tuple_iterator(output_numpy=True, num_epochs=1)]
+        print("MODE", ms_shm.plan_of(ours).mode, flush=True)
+    """, shm="1g")
+    assert proc.returncode == 0 and "MODE processes" in proc.stdout, isolated.describe(proc)
+    said = [line for line in proc.stderr.splitlines() if "copy-on-read" in line]
+    assert len(said) == 1 and "module global 'TABLE' read by the map operation lookup" in said[0], proc.stderr[-2000:]
+    assert "TABLE = ms_shm.SharedDict(TABLE)" in said[0] and "share_lists" not in said[0], said[0]
+
+
 def test_an_earlier_iterator_kept_alive_is_named_when_the_next_one_finds_no_room(real_mindspore):
     """An audit's script kept ``it`` after its two epochs and made a dict iterator: the first iterator's workers
     still held their slots, and the second's guard said "something else filled it". It now names the earlier

@@ -567,16 +567,90 @@ def test_inspecting_a_source_leaves_shared_list_unimported():
     assert done.stdout.strip() == "[]"
 
 
-def test_a_maps_holders_are_its_operations_objects_not_functions_nor_mindspores_own():
-    """A map's operations are walked as the source is (copy-on-read in each map worker), but only objects of the
-    program's: a function holds nothing the walk reads, and MindSpore's own transforms hold no program data."""
+def test_a_maps_holders_are_its_operations_of_the_programs_own_not_mindspores():
+    """A map's operations are walked as the source is (copy-on-read in each map worker), but only the program's:
+    an object, a function (for the globals it reads), a bound method's object and function, a partial's
+    function; MindSpore's own transforms and builtins hold no program data."""
+    import functools
+
     from ms_shm.api import _operation_holders
 
     class Lookup:
         def __call__(self, x):
             return x
 
+        def find(self, x):
+            return x
+
+    def decode(x):
+        return x
+
     own = Lookup()
     native = type("Decode", (), {"__module__": "mindspore.dataset.vision.transforms", "__call__": lambda s, x: x})()
-    assert _operation_holders([own, len, lambda x: x, None, native]) == [("map operation Lookup", own)]
+    assert _operation_holders([own, len, None, native]) == [("map operation Lookup", own)]
     assert _operation_holders(own) == [("map operation Lookup", own)]
+    assert _operation_holders(functools.partial(decode, 1)) == [(f"map operation {decode.__qualname__}", decode)]
+    method = own.find
+    assert _operation_holders(method) == [(f"map operation {method.__qualname__}", own),
+                                          (f"map operation {method.__qualname__}", method)]
+
+
+def _module(source: str, **globals_) -> dict:
+    """A module's namespace: ``source`` run with ``globals_`` as its globals (what a user's module holds)."""
+    namespace = dict(globals_)
+    exec(compile(source, "<user module>", "exec"), namespace)
+    return namespace
+
+
+def test_a_module_global_the_sources_getitem_reads_is_flagged_with_a_fix_at_module_level():
+    """``return load(PATHS[i])`` reads a module-level list in every forked worker as an attribute is read."""
+    module = _module("class Source:\n    def __getitem__(self, i):\n        return PATHS[i]\n"
+                     "    def __len__(self):\n        return len(SIZES)\n", PATHS=names(30_000), SIZES=names(30_000))
+    finding = only(inspect_source(module["Source"](), workers=2))
+    assert (finding.attribute, finding.fix, finding.swappable) == ("PATHS", "PATHS = ms_shm.SharedList(PATHS)", False)
+    assert "module global 'PATHS' read by the source" in finding.message
+    assert inspect_source(module["Source"](), workers=2, start_method="spawn") == ()  # rebuilt by each import
+
+
+def test_what_a_map_function_reads_through_helpers_comprehensions_and_closures_is_flagged():
+    from ms_shm.cow import findings_in
+
+    module = _module(
+        "def label(x):\n    return LABELS[x]\n"
+        "def op(x):\n    return [label(x)] + [w for w in WORDS if w]\n"
+        "def make():\n    table = {i: str(i) for i in range(30000)}\n"
+        "    def closed(x):\n        return table[x]\n    return closed\n",
+        LABELS={i: [i] for i in range(30_000)}, WORDS=names(30_000))
+    found = findings_in([("map operation op", module["op"]), ("map operation closed", module["make"]())], workers=2)
+    assert sorted((f.attribute, f.holder) for f in found) == [
+        ("LABELS", "map operation op"), ("WORDS", "map operation op"), ("table", "map operation closed")]
+    closed = next(f for f in found if f.attribute == "table")
+    assert "variable 'table' closed over by the map operation closed" in closed.message
+    assert closed.fix == "table = ms_shm.SharedDict(table)"
+
+
+def test_a_container_two_holders_read_is_said_and_counted_once():
+    from ms_shm.cow import findings_in, for_workers
+
+    module = _module("def a(x):\n    return WORDS[x]\ndef b(x):\n    return WORDS[-x]\n", WORDS=names(30_000))
+    found = findings_in([("map operation a", module["a"]), ("map operation b", module["b"])], workers=1)
+    assert [f.holder for f in found] == ["map operation a"]
+    four = only(for_workers(found, 4))
+    assert (four.workers, four.total_bytes) == (4, 4 * found[0].bytes_per_worker)
+
+
+def test_names_read_as_attributes_modules_and_classes_are_not_globals_read():
+    """``self.table`` names ``table`` in the code too; only a global load counts. Modules and classes are not
+    walked."""
+    module = _module("import collections\nclass Source:\n    def __getitem__(self, i):\n"
+                     "        return self.table[i], collections.OrderedDict, Source\n", table=names(30_000))
+    assert inspect_source(module["Source"](), workers=2) == ()
+
+
+def test_share_lists_leaves_a_module_global_and_says_the_fix(caplog):
+    module = _module("class Source:\n    def __getitem__(self, i):\n        return PATHS[i]\n", PATHS=names(30_000))
+    source, before = module["Source"](), module["PATHS"]
+    with caplog.at_level(logging.INFO, logger="ms_shm"):
+        assert share_lists(source, inspect_source(source, workers=2)) == ()
+    assert module["PATHS"] is before
+    assert "PATHS = ms_shm.SharedList(PATHS)" in caplog.text

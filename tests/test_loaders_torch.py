@@ -706,6 +706,35 @@ def test_a_datasets_big_list_is_counted_in_each_workers_memory_and_named(fresh_t
                                                                 for k in (0, 4)]
 
 
+VOCAB = {f"token{i}": i for i in range(30_000)}  # a module-level table a collate_fn reads in every worker
+
+
+class GlobalTokens(Dataset if Dataset is not None else object):
+    """Samples read from a module-level list: a forked worker copies its pages as it copies an attribute's."""
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return GLOBAL_EXAMPLES[i]
+
+
+GLOBAL_EXAMPLES = [f"token{i}" for i in range(30_000)]
+
+
+def collate_ids(batch):
+    return torch.tensor([VOCAB[t] for t in batch])
+
+
+def test_module_globals_a_dataset_and_its_collate_fn_read_are_counted_and_named(fresh_torch, caplog):
+    with caplog.at_level(logging.WARNING, logger="ms_shm"):
+        loader = ms_shm.build_dataloader(GlobalTokens(), batch_size=4, num_workers=2, collate_fn=collate_ids)
+    text = caplog.text
+    assert "module global 'GLOBAL_EXAMPLES' read by the source" in text, text
+    assert "module global 'VOCAB' read by the collate_fn" in text and "VOCAB = ms_shm.SharedDict(VOCAB)" in text, text
+    assert [b.tolist() for b in itertools.islice(loader, 2)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
 def probe_reads() -> int:
     from ms_shm.engines.torchstyle import probe
 

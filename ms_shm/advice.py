@@ -566,6 +566,23 @@ def _sysv_findings(facts: Any, t: Typical) -> list:
     return out
 
 
+def leftover_findings(leftovers: Any) -> list:
+    """Files in ``/dev/shm`` that dead processes left (``leftovers``: ``cleanup.clean``'s dry run): a killed
+    torch ``file_system`` loader's ``torch_*`` files, MindSpore 2.0-2.3's slots, stray semaphores. Each holds
+    memory the host (or the container's limit) is charged for until removed, and the size findings only see
+    the space they take."""
+    files = [item for item in getattr(leftovers, "leftovers", ()) if item.kind == "dev-shm"]
+    if not files:
+        return []
+    names = ", ".join(item.name.rsplit("/", 1)[-1] for item in files[:3]) + (", ..." if len(files) > 3 else "")
+    return [Advice(
+        f"{len(files)} file(s) in /dev/shm left by dead processes, holding {mib(sum(i.size_bytes for i in files))} "
+        f"({names}): tmpfs pages stay charged to this host's (or container's) memory and take /dev/shm space "
+        "until removed", "info",
+        "remove them with `ms-shm clean --yes` (it never removes a file a live process has open or mapped)",
+        (("shell", "ms-shm clean --dry-run\nms-shm clean --yes"),), "dev-shm-leftovers")]
+
+
 def _unknown_findings(facts: Any, mindspore: bool = True) -> list:
     """A finding per reading that failed; MindSpore's version only where MindSpore is in use."""
     out = []
@@ -752,10 +769,12 @@ class Checkup(Result):
 
 
 def checkup(facts: Any, ms_config: Any = None, config_note: str | None = None, *, workers: int | None = None,
-            row_bytes: int | None = None) -> Checkup:
-    """Everything ``ms-shm doctor`` reports, from facts already read (arguments as ``diagnose``)."""
+            row_bytes: int | None = None, leftovers: Any = None) -> Checkup:
+    """Everything ``ms-shm doctor`` reports, from facts already read (arguments as ``diagnose``; ``leftovers``:
+    a dry run of ``cleanup.clean``, or ``None`` where not read)."""
     t = Typical.of(facts, ms_config, workers, row_bytes)
-    findings = diagnose(facts, ms_config, workers=workers, row_bytes=row_bytes)
+    findings = tuple(sorted(diagnose(facts, ms_config, workers=workers, row_bytes=row_bytes)
+                            + tuple(leftover_findings(leftovers)), key=lambda a: a.rank))
     recommended = Recommendation(t.need, human_size(t.need) if t.need else None, t.reason)
     return Checkup(facts, ms_config, config_note, t, recommended, findings,
                    not any(f.severity == "crash" for f in findings))

@@ -456,3 +456,21 @@ def test_writable_or_unknown_mount_flag_is_no_read_only_finding(readonly):
     unread = facts(shm_total=None, shm_free=None, shm_readonly=None,
                    notes=("statvfs(/dev/shm): PermissionError: denied",))
     assert codes(advice.diagnose(unread)) == ["shm-unknown"]
+
+
+# ------------------------------------------------------------------------------------------- leftovers
+
+
+def test_files_dead_processes_left_in_dev_shm_are_one_finding_with_clean_as_the_fix():
+    from ms_shm.cleanup import CleanReport, Leftover
+
+    report = CleanReport(tuple(Leftover("dev-shm", f"/dev/shm/torch_4194400_{i}_0", 8 * MiB, 4194400, "dead")
+                               for i in range(5)) + (Leftover("ipc-file", "/tmp/dataset_ipc_1_2_0", 0, 1, "dead"),))
+    checkup = advice.checkup(facts(), None, None, leftovers=report)
+    (finding,) = [f for f in checkup.findings if f.code == "dev-shm-leftovers"]
+    assert finding.severity == "info" and "ms-shm clean --yes" in finding.fix
+    assert finding.problem.startswith("5 file(s) in /dev/shm left by dead processes, holding 40.0 MiB")
+    assert "torch_4194400_0_0, torch_4194400_1_0, torch_4194400_2_0, ..." in finding.problem
+    assert [f.rank for f in checkup.findings] == sorted(f.rank for f in checkup.findings)
+    assert not [f for f in advice.checkup(facts(), None, None, leftovers=None).findings
+                if f.code == "dev-shm-leftovers"]

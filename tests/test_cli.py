@@ -114,6 +114,20 @@ def test_doctor_under_docker_default_64m(private_shm):
 
 
 @pytest.mark.privileged
+def test_doctor_counts_the_files_a_dead_process_left_in_dev_shm(private_shm):
+    """A killed ``file_system`` torch loader leaves ``torch_<pid>_*`` files; the doctor names them and ``ms-shm
+    clean``, which before only the clean itself listed."""
+    dead = 4_194_400  # above PID_MAX_LIMIT: never alive
+    make = f"head -c 4194304 /dev/zero > /dev/shm/torch_{dead}_77_0 && head -c 4096 /dev/zero > /dev/shm/torch_{dead}_77_1"
+    command = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "ms_shm", "doctor", "--json"])
+    r = private_shm.run_shell(f"{make} && exec {command}", shm="64m", timeout=120, env={"GLOG_v": "3"})
+    assert r.returncode == 0, isolated.describe(r)
+    (finding,) = [f for f in json.loads(r.stdout)["findings"] if f["code"] == "dev-shm-leftovers"]
+    assert finding["problem"].startswith("2 file(s) in /dev/shm left by dead processes, holding 4.0 MiB")
+    assert f"torch_{dead}_77_0" in finding["problem"] and "ms-shm clean --yes" in finding["fix"]
+
+
+@pytest.mark.privileged
 def test_doctor_under_64m_sizes_an_8_worker_pipeline(private_shm):
     r = run_private(private_shm, "doctor", "--workers", "8")
     assert r.returncode == 0, isolated.describe(r)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import platform
@@ -228,12 +229,25 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     facts = host.probe(ranks=args.ranks)
     config, config_note = _read_config()
     row = None if args.row_mb is None else int(args.row_mb * sizes.MiB)
-    report = advice_mod.checkup(facts, config, config_note, workers=args.workers, row_bytes=row)
+    report = advice_mod.checkup(facts, config, config_note, workers=args.workers, row_bytes=row,
+                                leftovers=_leftovers())
     if args.json:
         _print_json(report)
     else:
         print("\n".join(doctor_lines(report, args.strict)))
     return EXIT_CRASH if args.strict and not report.ok else EXIT_OK
+
+
+def _leftovers() -> Any:
+    """What dead processes left, as ``ms-shm clean --dry-run`` finds it; ``None`` where that fails (the doctor
+    reports the rest)."""
+    try:
+        from ms_shm import cleanup
+
+        return cleanup.clean(dry_run=True)
+    except Exception as exc:  # a probe that fails must not take the doctor's other findings with it
+        logging.getLogger("ms_shm").debug("ms-shm doctor: leftovers not read: %s: %s", type(exc).__name__, exc)
+        return None
 
 
 # ------------------------------------------------------------------------------------------- plan

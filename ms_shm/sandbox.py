@@ -19,6 +19,7 @@ on which process or thread reads them must keep MindSpore's own mode.
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import functools
 import io
 import logging
@@ -351,6 +352,7 @@ def _child(probe: Callable[[], Any], fd: int, worker_pages: bool) -> None:  # pr
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+        faulthandler.disable()  # a crash of the reads is the parent's to say (pytest's handler writes to a dup of stderr)
         _one_torch_thread()
         _keep_mindspore_iterators()
         threads_at_start = procfs.thread_count()
@@ -457,9 +459,21 @@ def _collect(pid: int, fd: int, timeout: float) -> tuple:
     except ChildProcessError:  # collected already: a SIGCHLD handler that reaps every child (MindSpore's may)
         return Outcome(unavailable="the probe process died before reporting (its exit status was collected "
                                    "by another handler)"), True
-    how = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit status {os.WEXITSTATUS(status)}"
+    how = _signal_text(os.WTERMSIG(status)) if os.WIFSIGNALED(status) else f"exit status {os.WEXITSTATUS(status)}"
     killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
     return Outcome(unavailable=f"the probe process died ({how}) before reporting{_oom_hint() if killed else ''}"), True
+
+
+def _signal_text(number: int) -> str:
+    """``"signal 11, SIGSEGV: a crash in native code the reads ran"``: the number alone sent an audit to ms_shm's
+    code for a dataset's own segmentation fault, which its loader's workers then met too."""
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+    crash = name in ("SIGSEGV", "SIGBUS", "SIGABRT", "SIGFPE", "SIGILL")
+    return f"signal {number}, {name}" + (": a crash in native code the reads ran, which the pipeline's own "
+                                         "reads will meet too" if crash else "")
 
 
 def _oom_hint() -> str:

@@ -498,13 +498,27 @@ def test_pure_reads_of_a_deep_object_show_no_state():
     assert not effects.mutates_state and not effects.state_per_read, effects
 
 
+def test_a_probes_native_crash_is_named_and_leaves_no_stack_dump_of_the_probe():
+    """A dataset whose read segfaults: the probe child's death names SIGSEGV, and faulthandler (pytest's, on a
+    dup of stderr) prints no "Fatal Python error" through ms_shm's frames: an audit took that for ms_shm's crash."""
+    code = ("import ctypes, faulthandler, os, sys\n"
+            "faulthandler.enable(os.fdopen(os.dup(2), 'w'))\n"
+            "from ms_shm import sandbox\n"
+            "print(sandbox.run_in_fork(lambda: ctypes.string_at(0)).unavailable)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=str(isolated.REPO)))
+    assert done.returncode == 0, done.stderr
+    assert "signal 11, SIGSEGV: a crash in native code" in done.stdout, done.stdout
+    assert "Fatal Python error" not in done.stderr, done.stderr
+
+
 def test_a_probe_killed_under_a_memory_limit_names_the_oom_killer(monkeypatch):
     """A few rows read in a 230 MB container: the probe child was SIGKILLed and the log said only 'died'."""
     import signal
 
     monkeypatch.setattr(sandbox.host, "read_memory", lambda *a: (230 << 20, 229 << 20))
     out = sandbox.run_in_fork(lambda: os.kill(os.getpid(), signal.SIGKILL))
-    assert "(signal 9)" in out.unavailable and "OOM killer" in out.unavailable and "230.0 MiB" in out.unavailable
+    assert "(signal 9, SIGKILL)" in out.unavailable and "OOM killer" in out.unavailable and "230.0 MiB" in out.unavailable
     monkeypatch.setattr(sandbox.host, "read_memory", lambda *a: (None, 1 << 20))
     assert "OOM" not in sandbox.run_in_fork(lambda: os.kill(os.getpid(), signal.SIGKILL)).unavailable
 

@@ -6,13 +6,15 @@ PY := $(VENV)/bin/python
 MINDSPORE ?= mindspore==2.10.0
 # PyTorch for the torch DataLoader engine's tests (the CPU wheel these machines already hold; others are GBs).
 TORCH ?= torch==2.13.0
+# torchdata's StatefulDataLoader (a DataLoader subclass ms_shm patches too), for its tests; pure Python, needs torch.
+TORCHDATA ?= torchdata==0.11.0
 
 .PHONY: install demo test test-main test-matrix lint bench doctor clean
 
 $(VENV)/.installed: setup.cfg setup.py pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]' '$(MINDSPORE)' '$(TORCH)'
+	$(PY) -m pip install -q -e '.[test]' '$(MINDSPORE)' '$(TORCH)' '$(TORCHDATA)'
 	touch $@
 
 install: $(VENV)/.installed

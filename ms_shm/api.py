@@ -262,7 +262,8 @@ def _operation_holders(operations: Any) -> list:
         run = op.func if isinstance(op, functools.partial) else op
         if run is None or isinstance(run, types.BuiltinFunctionType) or _from_mindspore(run):
             continue
-        name = f"map operation {getattr(run, '__qualname__', None) or type(run).__name__}"
+        code = isinstance(run, (types.FunctionType, types.MethodType))  # an object's own __getattr__ is not asked
+        name = f"map operation {run.__qualname__ if code else type(run).__name__}"
         if isinstance(run, types.MethodType):
             holders.append((name, run.__self__))
         holders.append((name, run))

@@ -86,9 +86,11 @@ def _seeds_once(eng: Any, asked: dict) -> bool:
                 and type(workers) is int and workers > 0)
 
 
-def _asked_lock(eng: Any, dataset: Any, asked: dict) -> str | None:
+def _asked_lock(eng: Any, dataset: Any, asked: dict, cls: Any = None) -> str | None:
     """Why ``num_workers`` must stay as asked, from the call and the code alone (before any probe): what
     arrives would change with workers, or the framework's own check of an argument must see its default."""
+    if _checkpointed(cls):
+        return CHECKPOINTED.format(name=cls.__name__)
     if eng.compat.is_iterable(dataset):
         return "an iterable dataset (each worker iterates its own copy)"
     if asked.get("worker_init_fn") is not None:
@@ -111,6 +113,17 @@ def _asked_lock(eng: Any, dataset: Any, asked: dict) -> str | None:
     if not asked.get("in_order", True):
         return "in_order=False (workers would deliver batches in the order they finish)"
     return None
+
+
+CHECKPOINTED = ("a {name} (its state_dict holds each worker's state: a checkpoint saved with one number of workers "
+                "fails to load into a loader with another, as accelerate's resume did when 2 workers became 0)")
+
+
+def _checkpointed(cls: Any) -> bool:
+    """A loader whose position is saved and restored (torchdata's ``StatefulDataLoader``, accelerate's stateful
+    loaders): torch's own DataLoader has no ``state_dict``."""
+    return cls is not None and callable(getattr(cls, "state_dict", None)) and \
+        callable(getattr(cls, "load_state_dict", None))
 
 
 DRAWS_AHEAD = ("a random generator is passed (to the loader or its sampler): the sampler draws from it as far ahead "
@@ -223,7 +236,7 @@ def prepare(eng: Any, cls: Any, dataset: Any, args: tuple, kwargs: dict, prefere
         asked["collate_fn"] = asked["collate_fn"].collate
     facts = SESSION.host_facts()
     b = SESSION.budget(facts, apart=KIND)
-    asked_lock, problem = _asked_lock(eng, dataset, asked), eng.compat.numpy_problem()
+    asked_lock, problem = _asked_lock(eng, dataset, asked, cls), eng.compat.numpy_problem()
     if preferences and asked.get("num_workers") is None:
         asked_lock = asked_lock or _UNCHANGED_CODE
     kept = asked_lock or problem

@@ -195,8 +195,12 @@ def _make_batch(real_batch: Any) -> Any:
     return batch
 
 
-# PyTorch-style DataLoaders, by the module that defines the class: patched when that module is (or gets) imported
-_LOADERS = {"torch.utils.data.dataloader": "torch", "mindspore.dataset.dataloader.dataloader": "mindspore-dataloader"}
+# PyTorch-style DataLoaders, by the module that defines the class: (class, engine), patched when that module is (or
+# gets) imported. torchdata's StatefulDataLoader derives from torch's but never calls its ``__init__`` (an audit: it
+# went unplanned, and died under 64 MB as raw).
+_LOADERS = {"torch.utils.data.dataloader": ("DataLoader", "torch"),
+            "mindspore.dataset.dataloader.dataloader": ("DataLoader", "mindspore-dataloader"),
+            "torchdata.stateful_dataloader.stateful_dataloader": ("StatefulDataLoader", "torch")}
 
 
 def _make_loader_init(cls: type, real_init: Any, engine: str) -> Any:
@@ -231,13 +235,13 @@ def _make_loader_init(cls: type, real_init: Any, engine: str) -> Any:
 
 def _patch_loader(module_name: str) -> None:
     """Patch the DataLoader class of an imported ``module_name`` (once; recorded for ``unpatch``)."""
-    module = sys.modules.get(module_name)
-    cls = getattr(module, "DataLoader", None)
+    class_name, engine = _LOADERS[module_name]
+    cls = getattr(sys.modules.get(module_name), class_name, None)
     if cls is None or (cls, "__init__") in _STATE.get("saved", {}):
         return
     real = vars(cls)["__init__"]
     _STATE["saved"][(cls, "__init__")] = real
-    cls.__init__ = _make_loader_init(cls, real, _LOADERS[module_name])
+    cls.__init__ = _make_loader_init(cls, real, engine)
 
 
 _MINDSPORE_DATASET = "mindspore.dataset"  # defines GeneratorDataset and Dataset (map, batch) once imported

@@ -1305,3 +1305,54 @@ def test_an_iterable_dataset_read_off_a_socket_delivers_every_sample(fresh_torch
     got = [int(v) for batch in loader for v in batch[:, 0]]
     assert got == list(range(20))
     assert "socket.socket, open" in caplog.text and "built as asked" in caplog.text
+
+
+# torchdata's StatefulDataLoader (a DataLoader subclass that never calls DataLoader.__init__): shuffled batches of
+# 4 x 8 MiB, 2 workers; three batches, a checkpoint, then the rest from a new loader resumed from it.
+STATEFUL = """
+import hashlib, json, sys
+import torch
+if {patched}:
+    import ms_shm
+    ms_shm.patch()
+from torch.utils.data import Dataset
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+class Big(Dataset):
+    def __len__(self):
+        return 24
+
+    def __getitem__(self, i):
+        return torch.full((2 * 1024 * 1024,), float(i))
+
+def make():
+    return StatefulDataLoader(Big(), batch_size=4, shuffle=True, num_workers=2)
+
+torch.manual_seed(0)
+digest, seen = hashlib.sha256(), []
+first = make()
+it = iter(first)
+for _ in range(3):
+    batch = next(it)
+    digest.update(batch.numpy().tobytes()); seen.append(batch[:, 0].tolist())
+state = first.state_dict()
+del it, first
+resumed = make()
+resumed.load_state_dict(state)
+for batch in resumed:
+    digest.update(batch.numpy().tobytes()); seen.append(batch[:, 0].tolist())
+plan = ms_shm.plan_of(resumed) if {patched} else None
+print("RESULT", json.dumps({{"digest": digest.hexdigest(), "seen": seen,
+                             "workers": plan.workers if plan else None, "next": torch.rand(1).item()}}))
+"""
+
+
+def test_a_stateful_dataloader_is_planned_and_its_checkpoint_resumes_with_the_workers_it_was_saved_with(real_torch):
+    """torchdata's StatefulDataLoader went unplanned under ``patch()`` (it never calls DataLoader.__init__) and died
+    of ENOSPC under 64 MB as raw; and a checkpoint saved with 2 workers fails to load into 0 (accelerate's resume).
+    Now it is planned with its workers kept: each batch through a pipe where shared memory has no room."""
+    pytest.importorskip("torchdata.stateful_dataloader", reason="torchdata is not installed (make install adds it)")
+    reference = result(isolated.run_python(STATEFUL.format(patched=False), shm="2g", timeout=300))
+    ours = result(isolated.run_python(STATEFUL.format(patched=True), shm="64m", timeout=300))
+    assert ours["digest"] == reference["digest"] and ours["next"] == reference["next"], (ours["seen"], reference["seen"])
+    assert len(ours["seen"]) == 6 and ours["workers"] == 2, ours

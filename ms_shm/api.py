@@ -7,13 +7,13 @@ runs these calls in-process on a fake engine.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
 import multiprocessing
 import os
 import sys
-import types
 import weakref
 from dataclasses import replace
 from typing import Any, Callable, Sequence
@@ -249,30 +249,27 @@ def _inspect_copy_on_read(copies: Sequence, workers: int, facts: host.HostFacts,
         cow.log_findings(findings, effects, offer_share_lists=findings[0].holder == SOURCE)
 
 
+@contextlib.contextmanager
+def _copies_said_on_refusal(copies: Sequence, req: Request, facts: host.HostFacts, probe: measure.StageProbe):
+    """A plan refused for memory that the workers' copies took is said with them, before the error: an audit's
+    refusal named only "250 MiB of memory", never the module global every worker copied, nor its fix."""
+    try:
+        yield
+    except ShmBudgetError:
+        _inspect_copy_on_read(copies, req.workers or 1, facts, probe.effects)
+        raise
+
+
 SOURCE = "source"  # the holder name of a GeneratorDataset's source (``_copies``), the one share_lists swaps
 
 
 def _operation_holders(operations: Any) -> list:
     """A map's operations of the program's own, as ``(name, object)`` copy-on-read holders: a lookup table or
     vocabulary kept on an operation object, or a module global or closure variable an operation function reads,
-    is copied by every map worker process as the source's lists are. A bound method holds its object and reads
-    what its function reads."""
-    holders = []
-    for op in operations if isinstance(operations, (list, tuple)) else [operations]:
-        run = op.func if isinstance(op, functools.partial) else op
-        if run is None or isinstance(run, types.BuiltinFunctionType) or _from_mindspore(run):
-            continue
-        code = isinstance(run, (types.FunctionType, types.MethodType))  # an object's own __getattr__ is not asked
-        name = f"map operation {run.__qualname__ if code else type(run).__name__}"
-        if isinstance(run, types.MethodType):
-            holders.append((name, run.__self__))
-        holders.append((name, run))
-    return holders
+    is copied by every map worker process as the source's lists are (``cow.code_holders``)."""
+    from ms_shm import cow
 
-
-def _from_mindspore(op: Any) -> bool:
-    module = op.__module__ if isinstance(op, (types.FunctionType, types.MethodType)) else type(op).__module__
-    return (module or "").split(".")[0] == "mindspore"
+    return cow.code_holders(operations if isinstance(operations, (list, tuple)) else [operations], "map operation")
 
 
 def _column_names(column_names: Any, kwargs: dict) -> tuple | None:
@@ -425,9 +422,10 @@ def _build_dataset(eng: Any, source: Any, column_names: Any, generator_args: tup
                                     column_dtypes=eng.compat.column_dtypes(generator_kwargs.get("column_types")),
                                     beside=_beside_probe(facts), sampled=eng.compat.sampled_rows(generator_kwargs))
     copies = _copies([(SOURCE, source)], facts, req.start_method)
-    if not share_lists:
-        probe = _with_copies(probe, copies)
-    p = _plan_source(probe, req, generator_kwargs, config, facts, eng)
+    # what share_lists will swap is not copied; what it must leave (a module global, a tuple) still is
+    probe = _with_copies(probe, [f for f in copies if not (share_lists and f.swappable)])
+    with _copies_said_on_refusal(copies, req, facts, probe):
+        p = _plan_source(probe, req, generator_kwargs, config, facts, eng)
     if p.python_multiprocessing and p.workers > 1:
         _inspect_copy_on_read(copies, p.workers, facts, probe.effects, source if share_lists else None)
     lineage = measure.SourceLineage(source, names, probe.stats.indices[:4]) if probe.stats and names else \
@@ -750,6 +748,9 @@ def _apply_globals(p: Plan, config: Any, eng: Any, quiet: bool = False) -> list:
     """Global MindSpore settings the plan needs. Both only ever go down, so other pipelines stay safe; each is
     recorded in the session (``ms_shm.session().restore()``) and logged as a warning (under ``ms_shm.patch``,
     ``quiet``: at INFO, the pipeline's one warning names them)."""
+    from ms_shm import collector
+
+    collector.freeze_in_forked_children()  # its workers, if any, and any later ones
     if config is None:
         return []
     wanted = []
@@ -939,8 +940,9 @@ def _map(eng: Any, dataset: Any, operations: Any, input_columns: Any, output_col
     req = _request(asked, config, facts, eng, _explicit)
     copies = _copies(_operation_holders(operations), facts, req.start_method)
     probe = _with_copies(probe, copies)
-    p = _plan_operations(probe, req, config, facts, eng, eng.compat.rows_per_epoch(dataset, _rows_known), "map",
-                         eng.compat.starts_python_pool(operations))
+    with _copies_said_on_refusal(copies, req, facts, probe):
+        p = _plan_operations(probe, req, config, facts, eng, eng.compat.rows_per_epoch(dataset, _rows_known), "map",
+                             eng.compat.starts_python_pool(operations))
     if p.python_multiprocessing and p.workers > 1:
         _inspect_copy_on_read(copies, p.workers, facts, probe.effects)
     kwargs = _stage_kwargs(map_kwargs, p, num_parallel_workers, config)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import importlib
+import os
 import sys
 from types import ModuleType
 from typing import Iterator
@@ -77,4 +78,26 @@ def settle() -> None:
         pass
 
 
-__all__ = ["load", "quiet", "settle"]
+_AT_FORK: list = []  # the hook below, once registered (``os.register_at_fork`` hooks cannot be removed)
+
+
+def freeze_in_forked_children() -> None:
+    """From now on (once per process), a child forked from here (a DataLoader's or GeneratorDataset's worker, a
+    probe) first moves everything it inherited into the collector's permanent generation (``gc.freeze``: Python's
+    own advice for fork without exec). Else a worker's first full collection walks the whole inherited heap,
+    writing every object's GC header, and copies each page: an audit's worker with Lightning imported held 98 MiB
+    of its own against 9.5 with the freeze, its first batch 0.3-1.7 s late. What is inherited stays shared and
+    reference counting still frees it; only cycles among inherited objects are left to the parent's collector."""
+    if not _AT_FORK and hasattr(os, "register_at_fork"):
+        _AT_FORK.append(_freeze_inherited)
+        os.register_at_fork(after_in_child=_freeze_inherited)
+
+
+def _freeze_inherited() -> None:
+    try:
+        gc.freeze()
+    except Exception:  # noqa: BLE001 - an interpreter without it: the collector as it was
+        pass
+
+
+__all__ = ["load", "quiet", "settle", "freeze_in_forked_children"]

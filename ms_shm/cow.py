@@ -36,8 +36,8 @@ if TYPE_CHECKING:  # imported where a stand-in is made: see _no_objects
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CowFinding", "inspect_source", "findings_in", "for_workers", "copied_per_worker", "log_findings",
-           "share_lists"]
+__all__ = ["CowFinding", "inspect_source", "findings_in", "for_workers", "code_holders", "copied_per_worker",
+           "log_findings", "share_lists"]
 
 PAGE = 4096
 #: Objects larger than this come from malloc, not pymalloc's pools: touching one copies about one page.
@@ -201,6 +201,23 @@ def for_workers(findings: Iterable[CowFinding], workers: int) -> list:
     return [replace(f, workers=workers, total_bytes=f.bytes_per_worker * workers * f.ranks) for f in findings]
 
 
+def code_holders(callables: Iterable[Any], label: str, frameworks: tuple = ("mindspore", "torch")) -> list:
+    """The program's own callables among ``callables`` (a map's operations, a DataLoader's ``collate_fn``) as
+    ``(name, object)`` holders for ``findings_in``: a function or bound method (what its code reads), a
+    ``functools.partial``'s function, an object (its attributes). Builtins and the frameworks' own transforms
+    hold no program data. Looks at types only: an object's own ``__getattr__`` is never asked (MindSpore's
+    test_iterator passes one that raises ``KeyError``)."""
+    holders = []
+    for op in callables:
+        run = op.func if issubclass(type(op), functools.partial) else op
+        code = issubclass(type(run), (types.FunctionType, types.MethodType))
+        module = (run.__module__ if code else type(run).__module__) or ""
+        if run is None or issubclass(type(run), types.BuiltinFunctionType) or module.split(".")[0] in frameworks:
+            continue
+        holders.append((f"{label} {run.__qualname__ if code else type(run).__name__}", run))
+    return holders
+
+
 def copied_per_worker(source: Any, ranks: int = 1, start_method: str = "fork") -> int:
     """Bytes one worker process comes to copy of ``source``'s big containers over an epoch: what a planner adds
     to each worker's own memory (threads and in-process reading share the one copy)."""
@@ -230,13 +247,13 @@ def _walk_steps(steps: Iterable[tuple[Step, Any]], path: tuple, depth: int, seen
                 judge: Callable[..., CowFinding | None], assignable: bool) -> list:
     findings: list = []
     for step, child in steps:
-        if isinstance(child, _no_objects()):
+        if issubclass(type(child), _no_objects()):
             continue
-        child_path = (*path, step)
-        if id(child) in seen:
-            seen[id(child)].append(child_path)
+        child_path, key = (*path, step), id(child.obj if type(child) is _Named else child)
+        if key in seen:
+            seen[key].append(child_path)
             continue
-        seen[id(child)] = [child_path]
+        seen[key] = [child_path]
         findings.extend(_judge_or_descend(child, child_path, depth, seen, judge, assignable))
     return findings
 
@@ -325,10 +342,10 @@ def share_lists(source: Any, findings: Iterable[CowFinding], shared_memory: bool
         done = _swap(source, finding, shared_memory) if _swappable(finding) else []
         swapped.extend(done)
         if finding.attribute not in done:
-            left.append(finding.attribute)
+            left.append(finding.attribute if _through_code(finding.path) else f"source.{finding.attribute}")
     if left:
         log.warning("ms_shm: share_lists=True left %s as they are (the INFO lines say why): every worker still "
-                    "copies them as it reads", ", ".join(f"source.{where}" for where in left))
+                    "copies them as it reads", ", ".join(left))
     if swapped:  # INFO: asked for; a change to a stand-in raises an error naming it and the fix
         log.info("ms_shm: share_lists=True put read-only shared stand-ins (SharedList/SharedDict) in place "
                     "of %s: reading them gives what the originals gave; changing them raises TypeError, and "
@@ -363,6 +380,13 @@ def _swappable(finding: CowFinding) -> bool:
     if _through_code(finding.path):
         log.info("ms_shm: left %s as is: the source's code reads it, but it is not the source's to replace; by "
                  "hand: %s", finding.attribute, finding.fix)
+        return False
+    code = [a for a in finding.aliases if _through_code(a)]
+    if code:  # the plain one would stay alive there, and be what the code reads
+        name = _format_path(code[0])
+        log.info("ms_shm: left %s as is: %s holds it too, and the code reads it there; by hand: %s, then "
+                 "self.%s = %s", finding.attribute, name, finding.fix.replace(f"self.{finding.attribute}", name),
+                 finding.attribute, name)
         return False
     if not finding.swappable:
         log.info("ms_shm: left %s (%s) as is: no read-only shared stand-in fits; by hand: %s",
@@ -490,8 +514,13 @@ def _safe_len(value: Any) -> int:
 def _children(value: Any) -> Iterator[tuple[Step, Any]]:
     """The (step, child) pairs one level below ``value``; never raises."""
     try:
-        if isinstance(value, (types.FunctionType, types.MethodType)):
+        if issubclass(type(value), (types.FunctionType, types.MethodType)):
             yield from _code_reads(value)
+            return
+        if type(value) is _Named:
+            own = objects.attribute(value.obj, "__dict__")
+            if isinstance(own, dict):
+                yield from ((("attr", n), dict.__getitem__(own, n)) for n in sorted(value.names & set(own)))
             return
         if isinstance(value, np.ndarray) or isinstance(value, _no_objects() + _NOT_WALKED):
             return
@@ -538,39 +567,104 @@ def _attributes(obj: Any) -> Iterator[tuple[Step, Any]]:
 
 
 def _reading_methods_reads(source: Any) -> Iterator[tuple[Step, Any]]:
-    """What the methods a worker calls on the source (``__getitem__`` and the like, defined in Python) read
-    through code: ``return load(PATHS[i])`` reads a module-level ``PATHS`` in every worker."""
-    if isinstance(source, (types.FunctionType, types.MethodType)):
+    """What the methods a worker calls on the source (``__getitem__`` and the like, defined in Python) and the
+    methods of its class they call (``self._load(i)``) read through code: ``return load(PATHS[i])`` reads a
+    module-level ``PATHS`` in every worker."""
+    if issubclass(type(source), (types.FunctionType, types.MethodType)):
         return  # its own reads are its children
-    for name in _READING_METHODS:
-        method = getattr(type(source), name, None)
-        if isinstance(method, types.FunctionType):
-            yield from _code_reads(method)
+    cls = type(source)
+    reading = [f for name in _READING_METHODS if (f := _function(_class_attribute(cls, name))) is not None]
+    functions = _with_methods_called(cls, reading)
+    named = frozenset(n for f in functions for n in _names(f.__code__, _CODE_DEPTH))
+    for function in functions:
+        yield from _globals_and_cells(function, named)
+
+
+def _with_methods_called(cls: type, functions: list) -> list:
+    """``functions``, and the functions of ``cls`` their code names (``self._load(i)``; one call deep)."""
+    called = [f for function in functions for name in function.__code__.co_names
+              if (f := _function(_class_attribute(cls, name))) is not None]
+    return list(dict.fromkeys(functions + called))
+
+
+def _class_attribute(cls: type, name: str) -> Any:
+    for klass in cls.__mro__:  # the class dicts, as a static lookup: no metaclass __getattr__, no descriptor run
+        if name in vars(klass):
+            return vars(klass)[name]
+    return None
+
+
+def _function(value: Any) -> types.FunctionType | None:
+    """The Python function a method, static or class method, or a decorated function (``functools.wraps``:
+    ``torch.no_grad()``) runs, or ``None``."""
+    for _ in range(4):
+        if issubclass(type(value), (staticmethod, classmethod, types.MethodType)):
+            value = value.__func__
+        elif issubclass(type(value), types.FunctionType):
+            wrapped = vars(value).get("__wrapped__")
+            if not issubclass(type(wrapped), types.FunctionType):
+                return value
+            value = wrapped
+        else:
+            return None
+    return value if issubclass(type(value), types.FunctionType) else None
+
+
+class _Named:
+    """An object reached through code, to be walked only as far as the code names its attributes: a map
+    function reading a global ``SRC.scale`` does not copy ``SRC.paths`` (an audit: the source's paths were said
+    twice, once as "module global 'SRC.paths'", and counted for map workers that never read them)."""
+
+    __slots__ = ("obj", "names")
+
+    def __init__(self, obj: Any, names: frozenset) -> None:
+        self.obj, self.names = obj, names
 
 
 def _code_reads(func: Any) -> Iterator[tuple[Step, Any]]:
-    """The module globals ``func`` (or a function nested in it) loads and the variables it closes over; never
-    raises. Modules, classes and functions among them are yielded too: the walk skips the first two and looks
-    one level into the third."""
-    func = getattr(func, "__func__", func)
+    """The module globals ``func`` (or a function nested in it) loads and the variables it closes over, and for
+    a bound method the attributes of its object the code names (and the methods it calls); never raises. An
+    object among them (not a container, module, class or function) is looked into only as far as the code names
+    its attributes. Modules and classes are yielded too: the walk skips them."""
+    method_self = func.__self__ if issubclass(type(func), types.MethodType) else None
+    function = _function(func)
+    if function is None:
+        return
     try:
-        code, namespace = func.__code__, func.__globals__
-        for name, cell in zip(code.co_freevars, func.__closure__ or ()):
-            try:
-                yield ("closure", name), cell.cell_contents
-            except ValueError:  # a cell not filled yet
-                continue
-        if not any(_worth_walking(namespace.get(name, None)) for name in _names(code, _CODE_DEPTH)):
-            return  # only modules and classes (np, Image): no need to tell global loads from attribute names
-        for name in _globals_loaded(code):
-            if name in namespace:
-                yield ("global", name), namespace[name]
+        functions = [function] if method_self is None else _with_methods_called(type(method_self), [function])
+        named = frozenset(n for f in functions for n in _names(f.__code__, _CODE_DEPTH))
+        if method_self is not None:
+            own = objects.attribute(method_self, "__dict__")
+            for name in sorted(named & set(own) if isinstance(own, dict) else ()):
+                yield ("attr", name), dict.__getitem__(own, name)
+        for f in functions:
+            yield from _globals_and_cells(f, named)
     except Exception as exc:
         log.debug("ms_shm.cow: cannot read the names %r uses: %s", func, exc)
 
 
+def _globals_and_cells(function: types.FunctionType, named: frozenset | None) -> Iterator[tuple[Step, Any]]:
+    code, namespace = function.__code__, function.__globals__
+    for name, cell in zip(code.co_freevars, function.__closure__ or ()):
+        try:
+            yield ("closure", name), _narrowed(cell.cell_contents, named)
+        except ValueError:  # a cell not filled yet
+            continue
+    if not any(_worth_walking(dict.get(namespace, name)) for name in _names(code, _CODE_DEPTH)):
+        return  # only modules and classes (np, Image): no need to tell global loads from attribute names
+    for name in _globals_loaded(code):
+        if dict.__contains__(namespace, name):
+            yield ("global", name), _narrowed(dict.__getitem__(namespace, name), named)
+
+
+def _narrowed(value: Any, named: frozenset | None) -> Any:
+    """``value``, or a plain object's stand-in that the walk reads only ``named`` attributes of."""
+    plain = not issubclass(type(value), _CONTAINERS + _PLAIN + _NOT_WALKED + (np.ndarray, _Named))
+    return _Named(value, named) if named is not None and plain and _worth_walking(value) else value
+
+
 def _worth_walking(value: Any) -> bool:
-    return value is not None and not isinstance(value, (types.ModuleType, type, types.BuiltinFunctionType))
+    return value is not None and not issubclass(type(value), (types.ModuleType, type, types.BuiltinFunctionType))
 
 
 def _names(code: types.CodeType, depth: int) -> Iterator[str]:
@@ -602,12 +696,13 @@ def _where(path: tuple, attribute: str, holder: str) -> str:
     """What holds a container, as a warning names it: the holder, an attribute of it, or what its code reads."""
     if not path:
         return f"the {holder} itself"
-    last_code = next((kind for kind, _ in reversed(path) if kind in _CODE_STEPS), None)
-    if last_code == "global":
-        return f"module global {attribute!r} read by the {holder}"
-    if last_code == "closure":
-        return f"variable {attribute!r} closed over by the {holder}"
-    return f"{holder} attribute {attribute!r}"
+    at = next((i for i in range(len(path) - 1, -1, -1) if path[i][0] in _CODE_STEPS), None)
+    if at is None:
+        return f"{holder} attribute {attribute!r}"
+    kind, name = path[at]
+    what = (f"module global {name!r} read by the {holder}" if kind == "global" else
+            f"variable {name!r} closed over by the {holder}")
+    return what if at == len(path) - 1 else f"attribute {_format_path(path[at + 1:])!r} of {what}"
 
 
 def _raw_attribute(obj: Any, name: str) -> Any:
@@ -682,9 +777,8 @@ def _footprint(obj: Any, depth: int, seen: set[int], fork: bool) -> tuple[float,
     count = 1.0
     if depth <= 0 or isinstance(obj, _no_objects()):
         return size, count
-    if isinstance(obj, dict):
-        total = 2 * len(obj)
-        children: list[Any] = [x for kv in itertools.islice(obj.items(), _CHILD_SAMPLE // 2) for x in kv]
+    if isinstance(obj, dict) or (fork and isinstance(obj, (set, frozenset))):
+        total, children = _read_items(obj, _CHILD_SAMPLE, fork)
     elif _is_container(obj):
         total = len(obj)
         children = list(itertools.islice(iter(obj), _CHILD_SAMPLE))
@@ -736,15 +830,29 @@ def _sample(container: Any) -> list[Any]:
         if n <= _SAMPLE:
             return list(container)
         return [container[i] for i in sorted(random.Random(0).sample(range(n), _SAMPLE))]
-    if isinstance(container, dict):
-        return [x for kv in itertools.islice(container.items(), _SAMPLE // 2) for x in kv]
     return list(itertools.islice(iter(container), _SAMPLE))
+
+
+def _read_items(container: Any, sample: int, fork: bool) -> tuple[int, list]:
+    """``(how many, a sample)`` of the objects reading a dict or set hands out. Under fork a lookup compares a
+    key and writes only the value's reference count, and ``in`` writes nothing: an audit's 2M ``{path: class
+    id}`` counted at 152.6 MiB per worker was refused in 500 MB, where raw torch ran, and workers copied about 0
+    of it. Under spawn keys and elements are unpickled with the rest."""
+    if isinstance(container, dict):
+        if fork:
+            return len(container), list(itertools.islice(container.values(), sample))
+        return 2 * len(container), [x for kv in itertools.islice(container.items(), sample // 2) for x in kv]
+    if fork and isinstance(container, (set, frozenset)):
+        return 0, []
+    return len(container), list(itertools.islice(iter(container), sample))
 
 
 def _estimate(container: Any, fork: bool) -> tuple[int, int]:
     """(bytes, objects) a worker copies for the whole container: a sample scaled to its length."""
-    elements = 2 * len(container) if isinstance(container, dict) else len(container)
-    sample = _sample(container)
+    if isinstance(container, (dict, set, frozenset)):
+        elements, sample = _read_items(container, _SAMPLE, fork)
+    else:
+        elements, sample = len(container), _sample(container)
     seen: set[int] = {id(container)}
     total_bytes = total_objects = 0.0
     for element in sample:

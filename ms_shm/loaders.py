@@ -15,7 +15,6 @@ import inspect
 import logging
 import multiprocessing
 import sys
-import types
 import weakref
 from dataclasses import replace
 from typing import Any
@@ -307,7 +306,7 @@ def _copies(dataset: Any, asked: dict, facts: Any, start_method: str) -> list:
     from ms_shm import cow
 
     collate = asked.get("collate_fn")
-    holders = [("source", dataset)] + ([("collate_fn", collate)] if isinstance(collate, types.FunctionType) else [])
+    holders = [("source", dataset)] + cow.code_holders([collate] if collate is not None else [], "collate_fn")
     return cow.findings_in(holders, 1, facts.ranks.local_size, start_method)
 
 
@@ -486,6 +485,9 @@ def _guarded(eng: Any, asked: dict, p: Plan, b: Any) -> GuardedCollate:
 
 
 def _apply(eng: Any, decisions: Any) -> None:
+    from ms_shm import collector
+
+    collector.freeze_in_forked_children()  # the loader's workers, if any, and any later ones
     made, quiet = [], []
     for d in decisions:
         if d.setting == changes_mod.NOFILE:

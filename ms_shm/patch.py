@@ -29,6 +29,7 @@ import logging
 import sys
 import threading
 import time
+import weakref
 from typing import Any, Iterator
 
 from ms_shm import sites
@@ -225,12 +226,32 @@ def _make_loader_init(cls: type, real_init: Any, engine: str) -> Any:
             loaders.register(self, plan)
             changed = [d for d in plan.decisions if d.value != d.default and d.setting != "num_workers"]
             if any(d.setting == EXPLICIT for d in changed):
-                log.warning("ms_shm adapted DataLoader at %s: %s", site or "?", "; ".join(
-                    f"{d.setting} {d.default} -> {d.value} ({d.reason})" for d in changed))
+                _say_adapted(dataset, site, changed)
         _record("DataLoader", self, site, time.perf_counter() - started)
         return None
 
     return __init__
+
+
+_ADAPTED: dict = {}  # (id of a dataset, what was adapted) -> (a weak reference to it, the site that said it first)
+
+
+def _say_adapted(dataset: Any, site: str | None, changed: list) -> None:
+    """One warning per dataset and adaptation (the settings changed, whatever the numbers in the reasons):
+    Lightning builds a loader again with its own sampler, accelerate for ``skip_first_batches``, a loop once per
+    epoch; an audit's run said the same warning twice per rank. The repeats are said at INFO, naming the first
+    site."""
+    what = "; ".join(f"{d.setting} {d.default} -> {d.value} ({d.reason})" for d in changed)
+    key = (id(dataset), tuple((d.setting, str(d.default), str(d.value)) for d in changed))
+    said = _ADAPTED.get(key)
+    if said is not None and said[0]() is dataset:
+        log.info("ms_shm adapted DataLoader at %s as at %s: %s", site or "?", said[1], what)
+        return
+    log.warning("ms_shm adapted DataLoader at %s: %s", site or "?", what)
+    try:
+        _ADAPTED[key] = (weakref.ref(dataset, lambda _, key=key: _ADAPTED.pop(key, None)), site or "?")
+    except TypeError:  # no weak references to it: each loader of it says it
+        pass
 
 
 def _patch_loader(module_name: str) -> None:

@@ -38,7 +38,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ms_shm import fdguard, host, objects, outside, procfs
+from ms_shm import collector, fdguard, host, objects, outside, procfs
 from ms_shm._results import Result, mib, record
 
 log = logging.getLogger(__name__)
@@ -133,6 +133,7 @@ def run_in_fork(probe: Callable[[], Any], timeout: float | None = None, worker_p
         return Outcome(unavailable="os.fork is not available on this platform")
     timeout = timeout_seconds() if timeout is None else timeout
     _load_numpy_random()
+    collector.freeze_in_forked_children()  # the child inherits as a worker will: frozen (what it copies is measured)
     gate = os.pipe() if meanwhile is not None else ()
     forked = _Forked()
     thread = threading.Thread(target=forked.run, args=(probe, timeout, worker_pages, gate), name="ms_shm-probe",
@@ -344,9 +345,10 @@ def _child(probe: Callable[[], Any], fd: int, worker_pages: bool) -> None:  # pr
     an attribute, a global or ``sys.stdin`` is rewound after the probe, and a pipe reads as empty, so the
     program's own reads find every byte.
 
-    Garbage collection stays on, as in a forked worker: a collection due at fork walks the parent's objects and
-    copies their pages, and that is part of what each worker adds to a container's memory (measured: with it off
-    here, the 450 MB container test's plan admitted a pipeline that was OOM-killed, 1 run in 2)."""
+    Garbage collection stays on, as in a forked worker: what the child inherited is frozen at fork, as a
+    worker's is (``collector.freeze_in_forked_children``), and its own objects are collected as a worker's are
+    (measured before the freeze: with the collector off here, the 450 MB container test's plan admitted a
+    pipeline that was OOM-killed, 1 run in 2)."""
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)

@@ -617,3 +617,58 @@ def test_run_reads_its_options_as_argparse_does_abbreviations_included(argv, exp
     from ms_shm.cli.run import split_run_argv
 
     assert split_run_argv(argv) == expected
+
+
+LAUNCHER = '''
+import json, multiprocessing, subprocess, sys
+
+def patched():
+    module = sys.modules.get("ms_shm.patch")
+    return bool(module and module.is_patched())
+
+def report(queue):
+    queue.put(patched())
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["rank"]:  # a rank the script started again, as Lightning's DDP does
+        print(json.dumps(patched()))
+        sys.exit(0)
+    context = multiprocessing.get_context("spawn")  # torch.multiprocessing.spawn's way
+    queue = context.Queue()
+    worker = context.Process(target=report, args=(queue,))
+    worker.start()
+    spawned = queue.get(timeout=60)
+    worker.join()
+    rank = subprocess.run([sys.executable, __file__, "rank"], capture_output=True, text=True).stdout.strip()
+    one_liner = subprocess.run([sys.executable, "-c", "import sys; print('ms_shm.patch' in sys.modules)"],
+                               capture_output=True, text=True).stdout.strip()
+    print(json.dumps({"me": patched(), "spawned": spawned, "rank": json.loads(rank), "one_liner": one_liner}))
+'''
+
+
+def test_run_patches_the_python_processes_its_script_starts(tmp_path):
+    """Lightning's DDP ranks run the script again (``python script.py``), ``torch.multiprocessing.spawn`` starts
+    spawned processes: an audit's rank 1 died of ENOSPC under 64 MB where rank 0, under ``ms-shm run``, ran. A
+    one-line ``python -c`` (multiprocessing's resource tracker among them) is left alone; plain python patches
+    nothing anywhere."""
+    (tmp_path / "launch.py").write_text(LAUNCHER)
+    plain, ours = python_and_run("launch.py", cwd=tmp_path)
+    assert plain.returncode == 0 and ours.returncode == 0, isolated.describe(ours)
+    assert json.loads(plain.stdout) == {"me": False, "spawned": False, "rank": False, "one_liner": "False"}
+    assert json.loads(ours.stdout) == {"me": True, "spawned": True, "rank": True, "one_liner": "False"}, ours.stderr
+    assert ours.stderr == plain.stderr
+
+
+def test_a_sitecustomize_the_run_hides_from_its_children_still_runs_there(tmp_path):
+    """``ms-shm run`` puts its own ``sitecustomize`` first on the children's ``PYTHONPATH``; the one it hides (a
+    virtual environment's, a site's) runs after it, as it would have."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text("import builtins\nbuiltins.SITE_RAN = True\n")
+    (tmp_path / "child.py").write_text("import builtins, sys\nprint(getattr(builtins, 'SITE_RAN', False), "
+                                       "'ms_shm.patch' in sys.modules)\n")
+    (tmp_path / "parent.py").write_text("import subprocess, sys\nsys.stdout.write(subprocess.run([sys.executable, "
+                                        "'child.py'], capture_output=True, text=True).stdout)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(tmp_path / "site")]))
+    ours = subprocess.run([sys.executable, "-m", "ms_shm", "run", "parent.py"], capture_output=True, text=True,
+                          env=env, cwd=str(tmp_path), timeout=120)
+    assert ours.returncode == 0 and ours.stdout.split() == ["True", "True"], isolated.describe(ours)

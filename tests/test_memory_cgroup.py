@@ -125,3 +125,42 @@ def test_eval_built_while_the_train_iterator_lives_runs_in_a_1000m_container(mem
     assert ours.get("digests") == memory_scenarios.train_eval_digests(), isolated.describe(proc)
     if mode != "raw":
         assert "overcommitting memory for the pipeline built at" in proc.stderr, isolated.describe(proc)
+
+
+GLOBAL_PATHS = """
+import sys
+import numpy as np
+import ms_shm
+
+PATHS = [f"/data/images/train/{{i:09d}}.jpg" for i in range(1_200_000)]  # a module global __getitem__ reads
+
+
+class Source:
+    def __len__(self):
+        return len(PATHS)
+
+    def __getitem__(self, i):
+        return (np.array([len(PATHS[i])], dtype=np.int32),)
+
+
+try:
+    ms_shm.build_dataset(Source(), ["x"], shuffle=True, num_parallel_workers=2, python_multiprocessing=True,
+                         share_lists={share})
+except ms_shm.ShmBudgetError as error:
+    print("REFUSED", error)
+    sys.exit(3)
+print("BUILT")
+"""
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_a_module_global_each_worker_copies_is_counted_and_named_before_a_refusal(memory_cgroups, share):
+    """1.2M paths in a module global that ``__getitem__`` reads, 2 worker processes asked, 450 MB: each worker
+    copies ~110 MiB of them. Counted (``share_lists=True`` too, which cannot swap a global: it was admitted and
+    OOM-killed, as raw is), so the build is refused before any worker starts, and the warning before the error
+    names the global and its fix (the refusal named only "memory")."""
+    proc, group = run_code(GLOBAL_PATHS.format(share=share), "450M")
+    assert proc.returncode == 3 and "REFUSED" in proc.stdout, isolated.describe(proc)
+    assert "module global 'PATHS' read by the source" in proc.stderr and "PATHS = ms_shm.SharedList(PATHS)" in \
+        proc.stderr, proc.stderr[-3000:]
+    assert not group.oom_kills

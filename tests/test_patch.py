@@ -650,3 +650,38 @@ def test_run_says_what_a_typical_generatordataset_needs_only_once_the_script_bui
         if expected:  # said as the pipeline is built, not before the script ran, and that ms_shm fits it
             assert proc.stderr.index(said) > proc.stderr.index("imported"), proc.stderr[-3000:]
             assert "ms_shm plans the pipelines it builds to fit this instead" in proc.stderr, proc.stderr[-3000:]
+
+
+def test_a_datasets_loader_adapted_again_is_said_once_at_warning(caplog):
+    """Lightning builds a program's loader again with its own sampler (and accelerate for
+    ``skip_first_batches``): the same adaptation of the same dataset is one warning, the repeats INFO naming the
+    first site; another dataset gets its own warning, and a dataset gone frees its entry."""
+    import importlib
+    import logging
+
+    patch = importlib.import_module("ms_shm.patch")  # the module (ms_shm.patch is also the function)
+
+    class Samples:
+        pass
+
+    from ms_shm.plan import EXPLICIT, Decision
+
+    def adapted(free: str) -> list:
+        return [Decision(EXPLICIT, "num_workers=0", "num_workers=2", f"no room: {free} free")]
+
+    first, other = Samples(), Samples()
+    with caplog.at_level(logging.INFO, logger="ms_shm"):
+        patch._say_adapted(first, "train.py:11", adapted("60 MiB"))
+        patch._say_adapted(first, "lightning.py:257", adapted("28 MiB"))  # the first loader holds its room
+        patch._say_adapted(other, "train.py:12", adapted("60 MiB"))
+    said = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert said == [
+        ("WARNING", f"ms_shm adapted DataLoader at train.py:11: {EXPLICIT} num_workers=2 -> num_workers=0 (no room: "
+                    "60 MiB free)"),
+        ("INFO", f"ms_shm adapted DataLoader at lightning.py:257 as at train.py:11: {EXPLICIT} num_workers=2 -> "
+                 "num_workers=0 (no room: 28 MiB free)"),
+        ("WARNING", f"ms_shm adapted DataLoader at train.py:12: {EXPLICIT} num_workers=2 -> num_workers=0 (no room: "
+                    "60 MiB free)")]
+    held = len(patch._ADAPTED)
+    del first
+    assert len(patch._ADAPTED) == held - 1

@@ -166,12 +166,49 @@ def cmd_run(args: argparse.Namespace) -> int:
         atexit.register(write_report_at_exit, report)
     patch(strict=args.strict)
     on_framework_import(_tune_at_import)  # the script imports its framework: ms_shm imports none itself
+    _protect_children(args.strict, args.log_level)
     try:
         if args.module:
             return run_module(args.module, list(args.argv))
         return run_path(args.argv[0], list(args.argv))
     finally:
         _script_globals_first_at_exit()
+
+
+# ------------------------------------------------------------------------------------------- child processes
+CHILDREN_ENV = "MS_SHM_RUN_CHILDREN"  # the run's options, for the Python processes its script starts
+_CHILDREN_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "children")  # their sitecustomize
+
+
+def _protect_children(strict: bool, log_level: str) -> None:
+    """Python processes the script starts are patched too: Lightning's DDP ranks run the script again as ``python
+    script.py``, and an audit's rank 1 died of ENOSPC under 64 MB where rank 0 ran (``torch.multiprocessing.spawn``
+    likewise). Through the environment, as ``ddtrace-run`` does: ``children/sitecustomize.py`` first on
+    ``PYTHONPATH`` (the script sees it there), which runs any ``sitecustomize`` it hides."""
+    import json
+
+    os.environ[CHILDREN_ENV] = json.dumps({"strict": bool(strict), "log_level": log_level})
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if _CHILDREN_PATH not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([_CHILDREN_PATH, *paths])
+
+
+def protect_child(options: str) -> None:
+    """In a Python process the run's script started: patched as the script is, and (a script or module run as a
+    rank) tuned once it imports its framework. A multiprocessing worker (``--multiprocessing-fork``: a spawned
+    DataLoader worker, a ``torch.multiprocessing.spawn`` process) is patched only: the run's ``tune()`` settings
+    reach it through its parent, its loaders apply what they need. The run's ``--report`` lists the run's own
+    process only."""
+    import json
+
+    from ms_shm.patch import on_framework_import, patch
+
+    worker = "--multiprocessing-fork" in sys.argv
+    settings = json.loads(options)
+    _log_to_stderr(settings.get("log_level") or "WARNING")
+    patch(strict=bool(settings.get("strict")))
+    if not worker:
+        on_framework_import(_tune_at_import)
 
 
 # ------------------------------------------------------------------------------------------- running as python

@@ -840,11 +840,24 @@ def _read_items(container: Any, sample: int, fork: bool) -> tuple[int, list]:
     of it. Under spawn keys and elements are unpickled with the rest."""
     if isinstance(container, dict):
         if fork:
-            return len(container), list(itertools.islice(container.values(), sample))
-        return 2 * len(container), [x for kv in itertools.islice(container.items(), sample // 2) for x in kv]
+            return len(container), _spread(container.values(), len(container), sample)
+        return 2 * len(container), [x for kv in _spread(container.items(), len(container), sample // 2) for x in kv]
     if fork and isinstance(container, (set, frozenset)):
         return 0, []
     return len(container), list(itertools.islice(iter(container), sample))
+
+
+def _spread(items: Iterable[Any], n: int, k: int) -> list:
+    """Up to ``k`` of ``n`` items at random positions (fixed seed), for what has no index: a dict's first values
+    are often its smallest (``{token: id}`` built in order: the first 1000 ids include 257 shared small ints, and
+    the estimate came out 26% low)."""
+    if n <= k:
+        return list(items)
+    iterator, at, out = iter(items), 0, []
+    for position in sorted(random.Random(0).sample(range(n), k)):
+        out.append(next(itertools.islice(iterator, position - at, None)))  # the skipping runs in C
+        at = position + 1
+    return out
 
 
 def _estimate(container: Any, fork: bool) -> tuple[int, int]:

@@ -576,6 +576,11 @@ def _reading_methods_reads(source: Any) -> Iterator[tuple[Step, Any]]:
     reading = [f for name in _READING_METHODS if (f := _function(_class_attribute(cls, name))) is not None]
     functions = _with_methods_called(cls, reading)
     named = frozenset(n for f in functions for n in _names(f.__code__, _CODE_DEPTH))
+    own = objects.attribute(source, "__dict__")
+    for name in sorted(named - (set(own) if isinstance(own, dict) else set())):  # ``self.TABLE`` of the class
+        value = _class_attribute(cls, name)
+        if issubclass(type(value), _CONTAINERS):
+            yield ("attr", name), value
     for function in functions:
         yield from _globals_and_cells(function, named)
 

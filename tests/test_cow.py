@@ -735,3 +735,10 @@ def test_a_collate_fn_partial_or_object_is_a_holder_as_a_map_operation_is():
     partial, obj = functools.partial(module["collate"], vocab=None), module["Collate"]()
     assert code_holders([partial, obj, len], "collate_fn") == [("collate_fn collate", module["collate"]),
                                                              ("collate_fn Collate", obj)]
+
+
+def test_a_class_attribute_the_reading_methods_name_through_self_is_found():
+    module = _module("class Source:\n    TABLE = TABLE_\n    def __getitem__(self, i):\n        return self.TABLE[i]\n",
+                     TABLE_=names(30_000))
+    finding = only(inspect_source(module["Source"](), workers=2))
+    assert finding.attribute == "TABLE" and finding.fix == "self.TABLE = ms_shm.SharedList(self.TABLE)"

@@ -448,6 +448,9 @@ def _msrun_scheduler(env: Mapping[str, str]) -> str:
             "mindspore.communication.init() ends it there: call init() before building the pipeline")
 
 
+NO_LAUNCHER = "default (no launcher variables)"
+
+
 def detect_ranks(env: Mapping[str, str], override: int | None = None) -> Ranks:
     """Ranks sharing this host's /dev/shm, from the launcher's environment.
 
@@ -491,7 +494,7 @@ def _from_launcher(env: Mapping[str, str], local_rank: int | None) -> Ranks:
             return _at_least(Ranks(local, local_rank, f"{size_var}={size} ({how})"))
     if local_rank is not None:
         return _at_least(Ranks(1, local_rank, "a local rank without a local size"))
-    return Ranks(1, 0, "default (no launcher variables)")
+    return Ranks(1, 0, NO_LAUNCHER)
 
 
 def _at_least(ranks: Ranks) -> Ranks:

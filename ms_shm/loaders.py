@@ -220,11 +220,14 @@ def build_dataloader(dataset: Any, *args: Any, framework: str | None = None, **k
     return loader
 
 
-def prepare(eng: Any, cls: Any, dataset: Any, args: tuple, kwargs: dict, preferences: bool = False) -> tuple:
+def prepare(eng: Any, cls: Any, dataset: Any, args: tuple, kwargs: dict, preferences: bool = False,
+            made: Any = None) -> tuple:
     """``(arguments, plan)``: what to call the framework's ``DataLoader`` with, and why (``None``: as asked).
 
     With ``preferences`` (unchanged code under ``ms_shm.patch``), explicit ``num_workers`` / ``prefetch_factor``
-    that cannot fit are adapted where that cannot change what arrives, with the reason in the plan."""
+    that cannot fit are adapted where that cannot change what arrives, with the reason in the plan. ``made``: the
+    class being made, a subclass of ``cls`` (the one whose ``__init__`` takes these arguments) perhaps: a subclass of
+    the program's that saves and restores its state keeps its workers as a ``StatefulDataLoader`` does."""
     try:
         bound = inspect.signature(cls).bind(dataset, *args, **kwargs)
     except TypeError:
@@ -235,7 +238,7 @@ def prepare(eng: Any, cls: Any, dataset: Any, args: tuple, kwargs: dict, prefere
         asked["collate_fn"] = asked["collate_fn"].collate
     facts = SESSION.host_facts()
     b = SESSION.budget(facts, apart=KIND)
-    asked_lock, problem = _asked_lock(eng, dataset, asked, cls), eng.compat.numpy_problem()
+    asked_lock, problem = _asked_lock(eng, dataset, asked, made or cls), eng.compat.numpy_problem()
     if preferences and asked.get("num_workers") is None:
         asked_lock = asked_lock or _UNCHANGED_CODE
     kept = asked_lock or problem

@@ -26,6 +26,7 @@ import importlib.machinery
 import inspect
 import json
 import logging
+import os
 import sys
 import threading
 import time
@@ -220,7 +221,7 @@ def _make_loader_init(cls: type, real_init: Any, engine: str) -> Any:
         site, started = sites.call_site(), time.perf_counter()
         with _inside():
             arguments, plan = loaders.prepare(engines.get(engine), cls, dataset, args, kwargs,
-                                              preferences=not _STATE.get("strict"))
+                                              preferences=not _STATE.get("strict"), made=type(self))
         real_init(self, **arguments)
         if plan is not None:
             loaders.register(self, plan)
@@ -237,14 +238,15 @@ _ADAPTED: dict = {}  # (id of a dataset, what was adapted) -> (a weak reference 
 
 
 def _say_adapted(dataset: Any, site: str | None, changed: list) -> None:
-    """One warning per dataset and adaptation (the settings changed, whatever the numbers in the reasons):
-    Lightning builds a loader again with its own sampler, accelerate for ``skip_first_batches``, a loop once per
-    epoch; an audit's run said the same warning twice per rank. The repeats are said at INFO, naming the first
-    site."""
+    """One warning per dataset and adaptation (the settings changed, whatever the numbers in the reasons) where a
+    library remakes the loader (Lightning with its own sampler, accelerate for ``skip_first_batches``) or a loop
+    makes it again at the same line: an audit's run said the same warning twice per rank. The repeats are said at
+    INFO, naming the first site. A loader of the same dataset the program makes at another line (train, then
+    eval) is its own warning."""
     what = "; ".join(f"{d.setting} {d.default} -> {d.value} ({d.reason})" for d in changed)
     key = (id(dataset), tuple((d.setting, str(d.default), str(d.value)) for d in changed))
     said = _ADAPTED.get(key)
-    if said is not None and said[0]() is dataset:
+    if said is not None and said[0]() is dataset and (said[1] == (site or "?") or sites.made_by_a_library()):
         log.info("ms_shm adapted DataLoader at %s as at %s: %s", site or "?", said[1], what)
         return
     log.warning("ms_shm adapted DataLoader at %s: %s", site or "?", what)
@@ -265,7 +267,41 @@ def _patch_loader(module_name: str) -> None:
     cls.__init__ = _make_loader_init(cls, real, engine)
 
 
+def _patch_spawned_ranks() -> None:
+    """``torch.multiprocessing.spawn`` / ``start_processes`` tell the ranks they start how many share this host
+    (``MS_SHM_LOCAL_RANKS``, where no launcher says): an audit's 2 ranks of gloo DDP under 64 MB each planned its
+    loaders as the host's only rank, and one died of ``ShmFullError`` "planned for 1 rank(s)"."""
+    module = sys.modules.get("torch.multiprocessing.spawn")
+    package = sys.modules.get("torch.multiprocessing")
+    real = getattr(module, "start_processes", None)
+    if real is None or (module, "start_processes") in _STATE["saved"]:
+        return
+
+    @functools.wraps(real)
+    def start_processes(fn, args=(), nprocs=1, *rest, **kwargs):
+        from ms_shm import host
+
+        told = host.detect_ranks(os.environ).source != host.NO_LAUNCHER or not isinstance(nprocs, int) or nprocs < 2
+        before = os.environ.get("MS_SHM_LOCAL_RANKS")
+        if not told:
+            os.environ["MS_SHM_LOCAL_RANKS"] = str(nprocs)
+        try:
+            return real(fn, args, nprocs, *rest, **kwargs)
+        finally:
+            if not told and before is None:  # the ranks have their copy of the environment; ours is as it was
+                os.environ.pop("MS_SHM_LOCAL_RANKS", None)
+            elif not told:
+                os.environ["MS_SHM_LOCAL_RANKS"] = before
+
+    _STATE["saved"][(module, "start_processes")] = real
+    module.start_processes = start_processes
+    if getattr(package, "start_processes", None) is real:
+        _STATE["saved"][(package, "start_processes")] = real
+        package.start_processes = start_processes
+
+
 _MINDSPORE_DATASET = "mindspore.dataset"  # defines GeneratorDataset and Dataset (map, batch) once imported
+_TORCH_SPAWN = "torch.multiprocessing.spawn"  # defines start_processes, which torch.multiprocessing.spawn calls
 FRAMEWORKS = ("mindspore", "torch")  # top-level packages: imported in full once their own import returns
 _ON_IMPORT: list = []  # callbacks run once a framework is imported while patched (``ms-shm run``'s tune)
 
@@ -287,6 +323,8 @@ def _patch_mindspore() -> None:
 def _patch_imported(module_name: str) -> None:
     if module_name == _MINDSPORE_DATASET:
         _patch_mindspore()
+    elif module_name == _TORCH_SPAWN:
+        _patch_spawned_ranks()
     else:
         _patch_loader(module_name)
 
@@ -299,7 +337,7 @@ class _FrameworkImports:
     import (~10 ms: it loads ``importlib.resources``, which MindSpore does not)."""
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        watched = name in _LOADERS or name == _MINDSPORE_DATASET or (name in FRAMEWORKS and _ON_IMPORT)
+        watched = name in _LOADERS or name in (_MINDSPORE_DATASET, _TORCH_SPAWN) or (name in FRAMEWORKS and _ON_IMPORT)
         if not watched or not _STATE:
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
@@ -322,6 +360,7 @@ class _FrameworkImports:
 
 
 _FINDER = _FrameworkImports()
+FINDER = _FINDER  # for ms-shm run's children: the framework import that patched one is handed to it
 
 
 def _framework_imported(name: str, callbacks: Any = None) -> None:
@@ -337,6 +376,8 @@ def on_framework_import(callback: Any) -> None:
     """``callback(package)`` once ``mindspore`` or ``torch`` is imported in full while patched (at once for one
     imported already): ``ms-shm run`` tunes there, when the script has imported its framework, instead of
     importing one itself before the script runs."""
+    if callback in _ON_IMPORT:  # a run inside a run
+        return
     _ON_IMPORT.append(callback)
     for name in FRAMEWORKS:
         if name in sys.modules and not getattr(getattr(sys.modules[name], "__spec__", None), "_initializing", False):
@@ -358,7 +399,7 @@ def patch(strict: bool = False) -> None:
             _STATE["strict"] = bool(strict)
             return
         _STATE.update(saved={}, strict=bool(strict))
-        for module_name in (_MINDSPORE_DATASET, *_LOADERS):
+        for module_name in (_MINDSPORE_DATASET, _TORCH_SPAWN, *_LOADERS):
             if module_name in sys.modules:
                 _patch_imported(module_name)
         if _FINDER not in sys.meta_path:

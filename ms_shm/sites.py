@@ -8,13 +8,14 @@ inside a model zoo's loader is found in the code that called it.
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 FRAMEWORK_PACKAGES = ("mindspore", "ms_shm")
 #: Libraries that make or remake a program's DataLoader (Lightning re-instantiates it with its own sampler,
 #: accelerate and transformers' Trainer wrap it, torchdata derives from it): an audit's warnings named
 #: ``lightning/fabric/utilities/data.py:325`` and ``accelerate/data_loader.py:428``, never the program's line.
 WRAPPER_PACKAGES = ("torch", "torchdata", "lightning", "lightning_fabric", "pytorch_lightning", "accelerate",
-                    "transformers")
+                    "transformers")  # the frameworks first: made_by_a_library skips them
 
 
 def _ours(module: str) -> bool:
@@ -22,13 +23,36 @@ def _ours(module: str) -> bool:
 
 
 def call_site() -> str | None:
-    """``file:line`` of the innermost frame whose module is none of those packages', or ``None``."""
+    """``file:line`` of the innermost frame whose module is none of those packages', or ``None``; where that is a
+    package of the program's (a model zoo's ``create_loader``), with the script's line that called into it: two
+    loaders an audit's package made at one line read as one warning said twice."""
     frame = sys._getframe(1)
     while frame is not None:
-        if not _ours(str(frame.f_globals.get("__name__", ""))):
-            return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+        module = str(frame.f_globals.get("__name__", ""))
+        if not _ours(module):
+            site = f"{frame.f_code.co_filename}:{frame.f_lineno}"
+            main = None if module == "__main__" else _script_frame(frame.f_back)
+            return site if main is None else f"{site} (from {main.f_code.co_filename}:{main.f_lineno})"
         frame = frame.f_back
     return None
 
 
-__all__ = ["call_site", "FRAMEWORK_PACKAGES", "WRAPPER_PACKAGES"]
+def _script_frame(frame: Any) -> Any:
+    """The innermost frame of the script (``__main__``) at or above ``frame``, or ``None``."""
+    while frame is not None and frame.f_globals.get("__name__") != "__main__":
+        frame = frame.f_back
+    return frame
+
+
+def made_by_a_library() -> bool:
+    """Whether a library that remakes a program's loaders (Lightning, accelerate, transformers) is on the stack."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        module = str(frame.f_globals.get("__name__", ""))
+        if any(module == p or module.startswith(p + ".") for p in WRAPPER_PACKAGES[2:]):
+            return True
+        frame = frame.f_back
+    return False
+
+
+__all__ = ["call_site", "made_by_a_library", "FRAMEWORK_PACKAGES", "WRAPPER_PACKAGES"]

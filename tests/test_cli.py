@@ -623,8 +623,10 @@ LAUNCHER = '''
 import json, multiprocessing, subprocess, sys
 
 def patched():
+    loaded = "ms_shm" in sys.modules  # a child loads nothing of ms_shm before it imports a framework
+    import torch.utils.data  # noqa: F401 - the framework import that patches a child
     module = sys.modules.get("ms_shm.patch")
-    return bool(module and module.is_patched())
+    return [loaded, bool(module and module.is_patched())]
 
 def report(queue):
     queue.put(patched())
@@ -649,26 +651,56 @@ if __name__ == "__main__":
 def test_run_patches_the_python_processes_its_script_starts(tmp_path):
     """Lightning's DDP ranks run the script again (``python script.py``), ``torch.multiprocessing.spawn`` starts
     spawned processes: an audit's rank 1 died of ENOSPC under 64 MB where rank 0, under ``ms-shm run``, ran. A
-    one-line ``python -c`` (multiprocessing's resource tracker among them) is left alone; plain python patches
-    nothing anywhere."""
+    child is patched at its first framework import and loads nothing of ms_shm before; a one-line ``python -c``
+    (multiprocessing's resource tracker among them) is left alone; plain python patches nothing anywhere."""
     (tmp_path / "launch.py").write_text(LAUNCHER)
     plain, ours = python_and_run("launch.py", cwd=tmp_path)
     assert plain.returncode == 0 and ours.returncode == 0, isolated.describe(ours)
-    assert json.loads(plain.stdout) == {"me": False, "spawned": False, "rank": False, "one_liner": "False"}
-    assert json.loads(ours.stdout) == {"me": True, "spawned": True, "rank": True, "one_liner": "False"}, ours.stderr
+    assert json.loads(plain.stdout) == {"me": [False, False], "spawned": [False, False], "rank": [False, False],
+                                        "one_liner": "False"}
+    assert json.loads(ours.stdout) == {"me": [True, True], "spawned": [False, True], "rank": [False, True],
+                                       "one_liner": "False"}, ours.stderr
     assert ours.stderr == plain.stderr
 
 
 def test_a_sitecustomize_the_run_hides_from_its_children_still_runs_there(tmp_path):
     """``ms-shm run`` puts its own ``sitecustomize`` first on the children's ``PYTHONPATH``; the one it hides (a
-    virtual environment's, a site's) runs after it, as it would have."""
+    virtual environment's, a site's) runs first, as it would have, and is the ``sitecustomize`` module there."""
     (tmp_path / "site").mkdir()
     (tmp_path / "site" / "sitecustomize.py").write_text("import builtins\nbuiltins.SITE_RAN = True\n")
-    (tmp_path / "child.py").write_text("import builtins, sys\nprint(getattr(builtins, 'SITE_RAN', False), "
-                                       "'ms_shm.patch' in sys.modules)\n")
+    (tmp_path / "child.py").write_text("import builtins, sys, sitecustomize\nimport torch.utils.data\n"
+                                       "print(getattr(builtins, 'SITE_RAN', False), 'ms_shm.patch' in sys.modules, "
+                                       "getattr(sitecustomize, '__file__', '').startswith(sys.argv[1]))\n")
     (tmp_path / "parent.py").write_text("import subprocess, sys\nsys.stdout.write(subprocess.run([sys.executable, "
-                                        "'child.py'], capture_output=True, text=True).stdout)\n")
+                                        f"'child.py', {str(tmp_path / 'site')!r}], capture_output=True, "
+                                        "text=True).stdout)\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(tmp_path / "site")]))
     ours = subprocess.run([sys.executable, "-m", "ms_shm", "run", "parent.py"], capture_output=True, text=True,
                           env=env, cwd=str(tmp_path), timeout=120)
-    assert ours.returncode == 0 and ours.stdout.split() == ["True", "True"], isolated.describe(ours)
+    assert ours.returncode == 0 and ours.stdout.split() == ["True", "True", "True"], isolated.describe(ours)
+
+
+SPAWNED_RANKS = '''
+import json, os, sys
+import torch.multiprocessing as mp
+import torch.utils.data  # noqa: F401 - torch's DataLoader module: what ms_shm patches
+
+def rank(index, queue):
+    import ms_shm
+    queue.put([index, ms_shm.session().host_facts().ranks.local_size])
+
+if __name__ == "__main__":
+    queue = mp.get_context("spawn").SimpleQueue()
+    mp.spawn(rank, args=(queue,), nprocs=2)
+    print(json.dumps({"ranks": sorted(queue.get() for _ in range(2)), "env": "MS_SHM_LOCAL_RANKS" in os.environ}))
+'''
+
+
+def test_ranks_started_by_torch_multiprocessing_spawn_plan_as_two_on_the_host(tmp_path):
+    """``torch.multiprocessing.spawn`` sets no launcher variable: an audit's 2 gloo ranks under 64 MB each planned
+    as the host's only rank, and one died of ShmFullError "planned for 1 rank(s)"."""
+    (tmp_path / "ddp.py").write_text(SPAWNED_RANKS)
+    plain, ours = python_and_run("ddp.py", cwd=tmp_path)
+    assert plain.returncode == 0 and ours.returncode == 0, isolated.describe(ours)
+    assert json.loads(plain.stdout) == {"ranks": [[0, 1], [1, 1]], "env": False}
+    assert json.loads(ours.stdout) == {"ranks": [[0, 2], [1, 2]], "env": False}, ours.stderr

@@ -1376,3 +1376,29 @@ def test_a_planned_loaders_workers_start_with_what_they_inherited_frozen(fresh_t
 
     loader = ms_shm.build_dataloader(FreezeCount(), batch_size=2, num_workers=2)  # explicit: kept
     assert all(n > 1000 for batch in loader for n in batch.tolist()) and gc.get_freeze_count() == 0
+
+
+def test_a_programs_loader_subclass_that_saves_its_state_keeps_its_workers_under_patch(fresh_torch):
+    """A subclass of the program's with ``state_dict``/``load_state_dict`` is locked as a ``StatefulDataLoader`` is:
+    ``DataLoader.__init__`` (patched) sees the subclass being made, not only its own class."""
+    from torch.utils.data import DataLoader
+
+    from ms_shm import loaders
+
+    class Resumable(DataLoader):
+        def state_dict(self):
+            return {"num_workers": self.num_workers}
+
+        def load_state_dict(self, state):
+            assert state["num_workers"] == self.num_workers
+
+    seen = []
+    real = loaders._asked_lock
+    with ms_shm.patched():
+        loaders._asked_lock = lambda eng, dataset, asked, cls=None: seen.append(real(eng, dataset, asked, cls)) or \
+            seen[-1]
+        try:
+            loader = Resumable(FreezeCount(), batch_size=2, num_workers=2)
+        finally:
+            loaders._asked_lock = real
+    assert seen and "a Resumable (its state_dict holds each worker's state" in seen[0] and loader.num_workers == 2

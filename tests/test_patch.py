@@ -423,7 +423,8 @@ def test_pipeline_built_inside_an_imported_package(real_mindspore, tmp_path):
     proc = run(f"-m ms_shm run {script} 71 12 8", cwd=tmp_path)
     assert_rows(result_of(proc), 71, 12, 8 * MiB)
     warnings = adapted_warnings(proc)
-    assert len(warnings) == 1 and f"{loader}:{line_of(loader, 'ds.GeneratorDataset(')}" in warnings[0], proc.stderr
+    assert len(warnings) == 1 and f"{loader}:{line_of(loader, 'ds.GeneratorDataset(')} (from {script}:" in \
+        warnings[0], proc.stderr
 
 
 def test_explicit_arguments_that_cannot_fit_are_adapted_or_refused_with_strict(real_mindspore):
@@ -653,9 +654,10 @@ def test_run_says_what_a_typical_generatordataset_needs_only_once_the_script_bui
 
 
 def test_a_datasets_loader_adapted_again_is_said_once_at_warning(caplog):
-    """Lightning builds a program's loader again with its own sampler (and accelerate for
-    ``skip_first_batches``): the same adaptation of the same dataset is one warning, the repeats INFO naming the
-    first site; another dataset gets its own warning, and a dataset gone frees its entry."""
+    """A loop making a loader again, or Lightning building it again with its own sampler (accelerate for
+    ``skip_first_batches``; the Lightning run of the audit's repro is checked by hand): the same adaptation of the
+    same dataset is one warning, the repeats INFO naming the first site; another dataset, or the program's own
+    loader of it at another line, gets its own warning; a dataset gone frees its entry."""
     import importlib
     import logging
 
@@ -672,15 +674,18 @@ def test_a_datasets_loader_adapted_again_is_said_once_at_warning(caplog):
     first, other = Samples(), Samples()
     with caplog.at_level(logging.INFO, logger="ms_shm"):
         patch._say_adapted(first, "train.py:11", adapted("60 MiB"))
-        patch._say_adapted(first, "lightning.py:257", adapted("28 MiB"))  # the first loader holds its room
+        patch._say_adapted(first, "train.py:11", adapted("28 MiB"))  # a loop; the first loader holds its room
         patch._say_adapted(other, "train.py:12", adapted("60 MiB"))
+        patch._say_adapted(first, "train.py:13", adapted("60 MiB"))  # the program's eval loader of the same data
     said = [(r.levelname, r.getMessage()) for r in caplog.records]
     assert said == [
         ("WARNING", f"ms_shm adapted DataLoader at train.py:11: {EXPLICIT} num_workers=2 -> num_workers=0 (no room: "
                     "60 MiB free)"),
-        ("INFO", f"ms_shm adapted DataLoader at lightning.py:257 as at train.py:11: {EXPLICIT} num_workers=2 -> "
+        ("INFO", f"ms_shm adapted DataLoader at train.py:11 as at train.py:11: {EXPLICIT} num_workers=2 -> "
                  "num_workers=0 (no room: 28 MiB free)"),
         ("WARNING", f"ms_shm adapted DataLoader at train.py:12: {EXPLICIT} num_workers=2 -> num_workers=0 (no room: "
+                    "60 MiB free)"),
+        ("WARNING", f"ms_shm adapted DataLoader at train.py:13: {EXPLICIT} num_workers=2 -> num_workers=0 (no room: "
                     "60 MiB free)")]
     held = len(patch._ADAPTED)
     del first

@@ -101,9 +101,14 @@ def write_report_at_exit(path: str) -> None:
 
 
 def _log_to_stderr(level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+    """ms_shm's messages on stderr, once: a run inside a run (``ms-shm run`` started by a script under ``ms-shm
+    run``) said each twice."""
     logger = logging.getLogger("ms_shm")
+    if any(getattr(h, "ms_shm_run", False) for h in logger.handlers):
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.ms_shm_run = True
+    handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
     logger.addHandler(handler)
     logger.setLevel(level)
     logger.propagate = False  # ms-shm run shows ms_shm's messages once, even if the script configures logging
@@ -193,22 +198,22 @@ def _protect_children(strict: bool, log_level: str) -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join([_CHILDREN_PATH, *paths])
 
 
-def protect_child(options: str) -> None:
+def protect_child(options: str) -> Any:
     """In a Python process the run's script started: patched as the script is, and (a script or module run as a
     rank) tuned once it imports its framework. A multiprocessing worker (``--multiprocessing-fork``: a spawned
     DataLoader worker, a ``torch.multiprocessing.spawn`` process) is patched only: the run's ``tune()`` settings
     reach it through its parent, its loaders apply what they need. The run's ``--report`` lists the run's own
-    process only."""
+    process only. Returns ms_shm's import finder, for the framework import that set this off."""
     import json
 
-    from ms_shm.patch import on_framework_import, patch
+    from ms_shm.patch import FINDER, on_framework_import, patch
 
-    worker = "--multiprocessing-fork" in sys.argv
     settings = json.loads(options)
     _log_to_stderr(settings.get("log_level") or "WARNING")
     patch(strict=bool(settings.get("strict")))
-    if not worker:
+    if "--multiprocessing-fork" not in sys.argv:
         on_framework_import(_tune_at_import)
+    return FINDER
 
 
 # ------------------------------------------------------------------------------------------- running as python

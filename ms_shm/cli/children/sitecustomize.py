@@ -1,16 +1,19 @@
 """Run by Python at start-up in a process the script of ``ms-shm run`` started (``MS_SHM_RUN_CHILDREN`` set, this
 folder first on ``PYTHONPATH``): Lightning's DDP ranks, which run the script again as ``python script.py``; the
 processes of ``torch.multiprocessing.spawn``; a launcher's ranks. Each is patched as the script is
-(``ms_shm.cli.run.protect_child``). Then the ``sitecustomize`` this one hides, if any, runs. Nothing here may stop
-the process from starting as it would: a failure is one line on stderr."""
+(``ms_shm.cli.run.protect_child``) once it imports a framework: a child that imports none (pip, a helper script)
+loads nothing of ms_shm (an audit: every child paid ~100-180 ms for it). The ``sitecustomize`` this one hides, if
+any, runs first and stays ``sys.modules["sitecustomize"]``. Nothing here may stop a process from starting as it
+would: a child whose Python cannot import ms_shm is left alone, silently; another failure is one line on stderr."""
 
 import os
 import sys
 
+_FRAMEWORKS = ("torch", "torchdata", "mindspore")
 
-def _hidden_sitecustomize() -> None:
-    """The next ``sitecustomize`` on ``sys.path`` (a virtual environment's, the distribution's), run as Python would
-    have run it."""
+
+def _hidden_sitecustomize():
+    """The next ``sitecustomize`` on ``sys.path`` (a virtual environment's, a site's), run as Python would have."""
     import importlib.machinery
     import importlib.util
 
@@ -18,22 +21,44 @@ def _hidden_sitecustomize() -> None:
     rest = [entry for entry in sys.path if os.path.abspath(entry or os.curdir) != here]
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
     if spec is not None and spec.loader is not None:
-        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["sitecustomize"] = module
+        spec.loader.exec_module(module)
 
 
-def _protect() -> None:
-    """A script or module run as a rank, or a multiprocessing worker (``--multiprocessing-fork``); not other
-    ``-c`` commands (multiprocessing's resource tracker, a one-liner), which do not even import ms_shm."""
+class _OnFrameworkImport:
+    """A meta path finder that finds nothing: at the child's first import of a framework it patches the child,
+    then hands that import to ms_shm's own finder (which tunes a rank once the framework is in)."""
+
+    def __init__(self, options):
+        self.options, self.done = options, False
+
+    def find_spec(self, name, path=None, target=None):
+        if self.done or name.partition(".")[0] not in _FRAMEWORKS:
+            return None
+        self.done = True  # stays in sys.meta_path, inert: removing it mid-import would skip the next finder
+        try:
+            from ms_shm.cli.run import protect_child
+        except ImportError:  # another Python, another environment: the child runs as it would
+            return None
+        try:
+            return protect_child(self.options).find_spec(name, path, target)
+        except Exception as exc:  # noqa: BLE001 - the child starts regardless
+            print(f"ms-shm run: in child process {os.getpid()}: not patched: {type(exc).__name__}: {exc}",
+                  file=sys.stderr)
+            return None
+
+
+def _install():
     options = os.environ.get("MS_SHM_RUN_CHILDREN")
+    # a script or module run as a rank, or a multiprocessing worker; not other -c commands (the resource tracker)
     if options and (sys.argv[:1] != ["-c"] or "--multiprocessing-fork" in sys.argv):
-        from ms_shm.cli.run import protect_child
-
-        protect_child(options)
+        sys.meta_path.insert(0, _OnFrameworkImport(options))
 
 
-for _step in (_protect, _hidden_sitecustomize):
+for _step in (_hidden_sitecustomize, _install):
     try:
         _step()
     except Exception as _exc:  # noqa: BLE001 - the process starts regardless
-        print(f"ms-shm run: in child process {os.getpid()}: {_step.__name__[1:]} failed: {type(_exc).__name__}: "
-              f"{_exc}", file=sys.stderr)
+        print(f"ms-shm run: in child process {os.getpid()}: {_step.__name__.strip('_')} failed: "
+              f"{type(_exc).__name__}: {_exc}", file=sys.stderr)

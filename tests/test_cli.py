@@ -626,7 +626,7 @@ def patched():
     loaded = "ms_shm" in sys.modules  # a child loads nothing of ms_shm before it imports a framework
     import torch.utils.data  # noqa: F401 - the framework import that patches a child
     module = sys.modules.get("ms_shm.patch")
-    return [loaded, bool(module and module.is_patched())]
+    return [loaded, bool(module and module.is_patched()), bool(module and module._ON_IMPORT)]  # tuned at import
 
 def report(queue):
     queue.put(patched())
@@ -656,10 +656,10 @@ def test_run_patches_the_python_processes_its_script_starts(tmp_path):
     (tmp_path / "launch.py").write_text(LAUNCHER)
     plain, ours = python_and_run("launch.py", cwd=tmp_path)
     assert plain.returncode == 0 and ours.returncode == 0, isolated.describe(ours)
-    assert json.loads(plain.stdout) == {"me": [False, False], "spawned": [False, False], "rank": [False, False],
-                                        "one_liner": "False"}
-    assert json.loads(ours.stdout) == {"me": [True, True], "spawned": [False, True], "rank": [False, True],
-                                       "one_liner": "False"}, ours.stderr
+    assert json.loads(plain.stdout) == {"me": [False, False, False], "spawned": [False, False, False],
+                                        "rank": [False, False, False], "one_liner": "False"}
+    assert json.loads(ours.stdout) == {"me": [True, True, True], "spawned": [False, True, False],  # patched only
+                                       "rank": [False, True, True], "one_liner": "False"}, ours.stderr
     assert ours.stderr == plain.stderr
 
 

@@ -198,9 +198,9 @@ def _protect_children(strict: bool, log_level: str) -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join([_CHILDREN_PATH, *paths])
 
 
-def protect_child(options: str) -> Any:
+def protect_child(options: str, worker: bool) -> Any:
     """In a Python process the run's script started: patched as the script is, and (a script or module run as a
-    rank) tuned once it imports its framework. A multiprocessing worker (``--multiprocessing-fork``: a spawned
+    rank) tuned once it imports its framework. A multiprocessing ``worker`` (``--multiprocessing-fork``: a spawned
     DataLoader worker, a ``torch.multiprocessing.spawn`` process) is patched only: the run's ``tune()`` settings
     reach it through its parent, its loaders apply what they need. The run's ``--report`` lists the run's own
     process only. Returns ms_shm's import finder, for the framework import that set this off."""
@@ -211,7 +211,7 @@ def protect_child(options: str) -> Any:
     settings = json.loads(options)
     _log_to_stderr(settings.get("log_level") or "WARNING")
     patch(strict=bool(settings.get("strict")))
-    if "--multiprocessing-fork" not in sys.argv:
+    if not worker:
         on_framework_import(_tune_at_import)
     return FINDER
 

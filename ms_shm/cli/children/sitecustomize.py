@@ -30,8 +30,8 @@ class _OnFrameworkImport:
     """A meta path finder that finds nothing: at the child's first import of a framework it patches the child,
     then hands that import to ms_shm's own finder (which tunes a rank once the framework is in)."""
 
-    def __init__(self, options):
-        self.options, self.done = options, False
+    def __init__(self, options, worker):
+        self.options, self.worker, self.done = options, worker, False
 
     def find_spec(self, name, path=None, target=None):
         if self.done or name.partition(".")[0] not in _FRAMEWORKS:
@@ -42,7 +42,7 @@ class _OnFrameworkImport:
         except ImportError:  # another Python, another environment: the child runs as it would
             return None
         try:
-            return protect_child(self.options).find_spec(name, path, target)
+            return protect_child(self.options, self.worker).find_spec(name, path, target)
         except Exception as exc:  # noqa: BLE001 - the child starts regardless
             print(f"ms-shm run: in child process {os.getpid()}: not patched: {type(exc).__name__}: {exc}",
                   file=sys.stderr)
@@ -51,9 +51,10 @@ class _OnFrameworkImport:
 
 def _install():
     options = os.environ.get("MS_SHM_RUN_CHILDREN")
+    worker = "--multiprocessing-fork" in sys.argv  # read now: a spawned worker takes its parent's argv later
     # a script or module run as a rank, or a multiprocessing worker; not other -c commands (the resource tracker)
-    if options and (sys.argv[:1] != ["-c"] or "--multiprocessing-fork" in sys.argv):
-        sys.meta_path.insert(0, _OnFrameworkImport(options))
+    if options and (sys.argv[:1] != ["-c"] or worker):
+        sys.meta_path.insert(0, _OnFrameworkImport(options, worker))
 
 
 for _step in (_hidden_sitecustomize, _install):

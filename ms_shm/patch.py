@@ -271,7 +271,7 @@ def _patch_spawned_ranks() -> None:
     """``torch.multiprocessing.spawn`` / ``start_processes`` tell the ranks they start how many share this host
     (``MS_SHM_LOCAL_RANKS``, where no launcher says): an audit's 2 ranks of gloo DDP under 64 MB each planned its
     loaders as the host's only rank, and one died of ``ShmFullError`` "planned for 1 rank(s)"."""
-    module = sys.modules.get("torch.multiprocessing.spawn")
+    module = sys.modules.get(_TORCH_SPAWN)
     package = sys.modules.get("torch.multiprocessing")
     real = getattr(module, "start_processes", None)
     if real is None or (module, "start_processes") in _STATE["saved"]:

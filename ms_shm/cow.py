@@ -36,8 +36,8 @@ if TYPE_CHECKING:  # imported where a stand-in is made: see _no_objects
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CowFinding", "inspect_source", "findings_in", "for_workers", "code_holders", "copied_per_worker",
-           "log_findings", "share_lists"]
+__all__ = ["CowFinding", "inspect_source", "findings_in", "for_workers", "code_holders", "log_findings",
+           "share_lists"]
 
 PAGE = 4096
 #: Objects larger than this come from malloc, not pymalloc's pools: touching one copies about one page.
@@ -216,12 +216,6 @@ def code_holders(callables: Iterable[Any], label: str, frameworks: tuple = ("min
             continue
         holders.append((f"{label} {run.__qualname__ if code else type(run).__name__}", run))
     return holders
-
-
-def copied_per_worker(source: Any, ranks: int = 1, start_method: str = "fork") -> int:
-    """Bytes one worker process comes to copy of ``source``'s big containers over an epoch: what a planner adds
-    to each worker's own memory (threads and in-process reading share the one copy)."""
-    return sum(f.bytes_per_worker for f in inspect_source(source, workers=1, ranks=ranks, start_method=start_method))
 
 
 def _walk_attributes(source: Any, judge: Callable[..., CowFinding | None]) -> list:

@@ -14,12 +14,16 @@ FRAMEWORK_PACKAGES = ("mindspore", "ms_shm")
 #: Libraries that make or remake a program's DataLoader (Lightning re-instantiates it with its own sampler,
 #: accelerate and transformers' Trainer wrap it, torchdata derives from it): an audit's warnings named
 #: ``lightning/fabric/utilities/data.py:325`` and ``accelerate/data_loader.py:428``, never the program's line.
-WRAPPER_PACKAGES = ("torch", "torchdata", "lightning", "lightning_fabric", "pytorch_lightning", "accelerate",
-                    "transformers")  # the frameworks first: made_by_a_library skips them
+REMAKING_LIBRARIES = ("lightning", "lightning_fabric", "pytorch_lightning", "accelerate", "transformers")
+WRAPPER_PACKAGES = ("torch", "torchdata") + REMAKING_LIBRARIES
+
+
+def _in(module: str, packages: tuple) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
 
 
 def _ours(module: str) -> bool:
-    return any(module == p or module.startswith(p + ".") for p in FRAMEWORK_PACKAGES + WRAPPER_PACKAGES)
+    return _in(module, FRAMEWORK_PACKAGES + WRAPPER_PACKAGES)
 
 
 def call_site() -> str | None:
@@ -48,8 +52,7 @@ def made_by_a_library() -> bool:
     """Whether a library that remakes a program's loaders (Lightning, accelerate, transformers) is on the stack."""
     frame = sys._getframe(1)
     while frame is not None:
-        module = str(frame.f_globals.get("__name__", ""))
-        if any(module == p or module.startswith(p + ".") for p in WRAPPER_PACKAGES[2:]):
+        if _in(str(frame.f_globals.get("__name__", "")), REMAKING_LIBRARIES):
             return True
         frame = frame.f_back
     return False

@@ -44,8 +44,7 @@ class _OnFrameworkImport:
         try:
             return protect_child(self.options, self.worker).find_spec(name, path, target)
         except Exception as exc:  # noqa: BLE001 - the child starts regardless
-            print(f"ms-shm run: in child process {os.getpid()}: not patched: {type(exc).__name__}: {exc}",
-                  file=sys.stderr)
+            _say(f"not patched: {type(exc).__name__}: {exc}")
             return None
 
 
@@ -57,9 +56,16 @@ def _install():
         sys.meta_path.insert(0, _OnFrameworkImport(options, worker))
 
 
+def _say(what):
+    """One line through ms_shm's logger (unconfigured in a child: Python's last-resort handler puts a warning on
+    stderr); ``logging`` is loaded only then, not at every start-up."""
+    import logging
+
+    logging.getLogger("ms_shm.cli.run").warning("ms-shm run: in child process %s: %s", os.getpid(), what)
+
+
 for _step in (_hidden_sitecustomize, _install):
     try:
         _step()
     except Exception as _exc:  # noqa: BLE001 - the process starts regardless
-        print(f"ms-shm run: in child process {os.getpid()}: {_step.__name__.strip('_')} failed: "
-              f"{type(_exc).__name__}: {_exc}", file=sys.stderr)
+        _say(f"{_step.__name__.strip('_')} failed: {type(_exc).__name__}: {_exc}")

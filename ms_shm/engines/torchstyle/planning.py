@@ -98,7 +98,7 @@ class BatchStats(Result):
     collate_shares: bool | None = None  # the caller's collate_fn, run as in a worker, built its batch in shared
     # memory (through torch's default collate); ``None``: not asked (no collate of the caller's) or unknown
     copied_bytes: int = 0  # what each worker process comes to copy of the dataset's big lists and dicts over an
-    # epoch (``cow.copied_per_worker``: copy-on-read), beyond the pages the probe's few samples touched
+    # epoch (``loaders._copies``: copy-on-read), beyond the pages the probe's few samples touched
 
     @property
     def ragged(self) -> bool:

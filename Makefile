@@ -8,13 +8,15 @@ MINDSPORE ?= mindspore==2.10.0
 TORCH ?= torch==2.13.0
 # torchdata's StatefulDataLoader (a DataLoader subclass ms_shm patches too), for its tests; pure Python, needs torch.
 TORCHDATA ?= torchdata==0.11.0
+# pandas, for the copy-on-read tests of a dataset that holds a DataFrame (pandas itself is never imported by ms_shm).
+PANDAS ?= pandas==3.1.1
 
 .PHONY: install demo test test-main test-matrix lint bench doctor clean
 
 $(VENV)/.installed: setup.cfg setup.py pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]' '$(MINDSPORE)' '$(TORCH)' '$(TORCHDATA)'
+	$(PY) -m pip install -q -e '.[test]' '$(MINDSPORE)' '$(TORCH)' '$(TORCHDATA)' '$(PANDAS)'
 	touch $@
 
 install: $(VENV)/.installed

@@ -18,9 +18,12 @@ import functools
 import gc
 import itertools
 import logging
+import os
 import random
 import re
+import site
 import sys
+import sysconfig
 import types
 from collections import OrderedDict, deque
 from dataclasses import field, replace
@@ -64,6 +67,9 @@ _DICT_KEY_TYPES = (str, bytes, int)
 #: Path steps that reach a value through code rather than through the source: a module global a function
 #: names, a variable it closes over. Forked workers read them as they read the source's attributes.
 _CODE_STEPS = ("global", "closure")
+# Steps into a pandas object's Python objects: ("column", name) of a DataFrame, ("values", None) of a Series or
+# an Index, each reached as the numpy object array that holds them.
+_PANDAS_STEPS = ("column", "values")
 #: The methods through which a worker reads a source: what they name is read in every worker.
 _READING_METHODS = ("__getitem__", "__iter__", "__next__", "__call__")
 #: How deep into nested code (comprehensions, inner functions) the names a function reads are looked for.
@@ -528,9 +534,34 @@ def _children(value: Any) -> Iterator[tuple[Step, Any]]:
             return
         if _is_container(value):
             return
-        yield from _attributes(value)
+        held = _pandas_objects(value)
+        yield from _attributes(value) if held is None else held
     except Exception as exc:
         log.debug("ms_shm.cow: cannot look inside a %s: %s", type(value).__name__, exc)
+
+
+def _pandas_objects(value: Any) -> list | None:
+    """A pandas DataFrame's columns of Python objects (``object``, and strings stored without pyarrow: pandas 3's
+    ``str`` then holds a numpy array of ``str``), or a Series' or an Index's values, as the numpy arrays holding
+    them; ``None``: not pandas. ``df.loc[i, "path"]`` touches the row's objects as a list's item would, and an
+    audit measured 62 MiB per worker for such columns where the attribute walk, four levels short of the
+    arrays (``_mgr.blocks[k].values``), estimated nothing. pandas is never imported here."""
+    if not _is_pandas(value):
+        return None
+    if objects.has(value, "columns") and callable(objects.attribute(value, "items")):
+        return [(("column", name), held) for name, column in itertools.islice(value.items(), _MAX_ATTRIBUTES)
+                if (held := _object_values(column)) is not None]
+    held = _object_values(value)
+    return [] if held is None else [(("values", None), held)]
+
+
+def _is_pandas(value: Any) -> bool:
+    return type(value).__module__.partition(".")[0] == "pandas"
+
+
+def _object_values(column: Any) -> np.ndarray | None:
+    held = objects.attribute(objects.attribute(column, "array"), "_ndarray")
+    return held if isinstance(held, np.ndarray) and held.dtype == object else None
 
 
 def _attributes(obj: Any) -> Iterator[tuple[Step, Any]]:
@@ -649,17 +680,39 @@ def _globals_and_cells(function: types.FunctionType, named: frozenset | None) ->
             yield ("closure", name), _narrowed(cell.cell_contents, named)
         except ValueError:  # a cell not filled yet
             continue
-    if not any(_worth_walking(dict.get(namespace, name)) for name in _names(code, _CODE_DEPTH)):
-        return  # only modules and classes (np, Image): no need to tell global loads from attribute names
+    if not any(_worth_walking(dict.get(namespace, name)) or _programs_module(dict.get(namespace, name))
+               for name in _names(code, _CODE_DEPTH)):
+        return  # only libraries and classes (np, Image): no need to tell global loads from attribute names
     for name in _globals_loaded(code):
         if dict.__contains__(namespace, name):
             yield ("global", name), _narrowed(dict.__getitem__(namespace, name), named)
 
 
 def _narrowed(value: Any, named: frozenset | None) -> Any:
-    """``value``, or a plain object's stand-in that the walk reads only ``named`` attributes of."""
-    plain = not issubclass(type(value), _CONTAINERS + _PLAIN + _NOT_WALKED + (np.ndarray, _Named))
-    return _Named(value, named) if named is not None and plain and _worth_walking(value) else value
+    """``value``, or a plain object's or a program's module's stand-in that the walk reads only ``named``
+    attributes of (``config.PATHS[i]`` copies ``config``'s ``PATHS``, and nothing else of it)."""
+    plain = not issubclass(type(value), _CONTAINERS + _PLAIN + _NOT_WALKED + (np.ndarray, _Named)) and \
+        not _is_pandas(value)  # its columns are read through its methods (``DF.iloc[i]``), never named
+    walked = (plain and _worth_walking(value)) or _programs_module(value)
+    return _Named(value, named) if named is not None and walked else value
+
+
+def _programs_module(value: Any) -> bool:
+    """A module of the program's own, from a file outside the interpreter's libraries: a ``config`` module's
+    ``PATHS`` is the program's data, read in every worker; a library's attributes are not the dataset's."""
+    if not issubclass(type(value), types.ModuleType):
+        return False
+    path = objects.attribute(value, "__file__")
+    return isinstance(path, str) and not os.path.realpath(path).startswith(_library_roots())
+
+
+@functools.lru_cache(maxsize=1)
+def _library_roots() -> tuple:
+    """The folders the interpreter's own and installed modules live in (stdlib, site-packages, user site)."""
+    folders = {sysconfig.get_path(name) for name in ("stdlib", "platstdlib", "purelib", "platlib")}
+    folders.update(getattr(site, "getsitepackages", lambda: [])())
+    folders.add(getattr(site, "USER_SITE", None) or "")
+    return tuple(os.path.join(os.path.realpath(f), "") for f in folders if f)
 
 
 def _worth_walking(value: Any) -> bool:
@@ -720,8 +773,10 @@ def _format_path(path: tuple) -> str:
             text = key
         elif kind == "attr":
             text += f".{key}" if text else key
-        elif kind == "key":
+        elif kind in ("key", "column"):
             text += f"[{key!r}]"
+        elif kind == "values":
+            continue
         else:
             text += f"[{key}]"
     return text
@@ -897,6 +952,8 @@ def _fix(path: tuple, value: Any, assignable: bool, shared_memory: bool = False)
 
 def _plain_fix(path: tuple, value: Any, assignable: bool) -> tuple[str, bool]:
     target = "source" if not path else _format_path(path) if _through_code(path) else "self." + _format_path(path)
+    if path and path[-1][0] in _PANDAS_STEPS:
+        return _pandas_fix(target, value), False
     swappable = bool(path) and assignable
     if type(value) is list:
         return f"{target} = ms_shm.SharedList({target})", swappable
@@ -913,6 +970,14 @@ def _plain_fix(path: tuple, value: Any, assignable: bool) -> tuple[str, bool]:
     return f"{target} = ms_shm.SharedList({target})", False
 
 
+def _pandas_fix(target: str, value: np.ndarray) -> str:
+    """Strings go to Arrow buffers, which hold no Python object per row; other objects to a stand-in read in
+    place of the column (pandas turns a list put back into a column into objects again)."""
+    if all(isinstance(item, str) or item is None or item != item for item in value[:_SAMPLE]):  # NaN != NaN
+        return f'{target} = {target}.astype("string[pyarrow]")  # pip install pyarrow'
+    return f"rows = ms_shm.SharedList({target}.tolist())  # and read rows[i] in place of the column"
+
+
 def _sample_keys(value: dict) -> list[Any]:
     return list(itertools.islice(iter(value), _SAMPLE))
 
@@ -924,7 +989,8 @@ def _finding(path: tuple, value: Any, workers: int, ranks: int, start_method: st
         if objects < min_objects:
             return None
         fix, swappable = _fix(path, value, assignable, shared_memory=not fork)
-        kind = "ndarray[object]" if isinstance(value, np.ndarray) else type(value).__name__
+        kind = ("pandas column of Python objects" if path and path[-1][0] in _PANDAS_STEPS else
+                "ndarray[object]" if isinstance(value, np.ndarray) else type(value).__name__)
     except Exception as exc:  # a container subclass with a broken __len__/__iter__, a huge odd object
         log.debug("ms_shm.cow: %s skipped: %s: %s", _format_path(path), type(exc).__name__, exc)
         return None

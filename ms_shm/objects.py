@@ -8,6 +8,7 @@ means "not there", and MindSpore raises its own error where it does raw.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 
@@ -25,6 +26,36 @@ _MISSING = object()
 def has(obj: Any, name: str) -> bool:
     """``hasattr(obj, name)``, false for any exception the lookup raises."""
     return attribute(obj, name, _MISSING) is not _MISSING
+
+
+class PerObject:
+    """Values kept beside live objects of the user's, by identity, gone with the object: a dataset may define
+    ``__eq__`` without ``__hash__`` or compare equal to another, and ``id()`` alone is reused once it dies.
+    An object that takes no weak reference keeps nothing (each use of it is then as the first)."""
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple[weakref.ref, dict]] = {}
+
+    def __len__(self) -> int:
+        """The live objects something is kept for."""
+        return len(self._entries)
+
+    def get(self, obj: Any, key: Any, default: Any = None) -> Any:
+        entry = self._entries.get(id(obj))
+        if entry is None or entry[0]() is not obj:
+            return default
+        return entry[1].get(key, default)
+
+    def put(self, obj: Any, key: Any, value: Any) -> None:
+        at = id(obj)
+        entry = self._entries.get(at)
+        if entry is None or entry[0]() is not obj:
+            try:
+                ref = weakref.ref(obj, lambda _: self._entries.pop(at, None))
+            except TypeError:
+                return
+            entry = self._entries[at] = (ref, {})
+        entry[1][key] = value
 
 
 OWN_PREFIX = "_ms_shm_"

@@ -30,10 +30,9 @@ import os
 import sys
 import threading
 import time
-import weakref
 from typing import Any, Iterator
 
-from ms_shm import sites
+from ms_shm import objects, sites
 
 log = logging.getLogger("ms_shm")
 
@@ -234,7 +233,7 @@ def _make_loader_init(cls: type, real_init: Any, engine: str) -> Any:
     return __init__
 
 
-_ADAPTED: dict = {}  # (id of a dataset, what was adapted) -> (a weak reference to it, the site that said it first)
+_ADAPTED = objects.PerObject()  # dataset -> {what was adapted: the site that said it first}
 
 
 def _say_adapted(dataset: Any, site: str | None, changed: list) -> None:
@@ -244,16 +243,13 @@ def _say_adapted(dataset: Any, site: str | None, changed: list) -> None:
     INFO, naming the first site. A loader of the same dataset the program makes at another line (train, then
     eval) is its own warning."""
     what = "; ".join(f"{d.setting} {d.default} -> {d.value} ({d.reason})" for d in changed)
-    key = (id(dataset), tuple((d.setting, str(d.default), str(d.value)) for d in changed))
-    said = _ADAPTED.get(key)
-    if said is not None and said[0]() is dataset and (said[1] == (site or "?") or sites.made_by_a_library()):
-        log.info("ms_shm adapted DataLoader at %s as at %s: %s", site or "?", said[1], what)
+    key = tuple((d.setting, str(d.default), str(d.value)) for d in changed)
+    said = _ADAPTED.get(dataset, key)
+    if said is not None and (said == (site or "?") or sites.made_by_a_library()):
+        log.info("ms_shm adapted DataLoader at %s as at %s: %s", site or "?", said, what)
         return
     log.warning("ms_shm adapted DataLoader at %s: %s", site or "?", what)
-    try:
-        _ADAPTED[key] = (weakref.ref(dataset, lambda _, key=key: _ADAPTED.pop(key, None)), site or "?")
-    except TypeError:  # no weak references to it: each loader of it says it
-        pass
+    _ADAPTED.put(dataset, key, site or "?")  # no weak references to it: each loader of it says it
 
 
 def _patch_loader(module_name: str) -> None:

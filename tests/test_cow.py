@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import sys
 from collections import OrderedDict, defaultdict, deque
@@ -648,6 +649,72 @@ def test_a_container_two_holders_read_is_said_and_counted_once():
     assert [f.holder for f in found] == ["map operation a"]
     four = only(for_workers(found, 4))
     assert (four.workers, four.total_bytes) == (4, 4 * found[0].bytes_per_worker)
+
+
+def test_an_attribute_of_a_programs_module_the_code_reads_is_flagged_and_a_librarys_is_not():
+    """``import config`` then ``config.PATHS[i]`` in ``__getitem__``: the program's module is read as far as the
+    code names its attributes; a module installed with the interpreter is a library, never the dataset's data."""
+    import sysconfig
+    import types
+
+    def module_at(path: str) -> types.ModuleType:
+        made = types.ModuleType("config")
+        made.__file__, made.PATHS, made.UNREAD = path, names(30_000), names(30_000)
+        return made
+
+    code = "class Source:\n    def __getitem__(self, i):\n        return config.PATHS[i]\n"
+    ours = _module(code, config=module_at("/srv/project/config.py"))
+    finding = only(inspect_source(ours["Source"](), workers=2))
+    assert (finding.attribute, finding.swappable) == ("config.PATHS", False)
+    assert finding.fix == "config.PATHS = ms_shm.SharedList(config.PATHS)"
+    assert "attribute 'PATHS' of module global 'config' read by the source" in finding.message
+    library = _module(code, config=module_at(os.path.join(sysconfig.get_path("purelib"), "config.py")))
+    assert inspect_source(library["Source"](), workers=2) == ()
+
+
+def test_a_dataframes_columns_of_python_objects_are_flagged_and_its_numbers_are_not():
+    """``self.df.iloc[i]["path"]``: pandas keeps strings (without pyarrow) and ``object`` columns as numpy arrays
+    of Python objects, four levels below the frame (``_mgr.blocks[k].values``), which the attribute walk never
+    reached: an audit measured 62 MiB per worker against an estimate of 0. A Series held apart from its frame
+    is the same array, said once."""
+    pd = pytest.importorskip("pandas", reason="pandas is not installed (make install adds it)")
+    frame = pd.DataFrame({"path": names(30_000), "label": np.arange(30_000), "meta": [{"w": i} for i in range(30_000)]})
+    found = inspect_source(Plain(df=frame, paths=frame["path"]), workers=2)
+    by_attribute = {f.attribute: f for f in found}
+    assert sorted(by_attribute) == ["df['meta']", "df['path']"], found
+    path, meta = by_attribute["df['path']"], by_attribute["df['meta']"]
+    assert path.kind == "pandas column of Python objects" and not path.swappable and path.objects >= 30_000
+    assert path.fix == """self.df['path'] = self.df['path'].astype("string[pyarrow]")  # pip install pyarrow"""
+    assert meta.fix.startswith("rows = ms_shm.SharedList(self.df['meta'].tolist())") and meta.objects >= 50_000
+    assert """source attribute "df['path']" is a pandas column of Python objects of 30,000 items""" in path.message
+    assert only(inspect_source(Plain(paths=pd.Series(names(30_000), dtype=object)), workers=2)).attribute == "paths"
+    module = _module("class Source:\n    def __getitem__(self, i):\n        return DF.iloc[i]\n", DF=frame)
+    assert sorted(f.attribute for f in inspect_source(module["Source"](), workers=2)) == ["DF['meta']", "DF['path']"]
+    holder = Plain(df=frame)
+    assert share_lists(holder, found) == () and holder.df is frame  # by hand only: pandas makes a list objects again
+
+
+def test_the_pandas_walk_reads_only_what_pandas_exposes_and_never_imports_it():
+    """The frame is recognised by its class's module and read through ``items()`` and ``.array``: a stand-in of
+    that shape is walked without pandas, and an object of another library with the same names is not."""
+
+    class Column:
+        def __init__(self, values):
+            self.array = type("Backing", (), {})()
+            self.array._ndarray = values
+
+    def frame_class(module):
+        return type("DataFrame", (), {"__module__": module, "columns": ("a", "b"),
+                                      "items": lambda self: iter([("a", self.a), ("b", self.b)])})
+
+    def made(module):
+        frame = frame_class(module)()
+        frame.a, frame.b = Column(np.array(names(30_000), dtype=object)), Column(np.arange(30_000))
+        return frame
+
+    (finding,) = inspect_source(Plain(df=made("pandas.core.frame")), workers=2)
+    assert finding.attribute == "df['a']" and finding.kind == "pandas column of Python objects"
+    assert inspect_source(Plain(df=made("polars.dataframe")), workers=2) == ()
 
 
 def test_names_read_as_attributes_modules_and_classes_are_not_globals_read():

@@ -647,6 +647,48 @@ def test_explicit_workers_that_fit_cost_the_probe_two_samples_read_once(fresh_to
     assert read[:2] == ["0", "11"] and read.count("0") == 2 and len(read) <= probe_reads(), read
 
 
+def test_a_loader_made_again_of_the_same_dataset_takes_the_probe_made_before(fresh_torch, tmp_path, monkeypatch):
+    """Lightning and accelerate remake the program's loader with their own sampler, and loops make one per epoch:
+    each was probed again (a fork and a batch read). The same batch size, ``collate_fn`` and kind of sampler take
+    the probe before, with the epoch its own sampler reads (a rank's share); another batch size is probed anew."""
+    from torch.utils.data.distributed import DistributedSampler
+
+    reads = tmp_path / "reads.log"
+    ds = Logged(reads)
+    first = ms_shm.build_dataloader(ds, batch_size=4, shuffle=True)
+    probed = reads.read_text()
+    again = ms_shm.build_dataloader(ds, batch_size=4, shuffle=True)
+    assert reads.read_text() == probed and again.num_workers == first.num_workers
+    assert ms_shm.plan_of(again).workers == ms_shm.plan_of(first).workers
+    from ms_shm import loaders
+
+    planned, plan = [], loaders._plan
+    monkeypatch.setattr(loaders, "_plan", lambda eng, stats, *a: planned.append(stats.samples) or plan(eng, stats, *a))
+    ranked = ms_shm.build_dataloader(ds, batch_size=4, sampler=DistributedSampler(ds, num_replicas=2, rank=0))
+    assert planned == [6] and reads.read_text() == probed and batches(ranked) == batches(DataLoader(
+        ds, batch_size=4, sampler=DistributedSampler(ds, num_replicas=2, rank=0)))
+    ms_shm.build_dataloader(ds, batch_size=2, shuffle=True)
+    assert len(reads.read_text()) > len(probed)
+
+
+def test_a_collate_fn_holding_its_dataset_does_not_keep_it_alive(fresh_torch):
+    """The probe kept for a later loader holds the ``collate_fn`` weakly: one that holds its dataset (a bound
+    method of the dataset, a closure) would otherwise keep both alive for the rest of the program."""
+    import gc
+    import weakref
+
+    class Padding(Numbers):
+        def collate(self, samples):
+            return torch.stack(samples)
+
+    ds = Padding(8)
+    ms_shm.build_dataloader(ds, batch_size=4, collate_fn=ds.collate)
+    gone = weakref.ref(ds)
+    del ds
+    gc.collect()
+    assert gone() is None
+
+
 class BatchedOnly(Dataset if Dataset is not None else object):
     """Reads in batches only, as Hugging Face's datasets and a ``__getitems__`` over a database do: torch's fetcher
     calls ``__getitems__(indices)`` and never ``__getitem__``."""

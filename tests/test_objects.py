@@ -29,3 +29,25 @@ def test_an_attribute_whose_value_is_none_is_there():
         value = None
 
     assert objects.has(Holder(), "value") and objects.attribute(Holder(), "value", 5) is None
+
+
+class Unhashable:
+    __hash__ = None
+
+    def __eq__(self, other):
+        return True  # equal to everything: only identity may match
+
+
+def test_per_object_matches_by_identity_and_forgets_the_dead():
+    memo = objects.PerObject()
+    first, second = Unhashable(), Unhashable()
+    memo.put(first, "k", 1)
+    assert memo.get(first, "k") == 1 and memo.get(second, "k") is None and memo.get(first, "other", 7) == 7
+    del first
+    assert len(memo) == 0  # gone with its object: a new object at the same id finds nothing
+
+
+def test_per_object_keeps_nothing_for_an_object_without_weak_references():
+    memo = objects.PerObject()
+    memo.put([1, 2], "k", 1)
+    assert len(memo) == 0

@@ -179,7 +179,7 @@ def _measure_batch(dataset: Any, batch_size: int | None, collate: Callable, weig
     second = alone[1] if two is not None and pair[1] is not samples[0] and reads > 1 else one[0]
     largest, smallest = batch_bytes_at(alone, two[0] if two else None, second, size)
     count = one[1] + max(0, (two[1] - one[1]) if two else 0) * (size - 1)  # storages per batch
-    length = None if iterable else _length(dataset, sampler, batch_sampler, size)
+    length = None if iterable else epoch_samples(dataset, sampler, batch_sampler, size)
     unsent = why_not_sent(batch)
     low = int(smallest) if smallest != largest else None
     if not timed:
@@ -253,7 +253,8 @@ def sample_seconds(walls: list) -> tuple:
     return min(walls[1:]) if len(walls) > 1 else walls[0]
 
 
-def _length(dataset: Any, sampler: Any, batch_sampler: Any, size: int) -> int | None:
+def epoch_samples(dataset: Any, sampler: Any, batch_sampler: Any, size: int) -> int | None:
+    """Samples one epoch reads: the batch sampler's batches, the sampler's or the dataset's length."""
     try:
         if batch_sampler is not None:
             return len(batch_sampler) * size
@@ -343,5 +344,5 @@ def free_cpus(idle: float | None, probe_cpu_seconds: float, window: float) -> fl
 RAISED = "the probe batch raised"  # how a probe's error begins (``loaders`` tells one read outside a worker)
 WILL_RAISE = " (the DataLoader will raise it where it reads that sample)"
 
-__all__ = ["RAISED", "WILL_RAISE", "measure_batch", "probe_loader", "first_batch", "spread_indices", "batch_bytes_at", "reread_differs", "sample_seconds", "why_not_sent",
+__all__ = ["RAISED", "WILL_RAISE", "epoch_samples", "measure_batch", "probe_loader", "first_batch", "spread_indices", "batch_bytes_at", "reread_differs", "sample_seconds", "why_not_sent",
            "free_cpus", "PROBE_SAMPLES", "PROBE_SECONDS"]

@@ -545,12 +545,15 @@ def _pandas_objects(value: Any) -> list | None:
     ``str`` then holds a numpy array of ``str``), or a Series' or an Index's values, as the numpy arrays holding
     them; ``None``: not pandas. ``df.loc[i, "path"]`` touches the row's objects as a list's item would, and an
     audit measured 62 MiB per worker for such columns where the attribute walk, four levels short of the
-    arrays (``_mgr.blocks[k].values``), estimated nothing. pandas is never imported here."""
+    arrays (``_mgr.blocks[k].values``), estimated nothing. The columns are picked by their dtypes first (a frame
+    of 1,000 float columns and one of names); pandas is never imported here."""
     if not _is_pandas(value):
         return None
-    if objects.has(value, "columns") and callable(objects.attribute(value, "items")):
-        return [(("column", name), held) for name, column in itertools.islice(value.items(), _MAX_ATTRIBUTES)
-                if (held := _object_values(column)) is not None]
+    dtypes = objects.attribute(value, "dtypes")
+    if objects.has(value, "columns") and dtypes is not None:  # a frame: its columns of kind "O", by position
+        found = [k for k, dtype in enumerate(dtypes) if objects.attribute(dtype, "kind") == "O"]
+        return [(("column", value.columns[k]), held) for k in found[:_MAX_ATTRIBUTES]
+                if (held := _object_values(value.iloc[:, k])) is not None]
     held = _object_values(value)
     return [] if held is None else [(("values", None), held)]
 

@@ -695,21 +695,26 @@ def test_a_dataframes_columns_of_python_objects_are_flagged_and_its_numbers_are_
 
 
 def test_the_pandas_walk_reads_only_what_pandas_exposes_and_never_imports_it():
-    """The frame is recognised by its class's module and read through ``items()`` and ``.array``: a stand-in of
-    that shape is walked without pandas, and an object of another library with the same names is not."""
+    """The frame is recognised by its class's module and read through ``dtypes``, ``iloc`` and ``.array``: a
+    stand-in of that shape is walked without pandas, and an object of another library with the same names is
+    not."""
 
     class Column:
         def __init__(self, values):
             self.array = type("Backing", (), {})()
             self.array._ndarray = values
 
-    def frame_class(module):
-        return type("DataFrame", (), {"__module__": module, "columns": ("a", "b"),
-                                      "items": lambda self: iter([("a", self.a), ("b", self.b)])})
+    class ByPosition:
+        def __init__(self, columns):
+            self.columns = columns
+
+        def __getitem__(self, at):
+            return self.columns[at[1]]
 
     def made(module):
-        frame = frame_class(module)()
-        frame.a, frame.b = Column(np.array(names(30_000), dtype=object)), Column(np.arange(30_000))
+        frame = type("DataFrame", (), {"__module__": module, "columns": ("a", "b")})()
+        values = (np.array(names(30_000), dtype=object), np.array(names(30_000)))  # objects; fixed-width text
+        frame.dtypes, frame.iloc = [v.dtype for v in values], ByPosition([Column(v) for v in values])
         return frame
 
     (finding,) = inspect_source(Plain(df=made("pandas.core.frame")), workers=2)

@@ -18,7 +18,7 @@ import weakref
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
-from ms_shm import advice, engines, host, hostcost, measure, rows, sites, sizes, threads
+from ms_shm import advice, engines, host, hostcost, measure, rows, sites, sizes, spawncost, threads
 from ms_shm import budget as budget_mod
 from ms_shm import changes as changes_mod
 from ms_shm import plan as plan_mod
@@ -222,16 +222,24 @@ def _copies(holders: Sequence[tuple], facts: host.HostFacts, start_method: str) 
     return cow.findings_in(holders, 1, facts.ranks.local_size, start_method)
 
 
-def _with_copies(probe: measure.StageProbe, copies: Sequence) -> measure.StageProbe:
+def _with_copies(probe: measure.StageProbe, copies: Sequence, start_method: str,
+                 facts: host.HostFacts) -> measure.StageProbe:
     """The probe with each worker process's ``copies`` added to the worker's own memory: a source holding 2M
     paths planned processes at 479 of a 485 MiB memory budget and was OOM-killed, as raw MindSpore was.
-    Threads and inline read the one copy, so they stay."""
+    Threads and inline read the one copy, so they stay. Where memory may bind, a spawned worker's own memory
+    is a fresh interpreter's with its imports (``spawncost``), not the forked probe child's."""
     copied = sum(f.bytes_per_worker for f in copies)
-    if probe.stats is None or not copied:
+    if probe.stats is None:
         return probe
-    log.debug("ms_shm: each worker process would copy ~%s of the %s's lists and dicts (copy-on-read); "
-              "counted in its memory", mib(copied), copies[0].holder)
-    return replace(probe, stats=replace(probe.stats, worker_bytes=(probe.stats.worker_bytes or 0) + copied))
+    own = probe.stats.worker_bytes
+    if start_method != "fork" and _worker_pages(facts):
+        own = spawncost.worker_bytes(start_method, own)
+    if not copied and own == probe.stats.worker_bytes:
+        return probe
+    if copied:
+        log.debug("ms_shm: each worker process would copy ~%s of the %s's lists and dicts (copy-on-read); "
+                  "counted in its memory", mib(copied), copies[0].holder)
+    return replace(probe, stats=replace(probe.stats, worker_bytes=(own or 0) + copied))
 
 
 def _inspect_copy_on_read(copies: Sequence, workers: int, facts: host.HostFacts, effects: Any = None,
@@ -423,7 +431,7 @@ def _build_dataset(eng: Any, source: Any, column_names: Any, generator_args: tup
                                     beside=_beside_probe(facts), sampled=eng.compat.sampled_rows(generator_kwargs))
     copies = _copies([(SOURCE, source)], facts, req.start_method)
     # what share_lists will swap is not copied; what it must leave (a module global, a tuple) still is
-    probe = _with_copies(probe, [f for f in copies if not (share_lists and f.swappable)])
+    probe = _with_copies(probe, [f for f in copies if not (share_lists and f.swappable)], req.start_method, facts)
     with _copies_said_on_refusal(copies, req, facts, probe):
         p = _plan_source(probe, req, generator_kwargs, config, facts, eng)
     if p.python_multiprocessing and p.workers > 1:
@@ -939,7 +947,7 @@ def _map(eng: Any, dataset: Any, operations: Any, input_columns: Any, output_col
                                      fate=eng.compat.failing_row_fate(config))
     req = _request(asked, config, facts, eng, _explicit)
     copies = _copies(_operation_holders(operations), facts, req.start_method)
-    probe = _with_copies(probe, copies)
+    probe = _with_copies(probe, copies, req.start_method, facts)
     with _copies_said_on_refusal(copies, req, facts, probe):
         p = _plan_operations(probe, req, config, facts, eng, eng.compat.rows_per_epoch(dataset, _rows_known), "map",
                              eng.compat.starts_python_pool(operations))
@@ -998,7 +1006,8 @@ def batch(dataset: Any, batch_size: Any, drop_remainder: bool = False, num_paral
                                 _worker_pages(facts), defer_row_errors=_explicit is not None,
                                 beside=_beside_probe(facts))
     rows = eng.compat.batches(eng.compat.rows_per_epoch(dataset, _rows_known), batch_size, drop_remainder)
-    p = _plan_operations(probe, _request(asked, config, facts, eng, _explicit), config, facts, eng, rows, "batch",
+    req = _request(asked, config, facts, eng, _explicit)
+    p = _plan_operations(_with_copies(probe, (), req.start_method, facts), req, config, facts, eng, rows, "batch",
                          slot_rows=batch_size if isinstance(batch_size, int) and batch_size > 0 else 1)
     kwargs = _stage_kwargs(batch_kwargs, p, num_parallel_workers, config)
     p, kwargs["per_batch_map"] = threads.cap_operations(p, per_batch_map, facts.usable_cpus,  # threads per worker

@@ -18,12 +18,9 @@ import functools
 import gc
 import itertools
 import logging
-import os
 import random
 import re
-import site
 import sys
-import sysconfig
 import types
 from collections import OrderedDict, deque
 from dataclasses import field, replace
@@ -31,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from ms_shm import objects
+from ms_shm import objects, sites
 from ms_shm._results import Result, mib, record
 
 if TYPE_CHECKING:  # imported where a stand-in is made: see _no_objects
@@ -706,16 +703,7 @@ def _programs_module(value: Any) -> bool:
     if not issubclass(type(value), types.ModuleType):
         return False
     path = objects.attribute(value, "__file__")
-    return isinstance(path, str) and not os.path.realpath(path).startswith(_library_roots())
-
-
-@functools.lru_cache(maxsize=1)
-def _library_roots() -> tuple:
-    """The folders the interpreter's own and installed modules live in (stdlib, site-packages, user site)."""
-    folders = {sysconfig.get_path(name) for name in ("stdlib", "platstdlib", "purelib", "platlib")}
-    folders.update(getattr(site, "getsitepackages", lambda: [])())
-    folders.add(getattr(site, "USER_SITE", None) or "")
-    return tuple(os.path.join(os.path.realpath(f), "") for f in folders if f)
+    return isinstance(path, str) and not sites.installed(path)
 
 
 def _worth_walking(value: Any) -> bool:

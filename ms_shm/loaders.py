@@ -21,7 +21,7 @@ from typing import Any
 
 from ms_shm import budget as budget_mod
 from ms_shm import changes as changes_mod
-from ms_shm import codescan, engines, measure, objects
+from ms_shm import codescan, engines, measure, objects, spawncost
 from ms_shm._results import mib
 from ms_shm.engines.torchstyle import arithmetic, probe
 from ms_shm.engines.torchstyle.guard import GuardedCollate, guard_fix, used_now
@@ -442,8 +442,8 @@ def _probe(eng: Any, dataset: Any, asked: dict, b: Any, timed: bool) -> tuple:
     batched = asked.get("batch_size", 1) is not None or asked.get("batch_sampler") is not None
     collate = asked.get("collate_fn") or eng.compat.default_collate(batched)
     memory = budget_mod.memory_may_bind(b)
-    key = (eng.name, timed, memory, asked.get("batch_size", 1), type(asked.get("batch_sampler")),
-           objects.attribute(asked.get("batch_sampler"), "batch_size"))
+    key = (eng.name, timed, memory, asked.get("batch_size", 1), _start_method(asked.get("multiprocessing_context")),
+           type(asked.get("batch_sampler")), objects.attribute(asked.get("batch_sampler"), "batch_size"))
     before = _PROBED.get(dataset, key)
     if before is not None and _same_callable(before[0], collate):
         stats, effects, why = before[1]
@@ -458,10 +458,14 @@ def _probe(eng: Any, dataset: Any, asked: dict, b: Any, timed: bool) -> tuple:
                                   memory, None if timed else eng.compat.twin, eng.compat.tensor_bytes,
                                   reread=timed, read=eng.compat.sample_reader(batched),
                                   shares=eng.compat.collate_shares if asked.get("collate_fn") else None)
+    stats, effects, why = measured
+    method = _start_method(asked.get("multiprocessing_context"))
+    if stats is not None and method != "fork" and memory:  # a spawned worker imports torch again: its own pages
+        stats = replace(stats, worker_bytes=spawncost.worker_bytes(method, stats.worker_bytes))
     held = _weak_callable(collate)
-    if measured[0] is not None and held is not None:  # a probe that failed is tried again: it may not fail twice
-        _PROBED.put(dataset, key, (held, measured))
-    return measured
+    if stats is not None and held is not None:  # a probe that failed is tried again: it may not fail twice
+        _PROBED.put(dataset, key, (held, (stats, effects, why)))
+    return stats, effects, why
 
 
 def _weak_callable(fn: Any) -> tuple | None:

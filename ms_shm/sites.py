@@ -7,7 +7,11 @@ inside a model zoo's loader is found in the code that called it.
 
 from __future__ import annotations
 
+import functools
+import os
+import site as site_module
 import sys
+import sysconfig
 from typing import Any
 
 FRAMEWORK_PACKAGES = ("mindspore", "ms_shm")
@@ -46,6 +50,23 @@ def _script_frame(frame: Any) -> Any:
     while frame is not None and frame.f_globals.get("__name__") != "__main__":
         frame = frame.f_back
     return frame
+
+
+def installed(path: str, standard: bool = True) -> bool:
+    """Whether a module's file lies where the interpreter keeps installed modules (site-packages, the user
+    site) or, with ``standard``, its standard library: a library's, not the program's."""
+    real = os.path.realpath(path)
+    return real.startswith(_roots("purelib", "platlib", site=True)) or \
+        (standard and real.startswith(_roots("stdlib", "platstdlib")))
+
+
+@functools.lru_cache(maxsize=2)
+def _roots(*names: str, site: bool = False) -> tuple:
+    folders = {sysconfig.get_path(name) for name in names}
+    if site:
+        folders.update(getattr(site_module, "getsitepackages", lambda: [])())
+        folders.add(getattr(site_module, "USER_SITE", None) or "")
+    return tuple(os.path.join(os.path.realpath(f), "") for f in folders if f)
 
 
 def made_by_a_library() -> bool:

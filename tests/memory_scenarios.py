@@ -27,7 +27,7 @@ def expected_digests(name: str = "") -> list:
     if name == "stages":
         return [hashlib.sha256(np.stack([flip(small_row(i)) + np.uint8(1) for i in range(b, b + BATCH)]).tobytes()
                                ).hexdigest() for b in range(0, STAGE_ROWS, BATCH)]
-    make = (lambda i: flip(row(i))) if name == "generator_map" else row
+    make = (lambda i: flip(row(i))) if name in ("generator_map", "spawn") else row
     if name == "generator_batch":
         return [hashlib.sha256(np.stack([row(i) for i in range(b, b + BATCH)]).tobytes()).hexdigest()
                 for b in range(0, ROWS, BATCH)]
@@ -177,6 +177,11 @@ def _pipeline(name: str, mode: str):
         mapped = source.map(flip, input_columns=["data"], num_parallel_workers=2, python_multiprocessing=True)
         return mapped.batch(BATCH, per_batch_map=add_one, input_columns=["data"], num_parallel_workers=2,
                             python_multiprocessing=True)
+    if name == "spawn":  # unchanged code whose worker processes are spawned: each imports MindSpore again
+        ds.config.set_multiprocessing_start_method("spawn")
+        source = ds.GeneratorDataset(Rows(), ["data"], shuffle=False, num_parallel_workers=2,
+                                     python_multiprocessing=True)
+        return source.map(flip, input_columns=["data"], num_parallel_workers=2, python_multiprocessing=True)
     if name == "generator_batch":  # batches of 4 x 8 MiB read by a loop slower than the pipeline
         if mode == "raw":
             return ds.GeneratorDataset(Rows(), ["data"], shuffle=False).batch(BATCH)

@@ -97,6 +97,14 @@ def test_stages_planned_in_turn_leave_the_last_one_room_in_a_700m_container(memo
     assert ours["plan"]["memory"] <= ours["plan"]["budget"]
 
 
+def test_spawned_workers_are_priced_with_the_framework_they_import_again_in_an_800m_container(memory_cgroups):
+    """Spawned workers each import MindSpore again (159 MiB of their own in an audit, against a forked worker's
+    3-4): priced as forked, unchanged code with a 2-process source and map was OOM-killed in 800 MB, as raw is.
+    A fresh interpreter's own memory with this process's packages imported is measured once, and the plan
+    fits it."""
+    raw_killed_ours_delivers("spawn", "patch", "800M")
+
+
 @pytest.mark.parametrize("mode", ["raw", "ms_shm", "patch"])
 def test_train_and_eval_built_up_front_both_run_in_a_1000m_container(memory_cgroups, mode):
     """Train and eval pipelines (a source, a map and a batch each, 8 MiB rows, no settings of their own) built

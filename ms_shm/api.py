@@ -738,7 +738,8 @@ def _rows_per_epoch(kwargs: dict, length: int | None, sampled: int | None = None
     return n
 
 
-_ROW_FIX = "lower num_parallel_workers, or pass python_multiprocessing=False to build_dataset"
+_ROW_FIX = ("lower num_parallel_workers, or pass python_multiprocessing=False (to build_dataset, or to the "
+            "GeneratorDataset of a script run by ms-shm run)")
 
 
 def _without_processes(req: Request, why: str) -> Request:

@@ -21,7 +21,7 @@ from typing import Any
 
 from ms_shm import budget as budget_mod
 from ms_shm import changes as changes_mod
-from ms_shm import codescan, engines, measure, objects, spawncost
+from ms_shm import codescan, engines, measure, objects, sites, spawncost
 from ms_shm._results import mib
 from ms_shm.engines.torchstyle import arithmetic, probe
 from ms_shm.engines.torchstyle.guard import GuardedCollate, guard_fix, used_now
@@ -37,6 +37,7 @@ _ALIASES = {"torch": "torch", "pytorch": "torch", "mindspore": "mindspore-datalo
             "mindspore-dataloader": "mindspore-dataloader"}
 # meant for workers: torch and MindSpore refuse (or, MindSpore's timeout, ignore) them with num_workers=0
 _WORKER_ONLY = ("num_workers", "prefetch_factor", "persistent_workers", "timeout", "multiprocessing_context")
+_PIPES_SAID: set = set()  # call sites whose loader's batches through pipes were said at WARNING
 _PROBED = objects.PerObject()  # dataset -> {what a probe batch depends on: (the collate_fn, the probe's answer)}
 KIND = "dataloader"  # the ledger's kind of a DataLoader's reservation: planned apart from the others (``Ledger``)
 
@@ -72,7 +73,8 @@ def _request(eng: Any, asked: dict, facts: Any, locked: str | None) -> LoaderReq
                          eng.compat.sharing_strategy(), profile.can_switch_strategy, locked,
                          bool(asked.get("pin_memory", False)), _start_method(asked.get("multiprocessing_context")),
                          facts.usable_cpus, facts.nofile_soft, facts.nofile_hard,
-                         1 if _seeds_once(eng, asked) else 0, bool(asked.get("persistent_workers", False)))
+                         1 if _seeds_once(eng, asked) else 0, bool(asked.get("persistent_workers", False)),
+                         read_ahead=1 if sites.read_ahead() else 0)
 
 
 def _seeds_once(eng: Any, asked: dict) -> bool:
@@ -114,6 +116,11 @@ def _asked_lock(eng: Any, dataset: Any, asked: dict, cls: Any = None) -> str | N
         return "in_order=False (workers would deliver batches in the order they finish)"
     return None
 
+
+# An explicit num_workers=0 with memory to spare: no batch in /dev/shm, no fds, and never more workers (ms_shm only
+# adapts what cannot fit), so a probe could only cost time: 145 ms per loader in an audit, two loaders per
+# Trainer.train/evaluate/predict call (Trainer passes dataloader_num_workers=0 by default).
+NO_WORKERS_PASSED = "num_workers=0 is passed and memory is no constraint here"
 
 CHECKPOINTED = ("a {name} (its state_dict holds each worker's state: a checkpoint saved with one number of workers "
                 "fails to load into a loader with another, as accelerate's resume did when 2 workers became 0)")
@@ -245,6 +252,8 @@ def prepare(eng: Any, cls: Any, dataset: Any, args: tuple, kwargs: dict, prefere
     kept = asked_lock or problem
     if kept and asked.get("num_workers") is None:  # workers stay at the framework's default: nothing to size
         return asked, eng.planning.kept_plan(_request(eng, asked, facts, kept), b, eng.profile())
+    if asked.get("num_workers") == 0 and type(asked["num_workers"]) is int and not budget_mod.memory_may_bind(b):
+        return asked, eng.planning.kept_plan(_request(eng, asked, facts, NO_WORKERS_PASSED), b, eng.profile())
     stats, effects, why = _probe(eng, dataset, asked, b, timed=asked.get("num_workers") is None)
     locked = _locked(asked_lock, effects) or (stats.unsent if stats is not None and asked.get("num_workers") is None
                                               else None)
@@ -507,8 +516,8 @@ def _arguments(eng: Any, asked: dict, p: Plan, b: Any) -> dict:
     if not p.workers and adapted:
         for name in _WORKER_ONLY[1:]:
             arguments.pop(name, None)
-    elif p.workers and p.prefetch != asked.get("prefetch_factor", arithmetic.DEFAULT_PREFETCH_FACTOR) and \
-            ("prefetch_factor" not in asked or adapted):
+    elif p.workers and p.prefetch != (asked.get("prefetch_factor") or arithmetic.DEFAULT_PREFETCH_FACTOR) and \
+            (asked.get("prefetch_factor") is None or adapted):  # None passed is the default (Trainer passes it)
         arguments["prefetch_factor"] = p.prefetch
     if p.workers and (b.shm_bytes or p.mode == PIPES):
         arguments["collate_fn"] = _guarded(eng, asked, p, b)
@@ -558,10 +567,12 @@ def _say_changed(changes: Any, quiet: list) -> None:
                 "ms_shm changed %s from %s to %s: %s", change.setting, change.old, change.new, change.reason)
 
 
-def register(loader: Any, p: Plan) -> None:
+def register(loader: Any, p: Plan, site: str | None = None) -> None:
     """Reserve the loader's predicted peak for its life, apart from other DataLoaders (``Ledger``: loaders of a
     process are assumed to iterate one after the other, and the plan line says so where others are alive), and
-    tell its guard which ones were, for the ``ShmFullError`` of a worker that meets them iterating at once."""
+    tell its guard which ones were, for the ``ShmFullError`` of a worker that meets them iterating at once.
+    Batches through pipes are said at WARNING once per call ``site`` (unchanged code under ``ms_shm.patch``):
+    an audit's Trainer said it for every loader, twice per ``train()`` and ``evaluate()``."""
     before = _live_loaders()
     persistent = bool(getattr(loader, "persistent_workers", False)) and bool(getattr(loader, "num_workers", 0))
     reservation = SESSION.ledger.reserve("dataloader", p.predicted_shm, p.predicted_fds, p.predicted_memory, KIND,
@@ -576,10 +587,14 @@ def register(loader: Any, p: Plan) -> None:
         f"of /dev/shm): loaders of this process are assumed to iterate one after the other")
     memory = "" if p.budget.memory_bytes is None else \
         f", memory {mib(p.predicted_memory)} of {mib(p.budget.memory_bytes)} ({p.budget.memory_reason})"
-    log.log(logging.WARNING if p.mode == PIPES else logging.INFO,  # slower than shared memory: seen, with why
-            "ms_shm build_dataloader: workers=%s prefetch_factor=%s batch=%s predicted /dev/shm %s of %s, %s fds%s; "
-            "%s%s", p.workers, p.prefetch or "-", mib(p.row_bytes), mib(p.predicted_shm), mib(p.budget.shm_bytes),
-            p.predicted_fds, memory, "; ".join(str(d) for d in p.decisions), apart)
+    warn = p.mode == PIPES and (site is None or site not in _PIPES_SAID)  # slower than shared memory: seen, with why
+    if p.mode == PIPES and site is not None:
+        _PIPES_SAID.add(site)
+    log.log(logging.WARNING if warn else logging.INFO,
+            "ms_shm build_dataloader%s: workers=%s prefetch_factor=%s batch=%s predicted /dev/shm %s of %s, %s fds%s; "
+            "%s%s", f" at {site}" if site else "", p.workers, p.prefetch or "-", mib(p.row_bytes),
+            mib(p.predicted_shm), mib(p.budget.shm_bytes), p.predicted_fds, memory,
+            "; ".join(str(d) for d in p.decisions), apart)
 
 
 def other_loaders(key: int) -> str:

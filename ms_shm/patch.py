@@ -243,7 +243,7 @@ def _make_loader_init(cls: type, real_init: Any, engine: str) -> Any:
                                               preferences=not _STATE.get("strict"), made=type(self))
         real_init(self, **arguments)
         if plan is not None:
-            loaders.register(self, plan)
+            loaders.register(self, plan, site)
             changed = [d for d in plan.decisions if d.value != d.default and d.setting != "num_workers"]
             if any(d.setting == EXPLICIT for d in changed):
                 _say_adapted(dataset, site, changed)
@@ -254,22 +254,28 @@ def _make_loader_init(cls: type, real_init: Any, engine: str) -> Any:
 
 
 _ADAPTED = objects.PerObject()  # dataset -> {what was adapted: the site that said it first}
+_ADAPTED_AT: set = set()  # (site, what was adapted) said at WARNING once
 
 
 def _say_adapted(dataset: Any, site: str | None, changed: list) -> None:
     """One warning per dataset and adaptation (the settings changed, whatever the numbers in the reasons) where a
     library remakes the loader (Lightning with its own sampler, accelerate for ``skip_first_batches``) or a loop
     makes it again at the same line: an audit's run said the same warning twice per rank. The repeats are said at
-    INFO, naming the first site. A loader of the same dataset the program makes at another line (train, then
+    INFO, naming the first site. So is the same adaptation at the same line of another dataset: Trainer's
+    ``evaluate`` makes a new ``datasets.Dataset`` each call (its unused columns removed), and an audit's 3 epochs
+    said the same warning 5 times. A loader of the same dataset the program makes at another line (train, then
     eval) is its own warning."""
     what = "; ".join(f"{d.setting} {d.default} -> {d.value} ({d.reason})" for d in changed)
     key = tuple((d.setting, str(d.default), str(d.value)) for d in changed)
     said = _ADAPTED.get(dataset, key)
-    if said is not None and (said == (site or "?") or sites.made_by_a_library()):
-        log.info("ms_shm adapted DataLoader at %s as at %s: %s", site or "?", said, what)
+    if said is not None and (said == (site or "?") or sites.made_by_a_library()) or \
+            (site is not None and (site, key) in _ADAPTED_AT):
+        log.info("ms_shm adapted DataLoader at %s as at %s: %s", site or "?", said or site, what)
         return
     log.warning("ms_shm adapted DataLoader at %s: %s", site or "?", what)
     _ADAPTED.put(dataset, key, site or "?")  # no weak references to it: each loader of it says it
+    if site is not None:
+        _ADAPTED_AT.add((site, key))
 
 
 def _patch_loader(module_name: str) -> None:

@@ -65,6 +65,19 @@ def test_a_plan_that_fits_only_its_first_epoch_is_not_chosen():
         plan_loader(stats(16, 1), ask(workers=2, prefetch_factor=1), budget_64m)
 
 
+def test_a_loop_that_reads_one_batch_ahead_is_priced_one_batch_more():
+    """accelerate's and Lightning's loops hold the next batch beside the current one: an audit's Trainer with
+    persistent workers at prefetch 1 under 64 MB had 4 batches of 16 MiB in use against the 3 planned, and met
+    ``ShmFullError``. The persistent 2 workers no longer fit there; with one ahead counted they go through pipes
+    or fewer."""
+    budget_64m = room(64 * MiB)
+    plain = plan_loader(stats(16, 1), ask(persistent_workers=True, min_workers=2), budget_64m)
+    ahead = plan_loader(stats(16, 1), ask(persistent_workers=True, min_workers=2, read_ahead=1, pipes=True),
+                        budget_64m)
+    assert plain.predicted_shm == 48 * MiB and (ahead.mode, ahead.predicted_shm) == ("pipes", 0)
+    assert "one batch more counted" not in str(plain.decisions)
+
+
 def test_ample_shm_slow_samples_take_workers():
     p = plan_loader(stats(), ask(), room())
     # 2 storages: a page more; 5 batches in flight and the one the loop holds while the next epoch forks workers

@@ -795,7 +795,11 @@ def test_a_shuffled_loaders_probe_moves_no_generator_of_the_program(fresh_torch,
     assert batches(loader) == batches(raw)
 
 
-def test_the_probe_leaves_an_open_files_offset_and_a_pipes_bytes_to_the_loader(fresh_torch, tmp_path, caplog):
+def test_the_probe_leaves_an_open_files_offset_and_a_pipes_bytes_to_the_loader(fresh_torch, tmp_path, caplog,
+                                                                              monkeypatch):
+    from ms_shm import budget
+
+    monkeypatch.setattr(budget, "memory_may_bind", lambda b: True)  # num_workers=0 is probed where memory binds
     path = tmp_path / "lines.txt"
     path.write_text("".join(f"{i}\n" for i in range(300)))
     with open(path) as handle:  # explicit num_workers: the probe reads the file in its child
@@ -1444,3 +1448,26 @@ def test_a_programs_loader_subclass_that_saves_its_state_keeps_its_workers_under
         finally:
             loaders._asked_lock = real
     assert seen and "a Resumable (its state_dict holds each worker's state" in seen[0] and loader.num_workers == 2
+
+
+def test_an_explicit_num_workers_0_with_memory_to_spare_is_not_probed(fresh_torch, tmp_path):
+    """Trainer passes ``dataloader_num_workers=0`` by default and builds two loaders per call: each probe cost
+    ~145 ms (an audit) and could change nothing: no batch in ``/dev/shm``, and ms_shm never adds workers."""
+    reads = tmp_path / "reads.log"
+    loader = ms_shm.build_dataloader(Logged(reads), batch_size=4, num_workers=0)
+    assert not reads.exists() and loader.num_workers == 0
+    assert "num_workers=0 is passed" in str(ms_shm.plan_of(loader).decisions[0])
+
+
+def test_prefetch_factor_none_passed_takes_ms_shms_choice_as_if_not_passed(fresh_torch):
+    """``prefetch_factor=None`` is torch's default, and Trainer passes it: taken as an order, the plan's prefetch
+    was dropped and the loader ran at torch's 2 where the plan fitted 1 (an audit: ShmFullError under 64 MB)."""
+    from ms_shm import engines, loaders
+    from ms_shm.plan import PROCESSES
+
+    planned, room = types.SimpleNamespace(workers=2, prefetch=1, decisions=(), mode=PROCESSES), \
+        types.SimpleNamespace(shm_bytes=0)
+    for asked in ({"num_workers": 2}, {"num_workers": 2, "prefetch_factor": None}):
+        assert loaders._arguments(engines.get("torch"), asked, planned, room)["prefetch_factor"] == 1
+    assert loaders._arguments(engines.get("torch"), {"num_workers": 2, "prefetch_factor": 4}, planned,
+                              room)["prefetch_factor"] == 4  # passed: kept

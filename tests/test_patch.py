@@ -713,3 +713,7 @@ def test_a_datasets_loader_adapted_again_is_said_once_at_warning(caplog):
     held = len(patch._ADAPTED)
     del first
     assert len(patch._ADAPTED) == held - 1
+    caplog.clear()  # Trainer's evaluate makes a new dataset per call (its unused columns removed), at one line
+    with caplog.at_level(logging.INFO, logger="ms_shm"):
+        patch._say_adapted(Samples(), "train.py:12", adapted("60 MiB"))
+    assert [r.levelname for r in caplog.records] == ["INFO"]

@@ -123,6 +123,7 @@ class LoaderRequest(Result):
     min_workers: int = 0  # where ms_shm chooses: the fewest workers that keep what arrives (``persistent_workers``)
     persistent_workers: bool = False  # forked once, not every epoch (``model.held_at_start``)
     pipes: bool = False  # batches may travel through the workers' pipes where no shared-memory plan fits
+    read_ahead: int = 0  # batches the program's loop holds beyond the one it consumes (``sites.read_ahead``)
     custom_collate: bool = False  # the caller's collate_fn: it may build its batch in /dev/shm in the worker
     # (through torch's default collate: ``LoaderProfile.collate_in_shm``), unless the probe saw it does not
     # (``BatchStats.collate_shares``)
@@ -231,7 +232,7 @@ def _candidates(stats: BatchStats, req: LoaderRequest, budget: Budget, costs: Wo
     out = []
     worker_bytes = _worker_bytes(stats)
     for w in _worker_options(req):
-        held = model.held_at_start(w, req.start_method, req.persistent_workers)
+        held = model.held_at_start(w, req.start_method, req.persistent_workers) + (req.read_ahead if w else 0)
         for strategy in _strategy_options(req) if w else [req.strategy]:
             for pf in _prefetch_options(req, w):
                 p = pf or 0
@@ -418,7 +419,9 @@ def _mode_decision(best: Candidate, stats: BatchStats, req: LoaderRequest, fitti
     default = req.workers if req.workers is not None else 0
     timing = f"probe batch: {mib(stats.batch_bytes)} in {stats.storages} storage(s){_shared_text(stats)}, " + (
         "samples not timed" if stats.seconds_per_sample is None else
-        f"{stats.seconds_per_sample * 1e3:.2f} ms per sample")
+        f"{stats.seconds_per_sample * 1e3:.2f} ms per sample") + (
+        "; one batch more counted as held by the loop (a library that reads one batch ahead is imported)"
+        if req.read_ahead and best.workers else "")
     if req.workers is not None:
         why = f"num_workers={req.workers} as passed; {timing}"
     elif req.workers_locked:

@@ -1344,13 +1344,15 @@ class SocketStream(torch.utils.data.IterableDataset if torch is not None else ob
 @pytest.mark.parametrize("workers", [0, 1])
 def test_an_iterable_dataset_read_off_a_socket_delivers_every_sample(fresh_torch, workers, caplog):
     """An audit: the probe read the stream's first samples in its child, off the socket the loader reads: 18 of
-    20 arrived, and nothing was said. Now it is built as asked, said."""
+    20 arrived, and nothing was said. Now it is built as asked, said (with workers; an explicit num_workers=0
+    with memory to spare is not probed at all)."""
     stream = SocketStream(20)
     with caplog.at_level("WARNING", logger="ms_shm"):
         loader = ms_shm.build_dataloader(stream, batch_size=2, num_workers=workers)
     got = [int(v) for batch in loader for v in batch[:, 0]]
     assert got == list(range(20))
-    assert "socket.socket, open" in caplog.text and "built as asked" in caplog.text
+    said = "socket.socket, open" in caplog.text and "built as asked" in caplog.text
+    assert said == bool(workers), caplog.text
 
 
 # torchdata's StatefulDataLoader (a DataLoader subclass that never calls DataLoader.__init__): shuffled batches of

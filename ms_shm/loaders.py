@@ -442,8 +442,8 @@ def _unadapted(error: ShmBudgetError, workers: int, lock: str) -> ShmBudgetError
 def _probe(eng: Any, dataset: Any, asked: dict, b: Any, timed: bool) -> tuple:
     """The probe batch; ``timed``: its samples timed too, where the plan picks ``num_workers`` by them.
 
-    A loader made again of the same dataset, batch size, ``collate_fn`` and kind of batch sampler takes the
-    probe of the one before (``_PROBED``), with its own sampler's length: Lightning and accelerate remake the
+    A loader made again of the same dataset, batch size, ``collate_fn`` and kind of batch sampler (``_batching``)
+    takes the probe of the one before (``_PROBED``), with its own sampler's length: Lightning and accelerate remake the
     program's loader with a sampler of their own, and a loop may make one per epoch; each probe had cost a fork
     and a batch read again (0.3-0.6 s per Lightning ``fit`` in an audit). The samples a sampler picks differ;
     what the plan reads of them (bytes, storages, seconds per sample) does not. A batch sampler's batches are
@@ -451,8 +451,7 @@ def _probe(eng: Any, dataset: Any, asked: dict, b: Any, timed: bool) -> tuple:
     batched = asked.get("batch_size", 1) is not None or asked.get("batch_sampler") is not None
     collate = asked.get("collate_fn") or eng.compat.default_collate(batched)
     memory = budget_mod.memory_may_bind(b)
-    key = (eng.name, timed, memory, asked.get("batch_size", 1), _start_method(asked.get("multiprocessing_context")),
-           type(asked.get("batch_sampler")), objects.attribute(asked.get("batch_sampler"), "batch_size"))
+    key = (eng.name, timed, memory, _start_method(asked.get("multiprocessing_context")), _batching(asked))
     before = _PROBED.get(dataset, key)
     if before is not None and _same_callable(before[0], collate):
         stats, effects, why = before[1]
@@ -475,6 +474,19 @@ def _probe(eng: Any, dataset: Any, asked: dict, b: Any, timed: bool) -> tuple:
     if stats is not None and held is not None:  # a probe that failed is tried again: it may not fail twice
         _PROBED.put(dataset, key, (held, (stats, effects, why)))
     return stats, effects, why
+
+
+def _batching(asked: dict) -> tuple:
+    """How a loader's batches are cut, as far as a probe batch shows: a batch size alone, or a batch sampler of
+    the framework's or accelerate's (``BatchSamplerShard`` re-cuts the same sizes for each rank) with its size;
+    a batch sampler of another kind picks its batches itself (a bucket's padding), so it is its own."""
+    batch_sampler = asked.get("batch_sampler")
+    if batch_sampler is None:
+        return "size", asked.get("batch_size", 1)
+    size = objects.attribute(batch_sampler, "batch_size")
+    if type(batch_sampler).__module__.startswith(("torch.utils.data", "accelerate.")):
+        return "size", size
+    return type(batch_sampler), size
 
 
 def _weak_callable(fn: Any) -> tuple | None:

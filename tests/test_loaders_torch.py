@@ -667,6 +667,10 @@ def test_a_loader_made_again_of_the_same_dataset_takes_the_probe_made_before(fre
     ranked = ms_shm.build_dataloader(ds, batch_size=4, sampler=DistributedSampler(ds, num_replicas=2, rank=0))
     assert planned == [6] and reads.read_text() == probed and batches(ranked) == batches(DataLoader(
         ds, batch_size=4, sampler=DistributedSampler(ds, num_replicas=2, rank=0)))
+    from torch.utils.data import BatchSampler, RandomSampler
+
+    cut = ms_shm.build_dataloader(ds, batch_sampler=BatchSampler(RandomSampler(ds), 4, False))  # accelerate's way
+    assert reads.read_text() == probed and cut.batch_size is None
     ms_shm.build_dataloader(ds, batch_size=2, shuffle=True)
     assert len(reads.read_text()) > len(probed)
 

@@ -556,11 +556,18 @@ def _pandas_objects(value: Any) -> list | None:
 
 
 def _is_pandas(value: Any) -> bool:
-    return type(value).__module__.partition(".")[0] == "pandas"
+    """A pandas object, or one of a subclass of the program's (``class Table(pd.DataFrame)``)."""
+    return any(str(getattr(klass, "__module__", "")).partition(".")[0] == "pandas" for klass in type(value).__mro__)
 
 
 def _object_values(column: Any) -> np.ndarray | None:
-    held = objects.attribute(objects.attribute(column, "array"), "_ndarray")
+    """The numpy object array holding a column's Python objects: its own, or a categorical's categories (their
+    strings are read through the codes)."""
+    array = objects.attribute(column, "array")
+    categories = objects.attribute(array, "categories")
+    if categories is not None:
+        array = objects.attribute(categories, "array")
+    held = objects.attribute(array, "_ndarray")
     return held if isinstance(held, np.ndarray) and held.dtype == object else None
 
 

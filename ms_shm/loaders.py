@@ -74,7 +74,7 @@ def _request(eng: Any, asked: dict, facts: Any, locked: str | None) -> LoaderReq
                          bool(asked.get("pin_memory", False)), _start_method(asked.get("multiprocessing_context")),
                          facts.usable_cpus, facts.nofile_soft, facts.nofile_hard,
                          1 if _seeds_once(eng, asked) else 0, bool(asked.get("persistent_workers", False)),
-                         read_ahead=1 if sites.read_ahead() else 0)
+                         read_ahead=1 if sites.made_by_a_library() else 0)
 
 
 def _seeds_once(eng: Any, asked: dict) -> bool:
@@ -442,17 +442,19 @@ def _unadapted(error: ShmBudgetError, workers: int, lock: str) -> ShmBudgetError
 def _probe(eng: Any, dataset: Any, asked: dict, b: Any, timed: bool) -> tuple:
     """The probe batch; ``timed``: its samples timed too, where the plan picks ``num_workers`` by them.
 
-    A loader made again of the same dataset, batch size, ``collate_fn`` and kind of batch sampler (``_batching``)
-    takes the probe of the one before (``_PROBED``), with its own sampler's length: Lightning and accelerate remake the
-    program's loader with a sampler of their own, and a loop may make one per epoch; each probe had cost a fork
-    and a batch read again (0.3-0.6 s per Lightning ``fit`` in an audit). The samples a sampler picks differ;
-    what the plan reads of them (bytes, storages, seconds per sample) does not. A batch sampler's batches are
-    its own (a bucket's padding), so another kind of it is probed anew."""
+    A loader a library makes again (Lightning, accelerate, Trainer: ``sites.made_by_a_library``) of the same
+    dataset, batch size, ``collate_fn`` and kind of batch sampler (``_batching``) takes the probe of the one
+    before (``_PROBED``), with its own sampler's length: they remake the program's loader with a sampler of
+    their own at once, and each probe had cost a fork and a batch read again (0.3-0.6 s per Lightning ``fit``,
+    ~75 ms per Trainer loader in audits). The samples a sampler picks differ; what the plan reads of them
+    (bytes, storages, seconds per sample) does not. The program's own loaders are probed each time: a dataset
+    whose samples grow between epochs (progressive resizing) planned from its old probe crashed where raw ran.
+    A batch sampler's batches are its own (a bucket's padding), so another kind of it is probed anew."""
     batched = asked.get("batch_size", 1) is not None or asked.get("batch_sampler") is not None
     collate = asked.get("collate_fn") or eng.compat.default_collate(batched)
     memory = budget_mod.memory_may_bind(b)
     key = (eng.name, timed, memory, _start_method(asked.get("multiprocessing_context")), _batching(asked))
-    before = _PROBED.get(dataset, key)
+    before = _PROBED.get(dataset, key) if sites.made_by_a_library() else None
     if before is not None and _same_callable(before[0], collate):
         stats, effects, why = before[1]
         if stats.samples is not None:

@@ -688,6 +688,10 @@ def test_a_dataframes_columns_of_python_objects_are_flagged_and_its_numbers_are_
     assert meta.fix.startswith("rows = ms_shm.SharedList(self.df['meta'].tolist())") and meta.objects >= 50_000
     assert """source attribute "df['path']" is a pandas column of Python objects of 30,000 items""" in path.message
     assert only(inspect_source(Plain(paths=pd.Series(names(30_000), dtype=object)), workers=2)).attribute == "paths"
+    table = type("Table", (pd.DataFrame,), {"_constructor": property(lambda self: type(self))})  # the program's
+    assert only(inspect_source(Plain(df=table({"p": names(30_000)})), workers=2)).attribute == "df['p']"
+    labels = only(inspect_source(Plain(df=pd.DataFrame({"c": pd.Categorical(names(30_000))})), workers=2))
+    assert (labels.attribute, labels.items) == ("df['c']", 30_000)  # a categorical's strings: its categories
     module = _module("class Source:\n    def __getitem__(self, i):\n        return DF.iloc[i]\n", DF=frame)
     assert sorted(f.attribute for f in inspect_source(module["Source"](), workers=2)) == ["DF['meta']", "DF['path']"]
     holder = Plain(df=frame)

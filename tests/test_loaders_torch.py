@@ -647,32 +647,40 @@ def test_explicit_workers_that_fit_cost_the_probe_two_samples_read_once(fresh_to
     assert read[:2] == ["0", "11"] and read.count("0") == 2 and len(read) <= probe_reads(), read
 
 
-def test_a_loader_made_again_of_the_same_dataset_takes_the_probe_made_before(fresh_torch, tmp_path, monkeypatch):
-    """Lightning and accelerate remake the program's loader with their own sampler, and loops make one per epoch:
-    each was probed again (a fork and a batch read). The same batch size, ``collate_fn`` and kind of sampler take
-    the probe before, with the epoch its own sampler reads (a rank's share); another batch size is probed anew."""
+def by_a_library(**kwargs):
+    """``build_dataloader(**kwargs)`` called from a frame of Lightning's, as its data connector remakes a loader."""
+    namespace = {"__name__": "lightning.pytorch.trainer.connectors.data_connector", "build": ms_shm.build_dataloader}
+    exec("def remake(kwargs):\n    return build(**kwargs)\n", namespace)
+    return namespace["remake"](kwargs)
+
+
+def test_a_loader_a_library_makes_again_takes_the_probe_made_before(fresh_torch, tmp_path, monkeypatch):
+    """Lightning and accelerate remake the program's loader with their own sampler: each was probed again (a fork
+    and a batch read). The same batch size, ``collate_fn`` and kind of batch sampler take the probe before, with the
+    epoch their own sampler reads (a rank's share); another batch size is probed anew, and so is the program's own
+    loader made again (its samples may have grown since: progressive resizing)."""
+    from torch.utils.data import BatchSampler, RandomSampler
     from torch.utils.data.distributed import DistributedSampler
+
+    from ms_shm import loaders
 
     reads = tmp_path / "reads.log"
     ds = Logged(reads)
     first = ms_shm.build_dataloader(ds, batch_size=4, shuffle=True)
     probed = reads.read_text()
-    again = ms_shm.build_dataloader(ds, batch_size=4, shuffle=True)
-    assert reads.read_text() == probed and again.num_workers == first.num_workers
-    assert ms_shm.plan_of(again).workers == ms_shm.plan_of(first).workers
-    from ms_shm import loaders
-
     planned, plan = [], loaders._plan
     monkeypatch.setattr(loaders, "_plan", lambda eng, stats, *a: planned.append(stats.samples) or plan(eng, stats, *a))
-    ranked = ms_shm.build_dataloader(ds, batch_size=4, sampler=DistributedSampler(ds, num_replicas=2, rank=0))
-    assert planned == [6] and reads.read_text() == probed and batches(ranked) == batches(DataLoader(
-        ds, batch_size=4, sampler=DistributedSampler(ds, num_replicas=2, rank=0)))
-    from torch.utils.data import BatchSampler, RandomSampler
-
+    ranked = by_a_library(dataset=ds, batch_size=4, sampler=DistributedSampler(ds, num_replicas=2, rank=0))
+    assert planned == [6] and reads.read_text() == probed and ranked.num_workers == first.num_workers
+    assert batches(ranked) == batches(DataLoader(ds, batch_size=4, sampler=DistributedSampler(ds, num_replicas=2,
+                                                                                              rank=0)))
     read = reads.read_text()  # with the ranked loader's own reads
-    cut = ms_shm.build_dataloader(ds, batch_sampler=BatchSampler(RandomSampler(ds), 4, False))  # accelerate's way
+    cut = by_a_library(dataset=ds, batch_sampler=BatchSampler(RandomSampler(ds), 4, False))  # accelerate's way
     assert reads.read_text() == read and cut.batch_size is None
-    ms_shm.build_dataloader(ds, batch_size=2, shuffle=True)
+    by_a_library(dataset=ds, batch_size=2, shuffle=True)
+    assert len(reads.read_text()) > len(read)
+    read = reads.read_text()
+    ms_shm.build_dataloader(ds, batch_size=4, shuffle=True)  # the program's own, again
     assert len(reads.read_text()) > len(read)
 
 

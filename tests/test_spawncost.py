@@ -12,9 +12,21 @@ from ms_shm import procfs, spawncost
 from ms_shm.spawncost import SpawnedWorker
 
 
-def test_the_packages_a_spawned_worker_imports_again_are_the_installed_ones():
+def test_the_packages_a_spawned_worker_imports_again_are_the_libraries_not_the_programs(monkeypatch):
+    """site-packages and folders on ``PYTHONPATH`` (``pip install --target``) are libraries; the standard library
+    and the program's own folder are not imported again in the fresh interpreter."""
+    import os
+    import sys
+    import types
+
+    monkeypatch.setattr(spawncost, "_program_folder", lambda: os.path.join(os.path.dirname(
+        os.path.dirname(os.path.realpath(__file__))), ""))  # the repository: ``tests`` is the program's
+    target = types.ModuleType("vendored")
+    target.__file__ = "/opt/deps/vendored/__init__.py"  # pip install --target /opt/deps
+    monkeypatch.setitem(sys.modules, "vendored", target)
     packages = spawncost.imported_packages()
-    assert "numpy" in packages and "json" not in packages and "tests" not in packages, packages
+    assert "numpy" in packages and "vendored" in packages, packages
+    assert "json" not in packages and "tests" not in packages, packages
 
 
 def test_a_fresh_interpreter_with_numpy_holds_memory_of_its_own():

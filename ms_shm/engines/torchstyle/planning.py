@@ -123,7 +123,7 @@ class LoaderRequest(Result):
     min_workers: int = 0  # where ms_shm chooses: the fewest workers that keep what arrives (``persistent_workers``)
     persistent_workers: bool = False  # forked once, not every epoch (``model.held_at_start``)
     pipes: bool = False  # batches may travel through the workers' pipes where no shared-memory plan fits
-    read_ahead: int = 0  # batches the program's loop holds beyond the one it consumes (``sites.read_ahead``)
+    read_ahead: int = 0  # batches the loop holds beyond the one it consumes (a library's: ``sites.made_by_a_library``)
     custom_collate: bool = False  # the caller's collate_fn: it may build its batch in /dev/shm in the worker
     # (through torch's default collate: ``LoaderProfile.collate_in_shm``), unless the probe saw it does not
     # (``BatchStats.collate_shares``)
@@ -420,7 +420,7 @@ def _mode_decision(best: Candidate, stats: BatchStats, req: LoaderRequest, fitti
     timing = f"probe batch: {mib(stats.batch_bytes)} in {stats.storages} storage(s){_shared_text(stats)}, " + (
         "samples not timed" if stats.seconds_per_sample is None else
         f"{stats.seconds_per_sample * 1e3:.2f} ms per sample") + (
-        "; one batch more counted as held by the loop (a library that reads one batch ahead is imported)"
+        "; one batch more counted as held by the loop (made by a library whose loop reads one batch ahead)"
         if req.read_ahead and best.workers else "")
     if req.workers is not None:
         why = f"num_workers={req.workers} as passed; {timing}"

@@ -3,9 +3,10 @@
 A forked worker shares its parent's pages, and the probe child measures what it adds (a few MiB). A spawned one
 starts a fresh interpreter and imports the framework and the program's modules again: an audit's MindSpore
 workers held 159 MiB each of their own (3-4 forked), and a plan that priced them as forked was OOM-killed in an
-800 MB container, as raw MindSpore was. So where memory may bind, a fresh interpreter imports the installed
-packages this process has imported (what the program's script and the framework's worker import again; the
-program's own modules are never run, they may do anything at import) and says what it holds privately
+800 MB container, as raw MindSpore was. So where memory may bind, a fresh interpreter (the one spawned workers
+run) imports the libraries this process has imported, from site-packages and ``PYTHONPATH`` (what the program's
+script and the framework's worker import again; the program's own modules, in its script's folder, are never
+run: they may do anything at import) and says what it holds privately
 (``Private_Dirty``: the pages a memory cgroup is charged for; the libraries' file pages are shared with this
 process). It takes one to a few seconds, once per process, and only for pipelines that would spawn workers under
 a memory limit, whose pools cost seconds to start anyway.

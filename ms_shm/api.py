@@ -222,7 +222,7 @@ def _copies(holders: Sequence[tuple], facts: host.HostFacts, start_method: str) 
     return cow.findings_in(holders, 1, facts.ranks.local_size, start_method)
 
 
-def _with_copies(probe: measure.StageProbe, copies: Sequence, start_method: str,
+def _with_worker_memory(probe: measure.StageProbe, copies: Sequence, start_method: str,
                  facts: host.HostFacts) -> measure.StageProbe:
     """The probe with each worker process's ``copies`` added to the worker's own memory: a source holding 2M
     paths planned processes at 479 of a 485 MiB memory budget and was OOM-killed, as raw MindSpore was.
@@ -431,7 +431,7 @@ def _build_dataset(eng: Any, source: Any, column_names: Any, generator_args: tup
                                     beside=_beside_probe(facts), sampled=eng.compat.sampled_rows(generator_kwargs))
     copies = _copies([(SOURCE, source)], facts, req.start_method)
     # what share_lists will swap is not copied; what it must leave (a module global, a tuple) still is
-    probe = _with_copies(probe, [f for f in copies if not (share_lists and f.swappable)], req.start_method, facts)
+    probe = _with_worker_memory(probe, [f for f in copies if not (share_lists and f.swappable)], req.start_method, facts)
     with _copies_said_on_refusal(copies, req, facts, probe):
         p = _plan_source(probe, req, generator_kwargs, config, facts, eng)
     if p.python_multiprocessing and p.workers > 1:
@@ -948,7 +948,7 @@ def _map(eng: Any, dataset: Any, operations: Any, input_columns: Any, output_col
                                      fate=eng.compat.failing_row_fate(config))
     req = _request(asked, config, facts, eng, _explicit)
     copies = _copies(_operation_holders(operations), facts, req.start_method)
-    probe = _with_copies(probe, copies, req.start_method, facts)
+    probe = _with_worker_memory(probe, copies, req.start_method, facts)
     with _copies_said_on_refusal(copies, req, facts, probe):
         p = _plan_operations(probe, req, config, facts, eng, eng.compat.rows_per_epoch(dataset, _rows_known), "map",
                              eng.compat.starts_python_pool(operations))
@@ -1008,7 +1008,7 @@ def batch(dataset: Any, batch_size: Any, drop_remainder: bool = False, num_paral
                                 beside=_beside_probe(facts))
     rows = eng.compat.batches(eng.compat.rows_per_epoch(dataset, _rows_known), batch_size, drop_remainder)
     req = _request(asked, config, facts, eng, _explicit)
-    p = _plan_operations(_with_copies(probe, (), req.start_method, facts), req, config, facts, eng, rows, "batch",
+    p = _plan_operations(_with_worker_memory(probe, (), req.start_method, facts), req, config, facts, eng, rows, "batch",
                          slot_rows=batch_size if isinstance(batch_size, int) and batch_size > 0 else 1)
     kwargs = _stage_kwargs(batch_kwargs, p, num_parallel_workers, config)
     p, kwargs["per_batch_map"] = threads.cap_operations(p, per_batch_map, facts.usable_cpus,  # threads per worker

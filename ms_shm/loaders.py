@@ -452,8 +452,8 @@ def _probe(eng: Any, dataset: Any, asked: dict, b: Any, timed: bool) -> tuple:
     A batch sampler's batches are its own (a bucket's padding), so another kind of it is probed anew."""
     batched = asked.get("batch_size", 1) is not None or asked.get("batch_sampler") is not None
     collate = asked.get("collate_fn") or eng.compat.default_collate(batched)
-    memory = budget_mod.memory_may_bind(b)
-    key = (eng.name, timed, memory, _start_method(asked.get("multiprocessing_context")), _batching(asked))
+    memory, method = budget_mod.memory_may_bind(b), _start_method(asked.get("multiprocessing_context"))
+    key = (eng.name, timed, memory, method, _batching(asked))
     before = _PROBED.get(dataset, key) if sites.made_by_a_library() else None
     if before is not None and _same_callable(before[0], collate):
         stats, effects, why = before[1]
@@ -469,7 +469,6 @@ def _probe(eng: Any, dataset: Any, asked: dict, b: Any, timed: bool) -> tuple:
                                   reread=timed, read=eng.compat.sample_reader(batched),
                                   shares=eng.compat.collate_shares if asked.get("collate_fn") else None)
     stats, effects, why = measured
-    method = _start_method(asked.get("multiprocessing_context"))
     if stats is not None and method != "fork" and memory:  # a spawned worker imports torch again: its own pages
         stats = replace(stats, worker_bytes=spawncost.worker_bytes(method, stats.worker_bytes))
     held = _weak_callable(collate)

@@ -142,5 +142,5 @@ def test_what_each_worker_copies_of_the_sources_lists_counts_in_its_memory(fake)
     facts = ms_shm.session().host_facts()
     assert copied > 1 << 20
     paths = api._copies([(api.SOURCE, Paths())], facts, "fork")
-    assert api._with_copies(probe, paths, "fork", facts).stats.worker_bytes == 5 * MiB + copied
-    assert api._with_copies(probe, api._copies([(api.SOURCE, Rows())], facts, "fork"), "fork", facts) is probe
+    assert api._with_worker_memory(probe, paths, "fork", facts).stats.worker_bytes == 5 * MiB + copied
+    assert api._with_worker_memory(probe, api._copies([(api.SOURCE, Rows())], facts, "fork"), "fork", facts) is probe

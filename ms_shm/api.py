@@ -824,7 +824,7 @@ def _log_plan(p: Plan, asked: dict, explicit: str | None = None) -> None:
 _PROCESS_MODES = ("processes", "pipes")
 # decisions that change a plan no argument asked (python_multiprocessing: processes not planned, the program's
 # start method or /proc the reason, the fix in it)
-_SAID_AT_INFO = ("mode_locked", "memory_kept_for_next_stage", "python_multiprocessing")
+_SAID_AT_INFO = ("mode_locked", "memory_kept_for_next_stage", "python_multiprocessing", "num_parallel_workers")
 
 
 def _edits_note(changed: list) -> str:
@@ -1000,6 +1000,10 @@ def batch(dataset: Any, batch_size: Any, drop_remainder: bool = False, num_paral
     if _explicit is None:
         check_as_mindspore("batch", eng.compat.real_method("batch"), dict(asked, batch_size=batch_size,
                                                                           drop_remainder=drop_remainder))
+    pinned = eng.compat.one_worker_by_mindspore("batch", per_batch_map)
+    if pinned:
+        return eng.compat.batch_dataset(dataset, batch_size, drop_remainder,
+                                        _as_mindspore_pins("batch", pinned, asked, _explicit, eng))
     facts, config = SESSION.host_facts(), eng.read_config()
     ins = _names_list(batch_kwargs.get("input_columns")) or eng.compat.column_names(dataset)
     outs = _names_list(batch_kwargs.get("output_columns")) or ins
@@ -1098,6 +1102,18 @@ def _map_default_workers(config: Any) -> int:
     return config.num_parallel_workers if config and config.num_parallel_workers else 1
 
 
+def _default_workers_changed(p: Plan, req: Request, config: Any) -> tuple:
+    """The workers ms_shm chose for a map or batch that passed none, where MindSpore would run its global
+    ``num_parallel_workers`` (an audit: a program's ``ds.config.set_num_parallel_workers(1)``, one thread raw,
+    became 2 worker processes with no line above DEBUG)."""
+    default = _map_default_workers(config)
+    if req.workers is not None or p.workers == default:
+        return ()
+    return (Decision("num_parallel_workers", p.workers, default,
+                     f"fastest that fits; MindSpore would run the global num_parallel_workers={default} "
+                     f"(ds.config.set_num_parallel_workers): pass num_parallel_workers to keep a number"),)
+
+
 def _rows_known(dataset: Any) -> int | None:
     """The rows per epoch of a stage ms_shm built, or ``None``."""
     p = measure.plan_of(dataset)
@@ -1130,7 +1146,8 @@ def _plan_operations(probe: measure.StageProbe, req: Request, config: Any, facts
                                             costs=costs, parallel_fraction=st.parallel_fraction,
                                             python_pool=python_pool, slot_rows=slot_rows, cores_busy=st.cores_busy),
             req, bool(why)), facts)
-    p = replace(p, kind=kind, rows_per_epoch=rows, decisions=((kept,) if kept else ()) + p.decisions)
+    p = replace(p, kind=kind, rows_per_epoch=rows,
+                decisions=((kept,) if kept else ()) + _default_workers_changed(p, req, config) + p.decisions)
     if not why:
         return p
     return replace(p, decisions=(Decision("mode_locked", True, False,

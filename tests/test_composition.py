@@ -7,6 +7,8 @@ that cannot fit stops before anything is built.
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 
@@ -97,6 +99,28 @@ def test_map_measures_in_the_child_and_keeps_unmeasurable_inputs_as_asked(fake):
     foreign = ms_shm.map(fake.compat.generator_dataset([1], ["data"], {}), lambda d: d, input_columns=["data"])
     assert "mode_locked" in {d.setting for d in ms_shm.plan_of(foreign).decisions}
     assert foreign.kwargs == {}
+
+
+def test_a_map_that_passed_no_workers_says_the_global_number_it_leaves(fake, caplog):
+    """MindSpore runs such a map at its global ``num_parallel_workers``, which a program may have set
+    (``ds.config.set_num_parallel_workers(1)``, an audit): where ms_shm chooses another number, it says so at
+    INFO, naming the global."""
+    fake.config = FakeConfig(num_parallel_workers=1)
+    base = ms_shm.build_dataset(Rows(n=8, nbytes=1024), ["data", "label"], shuffle=False)
+    with caplog.at_level(logging.INFO, logger="ms_shm"):
+        p = ms_shm.plan_of(ms_shm.map(base, lambda d: d, input_columns=["data"]))
+    said = [d for d in p.decisions if d.setting == "num_parallel_workers"]
+    assert said == ([] if p.workers == 1 else [said[0]]), p.decisions
+    if said:
+        assert (said[0].default, said[0].value) == (1, p.workers)
+        assert "global num_parallel_workers=1" in caplog.text
+    for default in (1, 2, 3):
+        fake.config = FakeConfig(num_parallel_workers=default)
+        p = ms_shm.plan_of(ms_shm.map(base, lambda d: d, input_columns=["data"]))
+        expected = [] if p.workers == default else [("num_parallel_workers", default, p.workers)]
+        assert [(d.setting, d.default, d.value) for d in p.decisions if d.setting == "num_parallel_workers"] \
+            == expected
+    assert p.workers != 3  # the fake host has 2 CPUs: one of the three differs
 
 
 def test_tune_raises_a_low_fd_limit_only_when_not_a_dry_run(fake, monkeypatch):

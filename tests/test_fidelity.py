@@ -763,6 +763,41 @@ def test_stages_computing_with_mindspore_ops_get_the_one_worker_mindspore_gives_
     assert rows_of(ours[2]) == rows_of(raw[2]) and len(rows_of(raw[2])) == 5
 
 
+def add_one_to_a(a, b, info):
+    return [x + 1 for x in a], b
+
+
+def test_in_mindspores_debug_mode_every_stage_is_built_as_asked(ds):
+    """Debug mode runs every stage in this process, one row at a time, whatever the call asks. ms_shm planned
+    worker slots that never existed (an audit: refused in a 64 KiB /dev/shm where raw ran; under 64 MB it turned
+    shared memory off for the whole program). Each stage is now MindSpore's own: the arguments as asked, no plan,
+    no global change, the same rows."""
+    import ms_shm
+
+    if not hasattr(ds.config, "set_debug_mode"):
+        pytest.skip("this MindSpore has no debug mode")
+    workers = dict(num_parallel_workers=2, python_multiprocessing=True)
+
+    def pipeline(generator, mapped, batched):
+        source = generator(Plain(6), ["a", "b"], shuffle=False, **workers)
+        return source, batched(mapped(source, lambda a: a * 2), 2, per_batch_map=add_one_to_a,
+                               input_columns=["a", "b"], **workers)
+
+    ds.config.set_debug_mode(True)
+    try:
+        raw = pipeline(ds.GeneratorDataset, lambda d, op: d.map(op, input_columns=["a"], **workers),
+                       lambda d, *a, **k: d.batch(*a, **k))
+        prefetch = ds.config.get_prefetch_size()
+        ours = pipeline(ms_shm.build_dataset, lambda d, op: ms_shm.map(d, op, input_columns=["a"], **workers),
+                        ms_shm.batch)
+        assert [ms_shm.plan_of(d) for d in ours] == [None, None]
+        assert type(ours[0].source) is Plain and ds.config.get_prefetch_size() == prefetch
+        assert [d.num_parallel_workers for d in ours] == [d.num_parallel_workers for d in raw]
+        assert rows_of(ours[1]) == rows_of(raw[1]) and len(rows_of(raw[1])) == 3
+    finally:
+        ds.config.set_debug_mode(False)
+
+
 def test_mindspores_reading_of_a_sources_code_happens_once_per_build(ds, monkeypatch):
     """``check_source_function`` turns every global the source's code names into text: an audit's source naming a
     global list of 1500 JPEGs took 4.7 s in raw's construction and 14-15 s in ms_shm's, which read it 3 times

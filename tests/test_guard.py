@@ -219,6 +219,74 @@ def test_a_rare_row_goes_on_only_where_every_local_rank_could_grow_alike(free_sp
             g[i]
 
 
+def test_a_row_larger_than_every_planned_slot_goes_on_where_the_others_keep_their_planned_slots(free_space):
+    """One 34 MiB row among 1 MiB ones, 2 workers of 4 slots (the program's prefetch 2) in 64 MB: raw ran it.
+    Keeping as much again for the other worker (68 MiB) stopped it; the other worker holds at most its 4
+    planned slots (4 MiB) unless it too meets a row larger than its whole plan."""
+    free_space.value = 56 * MiB
+    rows = [row_of(MiB - 8), row_of(34 * MiB - 8), row_of(MiB - 8)]
+    g = GuardedSource(ListSource(rows), spec(slots=4, worker_bytes=int(25.6 * MiB), planned=MiB, workers=2))
+    for i in range(3):
+        assert g[i] is rows[i]
+    free_space.value = 37 * MiB  # 34 MiB + 4 x 1 MiB for the other worker do not fit
+    g = GuardedSource(ListSource(rows), spec(slots=4, worker_bytes=int(25.6 * MiB), planned=MiB, workers=2))
+    g[0]
+    with pytest.raises(RowTooLargeError):
+        g[1]
+
+
+def _in_a_forked_worker(g: GuardedSource, monkeypatch, settings) -> GuardedSource:
+    """``g`` as a worker forked from its program sees it: another pid than the one that made it, the module
+    imported by that program, and MindSpore's settings as ``settings`` says (``(shared memory, prefetch)``)."""
+    home = os.getpid() + 1_000_000
+    g._ms_shm_guard.spec = replace(g._ms_shm_guard.spec, home_pid=home)
+    g._ms_shm_guard._pid = -1
+    monkeypatch.setattr(guard, "_IMPORTED_BY", home)
+    monkeypatch.setattr(guard.compat, "slot_settings", lambda: settings)
+    return g
+
+
+def test_a_worker_started_with_shared_memory_off_counts_no_slots(free_space, monkeypatch):
+    """The program turned shared memory off after the dataset was built: MindSpore's workers send rows
+    through pipes, and a row over the planned share is no reason to stop (an audit: raw ran it)."""
+    rows = [row_of(34 * MiB - 8)] * 3
+    g = _in_a_forked_worker(GuardedSource(ListSource(rows), spec(slots=18, worker_bytes=int(25.6 * MiB),
+                                                                 planned=MiB, workers=2)), monkeypatch, (False, 16))
+    for i in range(3):
+        assert g[i] is rows[i]
+    assert g._ms_shm_guard._total == 0 and g._ms_shm_guard.rows_checked == 3
+
+
+def test_a_worker_counts_the_slots_of_the_prefetch_it_was_started_with(free_space, monkeypatch):
+    """The prefetch lowered to 2 after the dataset was built: 4 slots a worker (2 workers), not the planned 18;
+    the error counts those."""
+    free_space.value = 30 * MiB
+    rows = [row_of(12 * MiB - 8)] * 6
+    g = _in_a_forked_worker(GuardedSource(ListSource(rows), spec(slots=18, worker_bytes=int(25.6 * MiB),
+                                                                 planned=MiB, workers=2)), monkeypatch, (True, 2))
+    g[0], g[1], g[2], g[3], g[4]  # the 5th reuses slot 0: 4 x 12 MiB at most
+    assert g._ms_shm_guard._slot_count == 4 and g._ms_shm_guard._total == 4 * 12 * MiB
+    g = _in_a_forked_worker(GuardedSource(ListSource([row_of(10 * MiB - 8)] * 2 + [row_of(40 * MiB - 8)]),
+                                          spec(slots=18, worker_bytes=int(25.6 * MiB), planned=MiB, workers=2)),
+                            monkeypatch, (True, 2))
+    g[0], g[1]
+    with pytest.raises(RowTooLargeError, match="this worker's 4 shared-memory slots would grow to 60.0 MiB"):
+        g[2]
+
+
+def test_a_spawned_worker_takes_the_settings_the_program_started_it_with(free_space, monkeypatch):
+    """A spawned worker's own MindSpore holds its defaults: the settings go along in the pickle MindSpore
+    makes as it starts the worker."""
+    monkeypatch.setattr(guard.compat, "slot_settings", lambda: (False, 2))
+    g = GuardedSource(ListSource([row_of(34 * MiB - 8)]),
+                      replace(spec(slots=18, worker_bytes=MiB, planned=MiB, workers=2), home_pid=os.getpid()))
+    spawned = pickle.loads(pickle.dumps(g))
+    monkeypatch.setattr(guard.compat, "slot_settings", lambda: (True, 16))  # the fresh interpreter's defaults
+    spawned._ms_shm_guard.spec = replace(spawned._ms_shm_guard.spec, home_pid=os.getpid() + 1_000_000)
+    spawned._ms_shm_guard._pid = -1
+    assert spawned[0] is not None and spawned._ms_shm_guard._total == 0
+
+
 def test_a_budget_exactly_full_is_allowed(free_space):
     g = GuardedSource(ListSource([row_of(PAGE - 8)] * 5), spec(slots=4, worker_bytes=4 * PAGE))
     for i in range(5):

@@ -16,6 +16,7 @@ import inspect
 import itertools
 import logging
 import os
+import sys
 import threading
 import types
 from typing import Any, Callable, Sequence
@@ -201,6 +202,21 @@ def _get_shared_mem(config) -> bool | None:
     if getter is None:
         return None
     return bool(getter())
+
+
+def slot_settings() -> tuple | None:
+    """``(shared memory on, prefetch size)`` as MindSpore's config holds them now: what a ``GeneratorDataset``
+    pool reads as it starts its workers. ``None`` where unreadable. Reads ``core.config`` only, so a worker
+    process that asks sets nothing of ``_dataset_module``'s up, and a process that has not imported MindSpore
+    does not import it for this."""
+    if "mindspore.dataset" not in sys.modules:
+        return None
+    try:
+        from mindspore.dataset.core import config as core_config
+
+        return _get_shared_mem(core_config), int(core_config.get_prefetch_size())
+    except Exception:  # noqa: BLE001 - MindSpore not importable, or a release without these getters
+        return None
 
 
 def read_config() -> MindSporeConfig | None:
@@ -672,7 +688,11 @@ def one_worker_by_mindspore(kind: str, target: Any, dataset: Any = None) -> str 
     only under the ``fork`` start method, in the releases that have that setting); the mark a map's check leaves
     on the mapped dataset pins its later maps too. ms_shm's wrappers (the thread cap, the guard) would hide that
     code from the check, and MindSpore would run the stage with the workers asked (MindSpore's own
-    test_pyfunc), so such a stage is left for MindSpore to build."""
+    test_pyfunc), so such a stage is left for MindSpore to build. ``kind`` ``"batch"``: only debug mode
+    applies."""
+    serial = _debug_mode()
+    if serial or kind == "batch":
+        return serial
     if kind == "map":
         if objects.attribute(dataset, "operator_mixed") is True:
             return ("an earlier map of this dataset computes with MindSpore's network operators, so MindSpore runs "
@@ -686,6 +706,20 @@ def one_worker_by_mindspore(kind: str, target: Any, dataset: Any = None) -> str 
         return None
     what = "the source" if kind == "generator" else "the map's function"
     return f"{what} computes with {module}, so MindSpore itself runs it on one worker, with its own warning"
+
+
+def _debug_mode() -> str | None:
+    """Why MindSpore runs every stage in this process's one thread (``ds.config.set_debug_mode(True)``), or
+    ``None``: its debug mode ignores ``num_parallel_workers`` and ``python_multiprocessing``, so worker slots
+    ms_shm would plan never exist (an audit: a pipeline raw ran in a 64 KiB /dev/shm was refused, and under 64
+    MB ms_shm turned shared memory off for the whole program, for worker processes MindSpore never started)."""
+    try:
+        debug = _dataset_module().config.get_debug_mode()
+    except Exception:  # noqa: BLE001 - a release without debug mode, or MindSpore not importable
+        return None
+    if debug is not True:
+        return None
+    return "MindSpore's debug mode (ds.config.set_debug_mode) runs every stage in this process, one row at a time"
 
 
 def _start_method_setting() -> str | None:

@@ -29,11 +29,11 @@ from ms_shm import host, objects, procfs, sizes
 from ms_shm._results import Result, free_text, mib, record
 from ms_shm.budget import Budget
 from ms_shm.engines.mindspore import arithmetic as model
-from ms_shm.engines.mindspore import liveness
+from ms_shm.engines.mindspore import compat, liveness
 from ms_shm.errors import RowTooLargeError, ShmFullError
 
 log = logging.getLogger(__name__)
-
+_IMPORTED_BY = os.getpid()  # a worker forked from this process holds its MindSpore settings as they were then
 
 
 @record
@@ -41,7 +41,8 @@ class GuardSpec(Result):
     """What one worker may use: ``slots`` dynamic slots within ``worker_bytes`` of /dev/shm.
 
     Attributes:
-        slots: Slots per worker (MindSpore's queue size + 2); the worker fills them round-robin.
+        slots: Slots per worker (MindSpore's queue size + 2) at the planned prefetch; the worker fills them
+            round-robin, as many as the prefetch it was started with gives.
         worker_bytes: This worker's share of the pipeline's /dev/shm budget.
         planned_row_bytes: The row size the plan was made for.
         fix: The alternatives to more /dev/shm (fewer workers, threads), as text.
@@ -105,7 +106,26 @@ class SlotGuard:
         self._pid = os.getpid()
         self._free_unknown = False
         self._over_share_said = False
+        self._on, self._slot_count = True, spec.slots
         self.rows_checked = 0
+
+    def __getstate__(self) -> dict:
+        """Pickled as MindSpore starts a spawned (or forkserver) worker, whose own MindSpore holds its defaults:
+        the settings it starts the worker with go along."""
+        return dict(self.__dict__, _launched=compat.slot_settings())
+
+    def _start_worker(self) -> None:
+        """A fresh worker (fork copies our state) starts with no slots, as many as its queue has at the prefetch
+        MindSpore started it with, and none where it sends rows through pipes: MindSpore reads both settings as
+        it starts its workers, and a program may change them after the dataset was built (an audit: shared
+        memory turned off after ``build_dataset``, or the prefetch lowered to 2, stopped a rare 34 MiB row that
+        raw ran, the error counting 18 slots where the worker had 4). Unreadable: the plan's."""
+        self._pid, self._slots, self._total, self._next_slot = os.getpid(), [], 0, 0
+        forked = _IMPORTED_BY == self.spec.home_pid
+        launched = compat.slot_settings() if forked else getattr(self, "_launched", None)
+        if launched is not None:
+            shared, prefetch = launched
+            self._on, self._slot_count = shared is not False, model.slots(prefetch, self.spec.workers)
 
     def check(self, size: int, index: Any) -> None:
         """Mirror MindSpore's ``_SharedQueue.put``: a row with bytes takes slot ``seg_pos`` then advances it.
@@ -120,13 +140,13 @@ class SlotGuard:
         """
         if os.getpid() == self.spec.home_pid:  # read in the program's own process: no slot
             return
-        if os.getpid() != self._pid:  # a fresh worker (fork copies our state): its slots start empty
-            self._pid, self._slots, self._total, self._next_slot = os.getpid(), [], 0, 0
+        if os.getpid() != self._pid:
+            self._start_worker()
         self.rows_checked += 1
-        if size == 0:
-            return  # MindSpore does not advance seg_pos for a row without bytes
+        if size == 0 or not self._on:
+            return  # MindSpore does not advance seg_pos for a row without bytes; pipes use no slot
         spec = self.spec
-        slot = self._next_slot % spec.slots
+        slot = self._next_slot % self._slot_count
         if slot < len(self._slots):
             old = self._slots[slot]
             if size <= old:
@@ -139,7 +159,7 @@ class SlotGuard:
         if total > spec.worker_bytes and not self._room_beyond_share(committed, total, index):
             raise RowTooLargeError(
                 f"row {index} is {mib(size)}, ms_shm planned rows of {mib(spec.planned_row_bytes)}: this "
-                f"worker's {spec.slots} shared-memory slots would grow to {mib(total)}, over its "
+                f"worker's {self._slot_count} shared-memory slots would grow to {mib(total)}, over its "
                 f"{mib(spec.worker_bytes)} share of /dev/shm, which would end in a bus error. "
                 f"Fix: {self._fix(size)}")
         self._check_free(committed, index)
@@ -152,16 +172,20 @@ class SlotGuard:
         self._next_slot += 1
 
     def _room_beyond_share(self, committed: int, total: int, index: Any) -> bool:
-        """Slots over the plan that still fit /dev/shm as it is now, with as much again for every other worker
-        of every local rank (they may grow alike at the same instant; one rank going on alone took the room the
-        other three then lacked): rare large rows the probe did not read (8 full-size images among 96x96 ones)
-        ran under raw MindSpore at 128 MB and stopped here. Said once per worker."""
+        """Slots over the plan that still fit /dev/shm as it is now, with room kept for every other worker of
+        every local rank: as much again as this slot (they may grow alike at the same instant; one rank going
+        on alone took the room the other three then lacked), or, where less, all their slots at the planned
+        row size, which is all they hold unless they too meet a row larger than their whole plan (one 34 MiB
+        row among 1 MiB ones, 2 workers of 4 slots, ran raw in 64 MB and was stopped here). Rare large rows the
+        probe did not read (8 full-size images among 96x96 ones) ran under raw MindSpore at 128 MB and stopped
+        here before the share could be passed. Said once per worker."""
         spec = self.spec
         try:
             free = _free_bytes(spec.shm_path)
         except OSError:  # unreadable: the share is all there is to go by
             return False
-        if free < spec.ranks * spec.workers * committed:
+        each = min(committed, self._slot_count * model.pages(spec.planned_row_bytes))
+        if free < committed + (spec.ranks * spec.workers - 1) * each:
             return False
         if not self._over_share_said:
             self._over_share_said = True
@@ -220,7 +244,7 @@ class SlotGuard:
         """/dev/shm this pipeline needs when every slot of every worker holds rows of ``size``."""
         spec = self.spec
         row = max(model.pages(size), model.pages(spec.planned_row_bytes))
-        return spec.workers * spec.slots * row + model.semaphore_bytes(spec.workers)
+        return spec.workers * self._slot_count * row + model.semaphore_bytes(spec.workers)
 
     def _fix(self, size: int) -> str:
         """The fix for rows of ``size``: the /dev/shm that would hold them in every slot, or the alternatives."""

@@ -542,12 +542,14 @@ def test_an_unchanged_torch_script_is_protected_by_run(private_shm):
     pytest.importorskip("torch", reason="torch is not installed: pip install 'ms_shm[torch]'")
     script = SCENARIOS / "torch_loader.py"
     try:
-        raw = run(f"{shlex.quote(str(script))} 16", timeout=90)  # a few seconds when it fails at once
+        # batches of 6 x 8 MiB: each worker's first batch alone takes 48 MiB (of 4, two peaked at 64.1 MiB in 2 GB,
+        # an edge the 64 MB raw had to overflow)
+        raw = run(f"{shlex.quote(str(script))} 16 6", timeout=90)  # a few seconds when it fails at once
         assert raw.returncode != 0 and ("No space left on device" in raw.stderr or "Bus error" in raw.stderr), \
             isolated.describe(raw)
     except subprocess.TimeoutExpired as exc:  # torch's loop can wait for good on a worker that died of ENOSPC
         assert b"No space left on device" in (exc.stderr or b""), exc
-    ours = run(f"-m ms_shm run {shlex.quote(str(script))} 16")
+    ours = run(f"-m ms_shm run {shlex.quote(str(script))} 16 6")
     res = result_of(ours)
     expected = [__import__("hashlib").sha256(((np.arange(1 << 21, dtype=np.float32) % 251) + np.float32(i)).tobytes())
                 .hexdigest() for i in range(16)]

@@ -1,4 +1,5 @@
-"""A raw-PyTorch script: 8 MiB samples, batches of 4 from 2 worker processes (160 MiB of /dev/shm in flight)."""
+"""A raw-PyTorch script: 8 MiB samples, batches of 4 (or argv[2]) from 2 worker processes (160 MiB of /dev/shm in
+flight at 4)."""
 import hashlib
 import json
 import sys
@@ -8,6 +9,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 SAMPLES = int(sys.argv[1])
+BATCH = int(sys.argv[2]) if len(sys.argv) > 2 else 4
 
 
 class Samples(Dataset):
@@ -18,7 +20,7 @@ class Samples(Dataset):
         return torch.from_numpy((np.arange(1 << 21, dtype=np.float32) % 251) + np.float32(i)), i
 
 
-loader = DataLoader(Samples(), batch_size=4, num_workers=2)
+loader = DataLoader(Samples(), batch_size=BATCH, num_workers=2)
 out = []
 for data, label in loader:
     out += [(hashlib.sha256(d.numpy().tobytes()).hexdigest(), int(lab)) for d, lab in zip(data, label)]

@@ -228,11 +228,23 @@ def test_a_row_larger_than_every_planned_slot_goes_on_where_the_others_keep_thei
     g = GuardedSource(ListSource(rows), spec(slots=4, worker_bytes=int(25.6 * MiB), planned=MiB, workers=2))
     for i in range(3):
         assert g[i] is rows[i]
-    free_space.value = 37 * MiB  # 34 MiB + 4 x 1 MiB for the other worker do not fit
+    free_space.value = 36 * MiB  # 34 MiB + the other worker's 3 slots yet to make (1 MiB each) do not fit
     g = GuardedSource(ListSource(rows), spec(slots=4, worker_bytes=int(25.6 * MiB), planned=MiB, workers=2))
     g[0]
     with pytest.raises(RowTooLargeError):
         g[1]
+
+
+def test_late_in_an_epoch_the_slots_the_others_made_already_are_not_kept_room_for_again(free_space):
+    """A 20 MiB row 60 of 80 among 1 MiB ones, 2 workers of 18 slots, 64 MB: raw ran it (~55 MiB). Room kept for
+    the other worker's 18 planned slots, which it had made and /dev/shm counted as used, stopped it; the same
+    row at index 3 went on. Rows are dealt round-robin: the others have made about as many slots as this one."""
+    free_space.value = 28 * MiB
+    rows = [row_of(MiB - 8)] * 30 + [row_of(20 * MiB - 8)]
+    g = GuardedSource(ListSource(rows), spec(slots=18, worker_bytes=int(25.6 * MiB), planned=MiB, workers=2))
+    for i in range(31):
+        assert g[i] is rows[i]
+    assert g._ms_shm_guard._total == 17 * MiB + 20 * MiB
 
 
 def _in_a_forked_worker(g: GuardedSource, monkeypatch, settings) -> GuardedSource:

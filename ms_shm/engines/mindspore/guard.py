@@ -174,17 +174,21 @@ class SlotGuard:
     def _room_beyond_share(self, committed: int, total: int, index: Any) -> bool:
         """Slots over the plan that still fit /dev/shm as it is now, with room kept for every other worker of
         every local rank: as much again as this slot (they may grow alike at the same instant; one rank going
-        on alone took the room the other three then lacked), or, where less, all their slots at the planned
-        row size, which is all they hold unless they too meet a row larger than their whole plan (one 34 MiB
-        row among 1 MiB ones, 2 workers of 4 slots, ran raw in 64 MB and was stopped here). Rare large rows the
-        probe did not read (8 full-size images among 96x96 ones) ran under raw MindSpore at 128 MB and stopped
-        here before the share could be passed. Said once per worker."""
+        on alone took the room the other three then lacked), or, where less, the slots they have yet to make at
+        the planned row size, which is all they add unless they too meet a row larger than their whole plan
+        (one 34 MiB row among 1 MiB ones, 2 workers of 4 slots, ran raw in 64 MB and was stopped here). Rows
+        are dealt round-robin, so the others have made about as many slots as this worker: those are in use
+        in /dev/shm already (a 20 MiB row 60 of 80, 18 slots each made, was stopped counting them twice, where
+        the same row at index 3 went on). Rare large rows the probe did not read (8 full-size images among
+        96x96 ones) ran under raw MindSpore at 128 MB and stopped here before the share could be passed. Said
+        once per worker."""
         spec = self.spec
         try:
             free = _free_bytes(spec.shm_path)
         except OSError:  # unreadable: the share is all there is to go by
             return False
-        each = min(committed, self._slot_count * model.pages(spec.planned_row_bytes))
+        to_make = max(0, self._slot_count - len(self._slots))
+        each = min(committed, to_make * model.pages(spec.planned_row_bytes))
         if free < committed + (spec.ranks * spec.workers - 1) * each:
             return False
         if not self._over_share_said:

@@ -223,7 +223,7 @@ def _copies(holders: Sequence[tuple], facts: host.HostFacts, start_method: str) 
 
 
 def _with_worker_memory(probe: measure.StageProbe, copies: Sequence, start_method: str,
-                 facts: host.HostFacts) -> measure.StageProbe:
+                        facts: host.HostFacts) -> measure.StageProbe:
     """The probe with each worker process's ``copies`` added to the worker's own memory: a source holding 2M
     paths planned processes at 479 of a 485 MiB memory budget and was OOM-killed, as raw MindSpore was.
     Threads and inline read the one copy, so they stay. Where memory may bind, a spawned worker's own memory

@@ -268,7 +268,7 @@ def _say_adapted(dataset: Any, site: str | None, changed: list) -> None:
     what = "; ".join(f"{d.setting} {d.default} -> {d.value} ({d.reason})" for d in changed)
     key = tuple((d.setting, str(d.default), str(d.value)) for d in changed)
     said = _ADAPTED.get(dataset, key)
-    if said is not None and (said == (site or "?") or sites.made_by_a_library()) or \
+    if (said is not None and (said == (site or "?") or sites.made_by_a_library())) or \
             (site is not None and (site, key) in _ADAPTED_AT):
         log.info("ms_shm adapted DataLoader at %s as at %s: %s", site or "?", said or site, what)
         return

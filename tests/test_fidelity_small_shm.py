@@ -65,3 +65,57 @@ def test_a_small_dataset_over_several_epochs_of_one_iterator_fits_its_slots(real
     assert len(expected["rows"]) == 48 and expected["rows"][:16] == expected["rows"][16:32]
     ours = result(run("small_many_epochs", "ms_shm", "64m"))
     assert ours["rows"] == expected["rows"]
+
+
+# One large row the probe does not read among 1 MiB rows, 2 worker processes, and a setting the program changes
+# after building: raw ran each of these in 64 MB (audits, 3 of 3), and ms_shm's guard stopped them counting the
+# slots the plan was made for.
+AFTER_BUILDING = """
+import hashlib, json, sys
+import numpy as np
+import mindspore.dataset as ds
+case, mode = sys.argv[1], sys.argv[2]
+rows, big, mib = (80, 60, 20) if case == "late_row" else (40, 3, 34)
+
+class Rows:
+    def __len__(self):
+        return rows
+    def __getitem__(self, i):
+        return (np.full((mib if i == big else 1) << 20, i % 251, np.uint8),)
+
+kw = dict(shuffle=False, num_parallel_workers=2, python_multiprocessing=True)
+if mode == "ms_shm":
+    import ms_shm
+    ms_shm.tune()
+    dataset = ms_shm.build_dataset(Rows(), ["data"], **kw)
+else:
+    dataset = ds.GeneratorDataset(Rows(), ["data"], **kw)
+if case == "prefetch_after":
+    ds.config.set_prefetch_size(2)
+if case == "shared_memory_off_after":
+    ds.config.set_enable_shared_mem(False)
+out = [hashlib.sha256(r[0].tobytes()).hexdigest() for r in dataset.create_tuple_iterator(output_numpy=True,
+                                                                                       num_epochs=1)]
+print("RESULT " + json.dumps({"rows": out}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("case", ["prefetch_after", "shared_memory_off_after", "late_row"])
+def test_a_large_row_after_settings_changed_after_building_arrives_as_raws(real_mindspore, tmp_path, case):
+    """The prefetch lowered to 2 (4 slots a worker, not the planned 18) or shared memory turned off after
+    building, with one 34 MiB row; or a 20 MiB row 60 of 80, when every worker has made its 18 slots: ms_shm in
+    64 MB gives the rows raw MindSpore gives (raw in 1 GB, the expectation)."""
+    from ms_shm.engines import get
+
+    if get().profile().generator_default_max_rowsize_mb:
+        release_skip("static slots: no runtime guard on this release")
+    script = tmp_path / "after_building.py"
+    script.write_text(AFTER_BUILDING)
+
+    def go(mode: str, shm: str):
+        return isolated.run_shell(f"exec {shlex.quote(sys.executable)} {shlex.quote(str(script))} {case} {mode}",
+                                  shm=shm, timeout=600)
+
+    expected = result(go("raw", "1g"))
+    assert len(expected["rows"]) == (80 if case == "late_row" else 40)
+    assert result(go("ms_shm", "64m"))["rows"] == expected["rows"]

@@ -737,3 +737,19 @@ def test_rows_that_are_not_tuples_are_not_sent_through_worker_processes_unless_a
     assert planning.plan_generator(rows(**CPU_HEAVY), ask(), room(), V210).mode == PROCESSES
     asked = planning.plan_generator(stats, ask(workers=2, multiprocessing=True), room(), V210)
     assert asked.mode == PROCESSES  # as asked: raw MindSpore fails the same way
+
+
+def test_rows_the_source_holds_cost_no_memory_in_mindspores_own_process_where_the_release_carries_them_so():
+    """A list of two 300 MiB arrays in a 1300 MB container: raw MindSpore 2.10 ran at a 770 MiB peak, and ms_shm
+    refused it, pricing the rows in flight as copies. 2.0.0 copies them (+900 MiB for three rows, measured)."""
+    held = replace(rows(300 * MiB, seconds=0.001), length=2, held_fraction=1.0)
+    tight = room(4 * GiB, memory=int(424 * MiB / 0.8))
+    p = planning.plan_generator(held, ask(), tight, V210)
+    assert p.fits and p.mode == INLINE and p.predicted_memory < 100 * MiB, p.summary()
+    with pytest.raises(ShmBudgetError):
+        planning.plan_generator(replace(held, held_fraction=0.0), ask(), tight, V210)
+    with pytest.raises(ShmBudgetError):
+        planning.plan_generator(held, ask(), tight, model.profile_for("2.0.0"))
+    copies = [planning.model.generator_memory(mode, 300 * MiB, 2, 16, 0, None, 2, by_reference=share)
+              for mode in (PROCESSES, PIPES) for share in (0.0, 1.0)]
+    assert copies[0] == copies[1] and copies[2] == copies[3]  # a worker process's rows are copies

@@ -208,13 +208,18 @@ def rows_in_flight(mode: str, workers: int, prefetch: int) -> int:
 
 
 def generator_memory(mode: str, row_bytes: int, workers: int, prefetch: int, shm_bytes: int,
-                     worker_bytes: int | None, rows: int | None = None) -> int:
+                     worker_bytes: int | None, rows: int | None = None, by_reference: float = 0.0) -> int:
     """Host memory one GeneratorDataset adds to this process's memory cgroup: its /dev/shm pages (tmpfs pages
     are charged to the writer), the rows in flight, and each forked worker's own pages plus the row it is
-    reading (``worker_bytes`` is measured with the probe's freed rows given back)."""
+    reading (``worker_bytes`` is measured with the probe's freed rows given back). ``by_reference``: the share
+    of each row that MindSpore's own process carries without a copy (arrays the source holds,
+    ``RowStats.held_fraction``, where the release does: ``EngineProfile.rows_by_reference``); a worker
+    process's rows are copies whatever the source holds."""
     held = rows_in_flight(mode, workers, prefetch)
     if rows is not None:
         held = min(held, max(1, rows))
+    if mode in ("inline", "threads"):
+        row_bytes = int(row_bytes * (1.0 - by_reference))
     memory = PIPELINE_BYTES + shm_bytes + held * max(0, row_bytes)
     if mode in ("processes", "pipes") and workers > 1:
         own = worker_bytes + max(0, row_bytes) if worker_bytes is not None else WORKER_BYTES_UNMEASURED

@@ -194,7 +194,8 @@ def _candidates(stats: RowStats, req: Request, budget: Budget, profile: EnginePr
                 continue
             static = _static_rowsize(req, profile, row_bytes, mode == PROCESSES)
             for p in _prefetch_options(req.prefetch):
-                shm, fds, memory = _generator_needs(mode, w, p, row_bytes, static, stats.worker_bytes, rows)
+                shm, fds, memory = _generator_needs(mode, w, p, row_bytes, static, stats.worker_bytes, rows,
+                                                    _by_reference(stats, profile))
                 why = _why_not(mode, shm, fds, static, req, budget.at_prefetch(p), stats, memory)
                 if mode == THREADS and budget.shm_bytes is None and profile.threads_need_dev_shm:
                     why.append(f"MindSpore {profile.version} needs /dev/shm for threads too (a multiprocessing.Value)")
@@ -209,8 +210,14 @@ def _epoch_rows(req: Request, stats: RowStats) -> int | None:
     return req.rows_per_epoch if req.rows_per_epoch is not None else stats.length
 
 
+def _by_reference(stats: RowStats, profile: EngineProfile) -> float:
+    """The share of a row MindSpore's own process carries without a copy (``arithmetic.generator_memory``):
+    before, a list of two 300 MiB arrays was refused in a 1300 MB container where raw ran at a 770 MiB peak."""
+    return (stats.held_fraction or 0.0) if profile.rows_by_reference else 0.0
+
+
 def _generator_needs(mode: str, workers: int, prefetch: int, row_bytes: int, static: int | None,
-                     worker_bytes: int | None, rows: int | None) -> tuple:
+                     worker_bytes: int | None, rows: int | None, by_reference: float = 0.0) -> tuple:
     """``(shm, fds, memory)`` of one GeneratorDataset transport. Slots over the iterator's life, not one epoch's
     rows: a worker cycles through every slot it has across epochs (num_epochs > 1, repeat(), the next epoch
     prefetched), and the epochs an iterator runs are not known here (an audit: 16 rows, num_epochs=3,
@@ -218,7 +225,8 @@ def _generator_needs(mode: str, workers: int, prefetch: int, row_bytes: int, sta
     in_process, shared = mode in (INLINE, THREADS), mode == PROCESSES
     shm = 0 if in_process else model.generator_peak(row_bytes, workers, prefetch, None, static, shared_mem=shared)
     fds = 0 if in_process else model.generator_fds(workers, prefetch, None, shared_mem=shared)
-    return shm, fds, model.generator_memory(mode, row_bytes, workers, prefetch, shm, worker_bytes, rows)
+    return shm, fds, model.generator_memory(mode, row_bytes, workers, prefetch, shm, worker_bytes, rows,
+                                            by_reference)
 
 
 def next_stage_memory(row_bytes: int) -> int:
@@ -310,15 +318,17 @@ def plan_generator(stats: RowStats, request: Request, budget: Budget, profile: E
     if shared and budget.shm_bytes is not None and static is None:
         worker_share = (budget.shm_bytes - model.semaphore_bytes(best.workers)) // best.workers
     needs = functools.partial(_generator_needs, best.mode, best.workers, row_bytes=row, static=static,
-                              worker_bytes=stats.worker_bytes, rows=_epoch_rows(req, stats))
+                              worker_bytes=stats.worker_bytes, rows=_epoch_rows(req, stats),
+                              by_reference=_by_reference(stats, profile))
     return Plan("generator", best.mode, best.workers, best.prefetch, best.mode in (PROCESSES, PIPES),
                 shared, static, row, best.shm, best.fds, 0, budget, True, slots,
                 worker_share, best.seconds, profile, tuple(decisions), (), tuple(plan.top(cands, best)), best.memory,
                 by_prefetch=tuple(needs(p) for p in range(1, best.prefetch + 1)),
-                lean=_lean_generator(best, stats, req, row, costs))
+                lean=_lean_generator(best, stats, req, row, costs, _by_reference(stats, profile)))
 
 
-def _lean_generator(best: Candidate, stats: RowStats, req: Request, row: int, costs: Costs) -> plan.Lean | None:
+def _lean_generator(best: Candidate, stats: RowStats, req: Request, row: int, costs: Costs,
+                    by_reference: float) -> plan.Lean | None:
     """The in-process settings the call allows that hold the least memory at the chosen prefetch, where that is
     less than the chosen ones hold and no more of /dev/shm or fds: worker processes are not started on a
     stage's behalf after it was built (their slots and the runtime guard are sized at the plan)."""
@@ -329,7 +339,7 @@ def _lean_generator(best: Candidate, stats: RowStats, req: Request, row: int, co
         return None
 
     def needs(mode: str, w: int, prefetch: int) -> tuple:
-        return _generator_needs(mode, w, prefetch, row, None, stats.worker_bytes, rows)
+        return _generator_needs(mode, w, prefetch, row, None, stats.worker_bytes, rows, by_reference)
 
     mode, w = min(options, key=lambda o: needs(*o, best.prefetch)[2])
     shm, fds, memory = needs(mode, w, best.prefetch)

@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ms_shm import parallel
+from ms_shm import parallel, sandbox
 from ms_shm._results import Result, record
 from ms_shm.engines.mindspore.profiles import CARRIED_KINDS, DICT_DTYPES
 from ms_shm.errors import RowError, RowTypeError
@@ -472,6 +472,7 @@ class _Probe:
         refuse_column_types(converted, index, self.names, self.column_dtypes)
         if self.first is None:
             self.first = (int(index), converted)
+            sandbox.first_read_done()
         columns = row if isinstance(row, (tuple, list)) else (row,)
         self.tensors = self.tensors or any(hasattr(c, "asnumpy") for c in columns)
         self.indices.append(int(index))

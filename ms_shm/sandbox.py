@@ -590,16 +590,35 @@ def changed_attributes(before: tuple, after: tuple, objects: Sequence[Any]) -> s
     return None
 
 
+_WATCHING: list = []  # [objects, their state after the run's first read or None] while ``watch_effects`` runs
+
+
+def first_read_done() -> None:
+    """Said by a probe's run once its first row is read (or its operations' first input is run): where the
+    objects change again after it, their state is kept per read, not set up lazily by the first read. A re-read of
+    the first row cannot tell: a vocabulary numbering each new word as it meets it changed nothing then, and
+    the map (and the source) that built it was planned as 2 worker processes, each numbering the words anew (an
+    audit: the rows came out other than raw's)."""
+    if _WATCHING and _WATCHING[1] is None:
+        _WATCHING[1] = state_of(_WATCHING[0])
+
+
 def watch_effects(run: Callable[[], Any], objects: Sequence[Any], reread: Callable[[], str | None] | None = None,
                   again: Callable[[], Any] | None = None) -> tuple[Any, Effects]:
     """``run()`` and what it changed, then ``reread()`` (why a row read again differs, or ``None``): meant for
     the child, where the changes are thrown away.
 
-    Where ``run()`` changed the objects' attributes, one more read tells lazy set-up (changed once, on the first
-    read) from state kept per read (changed again): whatever ``reread`` read, or else ``again()``, one read."""
+    Where ``run()`` changed the objects' attributes, its later reads (after ``first_read_done``) tell lazy
+    set-up (changed once, on the first read) from state kept per read (changed again); else one more read:
+    whatever ``reread`` read, or else ``again()``."""
     generators = held_generators(objects)
     rng0, state0, own0 = rng_state(), state_of(objects), _states(generators)
-    value = run()
+    _WATCHING[:] = [objects, None]
+    try:
+        value = run()
+    finally:
+        after_first = _WATCHING[1] if _WATCHING else None
+        _WATCHING.clear()
     draws = None
     if rng_state() != rng0:
         draws = "rows draw from the global random / numpy.random state"
@@ -612,7 +631,10 @@ def watch_effects(run: Callable[[], Any], objects: Sequence[Any], reread: Callab
     differs = reread() if reread is not None and draws is None else None
     mutated = changed_attributes(state0, state1, objects)
     per_read = None
-    if mutated and draws is None and differs is None:
+    later = changed_attributes(after_first, state1, objects) if mutated and after_first is not None else None
+    if later and draws is None and differs is None:
+        per_read = f"{later} after the first row, not only on it"
+    elif mutated and draws is None and differs is None:
         state2 = state_of(objects)
         if state2 == state1 and again is not None:
             again()

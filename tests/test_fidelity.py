@@ -564,6 +564,53 @@ def test_state_kept_per_read_keeps_mindspores_own_mode(ds):
     assert source.calls == 12 and len(source.cache) == 12
 
 
+class Corpus:
+    """Token ids numbered as each new word is met, in the source (``self.vocab``) and in a map's module-global
+    vocabulary (``VOCAB``), with ~10 ms of pure-Python cleaning per row: work ms_shm gave 2 worker processes,
+    each numbering the words anew (an audit: row 1 came out with row 0's ids, where raw's one reader gave new
+    ones). Row 0 read again changes neither vocabulary; every new row does."""
+
+    def __init__(self, n=24):
+        self.docs = [f"the movie doc{i} was good" for i in range(n)]
+        self.vocab = {"<pad>": 0}
+
+    def __len__(self):
+        return len(self.docs)
+
+    def __getitem__(self, index):
+        sum(k % 7 for k in range(100_000))
+        return (np.array([self.vocab.setdefault(w, len(self.vocab)) for w in self.docs[int(index)].split()],
+                         np.int32), np.array(self.docs[int(index)]))
+
+
+VOCAB: dict = {}
+
+
+def tokenize(text):
+    sum(k % 7 for k in range(100_000))
+    return np.array([VOCAB.setdefault(w, len(VOCAB)) for w in str(text).split()], np.int32)
+
+
+def test_a_vocabulary_built_as_rows_are_read_keeps_mindspores_own_reader(ds):
+    """The source's ids are raw's, row for row (its one reader numbers the words in order); the map's are one id
+    per word and one word per id, as raw's threads share one ``VOCAB`` (their order may differ run to run, raw's
+    too). In worker processes each numbered the words anew: two words shared an id."""
+    import ms_shm
+
+    assert_same(*both(ds, Corpus, ["ids", "text"], shuffle=False), 24)
+    VOCAB.clear()
+    source = ms_shm.build_dataset(Corpus(), ["ids", "text"], shuffle=False)
+    mapped = ms_shm.map(source, tokenize, input_columns=["text"])
+    for plan in (ms_shm.plan_of(source), ms_shm.plan_of(mapped)):
+        assert any(d.setting == "mode_locked" and "after the first row" in d.reason for d in plan.decisions), \
+            plan.summary()
+    pairs = set()
+    for doc, row in zip(Corpus().docs, mapped.create_dict_iterator(output_numpy=True, num_epochs=1)):
+        pairs |= set(zip(doc.split(), row["text"].tolist()))
+    words, ids = {w for w, _ in pairs}, {i for _, i in pairs}
+    assert len(pairs) == len(words) == len(ids) == 4 + 24, sorted(pairs)
+
+
 class StrongFirst:
     """Strong augmentation for the first 25 reads (the audit's): the probe's few reads never reach the switch,
     and two threads reading at once switched it at other rows (strong rows 0..23, not 0..24, 3 runs of 3)."""

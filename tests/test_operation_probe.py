@@ -95,3 +95,32 @@ def test_a_per_batch_map_that_mindspore_stops_at_its_first_batch_is_refused_at_b
     assert text in str(err.value)
     ok = measure.probe_batch(LINEAGE, lambda a, info: ([x * 2 for x in a],), 2, ["a"], ["a"])
     assert ok.stats is not None
+
+
+class DictRows:
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return ({"img": np.full(4, i, np.float32), "name": f"{i}.jpg"},)
+
+
+DICT_LINEAGE = measure.SourceLineage(DictRows(), ("sample",), (0, 1, 2, 3))
+
+
+def _pop_image(sample):
+    return sample.pop("img") * 2, np.array(len(sample))
+
+
+def _collate_popping(samples, info):
+    return (np.stack([s.pop("img") for s in samples]),)
+
+
+def test_operations_that_pop_from_their_dict_rows_are_measured_as_mindspore_runs_them_once():
+    """mindyolo's ``test_collate_fn`` pops ``'img'`` from each dict row it gets: MindSpore passes every row once,
+    the probe runs its first again (the fidelity check), and that second run raised ``KeyError`` on the popped
+    dict, so the stage was built unmeasured, with a warning of an error MindSpore never raises (an audit)."""
+    probe = measure.probe_operations(DICT_LINEAGE, _pop_image, ["sample"], ["img", "nkeys"])
+    assert probe.unmeasured is None and probe.stats.rows == 3 and probe.stats.raised is None, probe
+    batch = measure.probe_batch(DICT_LINEAGE, _collate_popping, 2, ["sample"], ["images"])
+    assert batch.unmeasured is None and batch.stats is not None, batch

@@ -222,12 +222,32 @@ class Lazy:
         return self.table[i]
 
 
-@pytest.mark.parametrize("cls, per_read", [(Counter, True), (Lazy, False)])
+class Vocabulary:
+    """Numbers each new word as it meets it: reading row 0 again changes nothing, a new row does."""
+
+    def __init__(self):
+        self.ids = {}
+
+    def __getitem__(self, i):
+        return [self.ids.setdefault(word, len(self.ids)) for word in f"the doc{i} was good".split()]
+
+
+@pytest.mark.parametrize("cls, per_read", [(Counter, True), (Lazy, False), (Vocabulary, True)])
 def test_state_changed_on_every_read_is_told_from_lazy_set_up(cls, per_read):
+    """``first_read_done`` marks the state after the first read: a vocabulary built on the fly changed nothing
+    when row 0 was read again, and was taken for lazy set-up (an audit: planned as 2 worker processes, each
+    numbering the words anew)."""
     obj = cls()
-    _, effects = sandbox.watch_effects(lambda: [obj[i] for i in range(3)], [obj], again=lambda: obj[0])
+
+    def reads():
+        first = obj[0]
+        sandbox.first_read_done()
+        return [first] + [obj[i] for i in (1, 2)]
+
+    _, effects = sandbox.watch_effects(reads, [obj], again=lambda: obj[0])
     assert effects.mutates_state and not effects.order_dependent, effects
     assert bool(effects.state_per_read) == per_read, effects
+    sandbox.first_read_done()  # outside a watch: nothing to mark, nothing raised
 
 
 def test_a_probe_child_leaves_the_parents_files_and_pipes_as_they_were(tmp_path):

@@ -854,6 +854,10 @@ def _input_lineage(dataset: Any, eng: Any, stage: str) -> measure.Lineage:
         return lineage
     python = eng.compat.python_code_in(dataset)
     if python:
+        between = _stage_after_ours(eng.compat.rows_come_from(dataset))
+        if between:  # an audit read "not built by ms_shm" of a map after ms_shm.batch, both built by ms_shm
+            return measure.Unavailable(f"its input rows pass through a {between} stage after the stages ms_shm "
+                                       f"built, and ms_shm makes no rows again through one in a probe")
         return measure.Unavailable(f"the input pipeline was not built by ms_shm and runs Python code ({python}): "
                                    f"reading rows ahead could change what it yields")
     log.info("ms_shm.%s: the input dataset was not built by ms_shm; reading %d rows of it to measure the "
@@ -868,6 +872,17 @@ def _input_lineage(dataset: Any, eng: Any, stage: str) -> measure.Lineage:
         for k, v in row.items():
             out.setdefault(k, []).append(v)
     return measure.TakenRows(out)
+
+
+def _stage_after_ours(dataset: Any) -> str | None:
+    """The type of ``dataset`` (a ``BatchDataset``, a ``ProjectDataset``) where a stage below it, along single
+    children, was built by ms_shm; else ``None``."""
+    node = dataset
+    while len(getattr(node, "children", None) or []) == 1:
+        node = node.children[0]
+        if measure.lineage_of(node) is not None:
+            return type(dataset).__name__
+    return None
 
 
 def _asked(kwargs: dict, num_parallel_workers: int | None) -> dict:

@@ -1420,3 +1420,21 @@ def test_probe_rows_are_rows_the_sampler_draws(ds):
     subset = ms_shm.build_dataset(Plain(200_000), ["a", "b"],
                                   sampler=ds.SubsetRandomSampler(list(range(0, 200_000, 20_000))))
     assert ms_shm.plan_of(subset).rows_per_epoch == 10
+
+
+def test_a_map_after_a_plain_batch_ms_shm_built_names_the_batch_it_cannot_read_through(ds):
+    """mindformers' ``batch`` then an ``eod_reset`` map: the map keeps MindSpore's own settings, as the rows of a
+    batch are not made again in a probe; the reason said "the input pipeline was not built by ms_shm" of a batch
+    and a source ms_shm had both built (an audit). Raw's rows either way."""
+    import ms_shm
+
+    def pipeline(build, batch, map_):
+        return map_(batch(build(Plain(n=12), ["a", "b"], shuffle=False)), lambda a: a * 2)
+
+    raw = rows_of(pipeline(ds.GeneratorDataset, lambda d: d.batch(4),
+                           lambda d, op: d.map(op, input_columns=["a"])))
+    mapped = pipeline(ms_shm.build_dataset, lambda d: ms_shm.batch(d, 4),
+                      lambda d, op: ms_shm.map(d, op, input_columns=["a"]))
+    locked = [d for d in ms_shm.plan_of(mapped).decisions if d.setting == "mode_locked"]
+    assert locked and "pass through a BatchDataset stage after the stages ms_shm built" in locked[0].reason, locked
+    assert_same(raw, rows_of(mapped), 3)

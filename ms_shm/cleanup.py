@@ -42,6 +42,7 @@ import re
 import shutil
 import stat
 import subprocess
+import time
 from dataclasses import field, replace
 from pathlib import Path
 from typing import Callable
@@ -631,9 +632,9 @@ def _sysv_leftover(scan: _Scan, table: _Table, row: dict, key: int, pid: int | N
     return _Candidate(Leftover(table.kind, name, int(size), pid, reason), undo, key)
 
 
-def _file_candidates(scan: _Scan, files: list, kept_keys: set) -> list:
-    """Key files of dead pipelines, then ``/dev/shm`` files of dead processes."""
-    return _ipc_file_candidates(scan, files, kept_keys) + _dev_shm_candidates(scan)
+def _file_candidates(scan: _Scan, files: list, kept_keys: set, started: float) -> list:
+    """Key files of dead pipelines, then ``/dev/shm`` files of dead processes (``_still_left``)."""
+    return _ipc_file_candidates(scan, files, kept_keys) + _still_left(scan, _dev_shm_candidates(scan), started)
 
 
 def _ipc_file_candidates(scan: _Scan, files: list, kept_keys: set) -> list:
@@ -653,6 +654,40 @@ def _ipc_file_candidates(scan: _Scan, files: list, kept_keys: set) -> list:
 
 
 _SEM_UNKNOWN = object()  # a semaphore kept because some processes' maps could not be read
+
+
+# A /dev/shm file written this recently may be a running job's in flight: torch's file_system strategy makes
+# one per batch in a worker (forked after the process listing, or mapped by the main process after its maps were
+# read), so a snapshot taken first saw its pid dead and no holder; an audit's ``ms-shm clean --yes`` beside a
+# live torch job unlinked its batches and killed it, 4 runs of 4 ("could not unlink the shared memory file").
+YOUNG_SECONDS = 10.0
+
+
+def _still_left(scan: _Scan, candidates: list, started: float) -> list:
+    """The ``/dev/shm`` candidates that are leftovers at a second look, taken after they were listed: not
+    written since ``YOUNG_SECONDS`` before the first snapshot began, their pid still dead and no process
+    holding them now."""
+    if not candidates:
+        return []
+    again = _Processes(scan.root)
+    if again.error:
+        scan.notes.append(f"kept {len(candidates)} /dev/shm file(s): {again.error} at the second look")
+        return []
+    kept_young, out = 0, []
+    for candidate in candidates:
+        path = Path(candidate.leftover.name)
+        try:
+            written = path.stat().st_mtime
+        except OSError:
+            continue  # gone since: its owner took it back
+        if written > started - YOUNG_SECONDS:
+            kept_young += 1
+        elif not (again.alive(candidate.leftover.owner_pid) or again.holder(scan.host_path(path))):
+            out.append(candidate)
+    if kept_young:
+        scan.notes.append(f"kept {kept_young} /dev/shm file(s) written in the last {YOUNG_SECONDS:.0f} s: a running "
+                          f"job may be handing them over (run again later to remove a dead run's)")
+    return out
 
 
 def _dev_shm_candidates(scan: _Scan) -> list:
@@ -747,6 +782,7 @@ def clean(dry_run: bool = True, root: Path | str = Path("/"), uid: int | None = 
         >>> report = clean(dry_run=False)         # remove it
     """
     root = Path(root)
+    started = time.time()
     procs = _Processes(root)
     if procs.error:
         return CleanReport((), 0, dry_run, (procs.error + "; cannot tell live processes from dead ones, "
@@ -759,7 +795,7 @@ def clean(dry_run: bool = True, root: Path | str = Path("/"), uid: int | None = 
     chosen, kept_keys = _sysv_candidates(scan, files, orphan_keys)
     sysv, sysv_freed, failed_keys = _settle(chosen, dry_run)
     # A SysV object that could not be removed keeps its key file, or the next run cannot match it any more.
-    others, files_freed, _ = _settle(_file_candidates(scan, files, kept_keys | failed_keys), dry_run)
+    others, files_freed, _ = _settle(_file_candidates(scan, files, kept_keys | failed_keys, started), dry_run)
     freed = sysv_freed + files_freed
     return CleanReport(tuple(sysv + others), 0 if dry_run else freed, dry_run, tuple(scan.notes),
                        bytes_to_free=freed if dry_run else 0, kept=tuple(scan.kept))

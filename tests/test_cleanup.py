@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -64,11 +65,13 @@ class FakeHost:
                              f"{uid:5d} 0 {uid:5d} 0 1796081584 1796081584 1796081583\n")
         self.flush()
 
-    def dev_shm(self, name: str, size: int = 8192, uid: int | None = None) -> Path:
+    def dev_shm(self, name: str, size: int = 8192, uid: int | None = None, age: float = 3600) -> Path:
+        """A ``/dev/shm`` file last written ``age`` seconds ago (a dead run's is older than a live job's batch)."""
         path = self.root / "dev" / "shm" / name
         path.write_bytes(b"\1" * size)
         if uid is not None:
             os.chown(path, uid, -1)
+        os.utime(path, (time.time() - age, time.time() - age))
         return path
 
     def flush(self) -> None:
@@ -206,6 +209,32 @@ def test_an_unreaped_zombie_counts_as_dead(host, rmid):
     report = clean(dry_run=False, root=host.root, uid=0)
     assert [Path(item.name).name for item in report.leftovers] == [gone.name]
     assert not gone.exists() and kept.exists() and kept_unreadable.exists()
+
+
+def test_a_running_jobs_batch_file_is_kept_however_the_first_snapshot_saw_it(host, rmid, monkeypatch):
+    """torch's ``file_system`` strategy makes a ``/dev/shm`` file per batch in a worker: one forked after the
+    process listing, or mapped by the main process after its maps were read, looked dead and unheld, and an
+    audit's ``ms-shm clean --yes`` beside a live torch job unlinked its batches and killed it, 4 runs of 4. A file
+    is now removed only where a second look, after the files were listed, still finds its pid dead and no
+    holder, and where nothing wrote it in the last ``YOUNG_SECONDS``; a dead run's files still go."""
+    fresh = host.dev_shm(f"torch_{DEAD}_1_0", age=0)  # just written: a batch in flight
+    forked, worker = host.dev_shm("torch_4545_1_0"), 4545  # its worker appears after the first listing
+    mapped = host.dev_shm(f"torch_{DEAD}_2_0")  # the main process maps it after its maps were read
+    dead = host.dev_shm(f"torch_{DEAD}_3_0")
+    first_look = cleanup._Processes
+
+    def second_look_sees_more(root):
+        if getattr(second_look_sees_more, "taken", False):
+            host.live(worker)
+            host.live(LIVE + 1, maps=[f"/dev/shm/{mapped.name}"])
+        second_look_sees_more.taken = True
+        return first_look(root)
+
+    monkeypatch.setattr(cleanup, "_Processes", second_look_sees_more)
+    report = clean(dry_run=False, root=host.root, uid=0)
+    assert [Path(item.name).name for item in report.leftovers] == [dead.name], report.lines()
+    assert fresh.exists() and forked.exists() and mapped.exists() and not dead.exists()
+    assert any(f"written in the last {cleanup.YOUNG_SECONDS:.0f} s" in note for note in report.notes), report.notes
 
 
 def test_symlinks_are_never_followed_or_removed(host, rmid, tmp_path_factory):

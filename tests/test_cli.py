@@ -118,7 +118,8 @@ def test_doctor_counts_the_files_a_dead_process_left_in_dev_shm(private_shm):
     """A killed ``file_system`` torch loader leaves ``torch_<pid>_*`` files; the doctor names them and ``ms-shm
     clean``, which before only the clean itself listed."""
     dead = 4_194_400  # above PID_MAX_LIMIT: never alive
-    make = f"head -c 4194304 /dev/zero > /dev/shm/torch_{dead}_77_0 && head -c 4096 /dev/zero > /dev/shm/torch_{dead}_77_1"
+    make = (f"head -c 4194304 /dev/zero > /dev/shm/torch_{dead}_77_0 && head -c 4096 /dev/zero > /dev/shm/torch_{dead}_77_1"
+            f" && touch -d '1 hour ago' /dev/shm/torch_{dead}_77_0 /dev/shm/torch_{dead}_77_1")  # a dead run's
     command = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "ms_shm", "doctor", "--json"])
     r = private_shm.run_shell(f"{make} && exec {command}", shm="64m", timeout=120, env={"GLOG_v": "3"})
     assert r.returncode == 0, isolated.describe(r)

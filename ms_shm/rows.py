@@ -64,6 +64,8 @@ class RowStats(Result):
     # where the rows' library ran a thread pool of its own (``pooled``)
     sampled: int | None = None  # rows the caller's sampler draws an epoch, where it limits them and says how many
     raised: str | None = None  # a probe row after the first raised this (the rows read before it were measured)
+    dict_bytes_max: int = 0  # the arrays and strings in a probe row's dict columns, at most: no slot carries them
+    # (pickled through a pipe), but they are held in memory as any row is
     held_fraction: float | None = None  # of the first row's bytes, those its second read returned at the same
     # address, contiguous: arrays the source holds (``self.rows[i]``, ``self.x[i]``), not made by the read
 
@@ -274,6 +276,24 @@ def row_bytes(columns: tuple) -> int:
     return total
 
 
+def dict_bytes(columns: tuple) -> int:
+    """Bytes of the arrays, strings and bytes in a row's dict columns (at any depth), which ``row_bytes`` counts
+    0 for: mindyolo's eval rows of 8 MiB images in a dict were priced at 80 MiB of memory where they held ~500
+    (an audit)."""
+    total, stack = 0, [c for c in columns if isinstance(c, dict)]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            stack.extend(value)
+        elif isinstance(value, np.ndarray):
+            total += value.nbytes
+        elif isinstance(value, (str, bytes)):
+            total += len(value)
+    return total
+
+
 def same_row(a: Any, b: Any) -> bool:
     """``a`` and ``b``, one row (or operation output) computed twice, are the same (``difference``)."""
     return difference(a, b) is None
@@ -386,6 +406,7 @@ class _Probe:
     sampled: int | None = None  # rows the caller's sampler draws an epoch (``RowStats.sampled``)
     raised: str | None = None  # what a later probe row raised (``RowStats.raised``)
     held: float | None = None  # ``RowStats.held_fraction``
+    dict_sizes: list = field(default_factory=list)  # ``dict_bytes`` of each row kept
 
     @property
     def wall(self) -> float:
@@ -477,6 +498,7 @@ class _Probe:
         self.tensors = self.tensors or any(hasattr(c, "asnumpy") for c in columns)
         self.indices.append(int(index))
         self.sizes.append(row_bytes(converted))
+        self.dict_sizes.append(dict_bytes(converted))
         self.skeletons.append(tuple(_skeleton(c) for c in converted))
 
     def stats(self, random_access: bool, length: int | None, started: float, notes: list) -> RowStats:
@@ -501,7 +523,7 @@ class _Probe:
                         time.perf_counter() - started, tuple(notes), self.tensors,
                         parallel_fraction=self.parallel, reread_differs=self.reread, cores_busy=self.cores_busy,
                         rows_one_column=self.whole_rows, sampled=self.sampled, raised=self.raised,
-                        held_fraction=self.held)
+                        held_fraction=self.held, dict_bytes_max=max(self.dict_sizes, default=0))
 
 
 LEN_HINT = "the probe reads the last index len(source)-1: if the data has fewer rows, __len__ is wrong"

@@ -591,3 +591,13 @@ def test_a_row_the_source_holds_is_told_from_one_each_read_makes(kind, held):
 
 def test_a_row_of_no_array_bytes_holds_nothing_known():
     assert rows.held_fraction((np.zeros(0),), (np.zeros(0),)) is None
+
+
+def test_a_dict_columns_arrays_and_strings_are_counted_for_memory_not_for_slots():
+    """mindyolo's eval rows carry their 8 MiB image in a dict: no slot holds it (``row_bytes`` 0), but every
+    reader does; priced at 80 MiB of memory, the audit's pipeline grew 495."""
+    row = ({"img": np.zeros(1000, np.uint8), "meta": {"name": "a.jpg", "shape": [np.zeros(10, np.int64)]}},
+           np.zeros(5, np.int32))
+    assert rows.row_bytes(row) == 20 and rows.dict_bytes(row) == 1000 + 5 + 80
+    stats = rows.measure_random_access([row[0]] * 4, ["sample"])  # as MindSpore converts it: "a.jpg" is <U5
+    assert stats.row_bytes_max == 0 and stats.dict_bytes_max == 1000 + 5 * 4 + 80

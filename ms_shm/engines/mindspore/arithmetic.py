@@ -208,19 +208,25 @@ def rows_in_flight(mode: str, workers: int, prefetch: int) -> int:
 
 
 def generator_memory(mode: str, row_bytes: int, workers: int, prefetch: int, shm_bytes: int,
-                     worker_bytes: int | None, rows: int | None = None, by_reference: float = 0.0) -> int:
+                     worker_bytes: int | None, rows: int | None = None, by_reference: float = 0.0,
+                     dict_bytes: int = 0) -> int:
     """Host memory one GeneratorDataset adds to this process's memory cgroup: its /dev/shm pages (tmpfs pages
     are charged to the writer), the rows in flight, and each forked worker's own pages plus the row it is
     reading (``worker_bytes`` is measured with the probe's freed rows given back). ``by_reference``: the share
     of each row that MindSpore's own process carries without a copy (arrays the source holds,
     ``RowStats.held_fraction``, where the release does: ``EngineProfile.rows_by_reference``); a worker
-    process's rows are copies whatever the source holds."""
-    held = rows_in_flight(mode, workers, prefetch)
-    if rows is not None:
-        held = min(held, max(1, rows))
+    process's rows are copies whatever the source holds. ``dict_bytes``: what a row's dict columns hold, which
+    no slot carries (``row_bytes`` counts them 0) and every reader copies."""
+    def held(transport: str) -> int:
+        return rows_in_flight(transport, workers, prefetch) if rows is None else \
+            min(rows_in_flight(transport, workers, prefetch), max(1, rows))
+
     if mode in ("inline", "threads"):
         row_bytes = int(row_bytes * (1.0 - by_reference))
-    memory = PIPELINE_BYTES + shm_bytes + held * max(0, row_bytes)
+    # a dict column goes through a worker's queue pickled, as every row does over pipes: 48 rows of 8 MiB images
+    # in a dict, 2 worker processes, grew the process tree 549 MiB (an audit), where slot rows grew it 248 MiB
+    memory = PIPELINE_BYTES + shm_bytes + held(mode) * max(0, row_bytes) + \
+        held("pipes" if mode == "processes" else mode) * dict_bytes
     if mode in ("processes", "pipes") and workers > 1:
         own = worker_bytes + max(0, row_bytes) if worker_bytes is not None else WORKER_BYTES_UNMEASURED
         memory += workers * own

@@ -195,7 +195,7 @@ def _candidates(stats: RowStats, req: Request, budget: Budget, profile: EnginePr
             static = _static_rowsize(req, profile, row_bytes, mode == PROCESSES)
             for p in _prefetch_options(req.prefetch):
                 shm, fds, memory = _generator_needs(mode, w, p, row_bytes, static, stats.worker_bytes, rows,
-                                                    _by_reference(stats, profile))
+                                                    _by_reference(stats, profile), _dict_bytes(stats))
                 why = _why_not(mode, shm, fds, static, req, budget.at_prefetch(p), stats, memory)
                 if mode == THREADS and budget.shm_bytes is None and profile.threads_need_dev_shm:
                     why.append(f"MindSpore {profile.version} needs /dev/shm for threads too (a multiprocessing.Value)")
@@ -216,8 +216,15 @@ def _by_reference(stats: RowStats, profile: EngineProfile) -> float:
     return (stats.held_fraction or 0.0) if profile.rows_by_reference else 0.0
 
 
+def _dict_bytes(stats: RowStats) -> int:
+    """The memory a row's dict columns hold beside its slot bytes (``RowStats.dict_bytes_max``), with the ragged
+    rows' margin."""
+    return int(stats.dict_bytes_max * (RAGGED_MARGIN if stats.ragged else 1.0))
+
+
 def _generator_needs(mode: str, workers: int, prefetch: int, row_bytes: int, static: int | None,
-                     worker_bytes: int | None, rows: int | None, by_reference: float = 0.0) -> tuple:
+                     worker_bytes: int | None, rows: int | None, by_reference: float = 0.0,
+                     dict_bytes: int = 0) -> tuple:
     """``(shm, fds, memory)`` of one GeneratorDataset transport. Slots over the iterator's life, not one epoch's
     rows: a worker cycles through every slot it has across epochs (num_epochs > 1, repeat(), the next epoch
     prefetched), and the epochs an iterator runs are not known here (an audit: 16 rows, num_epochs=3,
@@ -226,7 +233,7 @@ def _generator_needs(mode: str, workers: int, prefetch: int, row_bytes: int, sta
     shm = 0 if in_process else model.generator_peak(row_bytes, workers, prefetch, None, static, shared_mem=shared)
     fds = 0 if in_process else model.generator_fds(workers, prefetch, None, shared_mem=shared)
     return shm, fds, model.generator_memory(mode, row_bytes, workers, prefetch, shm, worker_bytes, rows,
-                                            by_reference)
+                                            by_reference, dict_bytes)
 
 
 def next_stage_memory(row_bytes: int) -> int:
@@ -319,16 +326,17 @@ def plan_generator(stats: RowStats, request: Request, budget: Budget, profile: E
         worker_share = (budget.shm_bytes - model.semaphore_bytes(best.workers)) // best.workers
     needs = functools.partial(_generator_needs, best.mode, best.workers, row_bytes=row, static=static,
                               worker_bytes=stats.worker_bytes, rows=_epoch_rows(req, stats),
-                              by_reference=_by_reference(stats, profile))
+                              by_reference=_by_reference(stats, profile), dict_bytes=_dict_bytes(stats))
     return Plan("generator", best.mode, best.workers, best.prefetch, best.mode in (PROCESSES, PIPES),
                 shared, static, row, best.shm, best.fds, 0, budget, True, slots,
                 worker_share, best.seconds, profile, tuple(decisions), (), tuple(plan.top(cands, best)), best.memory,
                 by_prefetch=tuple(needs(p) for p in range(1, best.prefetch + 1)),
-                lean=_lean_generator(best, stats, req, row, costs, _by_reference(stats, profile)))
+                lean=_lean_generator(best, stats, req, row, costs, _by_reference(stats, profile),
+                                     _dict_bytes(stats)))
 
 
 def _lean_generator(best: Candidate, stats: RowStats, req: Request, row: int, costs: Costs,
-                    by_reference: float) -> plan.Lean | None:
+                    by_reference: float, dict_bytes: int) -> plan.Lean | None:
     """The in-process settings the call allows that hold the least memory at the chosen prefetch, where that is
     less than the chosen ones hold and no more of /dev/shm or fds: worker processes are not started on a
     stage's behalf after it was built (their slots and the runtime guard are sized at the plan)."""
@@ -339,7 +347,7 @@ def _lean_generator(best: Candidate, stats: RowStats, req: Request, row: int, co
         return None
 
     def needs(mode: str, w: int, prefetch: int) -> tuple:
-        return _generator_needs(mode, w, prefetch, row, None, stats.worker_bytes, rows, by_reference)
+        return _generator_needs(mode, w, prefetch, row, None, stats.worker_bytes, rows, by_reference, dict_bytes)
 
     mode, w = min(options, key=lambda o: needs(*o, best.prefetch)[2])
     shm, fds, memory = needs(mode, w, best.prefetch)

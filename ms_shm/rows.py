@@ -698,14 +698,20 @@ def refuse_column_types(converted: tuple, index: Any, names: Sequence[str] | Non
     Bool), with "type of returned data in 'GeneratorDataset' should be same with specified column_types, but the
     type of returned data: <class 'numpy.ndarray'>", which names neither the column nor the dtype."""
     for i, (value, (expected, type_name)) in enumerate(zip(converted, column_dtypes or ())):
-        if expected is None or not isinstance(value, np.ndarray) or value.dtype == expected:
+        if expected is None or not isinstance(value, np.ndarray) or value.dtype == expected or \
+                value.dtype.kind == expected.kind == "U":
             continue
         name = _column_name(names, i)
+        text = expected.kind == "U"
+        fix = (f"return a str (or x.decode() of bytes) for column '{name}'" if text else
+               f"return x.astype(np.{expected.name}) for column '{name}'")
+        given = "string" if value.dtype.kind == "U" else "bool_" if value.dtype == bool else \
+            value.dtype.name if value.dtype.kind in "iuf" else None  # bytes: no MindSpore type takes them
+        other = f", or give it mindspore.{given} in column_types" if given else ""
         raise RowError(f"column '{name}' of row {index} is {value.dtype}, but column_types gives it {type_name}: "
                        f"MindSpore refuses a row whose dtype differs from its column_types (\"type of returned data "
-                       f"in 'GeneratorDataset' should be same with specified column_types\"). Fix: return "
-                       f"x.astype(np.{expected.name}) for column '{name}', or give it "
-                       f"mindspore.{'bool_' if value.dtype == bool else value.dtype.name} in column_types.", name, index)
+                       f"in 'GeneratorDataset' should be same with specified column_types\"). Fix: {fix}{other}.",
+                       name, index)
 
 
 def framework_check(exc: Exception, index: Any, column: str | None = None) -> None:

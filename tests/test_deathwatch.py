@@ -55,6 +55,21 @@ def _worker(pid: int, returncode: int | None = None) -> SimpleNamespace:
     return SimpleNamespace(pid=pid, name=f"w{pid}", _popen=SimpleNamespace(returncode=returncode))
 
 
+def test_a_worker_its_owner_closed_is_ended_and_the_watch_goes_on():
+    """MindSpore 2.0's ``close_all_workers`` calls ``close()`` on its workers, and ``.pid`` then raises
+    ``ValueError``: the watch stopped for the rest of the run (an audit: 3 runs of 24), so a worker killed later
+    left the pipeline waiting, MindSpore's own watchdog turned off."""
+    import multiprocessing
+
+    closed = multiprocessing.get_context("fork").Process(target=int)
+    closed.start()
+    closed.join()
+    closed.close()
+    ended, oom = [], _worker(4, -signal.SIGKILL)
+    assert deathwatch.killed_worker([closed, oom], ended.append) == (oom, signal.SIGKILL)
+    assert ended == [closed, oom]
+
+
 def test_a_kill_ends_the_run_a_teardown_does_not():
     ended = []
     teardown = [_worker(1, -signal.SIGTERM), _worker(2, -signal.SIGINT), _worker(3, 0)]

@@ -484,8 +484,9 @@ def row_check():
 
 def column_dtypes(column_types: Any) -> tuple | None:
     """``GeneratorDataset(column_types=...)`` as ``(numpy dtype or None, MindSpore's name)`` per column, or
-    ``None`` when none were given. ``None`` stands for a type checked here by nothing (strings, or a type NumPy
-    lacks, such as bfloat16): MindSpore alone decides on those."""
+    ``None`` when none were given. ``String`` is numpy's ``str_`` of any length (``refuse_column_types`` compares
+    kinds). ``None`` stands for a type checked here by nothing (a type NumPy lacks, such as bfloat16): MindSpore
+    alone decides on those."""
     if not column_types:
         return None
     try:
@@ -494,8 +495,12 @@ def column_dtypes(column_types: Any) -> tuple | None:
         return None
     out = []
     for t in column_types:
+        if str(t) == "String":  # a text column: numpy's str arrays only (bytes refused too, 2.0 to 2.10, measured)
+            out.append((np.dtype(np.str_), str(t)))
+            continue
         try:
-            out.append((np.dtype(dtype_to_nptype(t)), str(t)))
+            # quietly: 2.7+ logs a deprecation warning on every call, one line per column that raw never prints
+            out.append((np.dtype(_quietly(dtype_to_nptype, t)), str(t)))
         except Exception:  # a string type, bfloat16 under this NumPy, or no type at all: not ours to judge
             out.append((None, str(t)))
     return tuple(out)

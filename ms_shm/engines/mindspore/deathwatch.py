@@ -92,7 +92,11 @@ def killed_worker(workers: Iterable[Any], ended: Callable[[Any], None] = lambda 
     """``(worker, signal)`` for the first worker a signal other than a teardown's ended, else ``None``;
     ``ended(worker)`` for each worker found ended, whatever ended it (each is judged once)."""
     for worker in workers:
-        pid = getattr(worker, "pid", None)
+        try:
+            pid = getattr(worker, "pid", None)
+        except ValueError:  # close()d by its owner (2.0's close_all_workers): the watch stopped, 3 runs of 24
+            ended(worker)
+            continue
         if pid is None:
             continue
         code = getattr(getattr(worker, "_popen", None), "returncode", None)  # reaped by its owner already

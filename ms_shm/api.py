@@ -35,9 +35,20 @@ def _engine():
 
 
 def _pipeline_engine():
-    """The engine, for a pipeline being built: the advice ``ms-shm run`` held back for the first one is due."""
-    SESSION.advise_held()
+    """The engine, for a pipeline being built (``_log_plan`` says the advice ``ms-shm run`` held back for it)."""
     return _engine()
+
+
+# Settings a plan lowers or switches to fit this host's room (``_budget_binds``)
+_BUDGET_SETTINGS = ("prefetch_size", "shared_mem", "max_rowsize", "memory_kept_for_next_stage", "memory_overcommitted")
+
+
+def _budget_binds(p: Plan) -> bool:
+    """Whether this host's room shaped ``p``: a candidate it priced did not fit, a setting was lowered or switched
+    to fit, or worker processes run unmeasured (their room unknown)."""
+    return (not p.fits or any(not c.fits for c in p.alternatives)
+            or any(d.setting in _BUDGET_SETTINGS and d.value != d.default for d in p.decisions)
+            or (p.row_bytes == 0 and p.python_multiprocessing))
 
 
 def session() -> Session:
@@ -806,6 +817,7 @@ _GLOBAL_SETTINGS = ("prefetch_size", "shared_mem", "enable_watchdog", EXPLICIT)
 def _log_plan(p: Plan, asked: dict, explicit: str | None = None) -> None:
     """The plan at INFO, each decision at its level. Under ``ms_shm.patch`` (``explicit`` set) whatever differs
     from what the caller's own call would do is ONE warning, naming the caller's file:line."""
+    SESSION.advise_held(_budget_binds(p))
     log.info("ms_shm %s", p.summary())
     changed = [d for d in p.decisions if d.value != d.default and (
         d.setting in asked or d.setting in _GLOBAL_SETTINGS

@@ -610,6 +610,13 @@ print("MODE", measure.plan_of(d).mode, "WORKERS", d.num_parallel_workers)
 print("GOT", digests(d.create_tuple_iterator(num_epochs=1, output_numpy=True)))
 del peek
 print("AFTER", digests(d.create_tuple_iterator(num_epochs=1, output_numpy=True)))
+workers = []  # an iterator per epoch, the last one still bound as the next is made
+for epoch in range(4):
+    it = d.create_tuple_iterator(num_epochs=1, output_numpy=True)
+    rows = digests(it)
+    workers.append(len([p for p in __import__("multiprocessing").active_children() if "Worker" in type(p).__name__]))
+    print(f"EPOCH{epoch}", rows)
+print("WORKERS_PER_EPOCH", workers)
 """
 
 
@@ -626,4 +633,9 @@ def test_a_new_iterator_beside_one_peeked_at_reads_as_mindsporeS_default_where_s
         pytest.skip(f"ms_shm did not choose worker processes with slots here: {lines.get('MODE')}")
     assert lines.get("RAW") and lines.get("GOT") == lines["RAW"] and lines.get("AFTER") == lines["RAW"], \
         isolated.describe(ours)
+    assert all(lines.get(f"EPOCH{e}") == lines["RAW"] for e in range(4)), isolated.describe(ours)
     assert "reads rows as MindSpore's default" in ours.stderr, isolated.describe(ours)
+    # ``it`` bound per epoch: an earlier iterator read in MindSpore's own thread holds no slots, so the next gets
+    # worker processes again (an audit: counted, every epoch after the first read in one thread)
+    per_epoch = eval(lines["WORKERS_PER_EPOCH"])
+    assert per_epoch.count(0) <= 2 and per_epoch[1] == 0 and per_epoch[2] > 0, per_epoch

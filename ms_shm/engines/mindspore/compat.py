@@ -171,9 +171,9 @@ def _watch_iterators() -> None:
 
     @functools.wraps(make)
     def __init__(self, dataset, *args, **kwargs):
-        with liveness.making(dataset):
+        with liveness.making(dataset) as changed:
             make(self, dataset, *args, **kwargs)
-        liveness.note_made(self)
+        liveness.note_made(self, bool(changed))
 
     @functools.wraps(step)
     def __next__(self):

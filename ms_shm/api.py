@@ -296,10 +296,8 @@ def _column_names(column_names: Any, kwargs: dict) -> tuple | None:
         return (column_names,)
     if column_names is not None:
         return tuple(column_names)
-    names = getattr(kwargs.get("schema"), "columns", None)
-    if isinstance(names, list):
-        return tuple(c.get("name") if isinstance(c, dict) else str(c) for c in names)
-    return None
+    columns = _engine().compat.schema_columns(kwargs["schema"]) if kwargs.get("schema") is not None else None
+    return tuple(name for name, _ in columns) if columns else None
 
 
 def _probe_blocker(source: Any, kwargs: dict, eng: Any) -> str | None:
@@ -438,7 +436,8 @@ def _build_dataset(eng: Any, source: Any, column_names: Any, generator_args: tup
     probe = measure.StageProbe(None, unmeasured=blocked) if blocked else \
         measure.probe_random_access(source, names, eng.compat.row_check(), _worker_pages(facts),
                                     defer_row_errors=_explicit is not None,  # patched: MindSpore raises it later
-                                    column_dtypes=eng.compat.column_dtypes(generator_kwargs.get("column_types")),
+                                    column_dtypes=eng.compat.column_dtypes(generator_kwargs.get("column_types"),
+                                                                          generator_kwargs.get("schema")),
                                     beside=_beside_probe(facts), sampled=eng.compat.sampled_rows(generator_kwargs))
     copies = _copies([(SOURCE, source)], facts, req.start_method)
     # what share_lists will swap is not copied; what it must leave (a module global, a tuple) still is

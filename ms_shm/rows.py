@@ -707,8 +707,11 @@ def refuse_column_types(converted: tuple, index: Any, names: Sequence[str] | Non
                f"return x.astype(np.{expected.name}) for column '{name}'")
         given = "string" if value.dtype.kind == "U" else "bool_" if value.dtype == bool else \
             value.dtype.name if value.dtype.kind in "iuf" else None  # bytes: no MindSpore type takes them
-        other = f", or give it mindspore.{given} in column_types" if given else ""
-        raise RowError(f"column '{name}' of row {index} is {value.dtype}, but column_types gives it {type_name}: "
+        schema = type_name.endswith(" (schema)")
+        where = "its schema" if schema else "column_types"
+        other = f", or give it mindspore.{given} in {where}" if given else ""
+        declared = type_name[:-len(" (schema)")] if schema else type_name
+        raise RowError(f"column '{name}' of row {index} is {value.dtype}, but {where} gives it {declared}: "
                        f"MindSpore refuses a row whose dtype differs from its column_types (\"type of returned data "
                        f"in 'GeneratorDataset' should be same with specified column_types\"). Fix: {fix}{other}.",
                        name, index)

@@ -75,7 +75,7 @@ class FakeCompat:
     def row_check(self):
         return None
 
-    def column_dtypes(self, column_types):
+    def column_dtypes(self, column_types, schema=None):
         return None
 
     def processes_blocker(self):

@@ -348,6 +348,13 @@ def sc_random_shapes(ds, ms_shm) -> None:
 # Each case: a row function, the column names, and what every good row must come out as (same dtype, same
 # shape, same values), and optionally more GeneratorDataset arguments. The cases that are bad at one row are
 # listed in test_faults.BAD_AT.
+def _schema(mindspore, *columns) -> object:
+    schema = mindspore.dataset.Schema()
+    for name, dtype in columns:
+        schema.add_column(name, de_type=dtype, shape=[-1] if dtype != mindspore.string else None)
+    return schema
+
+
 def _cases() -> dict:
     import mindspore
 
@@ -365,6 +372,12 @@ def _cases() -> dict:
         "column_types_string_bytes": (lambda i: (np.array(f"sent {i}".encode()), np.array(i, np.int32)), ["a", "b"],
                                       lambda i: (np.array(f"sent {i}".encode()), np.array(i, np.int32)),
                                       {"column_types": [mindspore.string, mindspore.int32]}),
+        "schema_types_differ": (lambda i: (np.array(f"sent {i}"), np.arange(2, dtype=np.int64) + i), None,
+                                lambda i: (np.array(f"sent {i}"), np.arange(2, dtype=np.int64) + i),
+                                {"schema": _schema(mindspore, ("a", mindspore.string), ("b", mindspore.int32))}),
+        "schema_types_match": (lambda i: (np.array(f"sent {i}"), np.arange(2, dtype=np.int64) + i), None,
+                               lambda i: (np.array(f"sent {i}"), np.arange(2, dtype=np.int64) + i),
+                               {"schema": _schema(mindspore, ("a", mindspore.string), ("b", mindspore.int64))}),
         "list_column": (lambda i: ([1, 2, i], np.array(i)), ["a", "b"],
                         lambda i: (np.array([1, 2, i]), np.array(i))),
         "list_row": (lambda i: [np.arange(3) + i, np.array(i)], ["a", "b"],

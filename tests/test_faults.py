@@ -289,7 +289,7 @@ def test_non_deterministic_shapes_arrive_bit_exact(faults):
 
 
 GOOD = ["zero_d", "empty", "all_empty_some_rows", "non_contiguous", "strings", "dict_row", "column_types_match",
-        "dict_with_none", "column_types_string"]
+        "dict_with_none", "column_types_string", "schema_types_match"]
 # Cases bad at one row: where ms_shm stops ("build": the probe, before any worker) and what it says, or the
 # row after which MindSpore itself raises, as it does raw (a bad row the probe did not read).
 BAD_AT = {
@@ -307,6 +307,7 @@ REFUSED_AT_BUILD = {
     "big_endian": "RowError: column 'a' of row 0 has byte order >f4",
     "column_types_differ": "RowError: column 'b' of row 0 is int32, but column_types gives it Int64",
     "column_types_string_bytes": "RowError: column 'a' of row 0 is |S6, but column_types gives it String",
+    "schema_types_differ": "RowError: column 'b' of row 0 is int64, but its schema gives it int32",
 }
 # What raw MindSpore 2.10 (NumPy 2) does with the same sources, so the cases above prove something.
 RAW_FAILS = {
@@ -315,6 +316,7 @@ RAW_FAILS = {
     "none_at_probe": "Unable to avoid copy",
     "column_types_differ": "should be same with specified column_types",
     "column_types_string_bytes": "should be same with specified column_types",
+    "schema_types_differ": "should be same with specified column_types",
 }
 RAW_PASSES = GOOD
 

@@ -613,3 +613,24 @@ def test_a_dict_columns_arrays_and_strings_are_counted_for_memory_not_for_slots(
     assert rows.row_bytes(row) == 20 and rows.dict_bytes(row) == 1000 + 5 + 80
     stats = rows.measure_random_access([row[0]] * 4, ["sample"])  # as MindSpore converts it: "a.jpg" is <U5
     assert stats.row_bytes_max == 0 and stats.dict_bytes_max == 1000 + 5 * 4 + 80
+
+
+def test_a_schema_files_columns_give_the_names_and_types_a_row_is_checked_against(tmp_path):
+    """``GeneratorDataset(schema=...)`` declares each column's type as ``column_types`` does, and MindSpore
+    refuses another dtype mid-epoch naming no column (int64 ids in an int32 column, an audit): its columns, read
+    from a ``Schema`` or its JSON file (columns listed, or keyed by name), are checked at build."""
+    import json
+
+    from ms_shm.engines.mindspore import compat
+
+    keyed = tmp_path / "keyed.json"
+    keyed.write_text(json.dumps({"columns": {"text": {"type": "string", "rank": 1},
+                                             "ids": {"type": "int32", "rank": 1, "shape": [-1]}}}))
+    assert compat.schema_columns(str(keyed)) == (("text", "string"), ("ids", "int32"))
+    assert compat.schema_columns(tmp_path / "missing.json") is None
+    dtypes = compat.column_dtypes(None, str(keyed))
+    rows.refuse_column_types((np.array("a b"), np.arange(3, dtype=np.int32)), 0, ["text", "ids"], dtypes)
+    with pytest.raises(RowError) as info:
+        rows.refuse_column_types((np.array("a b"), np.arange(3)), 0, ["text", "ids"], dtypes)
+    assert "column 'ids' of row 0 is int64, but its schema gives it int32" in str(info.value)
+    assert "or give it mindspore.int64 in its schema" in str(info.value)

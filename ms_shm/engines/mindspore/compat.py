@@ -482,13 +482,13 @@ def row_check():
     return _convert_row
 
 
-def column_dtypes(column_types: Any) -> tuple | None:
-    """``GeneratorDataset(column_types=...)`` as ``(numpy dtype or None, MindSpore's name)`` per column, or
-    ``None`` when none were given. ``String`` is numpy's ``str_`` of any length (``refuse_column_types`` compares
-    kinds). ``None`` stands for a type checked here by nothing (a type NumPy lacks, such as bfloat16): MindSpore
-    alone decides on those."""
+def column_dtypes(column_types: Any, schema: Any = None) -> tuple | None:
+    """``GeneratorDataset(column_types=...)`` (else the types its ``schema`` declares: a ``Schema`` or the path of
+    its JSON) as ``(numpy dtype or None, MindSpore's name)`` per column, or ``None`` when none were given.
+    ``String`` is numpy's ``str_`` of any length (``refuse_column_types`` compares kinds). ``None`` stands for a
+    type checked here by nothing (a type NumPy lacks, such as bfloat16): MindSpore alone decides on those."""
     if not column_types:
-        return None
+        return _schema_dtypes(schema) if schema is not None else None
     try:
         from mindspore.common.dtype import dtype_to_nptype
     except ImportError:
@@ -503,6 +503,38 @@ def column_dtypes(column_types: Any) -> tuple | None:
             out.append((np.dtype(_quietly(dtype_to_nptype, t)), str(t)))
         except Exception:  # a string type, bfloat16 under this NumPy, or no type at all: not ours to judge
             out.append((None, str(t)))
+    return tuple(out)
+
+
+def schema_columns(schema: Any) -> tuple | None:
+    """``(name, MindSpore's type name)`` per column a ``GeneratorDataset(schema=...)`` declares (a ``Schema``, or
+    the path of its JSON), or ``None`` where it cannot be read here (MindSpore reads it, and refuses it)."""
+    import json
+
+    try:
+        text = schema.to_json() if hasattr(schema, "to_json") else open(os.fspath(schema)).read()
+        columns = json.loads(text)["columns"]
+        if isinstance(columns, dict):  # a schema file may key its columns by name
+            return tuple((name, c.get("type")) for name, c in columns.items())
+        return tuple((c.get("name"), c.get("type")) for c in columns)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _schema_dtypes(schema: Any) -> tuple | None:
+    """The column types a schema declares, as ``column_dtypes`` gives them: MindSpore refuses a row of another
+    dtype mid-epoch with the message ``column_types`` gets, naming no column (int64 ids in an int32 schema
+    column, an audit)."""
+    columns = schema_columns(schema)
+    if columns is None:
+        return None
+    out = []
+    for _, name in columns:
+        try:
+            dtype = np.dtype(np.str_) if name == "string" else np.dtype(name)
+        except TypeError:
+            dtype = None
+        out.append((dtype if dtype is None or dtype.kind in "biufU" else None, f"{name} (schema)"))
     return tuple(out)
 
 

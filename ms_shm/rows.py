@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ms_shm import parallel, sandbox
+from ms_shm import parallel, procfs, sandbox
 from ms_shm._results import Result, record
 from ms_shm.engines.mindspore.profiles import CARRIED_KINDS, DICT_DTYPES
 from ms_shm.errors import RowError, RowTypeError
@@ -250,12 +250,31 @@ def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
                for i in range(0, x.size, _COMPARE_CHUNK))
 
 
+def _arrays(columns: tuple) -> list:
+    """A row's arrays in a fixed order: its array columns, then those in its dict columns (``_dict_leaves``)."""
+    return [c for c in columns if isinstance(c, np.ndarray)] + \
+        [v for v in _dict_leaves(columns) if isinstance(v, np.ndarray)]
+
+
+def _dict_leaves(columns: tuple) -> Iterator:
+    """The values in a row's dict columns, at any depth through dicts, lists and tuples, in a fixed order."""
+    stack = [c for c in columns if isinstance(c, dict)][::-1]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend(reversed(list(value.values())))
+        elif isinstance(value, (list, tuple)):
+            stack.extend(reversed(value))
+        else:
+            yield value
+
+
 def held_fraction(first: tuple, again: tuple) -> float | None:
     """Of ``first``'s array bytes, the share ``again`` (the same row read a second time, ``first`` still alive)
     holds at the same address, C-contiguous: memory the source held before either read, which MindSpore 2.7+
     carries in its own process without a copy (2.10, 300 MiB rows: peak RSS the same iterated or not; a strided
     view is copied). ``None`` for a row of no array bytes."""
-    pairs = [(a, b) for a, b in zip(first, again) if isinstance(a, np.ndarray) and isinstance(b, np.ndarray)]
+    pairs = [(a, b) for a, b in zip(_arrays(first), _arrays(again))]
     total = sum(a.nbytes for a, _ in pairs)
     if total == 0:
         return None
@@ -280,18 +299,8 @@ def dict_bytes(columns: tuple) -> int:
     """Bytes of the arrays, strings and bytes in a row's dict columns (at any depth), which ``row_bytes`` counts
     0 for: mindyolo's eval rows of 8 MiB images in a dict were priced at 80 MiB of memory where they held ~500
     (an audit)."""
-    total, stack = 0, [c for c in columns if isinstance(c, dict)]
-    while stack:
-        value = stack.pop()
-        if isinstance(value, dict):
-            stack.extend(value.values())
-        elif isinstance(value, (list, tuple)):
-            stack.extend(value)
-        elif isinstance(value, np.ndarray):
-            total += value.nbytes
-        elif isinstance(value, (str, bytes)):
-            total += len(value)
-    return total
+    return sum(v.nbytes if isinstance(v, np.ndarray) else len(v) for v in _dict_leaves(columns)
+               if isinstance(v, (np.ndarray, str, bytes)))
 
 
 def same_row(a: Any, b: Any) -> bool:
@@ -406,6 +415,7 @@ class _Probe:
     sampled: int | None = None  # rows the caller's sampler draws an epoch (``RowStats.sampled``)
     raised: str | None = None  # what a later probe row raised (``RowStats.raised``)
     held: float | None = None  # ``RowStats.held_fraction``
+    first_growth: int | None = None  # bytes the process's resident memory grew by over the first read
     dict_sizes: list = field(default_factory=list)  # ``dict_bytes`` of each row kept
 
     @property
@@ -415,9 +425,12 @@ class _Probe:
     def fetch(self, fetch: Callable, *args: Any) -> Any:
         """Call ``fetch(*args)`` and add its wall and CPU time to the probe's account (and for the first read,
         the kernel's share of it: ``first_kernel``)."""
+        before = procfs.resident_bytes() if not self.walls else None
         row, took = parallel.timed_call(fetch, *args)
         if not self.walls:
             self.first_kernel = took.kernel
+            after = procfs.resident_bytes()
+            self.first_growth = None if before is None or after is None else after - before
         self.walls.append(took.wall)
         self.cpus.append(took.cpu)
         self.alone(took)
@@ -484,7 +497,8 @@ class _Probe:
         again = convert_row(row, index, self.names)
         if not same_row(before, again):
             self.reread = f"source[{index}] read twice differs"
-        self.held = held_fraction(before, again)
+        made = self.first_growth is None or self.first_growth > (row_bytes(before) + dict_bytes(before)) // 2
+        self.held = 0.0 if made else held_fraction(before, again)  # made by the first read, then kept (a cache)
 
     def keep(self, index: Any, row: Any) -> None:
         self.whole_rows = self.whole_rows or one_column(row)

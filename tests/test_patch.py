@@ -311,7 +311,9 @@ def test_a_source_whose_last_rows_raise_is_planned_and_raises_where_mindspore_do
     assert_raw_bus_error(f"{script} 31 24 8 12")
     proc = run(f"-m ms_shm run {script} 31 24 8 12")
     rows = [int(line.split()[1]) for line in proc.stdout.splitlines() if line.startswith("ROW ")]
-    assert proc.returncode != 0 and rows == list(range(12)), isolated.describe(proc)
+    # row 12's error may overtake row 11 from the other worker, raw or planned (MindSpore's race; seen once in a
+    # full suite on a loaded machine): rows in order up to it, then its error
+    assert proc.returncode != 0 and rows == list(range(len(rows))) and len(rows) >= 11, isolated.describe(proc)
     assert "IndexError: index 12 out of range" in proc.stderr and "ShmFullError" not in proc.stderr, proc.stderr
     assert "probe row 23 raised IndexError" in proc.stderr and "planned from the" in proc.stderr, proc.stderr
 

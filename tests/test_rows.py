@@ -634,3 +634,45 @@ def test_a_schema_files_columns_give_the_names_and_types_a_row_is_checked_agains
         rows.refuse_column_types((np.array("a b"), np.arange(3)), 0, ["text", "ids"], dtypes)
     assert "column 'ids' of row 0 is int64, but its schema gives it int32" in str(info.value)
     assert "or give it mindspore.int64 in its schema" in str(info.value)
+
+
+class Cached:
+    """A small ``lru_cache`` over a loader that makes a new row each call (an audit's source): the first row read
+    again is a cache hit at the same address, yet every other row is new memory."""
+
+    def __init__(self, n=8, nbytes=16 << 20):
+        import functools
+
+        self.n, self.nbytes = n, nbytes
+        self.load = functools.lru_cache(maxsize=4)(self._load)
+
+    def _load(self, i):
+        return np.full(self.nbytes, i, np.uint8)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, index):
+        return (self.load(int(index)),)
+
+
+class SharedTable:
+    """Each row a dict whose table is one array the source holds (a lookup table), beside a small new label."""
+
+    def __init__(self):
+        self.table = np.ones(16 << 20, np.uint8)
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, index):
+        return ({"table": self.table, "label": np.array([int(index)])},)
+
+
+def test_a_row_a_cache_made_on_the_first_read_is_not_taken_for_one_the_source_held():
+    """The cached row came back at the same address and was priced as no copy: ms_shm read it in threads at
+    16 MiB of memory and was OOM-killed in 1000 MB where raw ran (an audit). A first read that grew the process
+    by half the row or more made it; a table every row's dict shares is held, and priced so (refused before)."""
+    assert rows.measure_random_access(Cached(), None).held_fraction == 0.0
+    shared = rows.measure_random_access(SharedTable(), ["sample"])
+    assert shared.held_fraction == pytest.approx(1.0, abs=1e-4) and shared.dict_bytes_max >= 16 << 20

@@ -222,7 +222,7 @@ def generator_memory(mode: str, row_bytes: int, workers: int, prefetch: int, shm
             min(rows_in_flight(transport, workers, prefetch), max(1, rows))
 
     if mode in ("inline", "threads"):
-        row_bytes = int(row_bytes * (1.0 - by_reference))
+        row_bytes, dict_bytes = int(row_bytes * (1.0 - by_reference)), int(dict_bytes * (1.0 - by_reference))
     # a dict column goes through a worker's queue pickled, as every row does over pipes: 48 rows of 8 MiB images
     # in a dict, 2 worker processes, grew the process tree 549 MiB (an audit), where slot rows grew it 248 MiB
     memory = PIPELINE_BYTES + shm_bytes + held(mode) * max(0, row_bytes) + \

@@ -185,15 +185,6 @@ def process_cpu_ticks(pid: int | str, root: str | os.PathLike = "/") -> int | No
     return int(fields[11]) + int(fields[12])
 
 
-def resident_bytes() -> int | None:
-    """This process's resident memory now (``statm``'s second field: ~10 us to read), or ``None`` where unread."""
-    try:
-        with open("/proc/self/statm") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def private_bytes(pid: int | str = "self", root: str | os.PathLike = "/") -> int | None:
     """Memory only this process holds (``Private_Dirty`` of ``smaps_rollup``): in a forked child, the pages it
     copied on write plus what it allocated, which is what the memory cgroup is charged for it. ``None`` when

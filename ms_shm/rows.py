@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ms_shm import parallel, procfs, sandbox
+from ms_shm import parallel, sandbox
 from ms_shm._results import Result, record
 from ms_shm.engines.mindspore.profiles import CARRIED_KINDS, DICT_DTYPES
 from ms_shm.errors import RowError, RowTypeError
@@ -415,7 +415,7 @@ class _Probe:
     sampled: int | None = None  # rows the caller's sampler draws an epoch (``RowStats.sampled``)
     raised: str | None = None  # what a later probe row raised (``RowStats.raised``)
     held: float | None = None  # ``RowStats.held_fraction``
-    first_growth: int | None = None  # bytes the process's resident memory grew by over the first read
+    first_growth: int | None = None  # bytes the first read allocated and kept (``sandbox.allocated_bytes``)
     dict_sizes: list = field(default_factory=list)  # ``dict_bytes`` of each row kept
 
     @property
@@ -425,11 +425,11 @@ class _Probe:
     def fetch(self, fetch: Callable, *args: Any) -> Any:
         """Call ``fetch(*args)`` and add its wall and CPU time to the probe's account (and for the first read,
         the kernel's share of it: ``first_kernel``)."""
-        before = procfs.resident_bytes() if not self.walls else None
+        before = sandbox.allocated_bytes() if not self.walls else None
         row, took = parallel.timed_call(fetch, *args)
         if not self.walls:
             self.first_kernel = took.kernel
-            after = procfs.resident_bytes()
+            after = sandbox.allocated_bytes()
             self.first_growth = None if before is None or after is None else after - before
         self.walls.append(took.wall)
         self.cpus.append(took.cpu)

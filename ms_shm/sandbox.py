@@ -253,6 +253,25 @@ def _libc() -> Any:
         return None
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                     "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def allocated_bytes() -> int | None:
+    """Bytes ``malloc`` has handed out and not had back (glibc 2.33+'s ``mallinfo2``: its heaps' and its
+    mmapped chunks'; ~0.7 ms with MindSpore loaded), or ``None`` where the C library does not say. Unlike
+    resident memory it grows by a new row even where the row reuses pages a freed one left (16 MiB rows in a
+    long-lived process: resident memory did not move)."""
+    libc = _libc()
+    info = getattr(libc, "mallinfo2", None) if libc is not None else None
+    if info is None:
+        return None
+    info.restype = _MallInfo2
+    got = info()
+    return int(got.uordblks + got.hblkhd)
+
+
 def _signal_actions() -> dict:
     """``{signal: its struct sigaction's bytes}`` for ``_PROGRAM_SIGNALS`` (empty where they cannot be read)."""
     libc, kept = _libc(), {}

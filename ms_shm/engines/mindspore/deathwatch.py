@@ -92,12 +92,10 @@ def killed_worker(workers: Iterable[Any], ended: Callable[[Any], None] = lambda 
     """``(worker, signal)`` for the first worker a signal other than a teardown's ended, else ``None``;
     ``ended(worker)`` for each worker found ended, whatever ended it (each is judged once)."""
     for worker in workers:
-        try:
-            pid = getattr(worker, "pid", None)
-        except ValueError:  # close()d by its owner (2.0's close_all_workers): the watch stopped, 3 runs of 24
-            ended(worker)
-            continue
+        pid = _pid(worker)
         if pid is None:
+            if _closed(worker):
+                ended(worker)
             continue
         code = getattr(getattr(worker, "_popen", None), "returncode", None)  # reaped by its owner already
         signum = -code if isinstance(code, int) and code < 0 else procfs.death_signal(pid)
@@ -106,6 +104,19 @@ def killed_worker(workers: Iterable[Any], ended: Callable[[Any], None] = lambda 
         if signum and signum not in TEARDOWN:
             return worker, signum
     return None
+
+
+def _pid(worker: Any) -> int | None:
+    """A worker's pid, or ``None``: not started, or ``close()``d by its owner (2.0's ``close_all_workers``),
+    where ``.pid`` raises ``ValueError`` (the watch stopped on it, 3 runs of 24)."""
+    try:
+        return getattr(worker, "pid", None)
+    except ValueError:
+        return None
+
+
+def _closed(worker: Any) -> bool:
+    return bool(getattr(worker, "_closed", False))
 
 
 def _shown(logger: logging.Logger) -> bool:
@@ -131,9 +142,10 @@ def _end(worker: Any, signum: int) -> None:
     if not _shown(log):  # the program's last words: said on stderr even where it set up no logging (raw's are)
         logging.lastResort.handle(record)
     for other in _workers() + _cleaners():
-        if other is not worker and getattr(other, "pid", None) and procfs.death_signal(other.pid) is None:
+        pid = _pid(other)
+        if other is not worker and pid and procfs.death_signal(pid) is None:
             try:
-                os.kill(other.pid, signal.SIGTERM)
+                os.kill(pid, signal.SIGTERM)
             except OSError:  # gone meanwhile
                 pass
     os.kill(os.getpid(), signal.SIGTERM)

@@ -291,12 +291,12 @@ def _operation_holders(operations: Any) -> list:
     return cow.code_holders(operations if isinstance(operations, (list, tuple)) else [operations], "map operation")
 
 
-def _column_names(column_names: Any, kwargs: dict) -> tuple | None:
+def _column_names(column_names: Any, kwargs: dict, eng: Any) -> tuple | None:
     if isinstance(column_names, str):
         return (column_names,)
     if column_names is not None:
         return tuple(column_names)
-    columns = _engine().compat.schema_columns(kwargs["schema"]) if kwargs.get("schema") is not None else None
+    columns = eng.compat.schema_columns(kwargs["schema"]) if kwargs.get("schema") is not None else None
     return tuple(name for name, _ in columns) if columns else None
 
 
@@ -422,7 +422,7 @@ def _build_dataset(eng: Any, source: Any, column_names: Any, generator_args: tup
     if _explicit is None:  # patched calls were checked at the call
         check_as_mindspore("generator", real, dict(generator_kwargs, source=source, column_names=column_names))
     facts, config = SESSION.host_facts(), eng.read_config()
-    names = _column_names(column_names, generator_kwargs)
+    names = _column_names(column_names, generator_kwargs, eng)
     req = _request(generator_kwargs, config, facts, eng, _explicit)
     if not rows.is_random_access(source):
         p = eng.planning.plan_iterable(req, SESSION.budget(facts), _profile(config, facts, eng))

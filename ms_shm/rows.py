@@ -711,7 +711,7 @@ def refuse_column_types(converted: tuple, index: Any, names: Sequence[str] | Non
     while iterating, in every release from 2.0 to 2.10 (measured: int32 for Int64, float64 for Float32, uint8 for
     Bool), with "type of returned data in 'GeneratorDataset' should be same with specified column_types, but the
     type of returned data: <class 'numpy.ndarray'>", which names neither the column nor the dtype."""
-    for i, (value, (expected, type_name)) in enumerate(zip(converted, column_dtypes or ())):
+    for i, (value, (expected, type_name, *declared_in)) in enumerate(zip(converted, column_dtypes or ())):
         if expected is None or not isinstance(value, np.ndarray) or value.dtype == expected or \
                 value.dtype.kind == expected.kind == "U":
             continue
@@ -721,11 +721,9 @@ def refuse_column_types(converted: tuple, index: Any, names: Sequence[str] | Non
                f"return x.astype(np.{expected.name}) for column '{name}'")
         given = "string" if value.dtype.kind == "U" else "bool_" if value.dtype == bool else \
             value.dtype.name if value.dtype.kind in "iuf" else None  # bytes: no MindSpore type takes them
-        schema = type_name.endswith(" (schema)")
-        where = "its schema" if schema else "column_types"
+        where = declared_in[0] if declared_in else "column_types"  # or "its schema" (``compat.column_dtypes``)
         other = f", or give it mindspore.{given} in {where}" if given else ""
-        declared = type_name[:-len(" (schema)")] if schema else type_name
-        raise RowError(f"column '{name}' of row {index} is {value.dtype}, but {where} gives it {declared}: "
+        raise RowError(f"column '{name}' of row {index} is {value.dtype}, but {where} gives it {type_name}: "
                        f"MindSpore refuses a row whose dtype differs from its column_types (\"type of returned data "
                        f"in 'GeneratorDataset' should be same with specified column_types\"). Fix: {fix}{other}.",
                        name, index)

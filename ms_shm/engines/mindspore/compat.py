@@ -16,6 +16,7 @@ import inspect
 import itertools
 import logging
 import os
+import pathlib
 import sys
 import threading
 import types
@@ -484,7 +485,8 @@ def row_check():
 
 def column_dtypes(column_types: Any, schema: Any = None) -> tuple | None:
     """``GeneratorDataset(column_types=...)`` (else the types its ``schema`` declares: a ``Schema`` or the path of
-    its JSON) as ``(numpy dtype or None, MindSpore's name)`` per column, or ``None`` when none were given.
+    its JSON) as ``(numpy dtype or None, MindSpore's name)`` per column, a schema's with a third item, ``"its
+    schema"`` (where the type was declared, for the error), or ``None`` when none were given.
     ``String`` is numpy's ``str_`` of any length (``refuse_column_types`` compares kinds). ``None`` stands for a
     type checked here by nothing (a type NumPy lacks, such as bfloat16): MindSpore alone decides on those."""
     if not column_types:
@@ -512,7 +514,7 @@ def schema_columns(schema: Any) -> tuple | None:
     import json
 
     try:
-        text = schema.to_json() if hasattr(schema, "to_json") else open(os.fspath(schema)).read()
+        text = schema.to_json() if hasattr(schema, "to_json") else pathlib.Path(os.fspath(schema)).read_text()
         columns = json.loads(text)["columns"]
         if isinstance(columns, dict):  # a schema file may key its columns by name
             return tuple((name, c.get("type")) for name, c in columns.items())
@@ -534,7 +536,7 @@ def _schema_dtypes(schema: Any) -> tuple | None:
             dtype = np.dtype(np.str_) if name == "string" else np.dtype(name)
         except TypeError:
             dtype = None
-        out.append((dtype if dtype is None or dtype.kind in "biufU" else None, f"{name} (schema)"))
+        out.append((dtype if dtype is None or dtype.kind in "biufU" else None, name, "its schema"))
     return tuple(out)
 
 

@@ -200,6 +200,8 @@ def _clean_leftovers() -> None:
 
     result = cleanup.clean(dry_run=False)
     log.info("ms_shm.tune: cleaned leftovers of crashed runs: %s freed", mib(result.bytes_freed))
+    for note in result.notes:  # what was kept (a live job's young files) or could not be read, as `ms-shm clean` says
+        log.info("ms_shm.tune: clean: %s", note)
 
 
 def _request(kwargs: dict, config: Any, facts: host.HostFacts, eng: Any, explicit: str | None = None) -> Request:

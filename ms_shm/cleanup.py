@@ -171,7 +171,8 @@ class CleanReport(Result):
         out = []
         verb = "would remove" if self.dry_run else "removed"
         if not self.leftovers:
-            out.append("nothing to clean: no leftovers of dead MindSpore/PyTorch runs found")
+            out.append("nothing to clean: no leftovers of dead MindSpore/PyTorch runs found"
+                       + (" (but see the notes below)" if self.notes else ""))
         key_files = [item for item in self.leftovers if item.kind == KIND_IPC_FILE]
         shown = key_files if len(key_files) <= _KEY_FILES_SHOWN + 1 else key_files[:_KEY_FILES_SHOWN]
         for item in self.leftovers:

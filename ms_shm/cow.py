@@ -283,15 +283,21 @@ def _flagged(finding: CowFinding | None) -> list:
     return [] if finding is None else [finding]
 
 
+# Copies that add up to less than this are said at INFO: a 10,000-string list copied by 2 workers is ~1.2 MiB,
+# noise beside a pipeline's rows, and an audit's scripts met WARNINGs about 3.1 MiB that no one could act on.
+WARN_TOTAL_BYTES = 16 * 1024 * 1024
+
+
 def log_findings(findings: Iterable[CowFinding], effects: Any = None, offer_share_lists: bool = True) -> None:
-    """Log one WARNING per finding through the ``ms_shm.cow`` logger (call it from local rank 0 only). Where
-    the probe saw the source keep state as it reads (``effects``), ``share_lists=True`` would refuse the swap
-    (``_kept_state``), so it is not offered; nor where the call has no such argument (``offer_share_lists``:
-    a DataLoader)."""
+    """Log one line per finding through the ``ms_shm.cow`` logger (call it from local rank 0 only): a WARNING
+    where the copies add up to ``WARN_TOTAL_BYTES`` or more, else INFO. Where the probe saw the source keep
+    state as it reads (``effects``), ``share_lists=True`` would refuse the swap (``_kept_state``), so it is not
+    offered; nor where the call has no such argument (``offer_share_lists``: a DataLoader)."""
     findings = tuple(findings)
     kept = _kept_state(effects, findings) or not offer_share_lists
     for finding in findings:
-        log.warning("ms_shm: %s", (replace(finding, swappable=False) if kept else finding).message)
+        level = logging.WARNING if finding.total_bytes >= WARN_TOTAL_BYTES else logging.INFO
+        log.log(level, "ms_shm: %s", (replace(finding, swappable=False) if kept else finding).message)
 
 
 def share_lists(source: Any, findings: Iterable[CowFinding], shared_memory: bool | None = None,

@@ -64,6 +64,16 @@ def test_warning_is_logged_once_per_finding(caplog):
     assert "'captions'" in records[1].getMessage()
 
 
+def test_copies_too_small_to_act_on_are_said_at_info(caplog):
+    """10,000 strings copied by 2 workers come to ~1.2 MiB: said (INFO), not a WARNING no one can act on."""
+    findings = inspect_source(Plain(captions=names(10_000)), workers=2)
+    assert only(findings).total_bytes < 16 * 2**20
+    with caplog.at_level(logging.INFO, logger="ms_shm.cow"):
+        log_findings(findings)
+    records = [r for r in caplog.records if r.name == "ms_shm.cow"]
+    assert [r.levelno for r in records] == [logging.INFO] and "'captions'" in records[0].getMessage()
+
+
 @pytest.mark.parametrize("value", [
     np.zeros((2000, 2000), np.float32),
     np.arange(1_000_000),
@@ -556,7 +566,7 @@ def test_the_warning_offers_share_lists_only_where_it_would_swap(caplog):
     would be lost): its copy-on-read warning must not offer that fix."""
     class Src:
         def __init__(self):
-            self.names = [f"{i}.jpg" for i in range(20_000)]
+            self.names = [f"{i}.jpg" for i in range(200_000)]
 
     findings = inspect_source(Src(), workers=2)
     with caplog.at_level("WARNING", logger="ms_shm"):

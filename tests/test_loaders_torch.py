@@ -751,7 +751,7 @@ def test_a_datasets_big_list_is_counted_in_each_workers_memory_and_named(fresh_t
     the list and the fix (``SharedList``; no ``share_lists=True``, which a DataLoader has not). An audit's 500k
     lists under 8 workers were planned without them and OOM-killed as raw was, nothing said."""
     with caplog.at_level(logging.WARNING, logger="ms_shm"):
-        loader = ms_shm.build_dataloader(TokenLists(), batch_size=4, num_workers=2)
+        loader = ms_shm.build_dataloader(TokenLists(60_000), batch_size=4, num_workers=2)  # ~18 MiB copied
     text = caplog.text
     assert "copy-on-read: source attribute 'examples'" in text and "ms_shm.SharedList" in text, text
     assert "share_lists=True" not in text

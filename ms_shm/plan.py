@@ -112,6 +112,10 @@ class Plan(Result):
     # planned after it lowers that prefetch before its iterator is made
     by_prefetch: tuple = field(default=(), repr=False)
     lean: Lean | None = field(default=None, repr=False)  # where it holds less memory in MindSpore's threads
+    # (mode, workers): the fastest setting in this process the call allows, rows unchanged, where the plan starts
+    # worker processes with shared-memory slots; a new iterator made while an earlier one holds its slots reads
+    # with it where /dev/shm has no room for a second set (``second_iterator``)
+    in_process: tuple = field(default=(), repr=False)
 
     def summary(self) -> str:
         """The one INFO line: mode, workers, prefetch, predicted peak vs budget, why."""

@@ -7,6 +7,7 @@ independently of MindSpore and ms_shm.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 
@@ -62,8 +63,12 @@ SOURCES = {
 }
 
 
-def expected(name: str) -> list:
-    source = SOURCES[name]()
+# ~20 ms of GIL-bound work per row, 48 rows: worker processes pay off
+BOUND_EPOCHS_SOURCE = functools.partial(Fixed, n=48, nbytes=MiB, python_work=400_000)
+
+
+def expected(name: str, source: Fixed | None = None) -> list:
+    source = SOURCES[name]() if source is None else source
     out = []
     for i in range(len(source)):
         data, label = content(i, source.size(i)), np.array(i, np.int64)
@@ -90,6 +95,23 @@ def run_epochs(name: str, mode: str, epochs: int = 3) -> None:
         it.stop()
         del it
     print("RESULT " + json.dumps({"epochs": seen}), flush=True)
+
+
+def run_bound_epochs(epochs: int = 4) -> None:
+    """``it = dataset.create_tuple_iterator()`` per epoch, the last one still bound as the next is made, workers
+    given and the transport left to ms_shm: the plan and, per epoch, the worker processes alive after it."""
+    import multiprocessing
+
+    import ms_shm
+
+    dataset = ms_shm.build_dataset(BOUND_EPOCHS_SOURCE(), ["data", "label"], shuffle=False, num_parallel_workers=2)
+    seen, workers = [], []
+    for _ in range(epochs):
+        it = dataset.create_tuple_iterator(output_numpy=True, num_epochs=1)
+        seen.append([digest(*row) for row in it])
+        workers.append(len(multiprocessing.active_children()))
+    print("RESULT " + json.dumps({"epochs": seen, "mode": ms_shm.plan_of(dataset).mode, "workers": workers}),
+          flush=True)
 
 
 def run_precheck(workers: int, prefetch: int, row_mb: int) -> None:

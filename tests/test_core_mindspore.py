@@ -634,7 +634,7 @@ def test_a_new_iterator_beside_one_peeked_at_reads_as_mindsporeS_default_where_s
     assert lines.get("RAW") and lines.get("GOT") == lines["RAW"] and lines.get("AFTER") == lines["RAW"], \
         isolated.describe(ours)
     assert all(lines.get(f"EPOCH{e}") == lines["RAW"] for e in range(4)), isolated.describe(ours)
-    assert "reads rows as MindSpore's default" in ours.stderr, isolated.describe(ours)
+    assert "reads rows in MindSpore's own thread" in ours.stderr, isolated.describe(ours)
     # ``it`` bound per epoch: an earlier iterator read in MindSpore's own thread holds no slots, so the next gets
     # worker processes again (an audit: counted, every epoch after the first read in one thread)
     per_epoch = eval(lines["WORKERS_PER_EPOCH"])

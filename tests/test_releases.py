@@ -40,6 +40,18 @@ def test_three_fresh_epochs_under_64m_are_bit_exact(real_mindspore, name):
     assert all(epoch == want for epoch in got)
 
 
+def test_an_iterator_per_epoch_kept_bound_under_64m_runs_every_epoch(real_mindspore):
+    """``it = ds.create_tuple_iterator()`` each epoch: the earlier iterator, still bound as the next is made, keeps
+    its worker processes' slots (2.0 keeps its static ones past the end of the epoch), and there is no room for a
+    second set. On 2.0 the second epoch failed MindSpore's pre-check ("Insufficient shared memory available"), 6
+    runs of 6; that iterator now reads in threads, the same rows, and the one after it gets worker processes."""
+    got = result(run("from tests.release_scenarios import run_bound_epochs; run_bound_epochs()"))
+    want = release_scenarios.expected("python_cpu", release_scenarios.BOUND_EPOCHS_SOURCE())
+    assert got["epochs"] == [want] * 4, got
+    if got["mode"] != "processes":
+        pytest.skip(f"ms_shm did not choose worker processes with slots on this host: {got['mode']}")
+
+
 def test_the_plan_predicts_what_this_release_does_at_64m(real_mindspore):
     """``ms-shm plan`` for the installed release against a real raw run of the same default pipeline: 2 workers,
     prefetch 4, 1 MiB rows. 2.0 commits 2 x 6 x 6 MiB of static slots and refuses at its pre-check (72 MiB >=

@@ -1,24 +1,40 @@
-"""Which mode a new iterator beside a live one may go back to: pure, no framework."""
+"""Where a new iterator beside a live one may read instead of a second set of worker slots (``Plan.in_process``):
+pure planning, no framework."""
 
 from __future__ import annotations
 
 import pytest
 
-from ms_shm.engines.mindspore.second_iterator import own_mode
-from ms_shm.plan import INLINE, PIPES, PROCESSES, THREADS, Decision
+from ms_shm import budget, model
+from ms_shm.engines.mindspore import planning
+from ms_shm.plan import INLINE, PROCESSES, THREADS, Request
+from ms_shm.rows import RowStats
+
+MiB = model.MiB
+GIL_BOUND = RowStats(True, 400, 8, (), (), MiB, MiB, 0.02, 1.0, 0.0)  # 20 ms of pure Python a row: processes win
 
 
-@pytest.mark.parametrize("chosen, own, expected", [
-    (PROCESSES, INLINE, INLINE),  # MindSpore's default (one worker, its own thread), replaced by ms_shm
-    (PROCESSES, THREADS, THREADS),  # python_multiprocessing=False asked, or MindSpore's default with workers
-    (PROCESSES, PROCESSES, None),  # the caller's worker processes (or MindSpore's own): as raw, unchanged
-    (PIPES, PROCESSES, None),  # MindSpore's own mode was processes: nothing of the caller's to go back to
-    (THREADS, INLINE, None),  # no worker processes, no slots
+def _planned(release: str = "2.10.0", **asked):
+    room = budget.compute(4 << 30, 1, 65536, 10, 0, 0)
+    req = Request(cpu_count=2, usable_cpus=2, **asked)
+    return planning.plan_generator(GIL_BOUND, req, room, model.profile_for(release))
+
+
+@pytest.mark.parametrize("release, asked, expected", [
+    ("2.10.0", {}, (INLINE, 1)),  # MindSpore's default (one worker, its own thread), replaced by ms_shm
+    ("2.10.0", dict(workers=2), (THREADS, 2)),  # workers given, the transport left: threads keep them
+    ("2.0.0", dict(workers=2), (THREADS, 2)),  # 2.0's static slots outlive the epoch: the case that failed
+    # worker processes asked for, or set so by ``api._lock_mode`` for rows that depend on who reads them: as raw
+    ("2.10.0", dict(workers=2, multiprocessing=True), ()),
+    ("2.0.0", dict(workers=2, multiprocessing=True), ()),
 ])
-def test_only_a_mode_ms_shm_chose_in_place_of_mindsporeS_own_goes_back_to_it(chosen, own, expected):
-    decisions = (Decision("prefetch_size", 4, 16, "-"), Decision("mode", chosen, own, "-"))
-    assert own_mode(decisions) == expected
+def test_a_new_iterator_reads_in_this_process_only_where_the_call_allows_it(release, asked, expected):
+    p = _planned(release, **asked)
+    assert p.mode == PROCESSES, p.decisions
+    assert p.in_process == expected
 
 
-def test_no_mode_decision_changes_nothing():
-    assert own_mode((Decision("prefetch_size", 4, 16, "-"),)) is None
+def test_a_plan_without_worker_slots_has_nothing_to_fall_back_to():
+    p = _planned(multiprocessing=False, workers=2)
+    assert p.mode == THREADS and p.in_process == ()
+

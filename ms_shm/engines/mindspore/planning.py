@@ -332,7 +332,25 @@ def plan_generator(stats: RowStats, request: Request, budget: Budget, profile: E
                 worker_share, best.seconds, profile, tuple(decisions), (), tuple(plan.top(cands, best)), best.memory,
                 by_prefetch=tuple(needs(p) for p in range(1, best.prefetch + 1)),
                 lean=_lean_generator(best, stats, req, row, costs, _by_reference(stats, profile),
-                                     _dict_bytes(stats)))
+                                     _dict_bytes(stats)),
+                in_process=_in_process(best, stats, req, costs))
+
+
+def _in_process(best: Candidate, stats: RowStats, req: Request, costs: Costs) -> tuple:
+    """``Plan.in_process``: MindSpore's own mode where it reads in this process, else the fastest such setting
+    ``_modes`` allows (none where the call asked for worker processes, or rows depend on who reads them)."""
+    if best.mode != PROCESSES:
+        return ()
+    own = default_mode(req)
+    if own in (INLINE, THREADS):
+        return own, best.workers if own == THREADS else 1
+    rows = priced_rows(_epoch_rows(req, stats))
+    options = [(mode, w) for mode in _modes(req, [], stats) if mode in (INLINE, THREADS)
+               for w in _worker_options(req) if (w == 1) == (mode == INLINE)]
+    if not options:
+        return ()
+    return min(options, key=lambda o: _epoch_seconds(*o, stats, rows, costs, req.start_method, req.usable_cpus)
+               or 0.0)
 
 
 def _lean_generator(best: Candidate, stats: RowStats, req: Request, row: int, costs: Costs,

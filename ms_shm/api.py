@@ -1000,6 +1000,8 @@ def _stage_kwargs(given: dict, p: Plan, num_parallel_workers: int | None, config
         kwargs["num_parallel_workers"] = p.workers
     if _adapted(p) and "max_rowsize" in kwargs and p.max_rowsize is None:
         del kwargs["max_rowsize"]
+    elif p.max_rowsize is not None and kwargs.get("max_rowsize") is None:
+        kwargs["max_rowsize"] = p.max_rowsize  # smaller static slots the plan chose (2.0-2.6's /dev/shm pool)
     return kwargs
 
 

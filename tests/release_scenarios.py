@@ -198,3 +198,30 @@ def run_batch_pool(mode: str, n: int = 16, nbytes: int = 2 * MiB) -> None:
     except Exception as exc:
         result = {"rows": [], "error": type(exc).__name__, "message": str(exc)[:2000]}
     print("RESULT " + json.dumps(result), flush=True)
+
+
+def halve_one(data):
+    return data // 2
+
+
+def run_map_pool(mode: str, n: int = 16, nbytes: int = 256 << 10) -> None:
+    """A map in 2 worker processes asked for explicitly, rows of 256 KiB, ``max_rowsize`` left to MindSpore (2.0:
+    6 static slots of 16 MiB a worker in /dev/shm), through ``ms_shm.map`` for ``mode="ms_shm"``."""
+    import mindspore.dataset as ds
+
+    import ms_shm
+
+    build = ds.GeneratorDataset if mode == "raw" else ms_shm.build_dataset
+    dataset = build(Fixed(n=n, nbytes=nbytes), ["data", "label"], shuffle=False)
+    kwargs = dict(input_columns=["data"], num_parallel_workers=2, python_multiprocessing=True)
+    dataset = dataset.map(halve_one, **kwargs) if mode == "raw" else ms_shm.map(dataset, halve_one, **kwargs)
+    try:
+        rows = [digest(*row) for row in dataset.create_tuple_iterator(output_numpy=True, num_epochs=1)]
+        result = {"rows": rows, "error": None}
+    except Exception as exc:
+        result = {"rows": [], "error": type(exc).__name__, "message": str(exc)[:2000]}
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def map_pool_expected(n: int = 16, nbytes: int = 256 << 10) -> list:
+    return [digest(content(i, nbytes) // 2, np.array(i, np.int64)) for i in range(n)]

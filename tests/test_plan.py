@@ -188,7 +188,37 @@ def test_a_batch_pools_slots_are_max_rowsize_times_the_batch_size():
     p = planning.plan_map(4 * MiB, 4 * MiB, 0.01, 1.0, 10, asked, room(4 * GiB), v20, slot_rows=4)
     assert p.predicted_shm >= 2 * 6 * 16 * 4 * MiB
     with pytest.raises(ShmBudgetError):  # 640 MB x 80%: the map's 192 MiB would fit, the batch's 768 MiB does not
-        planning.plan_map(4 * MiB, 4 * MiB, 0.01, 1.0, 10, asked, room(640 * MiB), v20, slot_rows=4)
+        planning.plan_map(4 * MiB, 4 * MiB, 0.01, 1.0, 10, replace(asked, max_rowsize=16), room(640 * MiB), v20,
+                          slot_rows=4)
+
+
+@pytest.mark.parametrize("version, max_rowsize, slot_rows, expected", [
+    ("2.0.0", None, 1, 1),  # 264 KiB rows x 1.5: 1 MiB slots, 2 x 6 of them
+    ("2.0.0", None, 4, 1),  # a batch of 4 such rows: slots of 1 MiB x 4 hold it
+    ("2.0.0", 16, 1, None),  # the caller's own max_rowsize: kept, and refused
+    ("2.10.0", None, 1, "sysv"),  # a SysV segment per worker, sized to the row: nothing to lower
+])
+def test_a_dev_shm_pools_slots_are_lowered_to_the_rows_where_the_default_does_not_fit(version, max_rowsize,
+                                                                                       slot_rows, expected):
+    """2.0-2.6 map pools keep 6 static slots a worker in /dev/shm, 16 MiB each by default: a model zoo's map of
+    ~264 KiB rows (SSD, explicit worker processes) was refused under 64 MB. A row outgrowing a smaller slot goes
+    through the pool's pipe on those releases, the same row."""
+    row = 264 * KiB * slot_rows
+    asked = ask(workers=2, multiprocessing=True, max_rowsize=max_rowsize)
+    if expected is None:
+        with pytest.raises(ShmBudgetError):
+            planning.plan_map(row, row, 0.016, 0.3, 32, asked, room(64 * MiB), model.profile_for(version),
+                              slot_rows=slot_rows)
+        return
+    p = planning.plan_map(row, row, 0.016, 0.3, 32, asked, room(64 * MiB), model.profile_for(version),
+                          slot_rows=slot_rows)
+    assert (p.mode, p.workers) == (PROCESSES, 2)
+    lowered = [d for d in p.decisions if d.setting == "max_rowsize"]
+    if expected == "sysv":
+        assert p.max_rowsize is None and not lowered
+        return
+    assert p.max_rowsize == expected and [d.value for d in lowered] == [expected], p.decisions
+    assert p.predicted_shm < 2 * 6 * (expected * slot_rows + 1) * MiB
 
 
 def test_dropping_explicit_settings_is_offered_only_where_it_would_fit():

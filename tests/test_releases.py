@@ -150,3 +150,15 @@ def test_a_per_batch_map_pool_in_512m_delivers_every_batch(real_mindspore):
     if installed_profile().generator_default_max_rowsize_mb is not None:  # 2.0's static slots
         raw = result(run(code.format("raw"), shm="512m"))
         assert raw["rows"] == [] and "Insufficient shared memory" in raw["message"], raw
+
+
+def test_a_map_in_explicit_worker_processes_under_64m_gets_slots_its_rows_fit(real_mindspore):
+    """``map(python_multiprocessing=True, num_parallel_workers=2)`` of 256 KiB rows under 64 MB: 2.0's pool asks
+    for 6 static slots of 16 MiB a worker (its pre-check refuses raw, and ms_shm refused too: a model zoo's SSD
+    map); ms_shm now gives the pool slots of the rows' size, the processes kept as asked, every row bit-exact."""
+    code = "from tests.release_scenarios import run_map_pool; run_map_pool({!r})"
+    ours = result(run(code.format("ms_shm")))
+    assert ours["error"] is None and ours["rows"] == release_scenarios.map_pool_expected(), ours
+    if installed_profile().generator_default_max_rowsize_mb is not None:  # 2.0's static slots
+        raw = result(run(code.format("raw")))
+        assert raw["rows"] == [] and "Insufficient shared memory" in raw["message"], raw

@@ -514,6 +514,9 @@ def plan_map(in_bytes: int, out_bytes: int, seconds_per_row: float | None, cpu_f
                 for c in _map_prefetches(mode, w, in_bytes, out_bytes, stats, r, profile, limits, costs)]
 
     cands = priced(req, modes)
+    lowered = _lowered_map_rowsize(req, profile, row, cands, modes, slot_rows)
+    if lowered:
+        cands += priced(replace(req, max_rowsize=lowered), [PROCESSES])
     fitting = [c for c in cands if c.fits]
     if not fitting:
         relaxed = priced(plan.unasked(req), [THREADS, PROCESSES])
@@ -521,6 +524,13 @@ def plan_map(in_bytes: int, out_bytes: int, seconds_per_row: float | None, cpu_f
     own = _map_mode(req)
     best, kept = plan.choose(fitting, req, own)
     decisions = _workers_cap(req)[1]
+    if lowered and best.mode == PROCESSES:  # none at the default size fitted
+        req = replace(req, max_rowsize=lowered)
+        decisions.append(Decision("max_rowsize", lowered, profile.map_default_max_rowsize_mb,
+                                  f"MindSpore {profile.version}'s pool keeps 6 static slots per worker in /dev/shm: "
+                                  f"at {profile.map_default_max_rowsize_mb} MiB they do not fit, slots of "
+                                  f"{lowered} MiB hold the probe rows ({mib(row)}) with a margin (a larger row "
+                                  f"goes through the pool's pipe instead, the same row)"))
     reason = _mode_reason(best, fitting, req, stats) if seconds_per_row is not None else \
         "operations were not timed: MindSpore's default transport that fits"
     if rows is None and seconds_per_row is not None:
@@ -540,6 +550,22 @@ def plan_map(in_bytes: int, out_bytes: int, seconds_per_row: float | None, cpu_f
                 best.seconds, profile, tuple(decisions), (), tuple(plan.top(cands, best)), best.memory,
                 by_prefetch=tuple((c.shm, c.fds, c.memory) for c in at),
                 lean=_lean_map(best, in_bytes, out_bytes, stats, req, profile, limits, costs))
+
+
+def _lowered_map_rowsize(req: Request, profile: EngineProfile, row: int, cands: list, modes: list,
+                         slot_rows: int) -> int | None:
+    """A static ``max_rowsize`` (MiB) below the release's default for a ``/dev/shm`` pool (2.0-2.6), where the
+    call left it and no worker-process candidate fits at the default: the probe rows with the ragged margin
+    (a batch's slot is ``max_rowsize x batch_size``, ``slot_rows``, and holds the whole batch).
+    Those releases send a row larger than a slot through the pool's pipe (``_SharedQueue.put``), so a smaller
+    slot changes how rows travel, never which arrive. An audit's model-zoo map (SSD, explicit worker processes,
+    rows of ~264 KiB) was refused under 64 MB, 192 MiB of 16 MiB slots against 51 MiB."""
+    default = profile.map_default_max_rowsize_mb
+    if (profile.map_transport == "sysv" or req.max_rowsize is not None or not req.shared_mem or not default
+            or PROCESSES not in modes or any(c.fits for c in cands if c.mode == PROCESSES)):
+        return None
+    lowered = model.static_rowsize_for(int(row * RAGGED_MARGIN / max(1, slot_rows)))
+    return lowered if lowered < default else None
 
 
 def _lean_map(best: Candidate, in_bytes: int, out_bytes: int, stats: RowStats, req: Request,

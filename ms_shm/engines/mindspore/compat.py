@@ -567,6 +567,8 @@ def rows_per_epoch(dataset: Any, known: Callable[[Any], int | None]) -> int | No
     ds = _dataset_module()
     count = known(dataset)
     children = getattr(dataset, "children", None) or []
+    if count is None and not children:
+        return _indexed_leaf_size(dataset, ds)
     if count is not None or len(children) != 1:
         return count
     below = rows_per_epoch(children[0], known)
@@ -587,6 +589,25 @@ def rows_per_epoch(dataset: Any, known: Callable[[Any], int | None]) -> int | No
         return batches(below, dataset.batch_size, dataset.drop_remainder) \
             if getattr(dataset, "batch_size_func", None) is None else None
     return None
+
+
+def _indexed_leaf_size(dataset: Any, ds: Any) -> int | None:
+    """The rows of a leaf MindSpore reads from files by index (``ImageFolderDataset``, ``MindDataset``, ...), as
+    its own ``get_dataset_size`` counts them (the folder listed or the file's header read: 6 ms for 10,000 files),
+    which MindSpore keeps on the dataset, so ``Model.train``'s own call costs nothing after it. Not for sources
+    built from Python (counting a stream runs it) nor a Python sampler; ``None`` where it fails. Priced at 1000
+    rows, a cheap GIL-bound map over ImageNet's 1.28M images weighs a pool's fixed second against 1000 rows."""
+    mappable = getattr(ds, "MappableDataset", None)
+    sampler = getattr(dataset, "sampler", None)
+    if (mappable is None or not isinstance(dataset, mappable) or "user_defined" in type(dataset).__module__
+            or not (sampler is None or type(sampler).__module__.startswith("mindspore."))):
+        return None
+    try:
+        size = dataset.get_dataset_size()
+    except Exception as exc:  # noqa: BLE001  (priced at the default rows instead)
+        log.debug("ms_shm: %s's rows not counted (%s: %s)", type(dataset).__name__, type(exc).__name__, exc)
+        return None
+    return size if isinstance(size, int) and size > 0 else None
 
 
 def batches(rows: int | None, batch_size: Any, drop_remainder: bool) -> int | None:

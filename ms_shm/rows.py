@@ -225,6 +225,12 @@ def _convert_column(value: Any, index: Any, name: str) -> np.ndarray | dict:
         raise RowError(f"{where} has dtype {array.dtype} which MindSpore cannot carry. Fix: convert it "
                        f"(e.g. x.astype(np.int64) for datetimes, or split structured fields into columns).",
                        name, index)
+    if array.dtype.kind in "US" and not (array.flags.c_contiguous or array.flags.f_contiguous):
+        text = "str" if array.dtype.kind == "U" else "bytes"
+        raise RowError(f"{where} is a strided view of a {text} array (shape {array.shape}, strides "
+                       f"{array.strides}): MindSpore's conversion of text arrays refuses it mid-epoch (\"resize only "
+                       f"works on single-segment arrays\", measured on 2.0 and 2.10; numeric views are copied). Fix: "
+                       f"return np.ascontiguousarray(x).", name, index)
     return array
 
 

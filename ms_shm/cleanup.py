@@ -26,8 +26,12 @@ MindSpore's, measured, in ``ms_shm/engines/mindspore/leftovers.py``). The rules 
   another user (root may clean anyone's).
 
 Limits: liveness is judged in this process's PID namespace, and ``/proc/sysvipc`` shows this process's
-IPC namespace. A process in another PID namespace that shares our ``/tmp`` or ``/dev/shm`` looks dead;
-the open-file scan cannot see it either. Run the cleaner where the pipelines ran.
+IPC namespace. A process in another PID namespace that shares our ``/tmp`` or ``/dev/shm`` would look dead,
+and the open-file scan cannot see it either (an audit's ``clean --yes`` in a PID namespace of its own that shared
+``/dev/shm`` removed a live torch job's batch file, and the job aborted). So in a PID namespace of our own (a
+container), everything whose judgement rests on pids is kept, said in a note, unless the caller says the
+container's ``/dev/shm`` and SysV IPC are its own (``private_ipc``); where ``/proc`` hides other users' processes
+(``hidepid``), Python's semaphores are kept. Run the cleaner where the pipelines ran.
 """
 
 from __future__ import annotations
@@ -85,8 +89,10 @@ KEPT_ORPHAN = "needs-orphan-keys"
 KEPT_UNRECOGNISED = "not-recognised"
 KEPT_IN_USE = "in-use"
 KEPT_OTHER_USER = "other-user"
+KEPT_UNSEEN = "unseen-pids"
 _KEPT_TALLY = {KEPT_ORPHAN: "need --orphan-keys", KEPT_UNRECOGNISED: "not recognisably MindSpore's",
-               KEPT_IN_USE: "of live processes", KEPT_OTHER_USER: "of other users"}
+               KEPT_IN_USE: "of live processes", KEPT_OTHER_USER: "of other users",
+               KEPT_UNSEEN: "of pids this PID namespace may not list"}
 
 
 @record
@@ -272,8 +278,10 @@ class _Processes:
     give inconsistent answers while processes come and go.
     """
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, unseen: str | None = None):
         self.root = root
+        self.unseen = unseen  # why processes that use this /dev/shm may be missing from our /proc, or None
+        self.hidden: str | None = None  # /proc's hidepid= option, where other users' processes are not listed
         self.live: set = set()
         self.held: dict = {}  # path as the process sees it -> one pid that holds it
         self.unreadable_maps = 0
@@ -338,6 +346,7 @@ class _Scan:
     engines: tuple
     notes: list = field(default_factory=list)
     kept: list = field(default_factory=list)  # KeptSegment per unattached segment left in place
+    unseen_kept: int = 0  # objects whose pids are not in our /proc, kept as they may be live outside it
 
     def mine(self, owner_uid: int | None) -> bool:
         """Whether objects of ``owner_uid`` may be touched: our own, or anyone's when we are root."""
@@ -544,6 +553,12 @@ def _judge_sysv(scan: _Scan, table: _Table, row: dict, owners: list | None, verd
     pids = [row.get(col, 0) for col in table.pid_cols] + [item.main_pid for item in owners or ()]
     attached = table.kind == KIND_SHM and row.get("nattch", 1) != 0
     live = [pid for pid in pids if scan.procs.alive(pid)]
+    if not (attached or live) and scan.procs.unseen:  # its pids may be live outside: in use, as far as we know
+        if owners:
+            verdicts.kept_keys.add(key)
+        scan.unseen_kept += 1
+        scan.keep_segment(table, row, KEPT_UNSEEN, f"its pids are not in this /proc: {scan.procs.unseen}")
+        return
     if attached or live:
         if owners:
             verdicts.kept_keys.add(key)
@@ -643,6 +658,9 @@ def _ipc_file_candidates(scan: _Scan, files: list, kept_keys: set) -> list:
     for item in files:
         if scan.procs.alive(item.main_pid) or not scan.mine(item.st.st_uid):
             continue
+        if scan.procs.unseen:
+            scan.unseen_kept += 1
+            continue
         if item.key in kept_keys:
             continue  # its key still names an object in use or kept: removing the file loses the match
         if scan.procs.holder(scan.host_path(item.path)):
@@ -707,9 +725,11 @@ def _dev_shm_candidates(scan: _Scan) -> list:
         elif verdict is not None:
             chosen.append(verdict)
     if skipped_sems:
-        scan.notes.append(f"kept {skipped_sems} sem.mp-* semaphore(s): the memory maps or fds of "
-                          f"{scan.procs.unreadable} process(es) could not be read, "
-                          "so whether one is in use is unknown")
+        unknown = (f"/proc is mounted with {scan.procs.hidden}, which hides other users' processes"
+                   if scan.procs.hidden else f"the memory maps or fds of {scan.procs.unreadable} process(es) could "
+                                             f"not be read")
+        scan.notes.append(f"kept {skipped_sems} sem.mp-* semaphore(s): {unknown}, so whether one is in use is "
+                          f"unknown")
     return chosen
 
 
@@ -717,7 +737,9 @@ def _dev_shm_candidate(scan: _Scan, entry: os.DirEntry):
     """A ``_Candidate`` for one ``/dev/shm`` entry, ``None`` to keep it, or ``_SEM_UNKNOWN``.
 
     A pid-named file rests on its pid; a semaphore carries none, so it rests on every process's maps having
-    been read.
+    been read. Neither rests on anything where processes using this ``/dev/shm`` may be missing from our
+    ``/proc`` (``_Processes.unseen``): an audit's ``clean --yes`` in a PID namespace of its own, sharing
+    ``/dev/shm``, took a live torch job's batch file for a dead pid's, and the job aborted.
     """
     origin, pid = _classify(entry.name, scan.engines)
     if origin is None:
@@ -725,7 +747,10 @@ def _dev_shm_candidate(scan: _Scan, entry: os.DirEntry):
     st = _regular_file(entry.path, scan.notes)
     if st is None or not scan.mine(st.st_uid) or (pid is not None and scan.procs.alive(pid)):
         return None
-    if pid is None and scan.procs.unreadable:
+    if scan.procs.unseen:
+        scan.unseen_kept += 1
+        return None
+    if pid is None and (scan.procs.unreadable or scan.procs.hidden):  # a semaphore another user's process maps
         return _SEM_UNKNOWN
     path = Path(entry.path)
     if scan.procs.holder(scan.host_path(path)):
@@ -760,7 +785,7 @@ def _file_undo(path: Path, st: os.stat_result) -> Callable[[], None]:
 
 
 def clean(dry_run: bool = True, root: Path | str = Path("/"), uid: int | None = None, *,
-          orphan_keys: bool = False) -> CleanReport:
+          orphan_keys: bool = False, private_ipc: bool = False) -> CleanReport:
     """Find, and unless ``dry_run`` remove, what crashed MindSpore/PyTorch pipelines left behind.
 
     Safe to call at start-up from local rank 0 before the other ranks start (``tune(clean=True)``): a
@@ -773,6 +798,9 @@ def clean(dry_run: bool = True, root: Path | str = Path("/"), uid: int | None = 
         uid: Whose objects to consider; defaults to the effective uid. 0 (root) considers everyone's.
         orphan_keys: Also remove SysV segment+queue pairs with an engine's key shape (MindSpore's) whose
             key file (``/tmp/dataset_ipc_*``) is gone (see the module docstring for why this is opt-in).
+        private_ipc: In a PID namespace of its own (a container), whatever rests on pids is kept unless the
+            caller says this container's ``/dev/shm`` and SysV IPC are its own: processes outside it are not in
+            its ``/proc``.
 
     Returns:
         A ``CleanReport``; ``report.lines()`` is the text ``ms-shm clean`` prints. Nothing here raises
@@ -784,11 +812,14 @@ def clean(dry_run: bool = True, root: Path | str = Path("/"), uid: int | None = 
     """
     root = Path(root)
     started = time.time()
-    procs = _Processes(root)
+    uid = os.geteuid() if uid is None else uid
+    procs = _Processes(root, None if private_ipc else _unseen_processes(root))
+    if uid != 0 and procs.error is None:
+        procs.hidden = procfs.hidden_pids_mount(root)
     if procs.error:
         return CleanReport((), 0, dry_run, (procs.error + "; cannot tell live processes from dead ones, "
                                             "nothing was considered",))
-    scan = _Scan(root, os.geteuid() if uid is None else uid, procs, engine_patterns())
+    scan = _Scan(root, uid, procs, engine_patterns())
     if procs.unreadable:
         scan.notes.append(f"could not read the fds or maps of {procs.unreadable} "
                           "process(es): files they hold open or mapped cannot be seen")
@@ -797,9 +828,25 @@ def clean(dry_run: bool = True, root: Path | str = Path("/"), uid: int | None = 
     sysv, sysv_freed, failed_keys = _settle(chosen, dry_run)
     # A SysV object that could not be removed keeps its key file, or the next run cannot match it any more.
     others, files_freed, _ = _settle(_file_candidates(scan, files, kept_keys | failed_keys, started), dry_run)
+    if scan.unseen_kept:
+        scan.notes.append(f"kept {scan.unseen_kept} object(s) whose processes are not in this /proc: "
+                          f"{procs.unseen}, so a live job may hold them. Run `ms-shm clean` where every process "
+                          f"using this IPC is visible (on the host, or in a container started with --pid=host); or, "
+                          f"where this container's /dev/shm and SysV IPC are its own (Docker's default --ipc, not "
+                          f"host, another container's or a pod's), `ms-shm clean --private-ipc`")
     freed = sysv_freed + files_freed
     return CleanReport(tuple(sysv + others), 0 if dry_run else freed, dry_run, tuple(scan.notes),
                        bytes_to_free=freed if dry_run else 0, kept=tuple(scan.kept))
+
+
+def _unseen_processes(root: Path) -> str | None:
+    """Why processes using this ``/dev/shm`` may be missing from our ``/proc``, or ``None``: a PID namespace of
+    our own (a container's processes see none outside it, yet ``--ipc=host`` or a pod's shared volume share
+    ``/dev/shm``)."""
+    if procfs.own_pid_namespace(root):
+        return "this process runs in a PID namespace of its own (a container), where processes outside it that " \
+               "share /dev/shm are not listed"
+    return None
 
 
 def _settle(candidates: list, dry_run: bool) -> tuple:

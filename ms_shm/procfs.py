@@ -114,6 +114,33 @@ def pids(root: str | os.PathLike = "/") -> list:
     return [int(name) for name in os.listdir(_proc(root)) if name.isdigit()]
 
 
+PROC_PID_INIT_INO = 0xEFFFFFFC  # the inode of the host's (initial) PID namespace, fixed by the kernel
+
+
+def own_pid_namespace(root: str | os.PathLike = "/") -> bool:
+    """Whether this process runs in a PID namespace of its own (a container, a pod, ``unshare -p``), where the
+    processes of the host and of other containers are not in its ``/proc``. Unreadable (a fake tree): no."""
+    try:
+        return os.stat(_proc(root, "self", "ns", "pid")).st_ino != PROC_PID_INIT_INO
+    except OSError:
+        return False
+
+
+def hidden_pids_mount(root: str | os.PathLike = "/") -> str | None:
+    """The ``hidepid=`` option ``/proc`` is mounted with where it hides other users' processes, else ``None``."""
+    try:
+        text = _proc(root, "self", "mountinfo").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) > 4 and fields[4] == "/proc" and " - proc " in line:
+            for option in line.split(" - ", 1)[1].split()[-1].split(","):
+                if option.startswith("hidepid=") and option not in ("hidepid=0", "hidepid=off"):
+                    return option
+    return None
+
+
 def is_zombie(pid: int | str, root: str | os.PathLike = "/") -> bool:
     """Whether ``pid`` is a zombie (``Z``) or dead (``X``) process that its parent has not reaped yet.
 

@@ -223,12 +223,12 @@ def test_a_running_jobs_batch_file_is_kept_however_the_first_snapshot_saw_it(hos
     dead = host.dev_shm(f"torch_{DEAD}_3_0")
     first_look = cleanup._Processes
 
-    def second_look_sees_more(root):
+    def second_look_sees_more(root, *args):
         if getattr(second_look_sees_more, "taken", False):
             host.live(worker)
             host.live(LIVE + 1, maps=[f"/dev/shm/{mapped.name}"])
         second_look_sees_more.taken = True
-        return first_look(root)
+        return first_look(root, *args)
 
     monkeypatch.setattr(cleanup, "_Processes", second_look_sees_more)
     report = clean(dry_run=False, root=host.root, uid=0)
@@ -598,3 +598,38 @@ def test_real_map_pipeline_killed_as_a_group_leaks_and_clean_removes_it(real_min
     assert out["after"] == {"shm": [], "msg": []}
     assert not any(name.startswith("dataset_ipc_") for name in out["files_after"])
     assert out["bogus_rmid"] == "FileNotFoundError"
+
+
+def test_in_a_pid_namespace_of_its_own_nothing_resting_on_pids_goes_unless_the_ipc_is_the_containers_own(host, rmid):
+    """An audit ran ``clean --yes`` in a PID namespace of its own that shared ``/dev/shm`` (what ``--ipc=host``, or
+    a pod's containers, give): the live torch job's batch file, its pid not in that ``/proc``, was taken for a
+    dead run's and removed, and the job aborted. A namespace's inode other than the host's marks it."""
+    batch = host.dev_shm(f"torch_{DEAD}_3560029807_1")
+    sem = host.dev_shm("sem.mp-x1y2z3")
+    keys = host.crashed_pipeline(workers=1)  # a key file, an unattached segment and a queue: pids not listed
+    (host.root / "proc/self/ns").mkdir(parents=True)
+    (host.root / "proc/self/ns/pid").write_text("")  # any inode but the host namespace's 0xEFFFFFFC
+    report = clean(dry_run=False, root=host.root, uid=0)
+    assert report.leftovers == () and batch.exists() and sem.exists() and rmid == [], report.lines()
+    assert [k.why for k in report.kept] == [cleanup.KEPT_UNSEEN] and keys
+    assert any("PID namespace of its own" in n and "--private-ipc" in n for n in report.notes), report.notes
+    assert "(but see the notes below)" in report.lines()[0]
+    report = clean(dry_run=False, root=host.root, uid=0, private_ipc=True)
+    assert sorted(i.kind for i in report.leftovers) == sorted([KIND_DEV_SHM, KIND_DEV_SHM, KIND_SHM, KIND_MSG,
+                                                                KIND_IPC_FILE])
+    assert not batch.exists() and not sem.exists()
+
+
+def test_a_proc_hiding_other_users_processes_keeps_a_users_semaphores(host):
+    """Under ``hidepid=2`` a user sees only their own processes: a semaphore another user's process maps would
+    look unused (an audit: the "could not read" caution was gone, as hidden processes are not even listed)."""
+    user = 4242
+    sem = host.dev_shm("sem.mp-q1w2e3", uid=user)
+    dead_run = host.dev_shm(f"pym-{DEAD}-abc", uid=user)  # the user's own processes are listed: judged as ever
+    (host.root / "proc/self").mkdir(parents=True)
+    (host.root / "proc/self/mountinfo").write_text(
+        "22 27 0:21 / /proc rw,relatime shared:13 - proc proc rw,hidepid=2\n")
+    report = clean(dry_run=True, root=host.root, uid=user)
+    assert [Path(i.name).name for i in report.leftovers] == [dead_run.name], report.lines()
+    assert any("hidepid=2" in n and "sem.mp-*" in n for n in report.notes), report.notes
+    assert sem.exists()

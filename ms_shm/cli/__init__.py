@@ -443,6 +443,8 @@ def cmd_clean(args: argparse.Namespace) -> int:
     kwargs = {"dry_run": (not args.yes) or args.dry_run}
     if args.orphan_keys:
         kwargs["orphan_keys"] = True
+    if args.private_ipc:
+        kwargs["private_ipc"] = True
     report = cleanup.clean(**kwargs)
     if args.json:
         _print_json(report)
@@ -616,6 +618,9 @@ def _add_explain_and_clean(sub: Any) -> None:
     clean.add_argument("--dry-run", action="store_true", help="only report (the default; wins over --yes)")
     clean.add_argument("--orphan-keys", action="store_true",
                        help="also remove SysV pairs with MindSpore's key shape whose /tmp/dataset_ipc file is gone")
+    clean.add_argument("--private-ipc", action="store_true",
+                       help="in a container: its /dev/shm and SysV IPC are its own (Docker's default --ipc, not host, "
+                            "another container's or a pod's), so the pids they name can be judged here")
     clean.add_argument("--json", action="store_true", help="one JSON object")
     clean.set_defaults(func=cmd_clean)
 

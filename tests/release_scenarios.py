@@ -169,6 +169,16 @@ def run_killed_worker(stuck: bool = False) -> None:
     print("RESULT " + json.dumps({"rows": rows}), flush=True)
 
 
+def print_one_epoch(dataset) -> None:
+    """One epoch's row digests, or the error that stopped it, as the ``RESULT`` line."""
+    try:
+        rows = [digest(*row) for row in dataset.create_tuple_iterator(output_numpy=True, num_epochs=1)]
+        result = {"rows": rows, "error": None}
+    except Exception as exc:
+        result = {"rows": [], "error": type(exc).__name__, "message": str(exc)[:2000]}
+    print("RESULT " + json.dumps(result), flush=True)
+
+
 def halve(data, label, info):
     """A per_batch_map whose output is a function of its input alone (the same in a worker as inline)."""
     return [d // 2 for d in data], label
@@ -192,12 +202,7 @@ def run_batch_pool(mode: str, n: int = 16, nbytes: int = 2 * MiB) -> None:
     dataset = ds.GeneratorDataset(Fixed(n=n, nbytes=nbytes), ["data", "label"], shuffle=False)
     dataset = dataset.batch(4, per_batch_map=halve, input_columns=["data", "label"], num_parallel_workers=2,
                             python_multiprocessing=True)
-    try:
-        rows = [digest(*row) for row in dataset.create_tuple_iterator(output_numpy=True, num_epochs=1)]
-        result = {"rows": rows, "error": None}
-    except Exception as exc:
-        result = {"rows": [], "error": type(exc).__name__, "message": str(exc)[:2000]}
-    print("RESULT " + json.dumps(result), flush=True)
+    print_one_epoch(dataset)
 
 
 def halve_one(data):
@@ -215,12 +220,7 @@ def run_map_pool(mode: str, n: int = 16, nbytes: int = 256 << 10) -> None:
     dataset = build(Fixed(n=n, nbytes=nbytes), ["data", "label"], shuffle=False)
     kwargs = dict(input_columns=["data"], num_parallel_workers=2, python_multiprocessing=True)
     dataset = dataset.map(halve_one, **kwargs) if mode == "raw" else ms_shm.map(dataset, halve_one, **kwargs)
-    try:
-        rows = [digest(*row) for row in dataset.create_tuple_iterator(output_numpy=True, num_epochs=1)]
-        result = {"rows": rows, "error": None}
-    except Exception as exc:
-        result = {"rows": [], "error": type(exc).__name__, "message": str(exc)[:2000]}
-    print("RESULT " + json.dumps(result), flush=True)
+    print_one_epoch(dataset)
 
 
 def map_pool_expected(n: int = 16, nbytes: int = 256 << 10) -> list:

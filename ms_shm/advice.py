@@ -451,7 +451,18 @@ def _shm_findings(facts: Any, t: Typical) -> list:
             f"or leftovers, and a typical GeneratorDataset pipeline here ({t.shape}) needs {mib(t.peak)}",
             "crash", "find what holds it (`lsof +D /dev/shm`, `ipcs -m`) or remove leftovers with `ms-shm clean`",
             _CLEAN_SNIPPET, "shm-nearly-full"))
+    elif used is not None and used >= max(_HELD_BEFORE_MIN, total // 4) and not any(
+            a.code == "shm-full" for a in out):
+        out.append(Advice(
+            f"/dev/shm already holds {mib(used)} of its {mib(total)} ({used / total:.0%}) before any pipeline of "
+            f"this program: other processes' files, or leftovers of dead runs; every budget here is taken from "
+            f"what is free", "info",
+            "see what holds it (`ls -laS /dev/shm`, `lsof +D /dev/shm`) and remove leftovers with `ms-shm clean`",
+            _CLEAN_SNIPPET, "shm-held"))
     return out
+
+
+_HELD_BEFORE_MIN = 8 * 1024 * 1024  # /dev/shm in use below this (Python's semaphores, a few arenas) is not said
 
 
 def _nofile_findings(facts: Any, t: Typical) -> list:

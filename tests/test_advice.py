@@ -187,6 +187,17 @@ def test_nearly_full_and_full_shm():
     assert full[0].code == "shm-full" and "5 GB" in full[0].problem
 
 
+def test_a_dev_shm_others_hold_says_so_where_no_other_finding_does():
+    """An audit filled 57 MiB of a 64 MB /dev/shm with another program's file: doctor said the size was small,
+    never that most of it was taken before the program started, nor where to look."""
+    held = advice.diagnose(facts(shm_total=64 * MiB, shm_free=6_800_000))
+    codes = [a.code for a in held]
+    assert "shm-small" in codes and "shm-held" in codes, codes
+    assert "ls -laS /dev/shm" in next(a.fix for a in held if a.code == "shm-held")
+    assert "shm-held" not in [a.code for a in advice.diagnose(facts(shm_total=64 * MiB, shm_free=63 * MiB))]
+    assert "shm-held" not in [a.code for a in advice.diagnose(facts(shm_free=0))]  # "shm-full" says it
+
+
 def test_unreadable_shm_is_info():
     f = facts(shm_total=None, shm_free=None, notes=("statvfs(/dev/shm): PermissionError: denied",))
     (finding,) = advice.diagnose(f)

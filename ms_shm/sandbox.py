@@ -241,7 +241,32 @@ def _parent_after_fork(hooks: Any, kept: dict) -> None:
     this thread, hence ``sigaction``; the caller waits for the fork meanwhile, so no handler of its own is
     being set."""
     _call_hook(hooks, "parent_at_fork")
-    _put_back_signal_actions(kept)
+    _reapply_at_mindspores_own_fork(hooks, _put_back_signal_actions(kept))
+
+
+def _reapply_at_mindspores_own_fork(hooks: Any, theirs: dict) -> None:
+    """MindSpore installs its handlers at the first ``prepare_before_fork`` only: put back after ms_shm's probe,
+    they would never come where raw has them, once ``mindspore.multiprocessing`` starts a DataLoader's workers
+    (an audit, 2.8: Ctrl-C raised ``KeyboardInterrupt`` and the program ended 5.4-6.0 s later, waiting for its
+    workers, where raw's handler ended it in 0.1 s; MindSpore's test_kill_main_process timed out). So the first
+    call of the hook that is not the probe's sets ``theirs`` (``{signal: MindSpore's sigaction bytes}``) again,
+    as raw would have them from then on."""
+    if not theirs or hooks is None or getattr(hooks.prepare_before_fork, "_ms_shm_original", None) is not None:
+        return
+    original = hooks.prepare_before_fork
+
+    def prepare_before_fork() -> Any:
+        hooks.prepare_before_fork = original
+        libc = _libc()
+        for sig, action in theirs.items():
+            libc.sigaction(int(sig), ctypes.create_string_buffer(action, _SIGACTION_BYTES), None)
+        return original()
+
+    prepare_before_fork._ms_shm_original = original
+    try:
+        hooks.prepare_before_fork = prepare_before_fork
+    except (AttributeError, TypeError) as exc:  # a module that takes no attributes: the handlers stay put back
+        log.debug("ms_shm probe: MindSpore's fork hook not wrapped (%s: %s)", type(exc).__name__, exc)
 
 
 @functools.lru_cache(maxsize=1)
@@ -282,15 +307,18 @@ def _signal_actions() -> dict:
     return kept
 
 
-def _put_back_signal_actions(kept: dict) -> None:
-    """Each signal of ``kept`` whose action changed since, put back as it was (logged at DEBUG)."""
+def _put_back_signal_actions(kept: dict) -> dict:
+    """Each signal of ``kept`` whose action changed since, put back as it was (logged at DEBUG); returns the
+    actions it replaced, ``{signal: bytes}``."""
     if not kept:
-        return
-    libc, now = _libc(), _signal_actions()
+        return {}
+    libc, now, replaced = _libc(), _signal_actions(), {}
     for sig, before in kept.items():
         if libc is not None and now.get(sig, before) != before:
             if libc.sigaction(int(sig), ctypes.create_string_buffer(before, _SIGACTION_BYTES), None) == 0:
+                replaced[sig] = now[sig]
                 log.debug("ms_shm probe: %s's handler put back after MindSpore's fork hooks", sig.name)
+    return replaced
 
 
 def _call_hook(hooks: Any, name: str) -> None:

@@ -132,3 +132,60 @@ def test_iterable_persistent_and_batch_sampler_as_raw(loader):
         return result(isolated.run_shell(f"exec {shlex.quote(sys.executable)} -c {shlex.quote(code)}", shm="2g"))
 
     assert go("ms_shm")["digests"] == go("raw")["digests"]
+
+
+
+SLOW_SAMPLES_LOOP = """
+import time
+import numpy as np
+from mindspore.dataset.dataloader import DataLoader, Dataset
+
+class Slow(Dataset):
+    def __getitem__(self, index):
+        time.sleep(2)
+        return np.array(index, dtype=np.uint8)
+
+    def __len__(self):
+        return 100
+
+if __name__ == "__main__":
+    for _ in DataLoader(Slow(), num_workers=4):
+        pass
+"""
+
+
+def test_ctrl_c_while_a_loader_waits_ends_the_program_as_raw(loader, tmp_path):
+    """MindSpore installs its SIGINT handler at its first fork hook, once; ms_shm's probe put Python's back (a
+    GeneratorDataset never runs those hooks raw), so the loader's workers started with Python's: Ctrl-C raised
+    ``KeyboardInterrupt`` and the program ended 5.3-6.0 s later (rc -2), where raw's handler ended it at once
+    (rc -15; an audit of MindSpore's test_kill_main_process, 2.8, under ``ms-shm run``). The loader's own fork
+    now sets MindSpore's handler again."""
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    numpy1(loader)
+    script = tmp_path / "slow_loop.py"
+    script.write_text(SLOW_SAMPLES_LOOP)
+    ends = {}
+    for way, command in (("raw", [sys.executable, str(script)]),
+                         ("ms_shm", [sys.executable, "-m", "ms_shm", "run", str(script)])):
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                preexec_fn=isolated.as_from_a_terminal)
+        deadline = time.time() + 120
+        while len(psutil.Process(proc.pid).children(recursive=True)) < 4 and time.time() < deadline:
+            time.sleep(0.1)
+        time.sleep(1)
+        kids = psutil.Process(proc.pid).children(recursive=True)
+        os.kill(proc.pid, signal.SIGINT)
+        try:
+            ends[way] = proc.wait(timeout=60)
+        finally:
+            for kid in kids:
+                try:
+                    kid.kill()
+                except psutil.Error:
+                    pass
+    assert ends["ms_shm"] == ends["raw"], ends

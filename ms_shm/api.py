@@ -23,7 +23,7 @@ from ms_shm import budget as budget_mod
 from ms_shm import changes as changes_mod
 from ms_shm import plan as plan_mod
 from ms_shm._results import Result, mib, record
-from ms_shm.errors import ProcessesUnavailableError
+from ms_shm.errors import ProcessesUnavailableError, UsageError
 from ms_shm.plan import EXPLICIT, PIPES, Decision, Plan, Request, ShmBudgetError, unasked
 from ms_shm.state import SESSION, Session
 
@@ -423,6 +423,8 @@ def _build_dataset(eng: Any, source: Any, column_names: Any, generator_args: tup
         return eng.compat.generator_dataset(source, column_names, generator_kwargs)  # MindSpore's own TypeError
     if _explicit is None:  # patched calls were checked at the call
         check_as_mindspore("generator", real, dict(generator_kwargs, source=source, column_names=column_names))
+    if "num_parallel_workers" in generator_kwargs and generator_kwargs["num_parallel_workers"] is None:
+        return _workers_none(eng, source, column_names, generator_kwargs, _explicit)
     facts, config = SESSION.host_facts(), eng.read_config()
     names = _column_names(column_names, generator_kwargs, eng)
     req = _request(generator_kwargs, config, facts, eng, _explicit)
@@ -453,6 +455,23 @@ def _build_dataset(eng: Any, source: Any, column_names: Any, generator_args: tup
     p, feed = threads.cap_source(p, _guarded(source, p, facts, eng), facts.usable_cpus,  # threads per worker
                                  _threads_started(probe))
     return _build(eng, feed, column_names, generator_kwargs, p, config, lineage, type(source).__name__, _explicit)
+
+
+_WORKERS_NONE = ("num_parallel_workers=None: MindSpore's GeneratorDataset takes it, then fails its first epoch "
+                 "(\"TypeError: '>' not supported between instances of 'NoneType' and 'int'\" for a random-access "
+                 "source, \"incompatible constructor arguments\" for a generator; 2.0 to 2.10). Fix: pass an int, "
+                 "or leave it out (MindSpore's default is 1)")
+
+
+def _workers_none(eng: Any, source: Any, column_names: Any, kwargs: dict, explicit: str | None):
+    """``GeneratorDataset(num_parallel_workers=None)``: ``ms_shm.UsageError`` with the fix from the API; unchanged
+    code under ``ms_shm.patch`` gets MindSpore's dataset as asked, which fails where raw's does, said first. Planned,
+    it had its workers chosen and every row arrived, hiding MindSpore's error (an audit of MindSpore's unit
+    tests)."""
+    if explicit is None:
+        raise UsageError(_WORKERS_NONE)
+    log.warning("ms_shm generator: built as asked, unplanned, at %s: %s", sites.call_site(), _WORKERS_NONE)
+    return eng.compat.generator_dataset(source, column_names, kwargs)
 
 
 def _plan_source(probe: measure.StageProbe, req: Request, kwargs: dict, config: Any, facts: host.HostFacts,

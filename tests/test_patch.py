@@ -121,6 +121,29 @@ def test_patched_calls_raise_mindspores_own_argument_errors(real_mindspore):
     assert patched == raw
 
 
+def test_workers_none_fails_at_the_epoch_as_raw_under_patch_and_at_the_call_through_the_api(real_mindspore,
+                                                                                               caplog):
+    """``GeneratorDataset(num_parallel_workers=None)``: MindSpore takes it and fails its first epoch (2.0 to
+    2.10); planned, ms_shm chose the workers and every row arrived (an audit of MindSpore's unit tests)."""
+    import mindspore.dataset as ds
+
+    import ms_shm
+
+    rows = [(np.full(4, i, np.int64),) for i in range(8)]
+
+    def epoch():
+        made = ds.GeneratorDataset(rows, ["x"], shuffle=False, num_parallel_workers=None)
+        return _raised(lambda: list(made.create_tuple_iterator(num_epochs=1, output_numpy=True)))
+
+    raw = epoch()
+    with ms_shm.patched(), caplog.at_level("WARNING", logger="ms_shm"):
+        patched = epoch()
+    assert raw[0] is TypeError and patched == raw, (raw, patched)
+    assert "num_parallel_workers=None" in caplog.text and "Fix: pass an int" in caplog.text
+    with pytest.raises(ms_shm.UsageError, match="leave it out"):
+        ms_shm.build_dataset(rows, ["x"], num_parallel_workers=None)
+
+
 def test_too_many_workers_are_adapted_under_patch_and_refused_as_mindspore_does_when_strict(real_mindspore,
                                                                                            caplog):
     """``num_parallel_workers`` above the CPU count: MindSpore's ValueError raw and under ``strict``; a

@@ -260,6 +260,7 @@ def prepare(eng: Any, cls: Any, dataset: Any, args: tuple, kwargs: dict, prefere
     req = _request(eng, asked, facts, locked or problem)
     refused = None
     if problem and preferences and req.workers and not locked:  # workers cannot work here: samples inline
+        cls(**asked)  # the framework's own checks of the worker arguments dropped below (no worker starts yet)
         req, refused = replace(req, workers=None, prefetch_factor=None), Decision(
             EXPLICIT, "num_workers=0", f"num_workers={asked['num_workers']}", problem)
     elif problem and asked.get("num_workers"):  # MindSpore accepts it: said, then as asked

@@ -189,3 +189,37 @@ def test_ctrl_c_while_a_loader_waits_ends_the_program_as_raw(loader, tmp_path):
                 except psutil.Error:
                     pass
     assert ends["ms_shm"] == ends["raw"], ends
+
+
+def test_numpy2_under_patch_keeps_mindsporeS_checks_of_the_worker_arguments_it_drops(loader):
+    """Under NumPy 2 unchanged code's workers are dropped (its samples read in the main process); the worker-only
+    arguments went with them unchecked, so ``prefetch_factor=0``, ``timeout=-1``, ``num_workers=-1`` or a bogus
+    ``multiprocessing_context``, which raw refuses at the call, were built and ran (an audit of MindSpore's unit
+    tests)."""
+    if loader < 2:
+        release_skip("NumPy 1.x here: MindSpore's DataLoader workers work and are kept")
+    import numpy as np
+    from mindspore.dataset.dataloader import DataLoader, Dataset
+
+    import ms_shm
+
+    class Samples(Dataset):
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            return np.array(i)
+
+    def refusal(**kwargs):
+        try:
+            DataLoader(Samples(), batch_size=2, **kwargs)
+        except (TypeError, ValueError) as exc:
+            return type(exc), str(exc)
+        return None
+
+    bad = [dict(num_workers=2, prefetch_factor=0), dict(num_workers=2, timeout=-1), dict(num_workers=-1),
+           dict(num_workers=2, multiprocessing_context="bogus")]
+    raw = [refusal(**kwargs) for kwargs in bad]
+    with ms_shm.patched():
+        patched = [refusal(**kwargs) for kwargs in bad]
+    assert all(raw) and patched == raw, (raw, patched)

@@ -782,7 +782,8 @@ def collate_ids(batch):
 
 
 def test_module_globals_a_dataset_and_its_collate_fn_read_are_counted_and_named(fresh_torch, caplog):
-    with caplog.at_level(logging.WARNING, logger="ms_shm"):
+    """Each table is ~2 MiB per worker here: said at INFO (``cow.WARN_TOTAL_BYTES``), named all the same."""
+    with caplog.at_level(logging.INFO, logger="ms_shm"):
         loader = ms_shm.build_dataloader(GlobalTokens(), batch_size=4, num_workers=2, collate_fn=collate_ids)
     text = caplog.text
     assert "module global 'GLOBAL_EXAMPLES' read by the source" in text, text

@@ -550,7 +550,7 @@ def _with_room(plan_with: Callable[[budget_mod.Budget], Plan], facts: host.HostF
         while True:  # a stage that fails to switch is not asked again: planned anew without it
             chosen, p = _fewest_to_lean(plan_with, facts)
             if p is None:
-                p = _overcommitted(plan_with, facts, refused)
+                p = _overcommitted(plan_with, facts, refused) or _beside_the_largest_idle(plan_with, facts, refused)
                 if p is None:
                     raise
                 return p
@@ -586,6 +586,46 @@ def _overcommitted(plan_with: Callable[[budget_mod.Budget], Plan], facts: host.H
                 "planned to fit), or give the running pipeline num_parallel_workers=1", sites.call_site(), why,
                 refused.fix or str(refused).split(" Fix: ", 1)[-1].rstrip("."))
     return replace(p, budget=now, decisions=(Decision("memory_overcommitted", True, False, why),) + p.decisions)
+
+
+def _beside_the_largest_idle(plan_with: Callable[[budget_mod.Budget], Plan], facts: host.HostFacts,
+                             refused: ShmBudgetError) -> Plan | None:
+    """The plan beside the largest of several pipelines built and not iterated yet, where nothing fits beside
+    all of them at once; said at WARNING. Each keeps its worst-case reservation until it has run (train and eval
+    built up front may run at once), but a search or a k-fold builds many and runs them one after another: an
+    audit's 80 pipelines built up front were refused from the 47th on ("17.6 GiB reserved by live pipelines",
+    with 21.9 GiB of memory available), where raw built and ran all 80. ``None`` where fewer than two are idle,
+    or nothing fits beside the largest either."""
+    idle = SESSION.ledger.following(SESSION.ledger.live())
+    pipelines: dict = {}
+    for r in idle:
+        pipelines.setdefault(r.group or (r.key,), []).append(r)
+    if len(pipelines) < 2:
+        return None
+    largest = max(pipelines.values(), key=lambda stages: sum(r.memory + r.shm_bytes for r in stages))
+    b = SESSION.budget(facts, held_now=True, excluded=frozenset(r.key for r in idle if r not in largest))
+    p = _plan_or_none(plan_with, b)
+    if p is None:
+        return None
+    why = (f"{len(pipelines)} pipelines built and not iterated yet reserve {mib(sum(r.memory for r in idle))} of "
+           f"memory and {mib(sum(r.shm_bytes for r in idle))} of /dev/shm, and none of this call's settings fits "
+           f"beside all of them at once; planned beside the largest ({_labels([r.label for r in largest])}): "
+           f"pipelines built up front and run one after another need no more")
+    log.log(_once_per_site(), "ms_shm: the pipeline built at %s: %s. If they run at once, memory may run out: %s",
+            sites.call_site(), why, refused.fix or str(refused).split(" Fix: ", 1)[-1].rstrip("."))
+    return replace(p, decisions=(Decision("memory_overcommitted", True, False, why),) + p.decisions)
+
+
+_SITES_SAID: set = set()  # call sites already warned about by ``_once_per_site``
+
+
+def _once_per_site() -> int:
+    """WARNING the first time for this call site, INFO after: a loop building at one line said it 34 times."""
+    site = sites.call_site()
+    if site in _SITES_SAID:
+        return logging.INFO
+    _SITES_SAID.add(site)
+    return logging.WARNING
 
 
 def _weighed_at(leanest: budget_mod.Budget, now: budget_mod.Budget) -> str:
@@ -741,7 +781,8 @@ def _register(dataset: Any, p: Plan, lineage: measure.Lineage, label: str) -> No
     reservation = SESSION.ledger.reserve(label, p.predicted_shm, p.predicted_fds, p.predicted_memory,
                                          in_use=compat.in_use(dataset), by_prefetch=p.by_prefetch,
                                          follows_prefetch=compat.follows_prefetch(dataset), lean=lean,
-                                         go_lean=_lean_switch(dataset, p, label, eng))
+                                         go_lean=_lean_switch(dataset, p, label, eng),
+                                         group=compat.pipeline_of(dataset))
     weakref.finalize(dataset, SESSION.ledger.release, reservation.key)
     measure.remember(dataset, p, lineage)
 
@@ -819,10 +860,17 @@ def _changed_globals(made: list, quiet: bool) -> list:
 def _follow_prefetch(prefetch: int) -> None:
     """The pipelines planned before whose next iterator is not made yet run at the lowered prefetch too: their
     reservations hold what they hold there (``Budget.at_prefetch``, which the plan that lowered it counted)."""
-    for before, after in SESSION.ledger.lower_prefetch(prefetch):
-        log.info("ms_shm: %s's reservation follows MindSpore's global prefetch down to %d: memory %s -> %s, "
-                 "/dev/shm %s -> %s", before.label, prefetch, mib(before.memory), mib(after.memory),
-                 mib(before.shm_bytes), mib(after.shm_bytes))
+    changed = SESSION.ledger.lower_prefetch(prefetch)
+    if changed:  # one line per lowering: a search building 80 pipelines up front logged 2,054, one per pipeline
+        log.info("ms_shm: the reservations of %d pipeline(s) not iterated yet (%s) follow MindSpore's global "
+                 "prefetch down to %d: memory %s -> %s, /dev/shm %s -> %s", len(changed),
+                 _labels([before.label for before, _ in changed]), prefetch,
+                 mib(sum(b.memory for b, _ in changed)), mib(sum(a.memory for _, a in changed)),
+                 mib(sum(b.shm_bytes for b, _ in changed)), mib(sum(a.shm_bytes for _, a in changed)))
+
+
+def _labels(labels: list, shown: int = 3) -> str:
+    return ", ".join(labels[:shown]) + (f" and {len(labels) - shown} more" if len(labels) > shown else "")
 
 
 def _reason(p: Plan, setting: str, fallback: str) -> str:
@@ -844,15 +892,20 @@ def _log_plan(p: Plan, asked: dict, explicit: str | None = None) -> None:
         or (d.setting == "mode" and {"num_parallel_workers", "python_multiprocessing"} & asked.keys()))]
     changed = [d for i, d in enumerate(changed) if all(e.setting != d.setting for e in changed[:i])]
     if explicit and changed:
-        log.warning("ms_shm adapted %s at %s: %s%s", _STAGE_NAMES.get(p.kind, p.kind), sites.call_site(),
-                    "; ".join(f"{d.setting} {d.default} -> {d.value} ({d.reason})" for d in changed),
-                    _edits_note(changed))
+        site = sites.call_site()
+        key = (site, p.kind, tuple((d.setting, str(d.default), str(d.value)) for d in changed))
+        level = logging.INFO if site is not None and key in _ADAPTED_AT else logging.WARNING
+        _ADAPTED_AT.add(key)  # the same adaptation at the same line (a loop, a search) is said once at WARNING
+        log.log(level, "ms_shm adapted %s at %s: %s%s", _STAGE_NAMES.get(p.kind, p.kind), site,
+                "; ".join(f"{d.setting} {d.default} -> {d.value} ({d.reason})" for d in changed),
+                _edits_note(changed))
     for d in p.decisions:
         mine = d.setting in asked and asked[d.setting] != d.value
         level = logging.WARNING if mine else logging.INFO if d.setting in _SAID_AT_INFO else logging.DEBUG
         log.log(min(level, logging.INFO) if explicit else level, "ms_shm decision %s", d)
 
 
+_ADAPTED_AT: set = set()  # (call site, stage, the settings changed) said at WARNING: an audit's loop said it 96 times
 _PROCESS_MODES = ("processes", "pipes")
 # decisions that change a plan no argument asked (python_multiprocessing: processes not planned, the program's
 # start method or /proc the reason, the fix in it)
@@ -1096,8 +1149,8 @@ def hold_room_for_batches(result: Any, dataset: Any, batch_size: Any, quiet: boo
             f"where the loop is slower than the pipeline, measured), with {mib(left)} of this rank's memory budget "
             f"left after the pipeline below it")
     if fitting is None:
-        log.warning("ms_shm batch: %s: it may be OOM-killed. Fix: %s, or a smaller batch_size", what,
-                    plan_mod.memory_fix(need(1), b))
+        log.log(_once_per_site(), "ms_shm batch: %s: it may be OOM-killed. Fix: %s, or a smaller batch_size", what,
+                plan_mod.memory_fix(need(1), b))
     elif fitting < prefetch:
         back = (b.at_prefetch(fitting).memory_bytes or 0) - left
         given = f", and the stages below it give back {mib(back)} there (their iterator is not made yet)" if back \
@@ -1107,7 +1160,8 @@ def hold_room_for_batches(result: Any, dataset: Any, batch_size: Any, quiet: boo
                          quiet)
     reservation = SESSION.ledger.reserve("batch", 0, 0, need(fitting or 1), in_use=eng.compat.in_use(result),
                                          by_prefetch=tuple((0, 0, need(p)) for p in range(1, (fitting or 1) + 1)),
-                                         follows_prefetch=eng.compat.follows_prefetch(result))
+                                         follows_prefetch=eng.compat.follows_prefetch(result),
+                                         group=eng.compat.pipeline_of(result))
     weakref.finalize(result, SESSION.ledger.release, reservation.key)
 
 
@@ -1212,6 +1266,8 @@ def reset() -> None:
     """Forget cached facts, live reservations, logged advice and recorded changes (tests, or after the host
     changed). Changes are forgotten, not undone: ``session().restore()`` undoes them."""
     SESSION.reset()
+    _ADAPTED_AT.clear()
+    _SITES_SAID.clear()
 
 
 __all__ = ["tune", "build_dataset", "map", "batch", "plan_of", "probe", "reset", "session", "TuneReport", "ShmBudgetError"]

@@ -171,6 +171,7 @@ class Reservation(Result):
     held_apart: int = 0  # memory that still counts against pipelines planned apart: persistent workers' own
     by_prefetch: tuple = ()  # (shm, fds, memory) at MindSpore's global prefetch 1, 2, ..., up to the planned one
     lean: tuple = ()  # the same for the stage's leanest settings (``Plan.lean``), where it may switch to them
+    group: tuple = ()  # what tells its pipeline from others (the engine's ``pipeline_of``); () for none known
 
     def leaned(self) -> "Reservation":
         """What it holds once switched to its leanest settings, at the prefetch it holds now."""
@@ -246,7 +247,7 @@ class Ledger:
     def reserve(self, label: str, shm_bytes: int, fds: int, memory: int = 0, kind: str = "",
                 in_use: Callable[[], bool] | None = None, held_apart: int = 0, by_prefetch: tuple = (),
                 follows_prefetch: Callable[[], bool] | None = None, lean: tuple = (),
-                go_lean: Callable[[Reservation, Reservation], bool] | None = None) -> Reservation:
+                go_lean: Callable[[Reservation, Reservation], bool] | None = None, group: tuple = ()) -> Reservation:
         """``by_prefetch`` with ``follows_prefetch`` (the engine's: no iterator holding the pipeline is alive):
         what it holds where MindSpore's global prefetch is lowered before its next iterator is made. ``lean`` with
         ``go_lean(before, after)`` (which switches the stage to its leanest settings, ``True`` where it did): what
@@ -255,7 +256,8 @@ class Ledger:
         with self._lock:
             item = Reservation(next(self._ids), label, int(shm_bytes), int(fds), int(memory), kind,
                                int(held_apart), tuple(by_prefetch) if following else (),
-                               tuple(lean) if following and go_lean is not None and by_prefetch else ())
+                               tuple(lean) if following and go_lean is not None and by_prefetch else (),
+                               tuple(group))
             self._items[item.key] = item
             if in_use is not None:
                 self._in_use[item.key] = in_use

@@ -47,8 +47,8 @@ class Session:
             self.facts, self.fraction, self.ranks = facts, fraction, ranks
 
     def budget(self, facts: host.HostFacts, reserved: tuple | None = None,
-               apart: str | None = None, leaned: frozenset = frozenset(), held_now: bool = False
-               ) -> budget_mod.Budget:
+               apart: str | None = None, leaned: frozenset = frozenset(), held_now: bool = False,
+               excluded: frozenset = frozenset()) -> budget_mod.Budget:
         """This rank's budget: free /dev/shm, memory and fds, less what live pipelines of this process reserved
         (but those of kind ``apart``: ``Ledger``; of theirs only the memory persistent workers keep between
         epochs counts, ``held_apart``: a val loader of 8 x 16 MiB samples was refused in a 450 MB container after
@@ -59,12 +59,13 @@ class Session:
         there: an audit's OOM kill at 650 MB where raw ran), whichever is less. ``leaned``: keys of reservations
         counted as switched to their leanest settings (``Ledger.go_lean``). ``held_now``: the running pipelines'
         memory counted at what they hold now (the memory left now) instead of at their reservations, which are
-        their worst case, every queue full (``api._overcommitted``); the others' at their reservations."""
+        their worst case, every queue full (``api._overcommitted``); the others' at their reservations.
+        ``excluded``: keys of reservations not counted (``api._beside_the_largest_idle``)."""
         if reserved is not None:
             (shm_used, fds_used, memory_used), pipelines, returned, idle = reserved, 0, (), 0
         else:
             live = self.ledger.live()  # one reading: a pipeline registered meanwhile is in all three or none
-            live = tuple(r.leaned() if r.key in leaned else r for r in live)
+            live = tuple(r.leaned() if r.key in leaned else r for r in live if r.key not in excluded)
             counted = budget_mod.but_kind(live, apart)
             shm_used, fds_used, memory_used = budget_mod.sums(counted)
             memory_used += sum(r.held_apart for r in live if r.kind == apart)

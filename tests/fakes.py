@@ -87,6 +87,9 @@ class FakeCompat:
     def follows_prefetch(self, dataset):
         return lambda: True  # no iterator made yet: the next one reads the global prefetch
 
+    def pipeline_of(self, dataset):
+        return ()  # no tree of stages: each is a pipeline of its own
+
     def switch_workers(self, stage, workers, processes):
         stage.kwargs["num_parallel_workers"] = workers
         if workers > 1:

@@ -319,3 +319,42 @@ def test_stages_whose_iterator_is_not_made_yet_switch_to_their_leanest_settings_
     assert kept[small.key].memory == 20 * MiB and kept[failing.key].memory == 50 * MiB
     assert ledger.leanable() == []  # switched, or failed to: not asked again
     assert ledger.go_lean([small, failing]) == [] and len(switched) == 2
+
+
+def test_many_pipelines_built_up_front_refuse_no_build_while_one_fits_beside_the_largest(caplog):
+    """Each pipeline built and not iterated yet keeps its worst-case reservation (train and eval built up front
+    may run at once). A search built 80 up front and ran them one after another: from the 47th on, raw built and
+    ran them where ms_shm refused ("17.6 GiB reserved by live pipelines", 21.9 GiB available). Where nothing fits
+    beside all of them, the plan goes beside the largest, said once at WARNING; with one idle, it is refused."""
+    import logging
+
+    from ms_shm import api, model, plan
+    from ms_shm.engines.mindspore import planning
+    from ms_shm.rows import RowStats
+    from ms_shm.state import SESSION
+    from tests.fakes import host_facts
+
+    def plan_with(b):
+        if b.memory_bytes is not None and b.memory_bytes < 1 << 30:
+            raise plan.ShmBudgetError("needs 1 GiB of memory. Fix: give the container more memory")
+        return planning.plan_generator(RowStats(True, 16, 8, (), (), MiB, MiB, 0.001, 1.0, 0.0),
+                                       plan.Request(cpu_count=2, usable_cpus=2), b, model.profile_for("2.10.0"))
+
+    facts = host_facts(mem_available=4 << 30)  # 3.2 GiB to plan on
+    api.reset()
+    try:
+        for i in range(5):
+            SESSION.ledger.reserve(f"GeneratorDataset(fold {i})", 0, 0, 1 << 30, follows_prefetch=lambda: True)
+        with caplog.at_level(logging.INFO, logger="ms_shm"):
+            p = [api._with_room(plan_with, facts) for _ in range(2)][0]  # a loop: one line builds them all
+        said = [r for r in caplog.records if "built and not iterated yet" in r.getMessage()]
+        assert [r.levelno for r in said] == [logging.WARNING, logging.INFO], said
+        assert "5 pipelines built and not iterated yet reserve 5.0 GiB" in said[0].getMessage()
+        assert any(d.setting == "memory_overcommitted" for d in p.decisions)
+        api.reset()
+        for stage in ("GeneratorDataset(train)", "map", "batch"):  # one pipeline's stages: counted together
+            SESSION.ledger.reserve(stage, 0, 0, 1 << 30, follows_prefetch=lambda: True, group=(1,))
+        with pytest.raises(plan.ShmBudgetError):
+            api._with_room(plan_with, facts)
+    finally:
+        api.reset()

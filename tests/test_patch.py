@@ -166,6 +166,25 @@ def test_too_many_workers_are_adapted_under_patch_and_refused_as_mindspore_does_
     assert got == list(range(8)) and "num_parallel_workers" in caplog.text
 
 
+def test_the_same_adaptation_at_the_same_line_is_a_warning_once(real_mindspore, caplog):
+    """A loop (a search, an eval rebuilt each epoch) building at one line: an audit's 100 iterations under
+    ``ms-shm run`` said the same "adapted" warning 96 times. Once at WARNING, then at INFO."""
+    import logging
+    import os
+
+    import mindspore.dataset as ds
+
+    import ms_shm
+
+    rows = [(np.full(4, i, np.int64),) for i in range(8)]
+    many = (os.cpu_count() or 1) + 2
+    with ms_shm.patched(), caplog.at_level("INFO", logger="ms_shm"):
+        for _ in range(3):
+            ds.GeneratorDataset(rows, ["x"], shuffle=False, num_parallel_workers=many)
+    said = [r.levelno for r in caplog.records if r.getMessage().startswith("ms_shm adapted GeneratorDataset")]
+    assert said == [logging.WARNING, logging.INFO, logging.INFO], said
+
+
 def test_a_generator_function_under_patch_is_capped_as_a_random_access_source_and_not_otherwise_adapted(
         real_mindspore, caplog):
     """A generator function (no ``__getitem__``) with too many workers: MindSpore's ValueError raw, the same cap

@@ -28,7 +28,7 @@ from ms_shm import objects
 from ms_shm._results import Result, record
 from ms_shm.changes import Change, get_nofile, set_nofile_soft  # noqa: F401  (re-exported)
 from ms_shm.engines.mindspore import liveness, second_iterator
-from ms_shm.engines.mindspore.liveness import follows_prefetch, in_use, iterators_reading  # noqa: F401  (the engine's answers)
+from ms_shm.engines.mindspore.liveness import follows_prefetch, in_use, iterators_reading, pipeline_of  # noqa: F401  (the engine's answers)
 
 log = logging.getLogger(__name__)
 

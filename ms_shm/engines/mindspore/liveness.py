@@ -85,6 +85,16 @@ def stages(top: Any) -> list:
     return out
 
 
+def pipeline_of(stage: Any) -> tuple:
+    """What tells ``stage``'s pipeline from others: its leaf stages (a map and the source below it are one
+    pipeline; two built from different sources are two). Unreadable: ``()``, a pipeline of its own."""
+    try:
+        return tuple(sorted(id(s) for s in stages(stage) if not getattr(s, "children", None)))
+    except Exception as exc:  # noqa: BLE001  (only a grouping of reservations)
+        log.debug("ms_shm: a pipeline's stages not read (%s: %s)", type(exc).__name__, exc)
+        return ()
+
+
 def guard_of(stage: Any) -> Any:
     """The runtime guard a ``GeneratorDataset`` stage's source reads through (under the thread cap's wrapper),
     or ``None``."""

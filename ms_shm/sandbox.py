@@ -258,7 +258,7 @@ def _reapply_at_mindspores_own_fork(hooks: Any, theirs: dict) -> None:
     def prepare_before_fork() -> Any:
         hooks.prepare_before_fork = original
         libc = _libc()
-        for sig, action in theirs.items():
+        for sig, action in theirs.items() if libc is not None else ():
             libc.sigaction(int(sig), ctypes.create_string_buffer(action, _SIGACTION_BYTES), None)
         return original()
 

@@ -345,12 +345,17 @@ def _in_process(best: Candidate, stats: RowStats, req: Request, costs: Costs) ->
     if own in (INLINE, THREADS):
         return own, best.workers if own == THREADS else 1
     rows = priced_rows(_epoch_rows(req, stats))
-    options = [(mode, w) for mode in _modes(req, [], stats) if mode in (INLINE, THREADS)
-               for w in _worker_options(req) if (w == 1) == (mode == INLINE)]
+    options = _in_process_options(req, stats)
     if not options:
         return ()
     return min(options, key=lambda o: _epoch_seconds(*o, stats, rows, costs, req.start_method, req.usable_cpus)
                or 0.0)
+
+
+def _in_process_options(req: Request, stats: RowStats) -> list:
+    """``(mode, workers)`` the call allows in this process: MindSpore's own thread, or threads."""
+    return [(mode, w) for mode in _modes(req, [], stats) if mode in (INLINE, THREADS)
+            for w in _worker_options(req) if (w == 1) == (mode == INLINE)]
 
 
 def _lean_generator(best: Candidate, stats: RowStats, req: Request, row: int, costs: Costs,
@@ -359,8 +364,7 @@ def _lean_generator(best: Candidate, stats: RowStats, req: Request, row: int, co
     less than the chosen ones hold and no more of /dev/shm or fds: worker processes are not started on a
     stage's behalf after it was built (their slots and the runtime guard are sized at the plan)."""
     rows = _epoch_rows(req, stats)
-    options = [(mode, w) for mode in _modes(req, [], stats) if mode in (INLINE, THREADS)
-               for w in _worker_options(req) if (w == 1) == (mode == INLINE)]
+    options = _in_process_options(req, stats)
     if not options:
         return None
 

@@ -508,7 +508,7 @@ def _is_container(value: Any) -> bool:
 
 def _safe_len(value: Any) -> int:
     try:
-        return len(value)
+        return objects.stored_length(value)
     except Exception as exc:
         log.debug("ms_shm.cow: len() of a %s failed: %s", type(value).__name__, exc)
         return 0
@@ -527,13 +527,13 @@ def _children(value: Any) -> Iterator[tuple[Step, Any]]:
             return
         if isinstance(value, np.ndarray) or isinstance(value, _no_objects() + _NOT_WALKED):
             return
+        if isinstance(value, (dict, list, tuple)) and objects.stored_length(value) > _WRAPPER_MAX:
+            return
         if isinstance(value, dict):
-            if len(value) <= _WRAPPER_MAX:
-                yield from ((("key", k), v) for k, v in list(value.items()))
+            yield from ((("key", k), v) for k, v in list(objects.as_stored(value).items()))
             return
         if isinstance(value, (list, tuple)):
-            if len(value) <= _WRAPPER_MAX:
-                yield from ((("index", i), v) for i, v in enumerate(value))
+            yield from ((("index", i), v) for i, v in enumerate(objects.as_stored(value)))
             return
         if _is_container(value):
             return
@@ -835,6 +835,7 @@ def _footprint(obj: Any, depth: int, seen: set[int], fork: bool) -> tuple[float,
     count = 1.0
     if depth <= 0 or isinstance(obj, _no_objects()):
         return size, count
+    obj = objects.as_stored(obj)
     if isinstance(obj, dict) or (fork and isinstance(obj, (set, frozenset))):
         total, children = _read_items(obj, _CHILD_SAMPLE, fork)
     elif _is_container(obj):
@@ -925,6 +926,7 @@ def _spread(items: Iterable[Any], n: int, k: int) -> list:
 
 def _estimate(container: Any, fork: bool) -> tuple[int, int]:
     """(bytes, objects) a worker copies for the whole container: a sample scaled to its length."""
+    container = objects.as_stored(container)
     if isinstance(container, (dict, set, frozenset)):
         elements, sample = _read_items(container, _SAMPLE, fork)
     else:
@@ -983,7 +985,7 @@ def _pandas_fix(target: str, value: np.ndarray) -> str:
 
 
 def _sample_keys(value: dict) -> list[Any]:
-    return list(itertools.islice(iter(value), _SAMPLE))
+    return list(itertools.islice(iter(objects.as_stored(value)), _SAMPLE))
 
 
 def _finding(path: tuple, value: Any, workers: int, ranks: int, start_method: str, fork: bool,

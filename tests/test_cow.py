@@ -50,6 +50,33 @@ def test_200k_item_list_is_flagged_with_its_count():
     assert finding.fix == "self.annotations = ms_shm.SharedList(self.annotations)" and finding.swappable
 
 
+class DecodingList(list):
+    """Decodes an item as it is read: the program's own code, which the estimate must not run in the program."""
+
+    reads = 0
+
+    def __getitem__(self, i):
+        DecodingList.reads += 1
+        return list.__getitem__(self, i).upper()
+
+    def __iter__(self):
+        DecodingList.reads += 1
+        return (item.upper() for item in list.__iter__(self))
+
+    def __len__(self):
+        DecodingList.reads += 1
+        return list.__len__(self)
+
+
+def test_a_container_subclass_is_sampled_as_stored_without_running_its_reads():
+    """The handles audit: a lazily decoding list of 200,000 items had 1,000 decoded by the estimate, at build."""
+    DecodingList.reads = 0
+    held = Plain(annotations=DecodingList(names(200_000)), nested=Meta(inner=DecodingList(names(50))))
+    finding = only(inspect_source(held, workers=2))
+    assert finding.attribute == "annotations" and finding.items == 200_000, finding
+    assert DecodingList.reads == 0
+
+
 def test_warning_is_logged_once_per_finding(caplog):
     source = Plain(annotations=names(200_000), captions=[f"a photo of {i}" for i in range(20_000)])
     findings = inspect_source(source, workers=4, ranks=8)
@@ -230,7 +257,9 @@ class Angry:
 def test_weird_sources_never_raise(caplog):
     with caplog.at_level(logging.DEBUG, logger="ms_shm.cow"):
         findings = inspect_source(Weird(), workers=2)
-    assert [f.attribute for f in findings] == ["files"]
+    # a list whose own len() and iteration raise is still read as stored, as a worker copies it; not swapped
+    assert sorted(f.attribute for f in findings) == ["broken", "files"]
+    assert not next(f for f in findings if f.attribute == "broken").swappable
     assert any("skipped" in r.getMessage() or "failed" in r.getMessage() for r in caplog.records)
 
 

@@ -79,6 +79,10 @@ class Lineage:
         """Why this stage's rows cannot be made without side effects, or ``None``."""
         return None
 
+    def code_objects(self) -> list:
+        """The program's objects whose code making these rows runs (``sandbox.run_in_fork``'s ``watched``)."""
+        return []
+
     def row_name(self, k: int) -> str:
         """The ``k``-th row ``rows`` makes, as the user knows it (a source's probe rows are spread over it)."""
         return f"row {k}"
@@ -97,6 +101,9 @@ class SourceLineage(Lineage):
     def why_not(self) -> str | None:
         return sandbox.shared_with_processes([self.source])
 
+    def code_objects(self) -> list:
+        return [self.source]
+
     def row_name(self, k: int) -> str:
         return f"source row {self.indices[k]}"
 
@@ -113,6 +120,9 @@ class IterableLineage(Lineage):
     def why_not(self) -> str | None:
         return fresh_iteration_blocker(self.source) or sandbox.stream_blocker([self.source]) or \
             sandbox.shared_with_processes([self.source])
+
+    def code_objects(self) -> list:
+        return [self.source]
 
 
 @record
@@ -144,6 +154,9 @@ class MapLineage(Lineage):
 
     def why_not(self) -> str | None:
         return self.parent.why_not() or sandbox.shared_with_processes(_operation_objects(self.operations))
+
+    def code_objects(self) -> list:
+        return self.parent.code_objects() + _operation_objects(self.operations)
 
     def row_name(self, k: int) -> str:
         return self.parent.row_name(k)
@@ -330,7 +343,7 @@ def probe_operations(lineage: Lineage, operations: Any, input_columns: Sequence[
         _check_columns_returned(first, output_columns, "map")
         return measured
 
-    outcome = _fork(in_child, worker_pages, beside, operations=operations)
+    outcome = _fork(in_child, worker_pages, beside, operations=operations, lineage=lineage)
     probe = _outcome(outcome, "operations", defer_row_errors, fate)
     if isinstance(probe.stats, str):  # MindSpore raises on these columns when the pipeline starts
         return StageProbe(None, unmeasured=probe.stats)
@@ -378,7 +391,7 @@ def probe_batch(lineage: Lineage, per_batch_map: Any, batch_size: int, input_col
         _check_columns_returned(first, output_columns, "per_batch_map")
         return measured
 
-    outcome = _fork(in_child, worker_pages, beside, operations=per_batch_map)
+    outcome = _fork(in_child, worker_pages, beside, operations=per_batch_map, lineage=lineage)
     probe = _outcome(outcome, "per_batch_map", defer_row_errors)
     if isinstance(probe.stats, str):
         return StageProbe(None, unmeasured=probe.stats)
@@ -510,11 +523,13 @@ class CodeRead(Result):
 
 
 def _fork(in_child: Callable, worker_pages: bool, beside: bool, source: Any = None,
-          operations: Any = ()) -> sandbox.Outcome:
+          operations: Any = (), lineage: Lineage | None = None) -> sandbox.Outcome:
     """``sandbox.run_in_fork``, with the stage's code read beside the child (3-10 ms, ``_drawing_code``'s) where
     ``beside``: this process has a CPU the child leaves idle."""
     meanwhile = (lambda: CodeRead(codescan.stage_draw(source, operations))) if beside else None
-    return sandbox.run_in_fork(in_child, worker_pages=worker_pages, meanwhile=meanwhile)
+    watched = ([source] if source is not None else []) + (lineage.code_objects() if lineage is not None else []) + \
+        _operation_objects(operations)
+    return sandbox.run_in_fork(in_child, worker_pages=worker_pages, meanwhile=meanwhile, watched=watched)
 
 
 def _random_ops(operations: Any, effects: sandbox.Effects) -> sandbox.Effects:

@@ -296,6 +296,22 @@ def fd_targets(pid: int | str, root: str | os.PathLike = "/") -> list:
     return targets
 
 
+def shared_writable_ranges(pid: int | str = "self", root: str | os.PathLike = "/") -> list:
+    """``(start, end)`` of each mapping of ``pid`` that is writable and shared with other processes (``rw-s`` in
+    ``/proc/<pid>/maps``: shared memory, ``MAP_SHARED`` files); empty where it cannot be read."""
+    ranges = []
+    try:
+        with open(_proc(root, pid, "maps"), encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                span, perms = line.split(None, 2)[:2]
+                if perms[1] == "w" and perms[3] == "s":
+                    start, end = span.split("-")
+                    ranges.append((int(start, 16), int(end, 16)))
+    except (OSError, ValueError, IndexError):
+        return []
+    return ranges
+
+
 def mapped_paths(pid: int | str, root: str | os.PathLike = "/") -> Iterator[str]:
     """Paths of the files ``pid`` has mapped, one per mapping, read lazily from ``/proc/<pid>/maps``.
 

@@ -18,11 +18,14 @@ on which process or thread reads them must keep MindSpore's own mode.
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import faulthandler
 import functools
 import io
+import itertools
 import logging
+import mmap
 import os
 import pickle
 import random
@@ -33,6 +36,7 @@ import threading
 import time
 import traceback
 import types
+import zlib
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
@@ -114,7 +118,7 @@ def timeout_seconds() -> float:
 
 
 def run_in_fork(probe: Callable[[], Any], timeout: float | None = None, worker_pages: bool = False,
-                meanwhile: Callable[[], Any] | None = None) -> Outcome:
+                meanwhile: Callable[[], Any] | None = None, watched: Sequence[Any] = ()) -> Outcome:
     """``probe()`` in a forked child; its return value (pickled) or its exception comes back, and with
     ``worker_pages`` the memory the child held alone at the end (``Outcome.private_bytes``; reading it walks
     the whole address space, ~20 ms with MindSpore loaded, so only where memory may bind).
@@ -126,12 +130,17 @@ def run_in_fork(probe: Callable[[], Any], timeout: float | None = None, worker_p
     never share the CPUs with it: a long read here (the native thread pools, 15-28 ms with MindSpore loaded)
     would hold up cheap rows' probe by as much.
 
+    ``watched``: the objects whose code the probe runs (a source, a map's operations). What they write through
+    a buffered file is flushed first (else the child's first flush would write it again), and a lock they hold
+    that another thread holds at the fork ends the probe at once, unmeasured (``_unless_held``).
+
     Never raises for the child's sake: a fork that fails, a child that dies or hangs past ``timeout`` gives an
     ``Outcome`` with ``unavailable`` set, and the caller plans without a measurement.
     """
     if not hasattr(os, "fork"):
         return Outcome(unavailable="os.fork is not available on this platform")
     timeout = timeout_seconds() if timeout is None else timeout
+    probe = _unless_held(_ready_for_fork(watched), probe)
     _load_numpy_random()
     collector.freeze_in_forked_children()  # the child inherits as a worker will: frozen (what it copies is measured)
     gate = os.pipe() if meanwhile is not None else ()
@@ -149,6 +158,55 @@ def run_in_fork(probe: Callable[[], Any], timeout: float | None = None, worker_p
         forked.stop()
         raise
     return replace(forked.outcome, beside=beside)
+
+
+class _HeldAtFork(BaseException):
+    """In a probe child: a lock the reads take was held by another thread of the program at the fork. A
+    ``BaseException``: the probe's handling of a row's own errors must not take it for one."""
+
+
+_LOCK_KINDS = (type(threading.Lock()), type(threading.RLock()), threading._RLock, threading.Semaphore)
+
+
+def _ready_for_fork(watched: Sequence[Any]) -> list:
+    """Before the fork: flush the writable files ``watched`` reach (a header the program wrote, still in the
+    file's buffer, came out twice in an audit's log: the child's flush wrote it, then the program's), and list
+    the ``(where, lock)`` they reach, for the child to try."""
+    locks = []
+    for where, value in _reach(watched, stop=_LOCK_KINDS) if watched else ():
+        if isinstance(value, _LOCK_KINDS):
+            locks.append((where, value))
+        elif isinstance(value, io.IOBase) and not objects.attribute(value, "closed", True):
+            _flush(value)
+    return locks
+
+
+def _flush(stream: Any) -> None:
+    try:
+        if stream.writable():
+            stream.flush()
+    except Exception as exc:  # noqa: BLE001 - a stream that cannot flush now: the child may write it again
+        log.debug("ms_shm probe: %r not flushed before the fork (%s: %s)", stream, type(exc).__name__, exc)
+
+
+def _unless_held(locks: list, probe: Callable[[], Any]) -> Callable[[], Any]:
+    """``probe``, first trying each lock of ``locks`` in the child: a lock another thread held at the fork is
+    held there for good (that thread is not in the child), so a read that takes it would wait the probe's 60 s
+    (an audit: a dataset built inside ``with self.lock:``, which its ``__getitem__`` takes too; a module lock a
+    thread of the program holds most of the time). Said at once instead, and the stage runs unmeasured."""
+    if not locks:
+        return probe
+
+    def tried_first() -> Any:  # pragma: no cover - runs in the child
+        for where, lock in locks:
+            if not lock.acquire(blocking=False):
+                raise _HeldAtFork(f"{_named(where, lock)} held by a thread of the program when the probe process "
+                                  f"was forked (a thread that process does not have): a read there would wait for "
+                                  f"it for ever, so nothing is read ahead")
+            lock.release()
+        return probe()
+
+    return tried_first
 
 
 class _Forked:
@@ -411,6 +469,8 @@ def _child(probe: Callable[[], Any], fd: int, worker_pages: bool) -> None:  # pr
                 outside.arm()  # a file the reads would write stays unwritten, and the probe unmeasured
                 value = probe()
             payload = ("ok", value, _worker_pages() if worker_pages else None, _threads_started(threads_at_start))
+        except _HeldAtFork as exc:
+            payload = ("unavailable", str(exc), "")
         except BaseException as exc:  # the parent decides what an exception means
             payload = ("error", exc, "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
         if outside.refused():  # whatever the reads did after it, they did not run as in the program
@@ -555,6 +615,8 @@ def _decode(data: bytes) -> Outcome:
         return Outcome(value=payload[1], private_bytes=payload[2], threads_started=payload[3])
     if payload[0] == "error":
         return Outcome(error=payload[1], remote_traceback=payload[2])
+    if payload[0] == "unavailable":
+        return Outcome(unavailable=payload[1])
     if payload[0] == "outside":
         return Outcome(unavailable=f"the probe's reads would {payload[1]}, a change outside this process that a "
                                    f"probe cannot take back: nothing is measured, so only the run makes it")
@@ -594,13 +656,34 @@ def _load_numpy_random() -> None:
 
 
 _SCALARS = (int, float, complex, str, bytes, bool, type(None))
-_CONTAINERS = (list, tuple, dict, set, frozenset, bytearray)
-_SMALL_ARRAY = 4096  # bytes: an array this small (a counter table, a histogram) is compared by its content
+_CONTAINERS = (list, tuple, dict, set, frozenset, bytearray, collections.deque)
+_SMALL_ARRAY = 4096  # bytes: an array this small (a counter table, a histogram) is compared by its bytes
+# bytes: a larger array (a visit count per row of a dataset) is compared by a checksum, up to this size each and
+# ``_SUMMED_BYTES`` in one fingerprint of the objects (a dataset's own data, hundreds of MiB, is not read)
+_SUMMED_ARRAY = 1 << 20
+_SUMMED_BYTES = 8 << 20
+_SUMMED_ITEMS = 4096  # a longer list or dict than the walk looks into (``_WALK_ITEMS``) is compared by its items
+# up to this many: a count per row (``self.seen[i] += 1``) keeps its length
 
 
-def _cell(value: Any) -> tuple:
-    """A cheap fingerprint of one value: identity, plus value or length, plus a RNG's state. Only the built-in
-    containers are asked their length: a user's ``__len__`` may read a file (what they hold is walked instead)."""
+class _Fingerprint:
+    """The checksums one ``state_of`` may still take (``_SUMMED_BYTES``): the walk's order is the same on every
+    call, so the same arrays are summed each time."""
+
+    def __init__(self) -> None:
+        self.left = _SUMMED_BYTES
+
+    def take(self, nbytes: int) -> bool:
+        if nbytes > _SUMMED_ARRAY or nbytes > self.left:
+            return False
+        self.left -= nbytes
+        return True
+
+
+def _cell(value: Any, budget: _Fingerprint | None = None) -> tuple:
+    """A cheap fingerprint of one value: identity, plus value or length, plus a RNG's state, a cache's counts,
+    a counter's value, an array's bytes or checksum. Only the built-in containers are asked their length: a
+    user's ``__len__`` may read a file (what they hold is walked instead)."""
     if isinstance(value, _SCALARS):
         return ("v", value if not isinstance(value, (str, bytes)) or len(value) < 256 else hash(value))
     if isinstance(value, np.random.Generator):
@@ -610,12 +693,44 @@ def _cell(value: Any) -> tuple:
     if isinstance(value, random.Random):
         return ("r", id(value), hash(value.getstate()))
     if isinstance(value, np.ndarray):
-        small = value.nbytes <= _SMALL_ARRAY and value.dtype != object
-        return ("a", id(value), value.shape, value.__array_interface__["data"][0],
-                value.tobytes() if small else None)
+        return ("a", id(value), value.shape, value.__array_interface__["data"][0], _array_content(value, budget))
     if isinstance(value, np.generic):
         return ("g", value.item() if value.dtype != object else id(value))
-    return ("o", id(value), len(value) if isinstance(value, _CONTAINERS) else None)
+    if isinstance(value, _CONTAINERS):
+        return ("o", id(value), objects.stored_length(value), _items_content(value))
+    if isinstance(value, itertools.count):
+        return ("count", id(value), repr(value))  # its repr is its next value: ``count(7)``
+    cache_info = getattr(value, "cache_info", None) if isinstance(value, _LRU_CACHE) else None
+    if cache_info is not None:  # an ``lru_cache``'d function: its hits and misses count the calls
+        return ("lru", id(value), tuple(cache_info()))
+    return ("o", id(value), None)
+
+
+_LRU_CACHE = type(functools.lru_cache(maxsize=None)(len))
+
+
+def _array_content(array: np.ndarray, budget: _Fingerprint | None) -> Any:
+    """An array's bytes (small), a checksum of them (within the fingerprint's budget), or ``None``."""
+    if array.dtype == object:
+        return None
+    if array.nbytes <= _SMALL_ARRAY:
+        return array.tobytes()
+    if budget is None or not budget.take(array.nbytes):
+        return None
+    data = array if array.flags.c_contiguous else np.ascontiguousarray(array)
+    return zlib.crc32(memoryview(data).cast("B"))
+
+
+def _items_content(container: Any) -> Any:
+    """A hash of a list's, tuple's or dict's plain items (the scalars themselves, others by identity), for one
+    longer than the walk looks into (``_WALK_ITEMS``) and at most ``_SUMMED_ITEMS`` long: a list counting reads
+    per row keeps its length."""
+    if not isinstance(container, (list, tuple, dict)) or \
+            not _WALK_ITEMS < objects.stored_length(container) <= _SUMMED_ITEMS:
+        return None
+    stored = objects.as_stored(container)
+    items = stored.values() if isinstance(stored, dict) else stored
+    return hash(tuple(v if type(v) in _SCALARS else id(v) for v in items))
 
 
 def state_of(objects: Sequence[Any]) -> tuple:
@@ -623,7 +738,12 @@ def state_of(objects: Sequence[Any]) -> tuple:
     closure cells, partial arguments, class attributes, the globals its code names), fingerprinted under each
     path: a counter kept in a global, a class attribute, a closure's dict or a nested object is state kept per
     read just as one in the object's own attribute is, and a worker process would change only its copy."""
-    return tuple(tuple((where, _cell(value)) for where, value in _reach([obj])) for obj in objects)
+    return tuple(_fingerprint(obj) for obj in objects)
+
+
+def _fingerprint(obj: Any) -> tuple:
+    budget = _Fingerprint()
+    return tuple((where, _cell(value, budget)) for where, value in _reach([obj]))
 
 
 def changed_attributes(before: tuple, after: tuple, objects: Sequence[Any]) -> str | None:
@@ -736,11 +856,17 @@ _QUEUE_KINDS = (("queue", ("Queue", "SimpleQueue")),)
 # What a stream reads its rows off, shared with a forked child: what the child reads there, the program never
 # gets (files are rewound and pipes blinded in the child, ``fdguard``; a socket is neither).
 _STREAM_KINDS = (("socket", ("socket",)),)
-# What a reader holds open, with a position or a thread of its own: streams (files, BytesIO), sockets, and the
-# database and array-file handles datasets keep (by module: never imported here). Not memory maps: read by
-# slices (``np.memmap``), they have no position to race on.
-_HANDLE_KINDS = (("io", ("IOBase",)), ("socket", ("socket",)),
-                 ("sqlite3", ("Connection", "Cursor")), ("h5py", ("File", "Dataset")), ("lmdb", ("Environment",)))
+# What a reader holds open, with a position or a thread of its own: streams (files, BytesIO), sockets, a memory
+# map read by ``seek`` and ``read`` (an audit: 159-191 rows of 200 wrong where threads shared one; ``np.memmap``,
+# read by slices, is an array), and the database and array-file handles datasets keep (by module: never imported
+# here; an LMDB transaction and its cursors belong to one thread).
+_HANDLE_KINDS = (("io", ("IOBase",)), ("socket", ("socket",)), ("mmap", ("mmap",)),
+                 ("sqlite3", ("Connection", "Cursor")), ("h5py", ("File", "Dataset")),
+                 ("lmdb", ("Environment", "Transaction", "Cursor")))
+# An LMDB environment opened with its lock file (``lmdb.open``'s default ``lock=True``): each thread that reads
+# takes a slot of its reader table under the pid that opened it, and a probe process's slots stay taken while
+# this process lives (an audit: ``MDB_READERS_FULL`` at the 31st pipeline built, where raw built 40).
+_LMDB_KINDS = (("lmdb", ("Environment",)),)
 
 
 def _kinds(table: tuple) -> tuple:
@@ -803,11 +929,71 @@ def shared_with_processes(objects: Sequence[Any]) -> str | None:
     if found:
         return (f"{_named(*found[0])}, shared with other processes: a read in a probe process would change it for "
                 f"the program too (or wait on it), so nothing is read ahead")
+    found = _shared_writable(objects)
+    if found:
+        return (f"{_named(*found[0])} over writable memory shared with other processes: what a read in a probe "
+                f"process writes there, the program would see, so nothing is read ahead")
+    found = [(where, env) for where, env in _holding(objects, _kinds(_LMDB_KINDS)) if _locks_readers(env)]
+    if found:
+        return (f"{_named(*found[0])} opened with its lock file: each reading thread of a probe process would keep "
+                f"a slot of its reader table taken while this program runs, so nothing is read ahead (open it "
+                f"with lock=False to read it only, or open it in the reader: worker_init_fn, first read)")
     found = _holding(objects, _kinds(_THREAD_KINDS)) + [
         (where, q) for where, q in _holding(objects, _kinds(_QUEUE_KINDS)) if _empty(q)]
     if found:
         return (f"{_named(*found[0])}, whose threads a forked probe process would not have (a read there would wait "
                 f"on them): nothing is read ahead")
+    return None
+
+
+def _locks_readers(env: Any) -> bool:
+    try:
+        return bool(env.flags().get("lock", True))
+    except Exception:  # noqa: BLE001 - closed, or an environment that cannot say: as lmdb.open's default
+        return not objects.attribute(env, "closed", False)
+
+
+def _shared_writable(objects_: Sequence[Any]) -> list:
+    """``(where, array)`` for the writable arrays (and torch tensors) ``objects_`` hold whose memory is mapped
+    shared with other processes (``multiprocessing.Array``, ``SharedMemory.buf``, ``np.memmap`` in ``r+`` mode, a
+    writable ``mmap``): what a probe process writes there, the program sees (an audit's count of visits per row,
+    the shared-cache idiom: 44 where raw counted 40). An array over numpy's own memory is never asked."""
+    candidates = []
+    for where, value in _reach(objects_):
+        address = _foreign_address(value)
+        if address is not None:
+            candidates.append((where, value, address))
+    if not candidates:
+        return []
+    shared = procfs.shared_writable_ranges()
+    return [(where, value) for where, value, address in candidates
+            if any(start <= address < end for start, end in shared)]
+
+
+def _foreign_address(value: Any) -> int | None:
+    """Where a writable array's (or tensor's) memory starts, if it is not numpy's own allocation; else ``None``."""
+    if isinstance(value, np.ndarray):
+        if not value.flags.writeable or value.nbytes == 0:
+            return None
+        base = value
+        while isinstance(base, np.ndarray) and base.base is not None:
+            base = base.base
+        if isinstance(base, np.ndarray) and not isinstance(value, np.memmap):
+            return None  # numpy's own memory, private to this process
+        return value.__array_interface__["data"][0]
+    if _is_tensor(value):
+        try:
+            return value.data_ptr() if value.device.type == "cpu" and value.numel() and value.is_shared() else None
+        except Exception:  # noqa: BLE001 - a tensor that cannot say: as a private one
+            return None
+    if isinstance(value, mmap.mmap):
+        try:  # a read-only or closed map refuses a writable view
+            view = ctypes.c_char.from_buffer(value)
+        except (TypeError, ValueError, BufferError):
+            return None
+        address = ctypes.addressof(view)
+        del view  # the export would keep the map from being closed
+        return address
     return None
 
 
@@ -895,12 +1081,16 @@ def _is_tensor(obj: Any) -> bool:
 
 
 def _children(obj: Any) -> list:
+    if isinstance(obj, (list, tuple, set, frozenset, dict)):
+        if objects.stored_length(obj) > _WALK_ITEMS:
+            return []
+        obj = objects.as_stored(obj)  # never a subclass's own reads: the program's code
     if isinstance(obj, (list, tuple)):
-        return [(f"[{i}]", v) for i, v in enumerate(obj)] if len(obj) <= _WALK_ITEMS else []
+        return [(f"[{i}]", v) for i, v in enumerate(obj)]
     if isinstance(obj, (set, frozenset)):
-        return [(f"[{i}]", v) for i, v in enumerate(sorted(obj, key=repr))] if len(obj) <= _WALK_ITEMS else []
+        return [(f"[{i}]", v) for i, v in enumerate(sorted(obj, key=repr))]
     if isinstance(obj, dict):
-        return [(f"[{k!r}]", v) for k, v in obj.items()] if len(obj) <= _WALK_ITEMS else []
+        return [(f"[{k!r}]", v) for k, v in obj.items()]
     if isinstance(obj, types.MethodType):
         return [("__self__", obj.__self__), ("__func__", obj.__func__)]
     if isinstance(obj, types.FunctionType):

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import collections
 import functools
+import itertools
 import os
 import random
 import signal
 import subprocess
 import sys
+import threading
 import time
+import types
 
 import numpy as np
 import pytest
@@ -491,6 +495,47 @@ class Nested:
         return x
 
 
+class PerRow:
+    """Reads counted in places the walk fingerprints beyond a length or an identity (the handles audit: each
+    counted 600 in the program under ms_shm's threads, 0 under raw's worker processes)."""
+
+    def __init__(self, rows=600):
+        self.counter = itertools.count()
+        self.recent = collections.deque(maxlen=5)
+        self.visits = np.zeros(rows, np.int64)  # 4.7 KiB: over the size compared byte by byte
+        self.seen = [0] * rows  # longer than the walk looks into
+        self.by_row = {i: 0 for i in range(rows)}
+
+    def by_counter(self, x):
+        next(self.counter)
+        return x
+
+    def by_bounded_deque(self, x):
+        self.recent.append(x)
+        return x
+
+    def by_visits(self, x):
+        self.visits[x] += 1
+        return x
+
+    def by_long_list(self, x):
+        self.seen[x] += 1
+        return x
+
+    def by_long_dict(self, x):
+        self.by_row[x] += 1
+        return x
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_load(x):
+    return x * 2
+
+
+def reads_through_a_cache(x):
+    return _cached_load(x)
+
+
 @pytest.mark.parametrize("make, where", [
     (lambda: counting_in_a_global, "<global CALLS>"),
     (lambda: (lambda x: SEEN_ROWS.append(x) or x), "<global SEEN_ROWS>"),
@@ -500,14 +545,22 @@ class Nested:
     (lambda: Nested().by_attribute, "stats.n"),
     (lambda: Nested().by_dict_value, "table['n']"),
     (lambda: Nested().by_array, "hist"),
+    (lambda: PerRow().by_counter, "counter"),
+    (lambda: PerRow().by_bounded_deque, "recent"),
+    (lambda: PerRow().by_visits, "visits"),
+    (lambda: PerRow().by_long_list, "seen"),
+    (lambda: PerRow().by_long_dict, "by_row"),
+    (lambda: reads_through_a_cache, "<global _cached_load>"),
 ], ids=["global", "module-list", "class-attribute", "closure-dict", "partial-keywords", "nested-object",
-        "dict-value", "small-array"])
+        "dict-value", "small-array", "itertools-count", "bounded-deque", "larger-array", "long-list", "long-dict",
+        "lru-cache"])
 def test_state_kept_beyond_the_objects_own_attributes_is_seen_on_every_read(make, where):
     """A counter in a global, a class attribute, a closure, a partial's arguments or a nested object: worker
     processes would change their copies and the program would see none of it (batch audit: 0 where raw gave 40)."""
     op = make()
     watched = measure._operation_objects(op)
-    read = (lambda: op[1]) if hasattr(op, "__getitem__") else (lambda: op(1))
+    rows = iter(range(1, 100))
+    read = (lambda: op[1]) if hasattr(op, "__getitem__") else (lambda: op(next(rows)))
     _, effects = sandbox.watch_effects(lambda: [read() for _ in range(3)], watched, again=read)
     assert effects.state_per_read and where in effects.state_per_read, effects
 
@@ -726,3 +779,98 @@ def test_a_stream_over_a_queue_a_thread_fills_is_not_read_ahead():
     assert why is not None and "queue.Queue" in why and "threads a forked probe process would not have" in why
     feed.put(1)  # holding items (a free-list of buffers): the child reads its own copy
     assert sandbox.shared_with_processes([rows]) is None
+
+
+def test_writable_memory_shared_with_other_processes_is_not_read_ahead(tmp_path):
+    """The shared-cache idiom (a numpy view of ``mp.Array``, of ``SharedMemory.buf``, an ``r+`` memmap, a writable
+    ``mmap``): a probe child's writes there reach the program (the handles audit: 44 visits counted where raw
+    counted 40). Read-only and copy-on-write maps, and numpy's own memory, are the child's to write."""
+    import mmap
+    import multiprocessing as mp
+    from multiprocessing import shared_memory
+
+    class Holding:
+        def __init__(self, inner):
+            self.cache = inner
+
+    path = tmp_path / "visits.bin"
+    np.zeros(64, np.int64).tofile(path)
+    block = shared_memory.SharedMemory(create=True, size=512)
+    anonymous = mmap.mmap(-1, 4096)
+    try:
+        shared = [np.frombuffer(mp.Array("i", 16).get_obj(), np.int32), np.ndarray((8,), np.int64, block.buf),
+                  np.memmap(path, np.int64, "r+"), anonymous]
+        for inner in shared:
+            why = sandbox.shared_with_processes([Holding(inner)])
+            assert why and "Holding.cache" in why and "writable memory shared" in why, (type(inner), why)
+        private = [np.memmap(path, np.int64, "r"), np.memmap(path, np.int64, "c"), np.zeros(64), np.arange(8)[::2]]
+        for inner in private:
+            assert sandbox.shared_with_processes([Holding(inner)]) is None, type(inner)
+    finally:
+        del shared
+        anonymous.close()
+        block.close()
+        block.unlink()
+
+
+def test_an_lmdb_environment_with_its_lock_file_is_not_read_ahead_and_one_without_is(monkeypatch):
+    """Each reading thread of a probe process keeps a slot of the environment's reader table under the pid that
+    opened it (the handles audit: ``MDB_READERS_FULL`` at the 31st build). lmdb itself is stood in for here."""
+    fake = types.ModuleType("lmdb")
+
+    class Environment:
+        def __init__(self, lock):
+            self.lock = lock
+
+        def flags(self):
+            return {"lock": self.lock, "readonly": True}
+
+    fake.Environment = Environment
+    monkeypatch.setitem(sys.modules, "lmdb", fake)
+
+    class Records:
+        def __init__(self, env):
+            self.env = env
+
+    why = sandbox.shared_with_processes([Records(Environment(lock=True))])
+    assert why and "Records.env" in why and "lock=False" in why, why
+    assert sandbox.shared_with_processes([Records(Environment(lock=False))]) is None
+
+
+class GuardedReads:
+    def __init__(self):
+        self.lock = threading.RLock()
+
+    def __getitem__(self, i):
+        with self.lock:
+            return i
+
+
+def test_a_lock_another_thread_holds_at_the_fork_ends_the_probe_at_once():
+    """A child has only the forking thread: a lock some other thread held is held there for good, and a read
+    taking it waited the probe's 60 s (the handles audit: a pipeline built inside ``with self.lock:``)."""
+    source = GuardedReads()
+    started = time.perf_counter()
+    with source.lock:  # this thread is not the probe's
+        held = sandbox.run_in_fork(lambda: source[3], timeout=20, watched=[source])
+    assert time.perf_counter() - started < 10
+    assert held.unavailable and "GuardedReads.lock" in held.unavailable and "held by a thread" in held.unavailable
+    assert sandbox.run_in_fork(lambda: source[3], timeout=20, watched=[source]).value == 3  # free: read
+
+
+def test_what_the_program_wrote_to_a_file_is_flushed_before_the_fork_not_written_twice(tmp_path):
+    """A header still in the file's buffer was written by the child's flush and again by the program's (the
+    handles audit's log: two headers)."""
+    log_file = open(tmp_path / "log.txt", "w")
+
+    class Logging:
+        def __getitem__(self, i):
+            print(i, file=log_file, flush=True)
+            return i
+
+    source = Logging()
+    log_file.write("# header\n")
+    assert sandbox.run_in_fork(lambda: source[7], watched=[source]).value == 7
+    log_file.write("end\n")
+    log_file.close()
+    assert (tmp_path / "log.txt").read_text() == "# header\n7\nend\n"

@@ -302,7 +302,7 @@ def probe_loader(dataset: Any, batch_size: int | None, collate: Callable, weigh:
         return stats, effects
 
     ticks, began, own = procfs.cpu_ticks(), time.perf_counter(), time.process_time()
-    outcome = sandbox.run_in_fork(in_child, worker_pages=worker_pages)
+    outcome = sandbox.run_in_fork(in_child, worker_pages=worker_pages, watched=[dataset, collate])
     idle, window = procfs.idle_cpus(ticks, procfs.cpu_ticks()), time.perf_counter() - began
     own = time.process_time() - own  # this process's part of the probe: the fork, reading the result
     if outcome.unavailable:

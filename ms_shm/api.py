@@ -748,12 +748,18 @@ def _build(eng: Any, feed: Any, column_names: Any, asked: dict, p: Plan, config:
         kwargs["max_rowsize"] = p.max_rowsize
     elif _adapted(p) and eng.arithmetic.max_rowsize_mb(kwargs.get("max_rowsize")) != p.max_rowsize:
         kwargs["max_rowsize"] = p.max_rowsize  # the caller's static slots did not fit: dynamic ones
-    dataset = eng.compat.generator_dataset(feed, column_names, kwargs)
+    dataset = eng.compat.generator_dataset(feed, column_names, kwargs, threads_asked=_threads_asked(asked))
     if made:
         p = replace(p, decisions=p.decisions + tuple(Decision(c.setting, c.new, c.old, c.reason) for c in made))
     _register(dataset, p, lineage, f"GeneratorDataset({what})")
     _log_plan(p, asked, explicit)
     return dataset
+
+
+def _threads_asked(asked: dict) -> bool:
+    """The caller's own arguments read rows in MindSpore's worker threads (more than one worker, processes off)."""
+    workers = asked.get("num_parallel_workers")
+    return isinstance(workers, int) and workers > 1 and asked.get("python_multiprocessing", True) is False
 
 
 def _set_if_changed(kwargs: dict, key: str, value: Any, default: Any) -> None:

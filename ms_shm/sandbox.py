@@ -239,7 +239,7 @@ class _Forked:
         parent = os.getpid()
         read_end, write_end = os.pipe()
         hooks = _mindspore_fork_hooks()
-        kept = _signal_actions() if hooks is not None else {}
+        kept = signal_actions() if hooks is not None else {}
         _call_hook(hooks, "prepare_before_fork")
         try:
             # os.fork itself: warnings.catch_warnings() here made Python forget every warning it had shown once
@@ -299,7 +299,7 @@ def _parent_after_fork(hooks: Any, kept: dict) -> None:
     this thread, hence ``sigaction``; the caller waits for the fork meanwhile, so no handler of its own is
     being set."""
     _call_hook(hooks, "parent_at_fork")
-    _reapply_at_mindspores_own_fork(hooks, _put_back_signal_actions(kept))
+    _reapply_at_mindspores_own_fork(hooks, put_back_signal_actions(kept))
 
 
 def _reapply_at_mindspores_own_fork(hooks: Any, theirs: dict) -> None:
@@ -355,27 +355,28 @@ def allocated_bytes() -> int | None:
     return int(got.uordblks + got.hblkhd)
 
 
-def _signal_actions() -> dict:
-    """``{signal: its struct sigaction's bytes}`` for ``_PROGRAM_SIGNALS`` (empty where they cannot be read)."""
+def signal_actions(signals: Sequence[signal.Signals] = _PROGRAM_SIGNALS) -> dict:
+    """``{signal: its struct sigaction's bytes}`` for ``signals`` (empty where they cannot be read): the C
+    library's view, which ``signal.getsignal`` does not have of a handler installed in C."""
     libc, kept = _libc(), {}
-    for sig in _PROGRAM_SIGNALS if libc is not None else ():
+    for sig in signals if libc is not None else ():
         buffer = ctypes.create_string_buffer(_SIGACTION_BYTES)
         if libc.sigaction(int(sig), None, buffer) == 0:
             kept[sig] = buffer.raw
     return kept
 
 
-def _put_back_signal_actions(kept: dict) -> dict:
-    """Each signal of ``kept`` whose action changed since, put back as it was (logged at DEBUG); returns the
-    actions it replaced, ``{signal: bytes}``."""
+def put_back_signal_actions(kept: dict, after: str = "MindSpore's fork hooks") -> dict:
+    """Each signal of ``kept`` whose action changed since, put back as it was (logged at DEBUG, ``after`` what);
+    returns the actions it replaced, ``{signal: bytes}``."""
     if not kept:
         return {}
-    libc, now, replaced = _libc(), _signal_actions(), {}
+    libc, now, replaced = _libc(), signal_actions(tuple(kept)), {}
     for sig, before in kept.items():
         if libc is not None and now.get(sig, before) != before:
             if libc.sigaction(int(sig), ctypes.create_string_buffer(before, _SIGACTION_BYTES), None) == 0:
                 replaced[sig] = now[sig]
-                log.debug("ms_shm probe: %s's handler put back after MindSpore's fork hooks", sig.name)
+                log.debug("ms_shm: %s's handler put back after %s", sig.name, after)
     return replaced
 
 

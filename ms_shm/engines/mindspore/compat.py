@@ -17,6 +17,7 @@ import itertools
 import logging
 import os
 import pathlib
+import signal
 import sys
 import threading
 import types
@@ -24,7 +25,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ms_shm import objects
+from ms_shm import objects, sandbox
 from ms_shm._results import Result, record
 from ms_shm.changes import Change, get_nofile, set_nofile_soft  # noqa: F401  (re-exported)
 from ms_shm.engines.mindspore import liveness, second_iterator
@@ -336,9 +337,60 @@ def undo(changes: Sequence[Change]) -> None:
         log.info("ms_shm restored %s to %s", change.setting, change.old)
 
 
-def generator_dataset(source: Any, column_names: Any, kwargs: dict):
-    """``GeneratorDataset`` with MindSpore's deprecation log for an explicit ``max_rowsize`` left as it is."""
+def generator_dataset(source: Any, column_names: Any, kwargs: dict, threads_asked: bool = True):
+    """``GeneratorDataset`` with MindSpore's deprecation log for an explicit ``max_rowsize`` left as it is.
+    ``threads_asked``: the caller's own arguments read rows in worker threads; where they do not, threads ms_shm
+    chooses (now or later) leave the program's signal handlers as they were (``_keep_program_signals``)."""
+    if not threads_asked:
+        _keep_program_signals(source)
     return _dataset_module().GeneratorDataset(source, column_names, **kwargs)
+
+
+# What MindSpore's worker setup installs (``cde.register_worker_handlers``: its C++ handlers, 2.10 measured)
+_WORKER_SIGNALS = (signal.SIGTERM, signal.SIGCHLD, signal.SIGSEGV, signal.SIGBUS)
+_THREADS_CHOSEN = objects.PerObject()  # the sources whose worker threads, if any, are ms_shm's choice
+
+
+def _keep_program_signals(source: Any) -> None:
+    """A ``GeneratorDataset``'s worker loop starts with ``cde.register_worker_handlers()``, meant for a worker
+    process, and a worker thread runs it too (2.7.2-2.10; 2.0.0 has none): MindSpore's SIGTERM, SIGCHLD, SIGSEGV
+    and SIGBUS handlers then replace the program's for the whole process. SIGTERM ended the program with exit
+    status 0, no handler of its own and no ``finally`` run (an audit: a preemption handler never ran, where raw
+    read in MindSpore's own thread and the handler ran). Raw does that only where the call asked for threads; in
+    threads ms_shm chose, the program's handlers are put back once MindSpore's are in."""
+    _THREADS_CHOSEN.put(source, "threads", True)
+    engine = sys.modules.get("mindspore._c_dataengine")
+    original = getattr(engine, "register_worker_handlers", None)
+    if original is None or getattr(original, "_ms_shm_original", None) is not None:
+        return
+
+    def register_worker_handlers(*args: Any, **kwargs: Any) -> Any:
+        if not _in_a_chosen_worker_thread(sys._getframe(1)):
+            return original(*args, **kwargs)
+        kept = sandbox.signal_actions(_WORKER_SIGNALS)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            sandbox.put_back_signal_actions(kept, "MindSpore's worker thread set up its handlers")
+
+    register_worker_handlers._ms_shm_original = original
+    try:
+        engine.register_worker_handlers = register_worker_handlers
+    except (AttributeError, TypeError) as exc:  # a module that takes no attributes: MindSpore's handlers stay
+        log.debug("ms_shm: MindSpore's register_worker_handlers not wrapped (%s: %s)", type(exc).__name__, exc)
+
+
+def _in_a_chosen_worker_thread(caller: Any) -> bool:
+    """Called by a ``GeneratorDataset`` worker thread (``_generator_worker_loop(dataset, ..., is_multiprocessing,
+    ...)``, not a worker process) reading a source ms_shm chose threads for."""
+    if threading.current_thread() is threading.main_thread():
+        return False
+    own = caller.f_locals
+    if own.get("is_multiprocessing", True) is not False:
+        return False
+    held = own.get("dataset")
+    source = objects.attribute(held, "dataset", held)  # MindSpore's _PickleGeneratorSource holds the source
+    return bool(_THREADS_CHOSEN.get(source, "threads", False))
 
 
 def map_dataset(dataset: Any, operations: Any, input_columns: Any, output_columns: Any, kwargs: dict):

@@ -459,6 +459,7 @@ def _child(probe: Callable[[], Any], fd: int, worker_pages: bool) -> None:  # pr
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)
+        _quiet_python_streams()
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
         faulthandler.disable()  # a crash of the reads is the parent's to say (pytest's handler writes to a dup of stderr)
         _one_torch_thread()
@@ -485,6 +486,28 @@ def _child(probe: Callable[[], Any], fd: int, worker_pages: bool) -> None:  # pr
             out.write(data)
     finally:
         os._exit(0)
+
+
+def _quiet_python_streams() -> None:  # pragma: no cover - child side
+    """Point ``sys.stdout``, ``sys.stderr`` and every ``logging`` handler's stream at ``/dev/null`` in the child,
+    never writing or flushing the program's own stream objects there: what the program had written and not yet
+    flushed would come out twice (a notebook's kernel sends a forked child's output on: a ``print`` made before
+    the build showed twice in an audit), and a stream's buffer lock that another thread of the program held at the
+    fork is held for good in the child (an audit's thread logging to a file: the probe, logging too, waited its
+    60 s). ``logging``'s own handler locks are made anew at a fork by ``logging`` itself."""
+    try:
+        quiet = open(os.devnull, "w")  # noqa: SIM115 - the child's, for its life
+    except OSError:  # no /dev/null to open: the descriptors 1 and 2 point there already, if anywhere
+        return
+    sys.stdout = sys.stderr = quiet
+    loggers = [logging.getLogger()] + [lg for lg in list(logging.Logger.manager.loggerDict.values())
+                                       if isinstance(lg, logging.Logger)]
+    for handler in (h for lg in loggers for h in lg.handlers):
+        if isinstance(handler, logging.StreamHandler):
+            try:
+                handler.stream = quiet  # not setStream: it flushes the program's stream
+            except AttributeError:  # a property (logging's last resort writes to sys.stderr, quiet now)
+                pass
 
 
 _KEPT: list = []  # in a probe child: the program's MindSpore iterators, never finalized there

@@ -874,3 +874,29 @@ def test_what_the_program_wrote_to_a_file_is_flushed_before_the_fork_not_written
     log_file.write("end\n")
     log_file.close()
     assert (tmp_path / "log.txt").read_text() == "# header\n7\nend\n"
+
+
+def test_the_child_writes_nothing_through_the_programs_own_streams(tmp_path, monkeypatch):
+    """``sys.stdout`` (a file here, a notebook kernel's stream there) and logging's handlers are the program's: a
+    child that printed through them also sent what the program had not flushed yet (a notebook showed a line
+    printed before the build twice), or waited on a buffer lock a thread of the program held at the fork (a
+    thread logging to a file: the probe waited its 60 s)."""
+    import logging
+
+    out = open(tmp_path / "out.txt", "w")
+    logged = open(tmp_path / "log.txt", "w")
+    handler = logging.StreamHandler(logged)
+    logger = logging.getLogger("tests.a_program")
+    logger.addHandler(handler)
+    monkeypatch.setattr(sys, "stdout", out)
+    try:
+        print("before the build")  # still in the file's buffer at the fork
+        logged.write("# the program's log\n")
+        outcome = sandbox.run_in_fork(lambda: (print("probe row", flush=True), logger.warning("probe row"), 7)[-1])
+        assert outcome.value == 7, outcome
+    finally:
+        logger.removeHandler(handler)
+        out.close()
+        logged.close()
+    assert (tmp_path / "out.txt").read_text() == "before the build\n"
+    assert (tmp_path / "log.txt").read_text() == "# the program's log\n"

@@ -206,6 +206,65 @@ def stage_draw(source: Any = None, operations: Any = ()) -> str | None:
     return f"{found[0]} (draws from {found[1]})" if found else None
 
 
+# Methods that change a container in place: called on an attribute of ``self``, they keep state past the read
+MUTATORS = frozenset({"append", "appendleft", "extend", "add", "update", "insert", "pop", "popleft", "popitem",
+                      "remove", "discard", "clear", "setdefault"})
+
+
+def stage_writes(source: Any = None, operations: Any = ()) -> str | None:
+    """Where a ``GeneratorDataset`` source's reading code (and what it calls of its own), a ``map``'s Python
+    operations or a ``per_batch_map`` writes state that outlives the read: an attribute of its object
+    (``self.failed = True``, ``self.skipped.append(i)``, ``self.cache[k] = v``, ``self.n += 1``) or a module
+    global; or ``None``. Such state stays in the program where rows are read in it, and in each worker's copy
+    where worker processes read them, so a program that reads it back (a retry that skips a row that failed
+    once, a list of bad samples) sees other values in another mode. The probe sees the writes its rows make;
+    these are the writes on rows it did not read (an audit's source failed once on row 7: ms_shm's worker
+    processes kept the flag in a worker, and every retry failed where raw's second attempt ran)."""
+    ops = tuple(operations) if isinstance(operations, (list, tuple)) else (operations,)
+    where, _, found = _per_sample(source, ops, set(), _store_look, "")
+    return f"{where} writes {found}" if found else None
+
+
+def _store_look(fn: Any, owner: Any = None) -> tuple:
+    """The first write of ``self``'s state (where ``fn`` is a method of ``owner``) or of a module global in
+    ``fn``'s code, named; nothing to resolve further (``_walk`` follows the methods and functions it names)."""
+    code = fn.__code__
+    this = code.co_varnames[0] if owner is not None and code.co_argcount else None
+    for each in _codes(code):
+        ins = list(dis.get_instructions(each))
+        for i, instr in enumerate(ins):
+            if instr.opname == "STORE_GLOBAL":
+                return f"the global {instr.argval}", ()
+            found = _self_write(ins, i, this) if this is not None and each is code else None
+            if found:
+                return found, ()
+    return None, ()
+
+
+def _self_write(ins: list, i: int, this: str) -> str | None:
+    """``self.x = v``, ``self.x.y = v``, ``self.x += v``, ``self.x[k] = v`` or ``self.x.append(v)`` at ``ins[i]``."""
+    op, name = ins[i].opname, ins[i].argval
+
+    def loads_self(k: int) -> bool:
+        return 0 <= k and ins[k].opname.startswith("LOAD_FAST") and ins[k].argval in (this, (this,))
+
+    if op == "STORE_ATTR":
+        if loads_self(i - 1):
+            return f"self.{name}"
+        if i >= 2 and ins[i - 1].opname == "LOAD_ATTR" and loads_self(i - 2):
+            return f"self.{ins[i - 1].argval}.{name}"
+        if i >= 1 and ins[i - 1].opname in ("SWAP", "ROT_TWO"):  # ``self.x += v``: self copied, then stored to
+            back = range(max(0, i - 10), i - 1)
+            if any(loads_self(k) and ins[k + 1].opname in ("COPY", "DUP_TOP") for k in back):
+                return f"self.{name}"
+    if op == "STORE_SUBSCR" and i >= 3 and ins[i - 2].opname == "LOAD_ATTR" and loads_self(i - 3):
+        return f"self.{ins[i - 2].argval}[...]"
+    if op == "LOAD_ATTR" and loads_self(i - 1) and i + 1 < len(ins) and \
+            ins[i + 1].opname in ("LOAD_METHOD", "LOAD_ATTR") and ins[i + 1].argval in MUTATORS:
+        return f"self.{name}.{ins[i + 1].argval}()"
+    return None
+
+
 def _sample_draw(dataset: Any, callables: tuple, held: set, targets: _Targets, prefix: str) -> tuple | None:
     """What ``global_draw`` and ``stage_draw`` read per sample (or row): ``(where it draws, what from)`` for a
     draw in the code of ``dataset`` or ``callables``, else for a random object one of them holds; or ``None``."""
@@ -784,4 +843,4 @@ def _before_loop(code: types.CodeType, offset: int) -> bool:
     return True
 
 
-__all__ = ["worker_info_use", "global_draw", "NAMES", "MAX_CODES"]
+__all__ = ["worker_info_use", "global_draw", "stage_draw", "stage_writes", "NAMES", "MAX_CODES"]

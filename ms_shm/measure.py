@@ -506,27 +506,40 @@ def _operation_objects(operations: Any) -> list:
 
 
 def _drawing_code(probe: StageProbe, source: Any = None, operations: Any = (), read: Any = None) -> StageProbe:
-    """``probe``, with the draws its rows did not make but the code makes for other rows
-    (``codescan.stage_draw``): rows that draw for some indices only lock the mode as rows that always draw.
+    """``probe``, with the draws and writes its rows did not make but the code makes for other rows
+    (``codescan.stage_draw``, ``codescan.stage_writes``): rows that draw for some indices only lock the mode as
+    rows that always draw, and state written on some rows only (a flag set when a read fails) as state kept on
+    every read. Where the probe saw the state change (lazy set-up, told apart on its rows) it decides alone.
     ``read``: the code's reading made beside the probe child (``CodeRead``), else it is made here."""
-    if probe.effects.draws_random is not None:
+    effects = probe.effects
+    if effects.draws_random is not None:
         return probe
-    found = read.draw if isinstance(read, CodeRead) else codescan.stage_draw(source, operations)
-    return probe if found is None else replace(probe, effects=replace(probe.effects, draws_random=found))
+    read = read if isinstance(read, CodeRead) else _read_code(source, operations)
+    if read.draw is not None:
+        return replace(probe, effects=replace(effects, draws_random=read.draw))
+    if read.writes is not None and effects.mutates_state is None and effects.state_per_read is None:
+        kept = f"{read.writes}, which the probe's rows did not change: state kept on the rows it did not read"
+        return replace(probe, effects=replace(effects, state_per_read=kept))
+    return probe
 
 
 @record
 class CodeRead(Result):
-    """The code's reading made beside the probe child: the draw it found, or ``None``."""
+    """The code's reading made beside the probe child: the draw and the write of state it found, or ``None``."""
 
     draw: str | None
+    writes: str | None = None
+
+
+def _read_code(source: Any, operations: Any) -> CodeRead:
+    return CodeRead(codescan.stage_draw(source, operations), codescan.stage_writes(source, operations))
 
 
 def _fork(in_child: Callable, worker_pages: bool, beside: bool, source: Any = None,
           operations: Any = (), lineage: Lineage | None = None) -> sandbox.Outcome:
     """``sandbox.run_in_fork``, with the stage's code read beside the child (3-10 ms, ``_drawing_code``'s) where
     ``beside``: this process has a CPU the child leaves idle."""
-    meanwhile = (lambda: CodeRead(codescan.stage_draw(source, operations))) if beside else None
+    meanwhile = (lambda: _read_code(source, operations)) if beside else None
     watched = ([source] if source is not None else []) + (lineage.code_objects() if lineage is not None else []) + \
         _operation_objects(operations)
     return sandbox.run_in_fork(in_child, worker_pages=worker_pages, meanwhile=meanwhile, watched=watched)

@@ -574,3 +574,61 @@ def test_mindspores_random_transforms_are_known_by_name_not_only_by_prefix(name,
     from ms_shm.engines.mindspore.profiles import is_random_transform
 
     assert is_random_transform(name) is random
+
+
+RECENT = []
+
+
+class WritesOnSomeRows:
+    """State written on some rows only, as a retry's flag or a bad-sample list is (the resume audit)."""
+
+    def __init__(self):
+        self.failed, self.skipped, self.calls, self.cache, self.meta = False, [], 0, {}, Scale()
+
+    def flag(self, i):
+        if i == 7 and not self.failed:
+            self.failed = True
+        return i
+
+    def bad_samples(self, i):
+        if i == 41:
+            self.skipped.append(i)
+        return i
+
+    def counter(self, i):
+        self.calls += 1
+        return i
+
+    def cache_fill(self, i):
+        self.cache[i] = i
+        return i
+
+    def nested(self, i):
+        self.meta.last = i
+        return i
+
+    def through_a_helper(self, i):
+        return self._remember(i)
+
+    def _remember(self, i):
+        global RECENT
+        RECENT = RECENT[-3:] + [i]
+        return i
+
+    def reads_only(self, i):
+        local = Scale()
+        local.factor = 2  # a local object's attribute: not the source's state
+        seen = []
+        seen.append(i)
+        return self.cache.get(i, i) + len(self.skipped) + len(seen)
+
+
+@pytest.mark.parametrize("method, written", [
+    ("flag", "self.failed"), ("bad_samples", "self.skipped.append()"), ("counter", "self.calls"),
+    ("cache_fill", "self.cache[...]"), ("nested", "self.meta.last"), ("through_a_helper", "the global RECENT"),
+    ("reads_only", None)])
+def test_state_a_stage_writes_on_some_rows_is_named(method, written):
+    source = type(f"Source_{method}", (WritesOnSomeRows,), {"__getitem__": getattr(WritesOnSomeRows, method)})()
+    found = codescan.stage_writes(source)
+    assert (found is None) if written is None else (found == f"Source_{method}.__getitem__ writes {written}"), found
+    assert codescan.stage_writes(operations=[Scale(), jitter]) is None

@@ -1244,6 +1244,46 @@ def test_ctrl_c_still_raises_keyboard_interrupt_after_ms_shm_probed_a_pipeline(d
         f"rc={proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
 
 
+class FailsOnceOnRow7:
+    """A flaky read (row 7 fails once) and a list of skipped rows, kept on the source as a retry loop reads them
+    back: where MindSpore reads rows decides whose copy they land in (the resume audit)."""
+
+    def __init__(self):
+        self.failed, self.skipped = False, []
+
+    def __len__(self):
+        return 24
+
+    def __getitem__(self, i):
+        if i == 7 and not self.failed:
+            self.failed = True
+            raise OSError("flaky read of row 7")
+        if i == 17:
+            self.skipped.append(int(i))
+        return (np.full(4, i, np.int64),)
+
+
+@pytest.mark.parametrize("kwargs", [dict(num_parallel_workers=2), dict()])
+def test_state_a_source_writes_on_rows_the_probe_did_not_read_stays_where_raw_keeps_it(ds, kwargs):
+    """ms_shm had read this source in threads (2 workers asked, processes raw) or in processes (MindSpore's own
+    thread raw, slow rows): a retry loop then recovered where raw's never did, or never where raw's did, and the
+    source's list of skipped rows read otherwise. The probe's rows (first, last, middle) write nothing; the code
+    does, on the rows it did not read."""
+    import ms_shm
+
+    outcomes = []
+    for build in (ds.GeneratorDataset, ms_shm.build_dataset):
+        source, attempts = FailsOnceOnRow7(), []
+        for _ in range(3):
+            try:
+                attempts.append(len(rows_of(build(source, ["x"], shuffle=False, **kwargs))))
+                break
+            except Exception as exc:  # noqa: BLE001 - MindSpore's wrapping of the source's error
+                attempts.append(type(exc).__name__)
+        outcomes.append((attempts, source.failed, source.skipped))
+    assert outcomes[1] == outcomes[0], f"raw {outcomes[0]}, ms_shm {outcomes[1]}"
+
+
 SIGTERM_WHILE_THREADS_READ = """
 import os, signal, time
 import numpy as np

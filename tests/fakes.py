@@ -95,7 +95,7 @@ class FakeCompat:
         if workers > 1:
             stage.kwargs["python_multiprocessing"] = processes
 
-    def generator_dataset(self, source, column_names, kwargs):
+    def generator_dataset(self, source, column_names, kwargs, threads_asked=True):
         self.engine.built.append(FakeDataset(source, column_names, dict(kwargs)))
         return self.engine.built[-1]
 

@@ -226,6 +226,21 @@ def private_bytes(pid: int | str = "self", root: str | os.PathLike = "/") -> int
     return None
 
 
+def thread_names(pid: int | str = "self", root: str | os.PathLike = "/") -> set | None:
+    """The names (``comm``) of the process's threads, or ``None`` where ``/proc`` does not say."""
+    try:
+        tasks = os.listdir(_proc(root, pid, "task"))
+    except OSError:
+        return None
+    names = set()
+    for tid in tasks:
+        try:
+            names.add(_proc(root, pid, "task", tid, "comm").read_text().strip())
+        except OSError:  # ended since the listing
+            continue
+    return names
+
+
 def thread_count(pid: int | str = "self", root: str | os.PathLike = "/") -> int | None:
     """The process's threads (its ``task`` entries), or ``None`` where ``/proc`` does not say."""
     try:

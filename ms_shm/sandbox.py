@@ -278,10 +278,21 @@ def _mindspore_fork_hooks() -> Any:
     ``parent_at_fork``, ``child_at_fork``), which ``mindspore.multiprocessing.Process`` calls around its fork and
     which are not registered with ``pthread_atfork``: without them a child that runs an op after the parent ran
     one hangs on the runtime's state copied mid-use (an audit: 60 s, the probe's timeout). Only where MindSpore
-    is loaded already; never imported here. ``None`` on releases without them (2.0.0 has none; 2.7.2 has them)."""
+    is loaded already (never imported here) and its runtime's queue threads are up (``_runtime_threads``): the
+    first hook starts them in a program that had none, and they stayed for its life (the threads audit: with
+    them Python 3.12 warned at the program's own later forks). ``None`` where not needed, and on releases
+    without them (2.0.0 has none; 2.7.2 has them)."""
     if "mindspore" not in sys.modules:
         return None
-    return getattr(sys.modules.get("mindspore._c_expression"), "fork_utils", None)
+    hooks = getattr(sys.modules.get("mindspore._c_expression"), "fork_utils", None)
+    return hooks if hooks is not None and _runtime_threads() else None
+
+
+def _runtime_threads() -> bool:
+    """MindSpore's runtime queues run in this process (measured names, 2.7.2-2.10: ``frontend_queue`` once an op
+    ran; the others once a fork hook ran); where ``/proc`` cannot say, as if they did."""
+    names = procfs.thread_names()
+    return names is None or not names.isdisjoint(("infer_queue", "launch_queue", "resize_queue", "frontend_queue"))
 
 
 # The signals a program ends by, whose handlers are the program's own: MindSpore's fork hooks must not keep them

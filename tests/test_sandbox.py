@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import collections
 import functools
 import itertools
@@ -900,3 +901,27 @@ def test_the_child_writes_nothing_through_the_programs_own_streams(tmp_path, mon
         logged.close()
     assert (tmp_path / "out.txt").read_text() == "before the build\n"
     assert (tmp_path / "log.txt").read_text() == "# the program's log\n"
+
+
+NO_OPS_THEN_A_PROBE = """
+import mindspore
+from ms_shm import procfs, sandbox
+
+before = procfs.thread_names()
+assert sandbox.run_in_fork(lambda: 1).value == 1
+print("NEW", sorted(procfs.thread_names() - before))
+"""
+
+
+def test_a_probe_in_a_program_that_ran_no_op_starts_none_of_mindspores_runtime_threads():
+    """MindSpore's first fork hook starts its runtime's queue threads (``infer_queue``, ``launch_queue``,
+    ``resize_queue``) in a program that had none, for good (the threads audit, 2.7.2-2.10: Python 3.12 then
+    warned at the program's own later forks). With no queue up there is no runtime state to hang a child."""
+    ms = pytest.importorskip("mindspore", reason="mindspore is not installed")
+    if getattr(getattr(ms, "_c_expression", None), "fork_utils", None) is None:
+        pytest.skip(f"MindSpore {ms.__version__} has no fork hooks (2.0.0 has none)")
+    proc = subprocess.run([sys.executable, "-c", NO_OPS_THEN_A_PROBE], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=os.getcwd()))
+    new = [line for line in proc.stdout.splitlines() if line.startswith("NEW")]
+    assert proc.returncode == 0 and new, proc.stdout + proc.stderr[-3000:]
+    assert not {"infer_queue", "launch_queue", "resize_queue"} & set(ast.literal_eval(new[0][4:])), new

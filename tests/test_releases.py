@@ -120,7 +120,11 @@ def test_a_worker_killed_mid_epoch_ends_the_run_on_every_release(real_mindspore)
     nothing doing it, the run waited for the dead worker's rows forever (measured: alive after 90 s)."""
     proc = run_killing_a_worker(stuck=False)
     assert "KILLING" in proc.stdout, isolated.describe(proc)
-    if "RESULT" not in proc.stdout:  # ended, as raw ends: by the watchdog's SIGTERM
+    # a kill that lands while the main process takes the worker's shared-memory fd off its socket ends the run
+    # through MindSpore's own error first (seen once in a loaded full suite: ConnectionResetError in
+    # resource_sharer, rc 1); otherwise, as raw ends: by the watchdog's SIGTERM
+    in_transfer = proc.returncode == 1 and "Connection reset by peer" in proc.stderr
+    if "RESULT" not in proc.stdout and not in_transfer:
         assert proc.returncode == -15, isolated.describe(proc)
     if installed_profile().watchdog_leaks_slots:
         assert "was killed by SIGKILL" in proc.stderr, isolated.describe(proc)

@@ -616,16 +616,19 @@ def _beside_the_largest_idle(plan_with: Callable[[budget_mod.Budget], Plan], fac
     return replace(p, decisions=(Decision("memory_overcommitted", True, False, why),) + p.decisions)
 
 
-_SITES_SAID: set = set()  # call sites already warned about by ``_once_per_site``
+_WARNED: set = set()  # what ``_first_warning`` was told: an audit's loop said one warning 34 times, another 96
+
+
+def _first_warning(*key: Any) -> bool:
+    """Whether ``key`` (a call site, and what is said there) comes for the first time; remembered."""
+    first = key not in _WARNED
+    _WARNED.add(key)
+    return first
 
 
 def _once_per_site() -> int:
     """WARNING the first time for this call site, INFO after: a loop building at one line said it 34 times."""
-    site = sites.call_site()
-    if site in _SITES_SAID:
-        return logging.INFO
-    _SITES_SAID.add(site)
-    return logging.WARNING
+    return logging.WARNING if _first_warning(sites.call_site()) else logging.INFO
 
 
 def _weighed_at(leanest: budget_mod.Budget, now: budget_mod.Budget) -> str:
@@ -898,10 +901,9 @@ def _log_plan(p: Plan, asked: dict, explicit: str | None = None) -> None:
         or (d.setting == "mode" and {"num_parallel_workers", "python_multiprocessing"} & asked.keys()))]
     changed = [d for i, d in enumerate(changed) if all(e.setting != d.setting for e in changed[:i])]
     if explicit and changed:
-        site = sites.call_site()
-        key = (site, p.kind, tuple((d.setting, str(d.default), str(d.value)) for d in changed))
-        level = logging.INFO if site is not None and key in _ADAPTED_AT else logging.WARNING
-        _ADAPTED_AT.add(key)  # the same adaptation at the same line (a loop, a search) is said once at WARNING
+        site = sites.call_site()  # the same adaptation at the same line (a loop, a search): once at WARNING
+        first = _first_warning(site, p.kind, tuple((d.setting, str(d.default), str(d.value)) for d in changed))
+        level = logging.INFO if site is not None and not first else logging.WARNING
         log.log(level, "ms_shm adapted %s at %s: %s%s", _STAGE_NAMES.get(p.kind, p.kind), site,
                 "; ".join(f"{d.setting} {d.default} -> {d.value} ({d.reason})" for d in changed),
                 _edits_note(changed))
@@ -911,7 +913,6 @@ def _log_plan(p: Plan, asked: dict, explicit: str | None = None) -> None:
         log.log(min(level, logging.INFO) if explicit else level, "ms_shm decision %s", d)
 
 
-_ADAPTED_AT: set = set()  # (call site, stage, the settings changed) said at WARNING: an audit's loop said it 96 times
 _PROCESS_MODES = ("processes", "pipes")
 # decisions that change a plan no argument asked (python_multiprocessing: processes not planned, the program's
 # start method or /proc the reason, the fix in it)
@@ -1272,8 +1273,7 @@ def reset() -> None:
     """Forget cached facts, live reservations, logged advice and recorded changes (tests, or after the host
     changed). Changes are forgotten, not undone: ``session().restore()`` undoes them."""
     SESSION.reset()
-    _ADAPTED_AT.clear()
-    _SITES_SAID.clear()
+    _WARNED.clear()
 
 
 __all__ = ["tune", "build_dataset", "map", "batch", "plan_of", "probe", "reset", "session", "TuneReport", "ShmBudgetError"]

@@ -511,9 +511,7 @@ def _quiet_python_streams() -> None:  # pragma: no cover - child side
     except OSError:  # no /dev/null to open: the descriptors 1 and 2 point there already, if anywhere
         return
     sys.stdout = sys.stderr = quiet
-    loggers = [logging.getLogger()] + [lg for lg in list(logging.Logger.manager.loggerDict.values())
-                                       if isinstance(lg, logging.Logger)]
-    for handler in (h for lg in loggers for h in lg.handlers):
+    for handler in _logging_handlers():
         if isinstance(handler, logging.StreamHandler):
             try:
                 handler.stream = quiet  # not setStream: it flushes the program's stream
@@ -701,7 +699,7 @@ _SUMMED_ITEMS = 4096  # a longer list or dict than the walk looks into (``_WALK_
 # up to this many: a count per row (``self.seen[i] += 1``) keeps its length
 
 
-class _Fingerprint:
+class _ChecksumBudget:
     """The checksums one ``state_of`` may still take (``_SUMMED_BYTES``): the walk's order is the same on every
     call, so the same arrays are summed each time."""
 
@@ -715,7 +713,7 @@ class _Fingerprint:
         return True
 
 
-def _cell(value: Any, budget: _Fingerprint | None = None) -> tuple:
+def _cell(value: Any, budget: _ChecksumBudget | None = None) -> tuple:
     """A cheap fingerprint of one value: identity, plus value or length, plus a RNG's state, a cache's counts,
     a counter's value, an array's bytes or checksum. Only the built-in containers are asked their length: a
     user's ``__len__`` may read a file (what they hold is walked instead)."""
@@ -744,7 +742,7 @@ def _cell(value: Any, budget: _Fingerprint | None = None) -> tuple:
 _LRU_CACHE = type(functools.lru_cache(maxsize=None)(len))
 
 
-def _array_content(array: np.ndarray, budget: _Fingerprint | None) -> Any:
+def _array_content(array: np.ndarray, budget: _ChecksumBudget | None) -> Any:
     """An array's bytes (small), a checksum of them (within the fingerprint's budget), or ``None``."""
     if array.dtype == object:
         return None
@@ -773,11 +771,11 @@ def state_of(objects: Sequence[Any]) -> tuple:
     closure cells, partial arguments, class attributes, the globals its code names), fingerprinted under each
     path: a counter kept in a global, a class attribute, a closure's dict or a nested object is state kept per
     read just as one in the object's own attribute is, and a worker process would change only its copy."""
-    return tuple(_fingerprint(obj) for obj in objects)
+    return tuple(_state_by_path(obj) for obj in objects)
 
 
-def _fingerprint(obj: Any) -> tuple:
-    budget = _Fingerprint()
+def _state_by_path(obj: Any) -> tuple:
+    budget = _ChecksumBudget()
     return tuple((where, _cell(value, budget)) for where, value in _reach([obj]))
 
 
@@ -1057,9 +1055,14 @@ def stream_blocker(objects: Sequence[Any]) -> str | None:
 def _logging_streams() -> set:
     """The streams ``logging``'s handlers write to: each write holds the handler's lock, so threads share them
     safely (a dataset holding a logger with a ``FileHandler`` reaches its file)."""
+    return {id(getattr(h, "stream", None)) for h in _logging_handlers()}
+
+
+def _logging_handlers() -> list:
+    """Every handler of the root logger and of the loggers made so far."""
     loggers = [logging.getLogger()] + [lg for lg in list(logging.Logger.manager.loggerDict.values())
                                        if isinstance(lg, logging.Logger)]
-    return {id(getattr(h, "stream", None)) for lg in loggers for h in lg.handlers}
+    return [h for lg in loggers for h in lg.handlers]
 
 
 def held_handles(objects: Sequence[Any]) -> str | None:

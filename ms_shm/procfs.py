@@ -316,12 +316,10 @@ def shared_writable_ranges(pid: int | str = "self", root: str | os.PathLike = "/
     ``/proc/<pid>/maps``: shared memory, ``MAP_SHARED`` files); empty where it cannot be read."""
     ranges = []
     try:
-        with open(_proc(root, pid, "maps"), encoding="utf-8", errors="replace") as handle:
-            for line in handle:
-                span, perms = line.split(None, 2)[:2]
-                if perms[1] == "w" and perms[3] == "s":
-                    start, end = span.split("-")
-                    ranges.append((int(start, 16), int(end, 16)))
+        for parts in _mappings(pid, root):
+            if parts[1][1] == "w" and parts[1][3] == "s":
+                start, end = parts[0].split("-")
+                ranges.append((int(start, 16), int(end, 16)))
     except (OSError, ValueError, IndexError):
         return []
     return ranges
@@ -348,11 +346,14 @@ def mapped_files(pid: int | str, root: str | os.PathLike = "/") -> Iterator[tupl
 
 def _file_mappings(pid: int | str, root: str | os.PathLike) -> Iterator[list]:
     """The fields of each line of ``/proc/<pid>/maps`` that maps a file (six fields: the last is its path)."""
+    return (parts for parts in _mappings(pid, root) if len(parts) == 6)
+
+
+def _mappings(pid: int | str, root: str | os.PathLike) -> Iterator[list]:
+    """The fields of each line of ``/proc/<pid>/maps``: range, permissions, offset, device, inode[, path]."""
     with open(_proc(root, pid, "maps"), encoding="utf-8", errors="replace") as handle:
         for line in handle:
-            parts = line.split(None, 5)
-            if len(parts) == 6:
-                yield parts
+            yield line.split(None, 5)
 
 
 def _undeleted(target: str) -> str:

@@ -257,10 +257,10 @@ def probe_random_access(source: Any, names: Sequence[str] | None, check: Callabl
     """
     shared = sandbox.shared_with_processes([source])
     if shared:
-        return _drawing_code(StageProbe(None, unmeasured=shared), source)
+        return _with_code_read(StageProbe(None, unmeasured=shared), source)
     here = _read_here(source, names, check, column_dtypes, sampled) if not worker_pages else None
     if here is not None:
-        return _drawing_code(_source_probe(here, defer_row_errors), source)
+        return _with_code_read(_source_probe(here, defer_row_errors), source)
 
     def in_child():
         stats: list = []
@@ -282,7 +282,7 @@ def probe_random_access(source: Any, names: Sequence[str] | None, check: Callabl
         return sandbox.watch_effects(measured, [source], lambda: stats[0].reread_differs, again)
 
     outcome = _fork(in_child, worker_pages, beside, source)
-    return _drawing_code(_source_probe(outcome, defer_row_errors), source, read=outcome.beside)
+    return _with_code_read(_source_probe(outcome, defer_row_errors), source, read=outcome.beside)
 
 
 def _read_here(source: Any, names: Sequence[str] | None, check: Callable | None, column_dtypes: tuple | None,
@@ -350,7 +350,7 @@ def probe_operations(lineage: Lineage, operations: Any, input_columns: Sequence[
     if getattr(probe.stats, "raised", None):
         log.warning("ms_shm: the map's operations on its probe %s; planned from the %d row(s) run before it (%s)",
                     probe.stats.raised, probe.stats.rows, fate or RAISES_AT_ROW)
-    return _drawing_code(StageProbe(probe.stats, _random_ops(operations, probe.effects), probe.unmeasured),
+    return _with_code_read(StageProbe(probe.stats, _random_ops(operations, probe.effects), probe.unmeasured),
                          operations=operations, read=outcome.beside)
 
 
@@ -395,7 +395,7 @@ def probe_batch(lineage: Lineage, per_batch_map: Any, batch_size: int, input_col
     probe = _outcome(outcome, "per_batch_map", defer_row_errors)
     if isinstance(probe.stats, str):
         return StageProbe(None, unmeasured=probe.stats)
-    return _drawing_code(probe, operations=per_batch_map, read=outcome.beside)
+    return _with_code_read(probe, operations=per_batch_map, read=outcome.beside)
 
 
 def time_batch(per_batch_map: Any, columns: list, batch_size: int, keep: list | None = None) -> OperationStats:
@@ -505,7 +505,7 @@ def _operation_objects(operations: Any) -> list:
     return out
 
 
-def _drawing_code(probe: StageProbe, source: Any = None, operations: Any = (), read: Any = None) -> StageProbe:
+def _with_code_read(probe: StageProbe, source: Any = None, operations: Any = (), read: Any = None) -> StageProbe:
     """``probe``, with the draws and writes its rows did not make but the code makes for other rows
     (``codescan.stage_draw``, ``codescan.stage_writes``): rows that draw for some indices only lock the mode as
     rows that always draw, and state written on some rows only (a flag set when a read fails) as state kept on
@@ -537,7 +537,7 @@ def _read_code(source: Any, operations: Any) -> CodeRead:
 
 def _fork(in_child: Callable, worker_pages: bool, beside: bool, source: Any = None,
           operations: Any = (), lineage: Lineage | None = None) -> sandbox.Outcome:
-    """``sandbox.run_in_fork``, with the stage's code read beside the child (3-10 ms, ``_drawing_code``'s) where
+    """``sandbox.run_in_fork``, with the stage's code read beside the child (3-10 ms, ``_with_code_read``'s) where
     ``beside``: this process has a CPU the child leaves idle."""
     meanwhile = (lambda: _read_code(source, operations)) if beside else None
     watched = ([source] if source is not None else []) + (lineage.code_objects() if lineage is not None else []) + \

@@ -668,7 +668,7 @@ def test_a_source_that_draws_for_some_rows_only_keeps_mindspores_mode(ds):
     assert locked, ms_shm.plan_of(dataset)  # seen by the probe where a read row drew, else read from the code
     from ms_shm import measure
 
-    unseen = measure._drawing_code(measure.StageProbe(None), SometimesDraws())  # the probe's rows drew nothing
+    unseen = measure._with_code_read(measure.StageProbe(None), SometimesDraws())  # the probe's rows drew nothing
     assert unseen.effects.draws_random == ("SometimesDraws.__getitem__ calls numpy.random.rand (draws from the "
                                            "global generator)"), unseen
 

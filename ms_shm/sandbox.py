@@ -44,6 +44,7 @@ import numpy as np
 
 from ms_shm import collector, fdguard, host, objects, outside, procfs
 from ms_shm._results import Result, mib, record
+from ms_shm.hooks import wrap_once
 
 log = logging.getLogger(__name__)
 
@@ -320,22 +321,19 @@ def _reapply_at_mindspores_own_fork(hooks: Any, theirs: dict) -> None:
     workers, where raw's handler ended it in 0.1 s; MindSpore's test_kill_main_process timed out). So the first
     call of the hook that is not the probe's sets ``theirs`` (``{signal: MindSpore's sigaction bytes}``) again,
     as raw would have them from then on."""
-    if not theirs or hooks is None or getattr(hooks.prepare_before_fork, "_ms_shm_original", None) is not None:
+    if not theirs or hooks is None:
         return
-    original = hooks.prepare_before_fork
 
-    def prepare_before_fork() -> Any:
-        hooks.prepare_before_fork = original
-        libc = _libc()
-        for sig, action in theirs.items() if libc is not None else ():
-            libc.sigaction(int(sig), ctypes.create_string_buffer(action, _SIGACTION_BYTES), None)
-        return original()
+    def reapplying(original: Callable) -> Callable:
+        def prepare_before_fork() -> Any:
+            hooks.prepare_before_fork = original
+            libc = _libc()
+            for sig, action in theirs.items() if libc is not None else ():
+                libc.sigaction(int(sig), ctypes.create_string_buffer(action, _SIGACTION_BYTES), None)
+            return original()
+        return prepare_before_fork
 
-    prepare_before_fork._ms_shm_original = original
-    try:
-        hooks.prepare_before_fork = prepare_before_fork
-    except (AttributeError, TypeError) as exc:  # a module that takes no attributes: the handlers stay put back
-        log.debug("ms_shm probe: MindSpore's fork hook not wrapped (%s: %s)", type(exc).__name__, exc)
+    wrap_once(hooks, "prepare_before_fork", reapplying)
 
 
 @functools.lru_cache(maxsize=1)

@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ms_shm import objects, sandbox
+from ms_shm import hooks, objects, sandbox
 from ms_shm._results import Result, record
 from ms_shm.changes import Change, get_nofile, set_nofile_soft  # noqa: F401  (re-exported)
 from ms_shm.engines.mindspore import liveness, second_iterator
@@ -72,23 +72,25 @@ def _back_up_watchdog() -> None:
         import mindspore._c_dataengine as cde
     except ImportError:
         return
-    register, deregister = getattr(cde, "register_worker_pids", None), getattr(cde, "deregister_worker_pids", None)
-    if register is None or deregister is None or getattr(register, "_ms_shm_original", None) is not None:
+    if getattr(cde, "register_worker_pids", None) is None or getattr(cde, "deregister_worker_pids", None) is None:
         return
     from ms_shm import sentinel
 
-    def register_worker_pids(key, pids):
-        result = register(key, pids)
-        sentinel.watch(key, pids)
-        return result
+    def watching(register: Callable) -> Callable:
+        def register_worker_pids(key, pids):
+            result = register(key, pids)
+            sentinel.watch(key, pids)
+            return result
+        return register_worker_pids
 
-    def deregister_worker_pids(key):
-        sentinel.forget(key)
-        return deregister(key)
+    def forgetting(deregister: Callable) -> Callable:
+        def deregister_worker_pids(key):
+            sentinel.forget(key)
+            return deregister(key)
+        return deregister_worker_pids
 
-    register_worker_pids._ms_shm_original = register
-    deregister_worker_pids._ms_shm_original = deregister
-    cde.register_worker_pids, cde.deregister_worker_pids = register_worker_pids, deregister_worker_pids
+    hooks.wrap_once(cde, "register_worker_pids", watching)
+    hooks.wrap_once(cde, "deregister_worker_pids", forgetting)
 
 
 def _commit_new_slots() -> None:
@@ -103,19 +105,19 @@ def _commit_new_slots() -> None:
     except ImportError:
         return
     shared = getattr(ms_queue, "_SharedQueue", None)
-    put = getattr(shared, "put", None)
-    if put is None or not hasattr(shared, "check_and_create_shm") or getattr(put, "_ms_shm_original", None):
+    if not hasattr(shared, "check_and_create_shm"):
         return
     handler = ms_queue.ExceptionHandler
 
-    @functools.wraps(put)
-    def put_committed(self, data, timeout=None):
-        if getattr(self, "dynamic_shm", False) and not isinstance(data, handler):
-            data = _slot_committed(self, data, ms_queue.get_total_size, handler)
-        return put(self, data, timeout)
+    def committing(put: Callable) -> Callable:
+        @functools.wraps(put)
+        def put_committed(self, data, timeout=None):
+            if getattr(self, "dynamic_shm", False) and not isinstance(data, handler):
+                data = _slot_committed(self, data, ms_queue.get_total_size, handler)
+            return put(self, data, timeout)
+        return put_committed
 
-    put_committed._ms_shm_original = put
-    shared.put = put_committed
+    hooks.wrap_once(shared, "put", committing)
 
 
 def _slot_committed(queue: Any, data: Any, total_size: Callable, handler: Any) -> Any:
@@ -166,28 +168,27 @@ def _watch_iterators() -> None:
         from mindspore.dataset.engine import iterators
     except ImportError:
         return
-    cls = iterators.Iterator
-    make, step = cls.__init__, cls.__next__
-    if getattr(make, "_ms_shm_original", None) is not None:
-        return
+    def noting_made(make: Callable) -> Callable:
+        @functools.wraps(make)
+        def __init__(self, dataset, *args, **kwargs):
+            with liveness.making(dataset) as changed:
+                make(self, dataset, *args, **kwargs)
+            liveness.note_made(self, bool(changed))
+        return __init__
 
-    @functools.wraps(make)
-    def __init__(self, dataset, *args, **kwargs):
-        with liveness.making(dataset) as changed:
-            make(self, dataset, *args, **kwargs)
-        liveness.note_made(self, bool(changed))
+    def noting_finished(step: Callable) -> Callable:
+        @functools.wraps(step)
+        def __next__(self):
+            try:
+                return step(self)
+            except StopIteration:
+                liveness.note_finished(self)
+                raise
+        return __next__
 
-    @functools.wraps(step)
-    def __next__(self):
-        try:
-            return step(self)
-        except StopIteration:
-            liveness.note_finished(self)
-            raise
-
-    __init__._ms_shm_original, __next__._ms_shm_original = make, step
-    cls.__init__, cls.__next__ = __init__, __next__
-    second_iterator.install()
+    if hooks.wrap_once(iterators.Iterator, "__init__", noting_made):
+        hooks.wrap_once(iterators.Iterator, "__next__", noting_finished)
+        second_iterator.install()
 
 
 def available() -> bool:
@@ -359,11 +360,10 @@ def _keep_program_signals(source: Any) -> None:
     read in MindSpore's own thread and the handler ran). Raw does that only where the call asked for threads; in
     threads ms_shm chose, the program's handlers are put back once MindSpore's are in."""
     _THREADS_CHOSEN.put(source, "threads", True)
-    engine = sys.modules.get("mindspore._c_dataengine")
-    original = getattr(engine, "register_worker_handlers", None)
-    if original is None or getattr(original, "_ms_shm_original", None) is not None:
-        return
+    hooks.wrap_once(sys.modules.get("mindspore._c_dataengine"), "register_worker_handlers", _keeping_program_signals)
 
+
+def _keeping_program_signals(original: Callable) -> Callable:
     def register_worker_handlers(*args: Any, **kwargs: Any) -> Any:
         if not _in_a_chosen_worker_thread(sys._getframe(1)):
             return original(*args, **kwargs)
@@ -372,12 +372,7 @@ def _keep_program_signals(source: Any) -> None:
             return original(*args, **kwargs)
         finally:
             sandbox.put_back_signal_actions(kept, "MindSpore's worker thread set up its handlers")
-
-    register_worker_handlers._ms_shm_original = original
-    try:
-        engine.register_worker_handlers = register_worker_handlers
-    except (AttributeError, TypeError) as exc:  # a module that takes no attributes: MindSpore's handlers stay
-        log.debug("ms_shm: MindSpore's register_worker_handlers not wrapped (%s: %s)", type(exc).__name__, exc)
+    return register_worker_handlers
 
 
 def _in_a_chosen_worker_thread(caller: Any) -> bool:

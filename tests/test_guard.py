@@ -254,7 +254,7 @@ def _in_a_forked_worker(g: GuardedSource, monkeypatch, settings) -> GuardedSourc
     g._ms_shm_guard.spec = replace(g._ms_shm_guard.spec, home_pid=home)
     g._ms_shm_guard._pid = -1
     monkeypatch.setattr(guard, "_IMPORTED_BY", home)
-    monkeypatch.setattr(guard.compat, "slot_settings", lambda: settings)
+    monkeypatch.setattr(guard.settings, "slot_settings", lambda: settings)
     return g
 
 
@@ -289,11 +289,11 @@ def test_a_worker_counts_the_slots_of_the_prefetch_it_was_started_with(free_spac
 def test_a_spawned_worker_takes_the_settings_the_program_started_it_with(free_space, monkeypatch):
     """A spawned worker's own MindSpore holds its defaults: the settings go along in the pickle MindSpore
     makes as it starts the worker."""
-    monkeypatch.setattr(guard.compat, "slot_settings", lambda: (False, 2))
+    monkeypatch.setattr(guard.settings, "slot_settings", lambda: (False, 2))
     g = GuardedSource(ListSource([row_of(34 * MiB - 8)]),
                       replace(spec(slots=18, worker_bytes=MiB, planned=MiB, workers=2), home_pid=os.getpid()))
     spawned = pickle.loads(pickle.dumps(g))
-    monkeypatch.setattr(guard.compat, "slot_settings", lambda: (True, 16))  # the fresh interpreter's defaults
+    monkeypatch.setattr(guard.settings, "slot_settings", lambda: (True, 16))  # the fresh interpreter's defaults
     spawned._ms_shm_guard.spec = replace(spawned._ms_shm_guard.spec, home_pid=os.getpid() + 1_000_000)
     spawned._ms_shm_guard._pid = -1
     assert spawned[0] is not None and spawned._ms_shm_guard._total == 0

@@ -30,6 +30,7 @@ from ms_shm._results import Result, record
 from ms_shm.changes import Change, get_nofile, set_nofile_soft  # noqa: F401  (re-exported)
 from ms_shm.engines.mindspore import liveness, second_iterator
 from ms_shm.engines.mindspore.liveness import follows_prefetch, in_use, iterators_reading, pipeline_of  # noqa: F401  (the engine's answers)
+from ms_shm.engines.mindspore.settings import shared_mem
 
 log = logging.getLogger(__name__)
 
@@ -199,29 +200,6 @@ def available() -> bool:
     return True
 
 
-def _get_shared_mem(config) -> bool | None:
-    # The private getter does not log 2.8+'s deprecation warning on every read.
-    getter = getattr(config, "_get_enable_shared_mem", None) or getattr(config, "get_enable_shared_mem", None)
-    if getter is None:
-        return None
-    return bool(getter())
-
-
-def slot_settings() -> tuple | None:
-    """``(shared memory on, prefetch size)`` as MindSpore's config holds them now: what a ``GeneratorDataset``
-    pool reads as it starts its workers. ``None`` where unreadable. Reads ``core.config`` only, so a worker
-    process that asks sets nothing of ``_dataset_module``'s up, and a process that has not imported MindSpore
-    does not import it for this."""
-    if "mindspore.dataset" not in sys.modules:
-        return None
-    try:
-        from mindspore.dataset.core import config as core_config
-
-        return _get_shared_mem(core_config), int(core_config.get_prefetch_size())
-    except Exception:  # noqa: BLE001 - MindSpore not importable, or a release without these getters
-        return None
-
-
 def read_config() -> MindSporeConfig | None:
     """MindSpore's current dataset config, or ``None`` when MindSpore is not importable."""
     try:
@@ -240,7 +218,7 @@ def read_config() -> MindSporeConfig | None:
     return MindSporeConfig(
         version=getattr(mindspore, "__version__", None),
         prefetch_size=cfg.get_prefetch_size(),
-        shared_mem=_get_shared_mem(core_config),
+        shared_mem=shared_mem(core_config),
         start_method=start() if start else "fork",
         num_parallel_workers=cfg.get_num_parallel_workers(),
         has_shared_mem_switch=hasattr(cfg, "set_enable_shared_mem"),
@@ -282,7 +260,7 @@ def set_shared_mem(value: bool, reason: str) -> Change | None:
     ds = _dataset_module()
     from mindspore.dataset.core import config as core_config
 
-    old = _get_shared_mem(core_config)
+    old = shared_mem(core_config)
     if old is None or old == value:
         return None
     _quietly(ds.config.set_enable_shared_mem, bool(value))

@@ -29,7 +29,7 @@ from ms_shm import host, objects, procfs, sizes
 from ms_shm._results import Result, free_text, mib, record
 from ms_shm.budget import Budget
 from ms_shm.engines.mindspore import arithmetic as model
-from ms_shm.engines.mindspore import compat, liveness
+from ms_shm.engines.mindspore import liveness, settings
 from ms_shm.errors import RowTooLargeError, ShmFullError
 
 log = logging.getLogger(__name__)
@@ -112,7 +112,7 @@ class SlotGuard:
     def __getstate__(self) -> dict:
         """Pickled as MindSpore starts a spawned (or forkserver) worker, whose own MindSpore holds its defaults:
         the settings it starts the worker with go along."""
-        return dict(self.__dict__, _launched=compat.slot_settings())
+        return dict(self.__dict__, _launched=settings.slot_settings())
 
     def _start_worker(self) -> None:
         """A fresh worker (fork copies our state) starts with no slots, as many as its queue has at the prefetch
@@ -122,7 +122,7 @@ class SlotGuard:
         raw ran, the error counting 18 slots where the worker had 4). Unreadable: the plan's."""
         self._pid, self._slots, self._total, self._next_slot = os.getpid(), [], 0, 0
         forked = _IMPORTED_BY == self.spec.home_pid
-        launched = compat.slot_settings() if forked else getattr(self, "_launched", None)
+        launched = settings.slot_settings() if forked else getattr(self, "_launched", None)
         if launched is not None:
             shared, prefetch = launched
             self._on, self._slot_count = shared is not False, model.slots(prefetch, self.spec.workers)

@@ -329,13 +329,24 @@ def _program_start_method_kept(req: Request, raw_starts_processes: bool, default
     whole program once they have started their workers (2.10: ``SamplerFn.launch`` and the map pool's
     ``launch`` call ``set_start_method("fork", True)``), so processes ms_shm chose would change every later
     ``Pool`` and DataLoader of the program's (an audit: ``spawn`` became ``fork`` after a ``GeneratorDataset``
-    of default arguments ms_shm planned as 2 processes)."""
+    of default arguments ms_shm planned as 2 processes). Likewise where MindSpore's own start method
+    (``ds.config.set_multiprocessing_start_method``, ``req.start_method``) is not fork: each such worker imports
+    the program anew, without what it set as it ran (an audit: a source and a map of the script's own, under
+    ``spawn``, raised ``NameError`` in every worker ms_shm started, where raw read them in its threads)."""
     chosen = multiprocessing.get_start_method(allow_none=True)
-    if chosen in (None, "fork") or raw_starts_processes or req.multiprocessing is False:
+    if raw_starts_processes or req.multiprocessing is False:
         return req, None
-    reason = (f"the program set multiprocessing's start method to {chosen!r}, and MindSpore's worker processes set "
-              f"it to 'fork' for the whole program once they start; raw MindSpore starts none for this call, so "
-              f"ms_shm starts none either (pass python_multiprocessing=True and num_parallel_workers to have them)")
+    if chosen not in (None, "fork"):
+        why = (f"the program set multiprocessing's start method to {chosen!r}, and MindSpore's worker processes set "
+               f"it to 'fork' for the whole program once they start")
+    elif req.start_method not in (None, "fork"):
+        why = (f"MindSpore's start method is {req.start_method!r} (ds.config.set_multiprocessing_start_method): "
+               f"each worker process would import the program anew, without what it set as it ran (names set "
+               f"under if __name__ == '__main__')")
+    else:
+        return req, None
+    reason = (f"{why}; raw MindSpore starts none for this call, so ms_shm starts none either (pass "
+              f"python_multiprocessing=True and num_parallel_workers to have them)")
     asked = req.multiprocessing is not None
     return replace(req, multiprocessing=False), Decision(
         "python_multiprocessing", False, req.multiprocessing if asked else default_multiprocessing, reason, asked)

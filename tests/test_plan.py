@@ -794,3 +794,21 @@ def test_dict_columns_are_priced_in_memory_as_rows_through_a_queue():
     assert p.mode == PROCESSES and p.predicted_shm < 1 * MiB, p.summary()
     pipes_rows = planning.model.rows_in_flight(PIPES, 2, p.prefetch)
     assert p.predicted_memory >= pipes_rows * 8 * MiB, p.summary()
+
+
+@pytest.mark.parametrize("start_method, kept", [("fork", False), ("spawn", True), ("forkserver", True)])
+def test_mindspores_own_spawn_start_method_starts_no_process_raw_would_not(monkeypatch, start_method, kept):
+    """``ds.config.set_multiprocessing_start_method("spawn")``: each worker imports the program anew (an audit:
+    ``NameError`` in every worker ms_shm started for a source and a map of the script's own, where raw read them
+    in its threads). Where raw starts processes itself, or the call says threads, nothing changes."""
+    import multiprocessing
+
+    from ms_shm import api
+
+    monkeypatch.setattr(multiprocessing, "get_start_method", lambda allow_none=False: None)
+    req = Request(start_method=start_method, cpu_count=2, usable_cpus=2)
+    new, decision = api._program_start_method_kept(req, False, True)
+    assert (new.multiprocessing is False) == kept and (decision is not None) == kept, (new, decision)
+    assert not kept or "set_multiprocessing_start_method" in decision.reason, decision
+    assert api._program_start_method_kept(req, True, True) == (req, None)
+    assert api._program_start_method_kept(replace(req, multiprocessing=False), False, True)[1] is None

@@ -192,6 +192,21 @@ def global_draw(dataset: Any, collate_fn: Any = None, sampler: Any = None, batch
     return None
 
 
+def sampler_writes(sampler: Any = None, batch_sampler: Any = None) -> str | None:
+    """Where a custom ``sampler``'s or ``batch_sampler``'s ``__iter__`` (and what it calls of its own) writes
+    state that outlives the call (``self.epoch += 1``), or ``None``. With workers the framework runs the sampler
+    ahead of the loop, as far as the workers read, and calls a plain ``__iter__`` twice per epoch, so such state
+    moves on other than without workers (an audit's batch sampler counting epochs in ``__iter__``: epoch 0 got
+    the batches raw gave epoch 1). torch's own samplers are framework code, not read."""
+    held: set = set()
+    for arg, value in (("sampler", sampler), ("batch_sampler", batch_sampler)):
+        for where, fn, owner in _held_entries(value, held):
+            found = _walk(fn, owner, set(), [0], _store_look) if fn.__name__ == "__iter__" else None
+            if found:
+                return f"the {arg}'s {where} writes {found}"
+    return None
+
+
 def stage_draw(source: Any = None, operations: Any = ()) -> str | None:
     """Where a ``GeneratorDataset`` source (its ``__getitem__``, and the objects it holds), a ``map``'s Python
     operations or a ``per_batch_map`` draws from a global random generator in its code, or ``None``.
@@ -232,10 +247,11 @@ def _store_look(fn: Any, owner: Any = None) -> tuple:
     this = code.co_varnames[0] if owner is not None and code.co_argcount else None
     for each in _codes(code):
         ins = list(dis.get_instructions(each))
+        own = this if each is code or this in each.co_freevars else None  # a comprehension's, a lambda's ``self``
         for i, instr in enumerate(ins):
             if instr.opname == "STORE_GLOBAL":
                 return f"the global {instr.argval}", ()
-            found = _self_write(ins, i, this) if this is not None and each is code else None
+            found = _self_write(ins, i, own) if own is not None else None
             if found:
                 return found, ()
     return None, ()
@@ -245,8 +261,9 @@ def _self_write(ins: list, i: int, this: str) -> str | None:
     """``self.x = v``, ``self.x.y = v``, ``self.x += v``, ``self.x[k] = v`` or ``self.x.append(v)`` at ``ins[i]``."""
     op, name = ins[i].opname, ins[i].argval
 
-    def loads_self(k: int) -> bool:
-        return 0 <= k and ins[k].opname.startswith("LOAD_FAST") and ins[k].argval in (this, (this,))
+    def loads_self(k: int) -> bool:  # a local, or a cell where inner code (a comprehension in 3.11) uses it too
+        return 0 <= k and (ins[k].opname.startswith("LOAD_FAST") or ins[k].opname == "LOAD_DEREF") and \
+            ins[k].argval in (this, (this,))
 
     if op == "STORE_ATTR":
         if loads_self(i - 1):

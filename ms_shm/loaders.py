@@ -21,7 +21,7 @@ from typing import Any
 
 from ms_shm import budget as budget_mod
 from ms_shm import changes as changes_mod
-from ms_shm import codescan, engines, measure, objects, sites, spawncost
+from ms_shm import codescan, engines, measure, objects, sandbox, sites, spawncost
 from ms_shm._results import mib
 from ms_shm.engines.torchstyle import arithmetic, probe
 from ms_shm.engines.torchstyle.guard import GuardedCollate, guard_fix, used_now
@@ -103,15 +103,19 @@ def _asked_lock(eng: Any, dataset: Any, asked: dict, cls: Any = None) -> str | N
         dataset, asked.get("collate_fn"), asked.get("sampler"), asked.get("batch_sampler"), asked.get("batch_size", 1))
     if used:
         return used
+    moved = codescan.sampler_writes(asked.get("sampler"), asked.get("batch_sampler"))
+    if moved:
+        return (f"{moved}: with workers the framework runs the sampler ahead of the loop, as far as they read, and "
+                f"calls a plain __iter__ twice per epoch, so that state would move on other than without them")
     if asked.get("num_workers") is not None:
         return None
-    unsent = _not_sent_at_start(asked)
-    if unsent:
-        return unsent
     only = _worker_only(asked)
     if only:
         return (f"{only} passed without num_workers (meant for workers: the framework's own check sees them "
                 f"with its default num_workers, as it would without ms_shm)")
+    unsent = _not_sent_at_start(asked)
+    if unsent:
+        return unsent
     if not asked.get("in_order", True):
         return "in_order=False (workers would deliver batches in the order they finish)"
     return None
@@ -140,11 +144,15 @@ DRAWS_AHEAD = ("a random generator is passed (to the loader or its sampler): the
 
 
 def _draws_ahead(asked: dict) -> bool:
-    """Whether ``asked`` shuffles with a generator of the caller's: ``generator=``, or a sampler holding one. An
-    audit's seeded loader, 2 workers at prefetch 2 adapted to none under 64 MB, left epoch 0 after 2 of 6 batches:
-    epoch 1 came in another order, 3 runs of 3 (raw's second ``randperm`` had been drawn ahead)."""
-    samplers = (asked.get("sampler"), asked.get("batch_sampler"), getattr(asked.get("batch_sampler"), "sampler", None))
-    return asked.get("generator") is not None or any(getattr(s, "generator", None) is not None for s in samplers)
+    """Whether ``asked`` shuffles with a generator of the caller's: ``generator=``, or a sampler holding one (torch's
+    ``generator``, a custom sampler's ``self.rng``; not the dataset's, which a sampler may hold too). An audit's
+    seeded loader, 2 workers at prefetch 2 adapted to none under 64 MB, left epoch 0 after 2 of 6 batches: epoch 1
+    came in another order, 3 runs of 3 (raw's second ``randperm`` had been drawn ahead); a sampler drawing each
+    index from its own ``default_rng``, read for a fixed number of steps, as much."""
+    samplers = [s for s in (asked.get("sampler"), asked.get("batch_sampler")) if s is not None]
+    named = samplers + [objects.attribute(s, "sampler") for s in samplers]  # torch's: ``generator``, of any kind
+    return asked.get("generator") is not None or any(objects.attribute(s, "generator") is not None for s in named) \
+        or bool(samplers and sandbox.held_generators(samplers, apart=[asked.get("dataset")]))
 
 
 # Under ``ms_shm.patch`` a loader its code left at ``num_workers=0`` keeps it: workers would change what the loop
@@ -154,8 +162,11 @@ _UNCHANGED_CODE = "num_workers is not passed in unchanged code (ms_shm.patch add
 
 
 def _not_sent_at_start(asked: dict) -> str | None:
-    """Where workers would not fork (spawn, forkserver), why what each one is sent at its start (the dataset,
-    ``collate_fn``, ``worker_init_fn``) cannot be pickled, or ``None``."""
+    """Where workers would not fork (spawn, forkserver), why they would not read as the program does: what each
+    one is sent at its start (the dataset, ``collate_fn``, ``worker_init_fn``) cannot be pickled, or, as each
+    imports the program anew, what the program set as it ran is not theirs (an audit: a scale read from the
+    command line into a module global under ``if __name__ == "__main__":``, and ``torch.set_default_dtype``,
+    each gave other batches in workers ms_shm added); ``None`` where workers fork."""
     context = asked.get("multiprocessing_context")
     method = context if isinstance(context, str) else getattr(context, "get_start_method", lambda: None)() \
         if context is not None else multiprocessing.get_start_method(allow_none=True)  # None: never sets it
@@ -167,7 +178,8 @@ def _not_sent_at_start(asked: dict) -> str | None:
             why = probe.why_not_sent(asked[name], f"the {name}")
             if why:
                 return f"{why} (each {method} worker is sent it at its start)"
-    return None
+    return (f"workers would start by {method}: each imports the program anew, without what it set as it ran (the "
+            f"globals set under if __name__ == '__main__', torch's default dtype), so none is added")
 
 
 def _worker_only(asked: dict) -> str:
@@ -183,6 +195,20 @@ def _given(name: str, value: Any) -> bool:
         return bool(value > 0) if name == "timeout" else bool(value) if name == "persistent_workers" else True
     except TypeError:  # a value the framework refuses: its own check must see it, as without ms_shm
         return True
+
+
+def _not_as_from_workers(stats: Any) -> str | None:
+    """Why the probe's batch would not arrive from a worker as it arrives without one, or ``None``: it cannot
+    be sent, or it is a view of a tensor the dataset holds. A worker sends a copy of that view, and the loop's
+    in-place changes (``x.sub_(mean)``) then no longer reach the dataset (an audit: raw's dataset changed, and
+    its second epoch with it; ms_shm's workers left it as it was)."""
+    if stats is None:
+        return None
+    if stats.unsent or not stats.shared_bytes:
+        return stats.unsent
+    return (f"the batches are views of {mib(stats.shared_bytes)} of tensors the dataset holds: without workers the "
+            f"loop gets the dataset's own memory, and what it changes in place changes the dataset; a worker would "
+            f"send a copy")
 
 
 def _locked(asked_lock: str | None, effects: Any) -> str | None:
@@ -255,7 +281,7 @@ def prepare(eng: Any, cls: Any, dataset: Any, args: tuple, kwargs: dict, prefere
     if asked.get("num_workers") == 0 and type(asked["num_workers"]) is int and not budget_mod.memory_may_bind(b):
         return asked, eng.planning.kept_plan(_request(eng, asked, facts, NO_WORKERS_PASSED), b, eng.profile())
     stats, effects, why = _probe(eng, dataset, asked, b, timed=asked.get("num_workers") is None)
-    locked = _locked(asked_lock, effects) or (stats.unsent if stats is not None and asked.get("num_workers") is None
+    locked = _locked(asked_lock, effects) or (_not_as_from_workers(stats) if asked.get("num_workers") is None
                                               else None)
     req = _request(eng, asked, facts, locked or problem)
     refused = None
@@ -470,6 +496,7 @@ def _probe(eng: Any, dataset: Any, asked: dict, b: Any, timed: bool) -> tuple:
                                   reread=timed, read=eng.compat.sample_reader(batched),
                                   shares=eng.compat.collate_shares if asked.get("collate_fn") else None)
     stats, effects, why = measured
+    effects = effects.with_writes(codescan.stage_writes(dataset, asked.get("collate_fn")))
     if stats is not None and method != "fork" and memory:  # a spawned worker imports torch again: its own pages
         stats = replace(stats, worker_bytes=spawncost.worker_bytes(method, stats.worker_bytes))
     held = _weak_callable(collate)

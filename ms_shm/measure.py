@@ -517,10 +517,7 @@ def _with_code_read(probe: StageProbe, source: Any = None, operations: Any = (),
     read = read if isinstance(read, CodeRead) else _read_code(source, operations)
     if read.draw is not None:
         return replace(probe, effects=replace(effects, draws_random=read.draw))
-    if read.writes is not None and effects.mutates_state is None and effects.state_per_read is None:
-        kept = f"{read.writes}, which the probe's rows did not change: state kept on the rows it did not read"
-        return replace(probe, effects=replace(effects, state_per_read=kept))
-    return probe
+    return replace(probe, effects=effects.with_writes(read.writes))
 
 
 @record

@@ -88,6 +88,15 @@ class Effects(Result):
         """Why the framework's own workers (kind and count) must read the rows, or ``None``."""
         return self.order_dependent or self.state_per_read or self.holds_handle
 
+    def with_writes(self, writes: str | None) -> Effects:
+        """These effects, with the state the code writes on reads the probe did not make (``writes``:
+        ``codescan.stage_writes``) taken as state kept per read, where the probe's reads changed nothing: had
+        they changed it, they told lazy set-up from state kept per read already."""
+        if writes is None or self.mutates_state is not None or self.state_per_read is not None:
+            return self
+        return replace(self, state_per_read=f"{writes}, which the probe's reads did not change: state kept on "
+                                            f"the reads it did not make")
+
 
 @record
 class Outcome:
@@ -845,7 +854,8 @@ def watch_effects(run: Callable[[], Any], objects: Sequence[Any], reread: Callab
 _WALK_DEPTH = 4  # attributes of attributes...: a dataset's transform's generator is 2-3 levels down
 _WALK_OBJECTS = 400  # objects looked at, at most: the walk costs well under a millisecond
 _WALK_VALUES = 4000  # values listed, at most (objects with many attributes)
-_WALK_ITEMS = 64  # a longer list or dict is data (file names, labels), not where generators are kept
+_WALK_ITEMS = 64  # a longer list or dict is data (file names, labels), not where generators are kept...
+_WALK_SPREAD = 8  # ...but for a few of its items, spread over it: one of many alike holds what the others do
 _SKIP = (type(None), bool, int, float, complex, str, bytes, bytearray, np.ndarray, np.generic)
 
 
@@ -858,10 +868,11 @@ def _generator_kinds() -> tuple:
     return tuple(kinds)
 
 
-def held_generators(objects: Sequence[Any]) -> list:
-    """``(where, generator)`` for the random generators ``objects`` hold (``_holding``). A generator a worker
-    process copies draws the same numbers in every worker, so these decide as the global RNG does."""
-    return _holding(objects, _generator_kinds())
+def held_generators(objects: Sequence[Any], apart: Sequence[Any] = ()) -> list:
+    """``(where, generator)`` for the random generators ``objects`` hold (``_holding``), not looking into
+    ``apart``. A generator a worker process copies draws the same numbers in every worker, so these decide as the
+    global RNG does."""
+    return _holding(objects, _generator_kinds(), apart)
 
 
 # What a forked child shares with its parent instead of copying (``multiprocessing``'s locks, semaphores,
@@ -1075,21 +1086,22 @@ def held_handles(objects: Sequence[Any]) -> str | None:
             f"other readers would share or race on it")
 
 
-def _holding(objects: Sequence[Any], kinds: tuple) -> list:
+def _holding(objects: Sequence[Any], kinds: tuple, apart: Sequence[Any] = ()) -> list:
     """``(where, object)`` for the instances of ``kinds`` ``objects`` hold at any depth (``_reach``), each once."""
     found: dict = {}
-    for where, obj in _reach(objects, stop=kinds):
+    for where, obj in _reach(objects, stop=kinds, apart=apart):
         if isinstance(obj, kinds):
             found.setdefault(id(obj), (where, obj))
     return list(found.values())
 
 
-def _reach(objects: Sequence[Any], stop: tuple = ()) -> list:
-    """``(where, value)`` for ``objects`` and what they hold: attributes, items of short lists and dicts, closure
-    cells, the module globals their code (and their classes' methods) names, their classes' own data (a class
-    named by the code too). Values are listed where they are held, each object looked into once (never
-    modules, arrays, tensors or instances of ``stop``). Bounded (``_WALK_*``); never raises."""
-    out, seen = [], set()
+def _reach(objects: Sequence[Any], stop: tuple = (), apart: Sequence[Any] = ()) -> list:
+    """``(where, value)`` for ``objects`` and what they hold: attributes, items of short lists and dicts (and a
+    spread few of longer ones), closure cells, the module globals their code (and their classes' methods) names,
+    their classes' own data (a class named by the code too). Values are listed where they are held, each object
+    looked into once (never modules, arrays, tensors, instances of ``stop`` or the objects ``apart``). Bounded
+    (``_WALK_*``); never raises."""
+    out, seen = [], {id(obj) for obj in apart if obj is not None}
     stack = [(obj, type(obj).__name__, 0) for obj in reversed(objects)]
     while stack and len(seen) < _WALK_OBJECTS and len(out) < _WALK_VALUES:
         obj, where, depth = stack.pop()
@@ -1119,7 +1131,7 @@ def _is_tensor(obj: Any) -> bool:
 def _children(obj: Any) -> list:
     if isinstance(obj, (list, tuple, set, frozenset, dict)):
         if objects.stored_length(obj) > _WALK_ITEMS:
-            return []
+            return _spread_items(objects.as_stored(obj))
         obj = objects.as_stored(obj)  # never a subclass's own reads: the program's code
     if isinstance(obj, (list, tuple)):
         return [(f"[{i}]", v) for i, v in enumerate(obj)]
@@ -1144,6 +1156,20 @@ def _children(obj: Any) -> list:
         if value is not _NOTHING:
             out.append((name, value))
     return out + _class_children(type(obj))
+
+
+def _spread_items(container: Any) -> list:
+    """A few items of a long list or dict, spread from its first to its last: such a container is mostly data
+    (file names, labels), but one of many alike (shard readers, each holding its open file, under a
+    ``ConcatDataset``: an audit's 100 shards) holds what its neighbours hold."""
+    if isinstance(container, (set, frozenset)):
+        return []  # no order to spread over without sorting them all
+    if isinstance(container, dict):  # its first and its last: a dict has no cheap middle
+        half = _WALK_SPREAD // 2
+        ends = [*itertools.islice(container.items(), half), *itertools.islice(reversed(container.items()), half)]
+        return [(f"[{k!r}]", v) for k, v in dict(ends).items()]
+    picks = sorted({round(k * (len(container) - 1) / (_WALK_SPREAD - 1)) for k in range(_WALK_SPREAD)})
+    return [(f"[{i}]", container[i]) for i in picks]
 
 
 _READ_METHODS = ("__getitem__", "__call__", "__iter__", "__next__")

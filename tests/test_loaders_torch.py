@@ -1491,3 +1491,176 @@ def test_prefetch_factor_none_passed_takes_ms_shms_choice_as_if_not_passed(fresh
         assert loaders._arguments(engines.get("torch"), asked, planned, room)["prefetch_factor"] == 1
     assert loaders._arguments(engines.get("torch"), {"num_workers": 2, "prefetch_factor": 4}, planned,
                               room)["prefetch_factor"] == 4  # passed: kept
+
+
+class SkipsBad(SlowNumbers):
+    """Records the corrupt samples it meets (1 in 10, none among the probe's) and sends zeros in their place:
+    the program reads the list back after the epoch (the DataLoader audit's ``s02``)."""
+
+    def __init__(self, n: int = 24):
+        super().__init__(n)
+        self.bad = []
+
+    def __getitem__(self, i):
+        if i % 10 == 7:
+            self.bad.append(i)
+            return torch.zeros(2)
+        return super().__getitem__(i)
+
+
+class CachesSamples(SlowNumbers):
+    """Keeps every sample it made: later epochs read the cache (the audit's ``s09``)."""
+
+    def __init__(self, n: int = 24):
+        super().__init__(n)
+        self.cache = {}
+
+    def __getitem__(self, i):
+        if i not in self.cache:
+            self.cache[i] = super().__getitem__(i)
+        return self.cache[i]
+
+
+class Vocabulary(SlowNumbers):
+    """Numbers each word as it first meets it, in a comprehension (the audit's ``s10``): workers would each
+    number the words anew."""
+
+    def __init__(self, n: int = 24):
+        super().__init__(n)
+        self.vocab = {}
+
+    def __getitem__(self, i):
+        time.sleep(0.03)
+        words = [f"w{(i * 7 + k) % 40}" for k in range(4)]
+        return torch.tensor([self.vocab.setdefault(w, len(self.vocab)) for w in words])
+
+
+class CountingCollate:
+    """A ``collate_fn`` counting the batches it made (the audit's ``s11``)."""
+
+    def __init__(self):
+        self.batches = 0
+
+    def __call__(self, samples):
+        self.batches += 1
+        return torch.stack(samples)
+
+
+@pytest.mark.parametrize("case", ["writes_on_unread_samples", "cache", "vocabulary", "counting_collate"])
+def test_state_kept_per_read_keeps_num_workers_0_and_the_programs_objects_as_raw_leaves_them(fresh_torch, case):
+    """Workers would change their own copies and leave the program's objects as they were: an empty list of bad
+    samples, an empty cache, a vocabulary numbered anew in each worker (other batches), a count of 0."""
+    def made():
+        if case == "counting_collate":
+            return SlowNumbers(24), dict(batch_size=4, collate_fn=CountingCollate())
+        return {"writes_on_unread_samples": SkipsBad, "cache": CachesSamples, "vocabulary": Vocabulary}[case](), \
+            dict(batch_size=4)
+
+    def state(dataset, kw):
+        held = kw.get("collate_fn")
+        return held.batches if held is not None else (getattr(dataset, "bad", None), len(getattr(
+            dataset, "cache", getattr(dataset, "vocab", {}))))
+
+    raw_dataset, raw_kw = made()
+    raw = [batches(DataLoader(raw_dataset, **raw_kw)) for _ in range(2)], state(raw_dataset, raw_kw)
+    dataset, kw = made()
+    loader = ms_shm.build_dataloader(dataset, **kw)
+    assert ([batches(loader) for _ in range(2)], state(dataset, kw)) == raw
+    why = str(ms_shm.plan_of(loader).decisions[0])
+    assert loader.num_workers == 0 and ("own copies" in why or "state kept" in why), why
+
+
+class EpochBuckets:
+    """A batch sampler reshuffling each epoch from its epoch count, kept in ``__iter__`` (the audit's ``s14``):
+    with workers torch calls a plain ``__iter__`` twice per epoch, and epoch 0 got the batches of epoch 1."""
+
+    def __init__(self, n: int):
+        self.n, self.epoch = n, 0
+
+    def __len__(self):
+        return self.n // 4
+
+    def __iter__(self):
+        self.epoch += 1
+        order = np.random.default_rng(self.epoch).permutation(self.n).tolist()
+        return iter([order[k:k + 4] for k in range(0, self.n, 4)])
+
+
+class OwnDraws:
+    """A sampler drawing each index from a generator it holds, in a generator ``__iter__`` (the audit's ``s17``):
+    workers read ahead of a loop that stops after a few steps, and draw further."""
+
+    def __init__(self, n: int):
+        self.n, self.rng = n, np.random.default_rng(3)
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        for _ in range(self.n):
+            yield int(self.rng.integers(self.n))
+
+
+def test_samplers_whose_state_moves_as_they_are_read_keep_raws_indices(fresh_torch):
+    def epochs(loader, steps):
+        return [[b.tolist() for b in itertools.islice(iter(loader), steps)] for _ in range(3)]
+
+    cases = [(lambda f: f(SlowNumbers(24), batch_sampler=EpochBuckets(24)), 6, "writes self.epoch"),
+             (lambda f: f(SlowNumbers(24), sampler=OwnDraws(24), batch_size=2), 3, "random generator")]
+    for make, steps, said in cases:
+        raw, loader = epochs(make(DataLoader), steps), make(ms_shm.build_dataloader)
+        ours = epochs(loader, steps)
+        why = str(ms_shm.plan_of(loader).decisions[0])
+        assert ours == raw and loader.num_workers == 0 and said in why, why
+
+
+def test_spawn_workers_are_not_added_where_the_program_asked_for_none(fresh_torch, monkeypatch):
+    """Each would import the program anew, without what it set as it ran (an audit: a module global set from
+    the command line under ``if __name__ == "__main__":``, and ``torch.set_default_dtype``: other batches)."""
+    from ms_shm import loaders
+
+    monkeypatch.setattr(loaders.multiprocessing, "get_start_method", lambda allow_none=False: "spawn")
+    loader = ms_shm.build_dataloader(SlowNumbers(24), batch_size=4)
+    why = str(ms_shm.plan_of(loader).decisions[0])
+    assert loader.num_workers == 0 and "imports the program anew" in why, why
+
+
+class PreBatched(Dataset if Dataset is not None else object):
+    """Each item a view of a batch the dataset holds, sent with ``batch_size=None`` (the audit's ``s18``)."""
+
+    def __init__(self):
+        self.data = torch.arange(24 * 64, dtype=torch.float32).reshape(24, 8, 8)
+
+    def __len__(self):
+        return 24
+
+    def __getitem__(self, i):
+        time.sleep(0.03)
+        return self.data[i]
+
+
+def test_batches_that_are_views_of_the_datasets_tensors_keep_num_workers_0(fresh_torch):
+    """The loop's in-place changes reach the dataset without workers (raw), never through a worker's copy."""
+    def run(make):
+        dataset = PreBatched()
+        loader = make(dataset, batch_size=None)
+        for batch in loader:
+            batch.sub_(1.0)
+        return float(dataset.data.sum()), loader
+
+    raw, _ = run(DataLoader)
+    ours, loader = run(ms_shm.build_dataloader)
+    why = str(ms_shm.plan_of(loader).decisions[0])
+    assert ours == raw and loader.num_workers == 0 and "views" in why, why
+
+
+def test_open_files_held_by_many_shards_keep_num_workers_0(fresh_torch, tmp_path):
+    """A ``ConcatDataset`` of 100 shards, each with the file it opened: the walk looked into lists of up to 64
+    items only, and two workers raced on each file's offset (the audit's ``s20``: 5 runs of 5 failed)."""
+    from torch.utils.data import ConcatDataset
+
+    path = tmp_path / "records.bin"
+    path.write_bytes(bytes(range(256)) * 2)
+    loader = ms_shm.build_dataloader(ConcatDataset([Records(path) for _ in range(100)]), batch_size=4)
+    why = str(ms_shm.plan_of(loader).decisions[0])
+    assert loader.num_workers == 0 and "BufferedReader" in why, why

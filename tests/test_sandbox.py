@@ -203,9 +203,19 @@ def test_a_generator_the_rows_read_did_not_draw_from_still_counts():
     assert effects.draws_random and "rng" in effects.draws_random and effects.order_dependent, effects
 
 
-def test_a_big_list_is_data_and_not_walked():
-    big = [np.random.default_rng(k) for k in range(sandbox._WALK_ITEMS + 1)]
-    assert sandbox.held_generators([big]) == []
+def test_a_big_list_or_dict_is_looked_into_at_a_few_items_spread_over_it():
+    """Mostly data, but one of many alike holds what the others do (an audit: 100 shard readers under a
+    ``ConcatDataset``, each with its open file, and two threads of ms_shm's racing on their offsets)."""
+    size = sandbox._WALK_ITEMS + 1
+    generators = [np.random.default_rng(k) for k in range(size)]
+    found = [where for where, _ in sandbox.held_generators([generators])]
+    assert found[0] == "list[0]" and found[-1] == f"list[{size - 1}]" and len(found) == sandbox._WALK_SPREAD, found
+    by_name = {f"shard{k}": g for k, g in enumerate(generators)}
+    found = [where for where, _ in sandbox.held_generators([by_name])]
+    assert found == ["dict['shard0']", "dict['shard1']", "dict['shard2']", "dict['shard3']", "dict['shard64']",
+                     "dict['shard63']", "dict['shard62']", "dict['shard61']"], found
+    values = sandbox._reach([list(range(1_000_000))])
+    assert len(values) == 1 + sandbox._WALK_SPREAD, values[:3]
 
 
 class Counter:

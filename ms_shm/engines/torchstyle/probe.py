@@ -99,16 +99,18 @@ def first_batch(batch_size: int | None, sampler: Any, batch_sampler: Any, count:
     return indices, size
 
 
-def _first_samples(dataset: Any, iterable: bool, indices: list, count: int, read: Callable = operator.getitem
-                   ) -> tuple:
+def _first_samples(dataset: Any, iterable: bool, indices: list, count: int, read: Callable = operator.getitem,
+                   after_first: Callable[[Any], None] = lambda sample: None) -> tuple:
     """The first ``count`` samples the loader would read (``indices``: its first ones, for a map-style
-    dataset, each read with ``read(dataset, index)``: the engine's ``sample_reader``)."""
+    dataset, each read with ``read(dataset, index)``: the engine's ``sample_reader``); ``after_first(sample)``
+    runs between the first read and the next, untimed."""
     if iterable:
-        return _samples(dataset, True, [], count, read)
-    return _samples(dataset, False, indices, min(count, len(indices)), read)
+        return _samples(dataset, True, [], count, read, after_first)
+    return _samples(dataset, False, indices, min(count, len(indices)), read, after_first)
 
 
-def _samples(dataset: Any, iterable: bool, indices: list, count: int, read: Callable) -> tuple:
+def _samples(dataset: Any, iterable: bool, indices: list, count: int, read: Callable,
+             after_first: Callable[[Any], None]) -> tuple:
     """``(samples, (wall, CPU) seconds each)``: the first ``count`` of an iterable dataset, else ``read(dataset,
     i)``; after two, none more once they took ``PROBE_SECONDS``."""
     out, walls = [], []
@@ -123,6 +125,8 @@ def _samples(dataset: Any, iterable: bool, indices: list, count: int, read: Call
             break
         walls.append((time.perf_counter() - w0, time.process_time() - c0))
         out.append(sample)
+        if k == 0:
+            after_first(sample)
     return out, walls
 
 
@@ -152,21 +156,22 @@ def _measure_batch(dataset: Any, batch_size: int | None, collate: Callable, weig
     indices, size = first if first is not None else first_batch(
         batch_size, sampler, batch_sampler, PROBE_SAMPLES, None if iterable else dataset_length(dataset))
     want = PROBE_SAMPLES if timed else UNTIMED_SAMPLES  # a map-style dataset's indices are capped already
-    samples, walls = _first_samples(dataset, iterable, indices, min(want, size) if iterable else want, read)
+    batched = batch_size is not None or batch_sampler is not None
+    first_made: list = []
+    samples, walls = _first_samples(dataset, iterable, indices, min(want, size) if iterable else want, read,
+                                    lambda sample: first_made.append(_first_collated(collate, sample, batched)))
     if not samples:
         return "the dataset gave no sample to measure"
     if keep is not None:
         keep.append(samples[0])
-    batched = batch_size is not None or batch_sampler is not None
     reads = len(samples)
     if not timed and size > 1 and reads == 1:  # the dataset has no second sample: its twin stands for one
         try:
             samples.append(twin(samples[0]))
         except Exception:  # a sample the framework's copy cannot make: the one sample is weighed alone
             pass
-    c0 = time.perf_counter()
-    batch = collate(samples[:1]) if batched else collate(samples[0])
-    collates = [time.perf_counter() - c0]
+    batch, first_collate = first_made[0]
+    collates = [first_collate]
     one, shared = weigh(batch), storages.once_per_worker(batch, held)
     alone = [one[0]] + [weigh(collate(samples[k:k + 1]) if batched else collate(samples[k]))[0]
                         for k in range(1, reads)]
@@ -189,6 +194,19 @@ def _measure_batch(dataset: Any, batch_size: int | None, collate: Callable, weig
     return BatchStats(int(largest), int(max(1, count)), wall + min(collates), length, size,
                       cpu_seconds_per_sample=min(cpu, wall) + min(collates), unsent=unsent, batch_bytes_min=low,
                       shared_bytes=shared)
+
+
+def _first_collated(collate: Callable, sample: Any, batched: bool) -> tuple:
+    """``(the first sample's batch, seconds)``, made before the next sample is read, and then the watch told the
+    first read is done (``sandbox.first_read_done``): what the dataset or the ``collate_fn`` changes from here on
+    is state kept per read (a cache, a vocabulary growing, a count of batches), not lazy set-up. A re-read of
+    the first sample could not tell: the cache held it, the vocabulary knew its words (an audit: workers each
+    numbered the words anew, and every batch differed from raw's)."""
+    c0 = time.perf_counter()
+    batch = collate([sample]) if batched else collate(sample)
+    seconds = time.perf_counter() - c0
+    sandbox.first_read_done()
+    return batch, seconds
 
 
 def _pair(collate: Callable, samples: list) -> tuple:

@@ -201,10 +201,30 @@ def sampler_writes(sampler: Any = None, batch_sampler: Any = None) -> str | None
     held: set = set()
     for arg, value in (("sampler", sampler), ("batch_sampler", batch_sampler)):
         for where, fn, owner in _held_entries(value, held):
-            found = _walk(fn, owner, set(), [0], _store_look) if fn.__name__ == "__iter__" else None
+            look = functools.partial(_store_look, entry=fn)
+            found = _walk(fn, owner, set(), [0], look) if fn.__name__ == "__iter__" else None
             if found:
                 return f"the {arg}'s {where} writes {found}"
     return None
+
+
+def draws_once_per_epoch(sampler: Any, held: list) -> bool:
+    """Whether ``sampler`` draws from the generators it holds (``held``: ``sandbox.held_generators``' ``(where,
+    generator)``) only in its generator ``__iter__``, before the loop that yields: once per epoch, as its first
+    index is asked for, with or without workers (the over-locking audit: a bucketing batch sampler drawing one
+    permutation per epoch from its ``default_rng`` kept 0 workers). Anything else may draw ahead of the loop with
+    workers: a plain ``__iter__``, a draw in the loop, a generator held deeper or used through a helper."""
+    prefix = f"{type(sampler).__name__}."
+    names = {where[len(prefix):] for where, _ in held if where.startswith(prefix)}
+    entries = [fn for _, fn, _ in _entries(sampler) if fn.__name__ == "__iter__"]
+    if not entries or not _generator(entries[0]) or len(names) != len(held) or any(
+            not name.isidentifier() for name in names):
+        return False
+    code = entries[0].__code__
+    reads = [instr.offset for instr in dis.get_instructions(code)
+             if instr.opname in ("LOAD_ATTR", "LOAD_METHOD") and instr.argval in names]
+    inner = any(not names.isdisjoint(each.co_names) for each in itertools.islice(_codes(code), 1, None))
+    return bool(reads) and not inner and all(_before_loop(code, offset) for offset in reads)
 
 
 def stage_draw(source: Any = None, operations: Any = ()) -> str | None:
@@ -240,21 +260,53 @@ def stage_writes(source: Any = None, operations: Any = ()) -> str | None:
     return f"{where} writes {found}" if found else None
 
 
-def _store_look(fn: Any, owner: Any = None) -> tuple:
+def _store_look(fn: Any, owner: Any = None, entry: Any = None) -> tuple:
     """The first write of ``self``'s state (where ``fn`` is a method of ``owner``) or of a module global in
-    ``fn``'s code, named; nothing to resolve further (``_walk`` follows the methods and functions it names)."""
+    ``fn``'s code, named; nothing to resolve further (``_walk`` follows the methods and functions it names).
+
+    Not counted: lazy set-up, an attribute assigned where the same code asks whether it is set (``if self.f is
+    None: self.f = open(...)``, ``hasattr(self, "index")``), which a read made in the program before the probe
+    has done already (an audit: a dataset peeked at with ``ds[0]`` kept its loader's workers at 0); and, where
+    ``fn`` is ``entry``, a sampler's generator ``__iter__``, what it writes before the loop that yields, once per
+    epoch with or without workers (``self.epoch += 1``, as ``_before_loop`` counts draws)."""
     code = fn.__code__
     this = code.co_varnames[0] if owner is not None and code.co_argcount else None
+    per_epoch = fn is entry and _generator(fn)
     for each in _codes(code):
         ins = list(dis.get_instructions(each))
         own = this if each is code or this in each.co_freevars else None  # a comprehension's, a lambda's ``self``
+        set_up = _asked_whether_set(ins, own) if own is not None else set()
         for i, instr in enumerate(ins):
             if instr.opname == "STORE_GLOBAL":
-                return f"the global {instr.argval}", ()
-            found = _self_write(ins, i, own) if own is not None else None
-            if found:
+                found = f"the global {instr.argval}"
+            else:
+                found = _self_write(ins, i, own) if own is not None else None
+                found = None if found and found.removeprefix("self.") in set_up else found
+            if found and not (per_epoch and each is code and _before_loop(code, instr.offset)):
                 return found, ()
     return None, ()
+
+
+def _asked_whether_set(ins: list, this: str) -> set:
+    """The attributes of ``self`` the code compares with ``None`` (``self.f is None``, ``self.f is not None``)
+    or asks for by name (``hasattr(self, "f")``, ``getattr(self, "f", None)``): where it then assigns them, it
+    sets them up once."""
+    asked = set()
+    for i, instr in enumerate(ins[1:], 1):
+        after = ins[i + 1:i + 3]
+        if instr.opname == "LOAD_ATTR" and _loads(ins[i - 1], this) and after and (
+                "NONE" in after[0].opname or (after[0].opname == "LOAD_CONST" and after[0].argval is None and
+                                              len(after) > 1 and after[1].opname in ("IS_OP", "COMPARE_OP"))):
+            asked.add(instr.argval)
+        elif instr.opname == "LOAD_CONST" and isinstance(instr.argval, str) and _loads(ins[i - 1], this) and any(
+                k.opname == "LOAD_GLOBAL" and k.argval in ("hasattr", "getattr") for k in ins[max(0, i - 4):i - 1]):
+            asked.add(instr.argval)
+    return asked
+
+
+def _loads(instr: Any, name: str) -> bool:
+    """``instr`` pushes the local (or the cell) ``name``."""
+    return (instr.opname.startswith("LOAD_FAST") or instr.opname == "LOAD_DEREF") and instr.argval in (name, (name,))
 
 
 def _self_write(ins: list, i: int, this: str) -> str | None:
@@ -262,8 +314,7 @@ def _self_write(ins: list, i: int, this: str) -> str | None:
     op, name = ins[i].opname, ins[i].argval
 
     def loads_self(k: int) -> bool:  # a local, or a cell where inner code (a comprehension in 3.11) uses it too
-        return 0 <= k and (ins[k].opname.startswith("LOAD_FAST") or ins[k].opname == "LOAD_DEREF") and \
-            ins[k].argval in (this, (this,))
+        return 0 <= k and _loads(ins[k], this)
 
     if op == "STORE_ATTR":
         if loads_self(i - 1):
@@ -531,12 +582,33 @@ def _walk(fn: Any, owner: Any, seen: set, count: list, look: Callable) -> Any:
         return found
     names = set(_names(code))
     held = _held_named(owner, names)
-    named = (pair for name in names for pair in _named(name, fn, owner, held))
+    of_modules = functools.cache(lambda: _module_attributes_only(code, fn))  # read where a name matches only
+    named = (pair for name in names for pair in _named(name, fn, owner, held) if name not in of_modules())
     for target, target_owner in itertools.chain(resolved, named):
         found = _walk(target, target_owner, seen, count, look)
         if found:
             return found
     return None
+
+
+def _module_attributes_only(code: types.CodeType, fn: Any) -> set:
+    """The names ``code`` reads only as an attribute of a module it names (``load`` of ``torch.load(path)``):
+    never its owner's method nor a module function, though one of the program's has the name (an audit: a
+    dataset's own ``load()``, which builds its index, was taken for what ``torch.load`` called, and its write of
+    ``self.files`` kept the loader's workers at 0)."""
+    globals_ = getattr(fn, "__globals__", {})
+    only, elsewhere = set(), set()
+    for each in _codes(code):
+        before = None
+        for instr in dis.get_instructions(each):
+            if instr.opname in ("LOAD_ATTR", "LOAD_METHOD"):
+                of_module = before is not None and before.opname == "LOAD_GLOBAL" and \
+                    isinstance(globals_.get(before.argval), types.ModuleType)
+                (only if of_module else elsewhere).add(instr.argval)
+            elif instr.opname in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF", "LOAD_FAST", "LOAD_CONST"):
+                elsewhere.add(instr.argval)
+            before = instr
+    return only - elsewhere
 
 
 def _name_look(fn: Any, owner: Any = None) -> tuple:

@@ -615,6 +615,22 @@ class WritesOnSomeRows:
         RECENT = RECENT[-3:] + [i]
         return i
 
+    def vocabulary(self, i):  # in a comprehension: ``self`` is a cell there (3.9-3.11)
+        return [self.cache.setdefault(w, len(self.cache)) for w in str(i)]
+
+    def lazy_set_up(self, i):  # done once, maybe by a read the program made before the probe
+        if self.meta is None:
+            self.meta = Scale()
+        if not hasattr(self, "index"):
+            self.index = list(range(4))
+        return i
+
+    def load(self):  # builds the index: called by __init__ only, never by ``np.load`` below
+        self.skipped = []
+
+    def reads_a_module_function_named_as_a_method(self, i):
+        return np.load(i)
+
     def reads_only(self, i):
         local = Scale()
         local.factor = 2  # a local object's attribute: not the source's state
@@ -626,9 +642,51 @@ class WritesOnSomeRows:
 @pytest.mark.parametrize("method, written", [
     ("flag", "self.failed"), ("bad_samples", "self.skipped.append()"), ("counter", "self.calls"),
     ("cache_fill", "self.cache[...]"), ("nested", "self.meta.last"), ("through_a_helper", "the global RECENT"),
-    ("reads_only", None)])
+    ("vocabulary", "self.cache.setdefault()"), ("lazy_set_up", None),
+    ("reads_a_module_function_named_as_a_method", None), ("reads_only", None)])
 def test_state_a_stage_writes_on_some_rows_is_named(method, written):
     source = type(f"Source_{method}", (WritesOnSomeRows,), {"__getitem__": getattr(WritesOnSomeRows, method)})()
     found = codescan.stage_writes(source)
     assert (found is None) if written is None else (found == f"Source_{method}.__getitem__ writes {written}"), found
     assert codescan.stage_writes(operations=[Scale(), jitter]) is None
+
+
+class EpochCounting:
+    """Samplers that keep state in ``__iter__`` (the DataLoader audits): a plain ``__iter__`` runs twice per
+    epoch with workers; a generator's body runs once, and only what it writes in its loop moves ahead of the
+    training loop."""
+
+    def __init__(self):
+        self.epoch, self.position = 0, 0
+
+    def __len__(self):
+        return 4
+
+
+class PlainEpochs(EpochCounting):
+    def __iter__(self):
+        self.epoch += 1
+        return iter(np.random.default_rng(self.epoch).permutation(4).tolist())
+
+
+class GeneratorEpochs(EpochCounting):
+    def __iter__(self):
+        order = np.random.default_rng(self.epoch).permutation(4).tolist()
+        self.epoch += 1
+        yield from order
+
+
+class GeneratorPositions(EpochCounting):
+    def __iter__(self):
+        for i in range(4):
+            self.position += 1
+            yield i
+
+
+@pytest.mark.parametrize("sampler, written", [(PlainEpochs, "self.epoch"), (GeneratorEpochs, None),
+                                              (GeneratorPositions, "self.position")])
+def test_a_samplers_iter_writing_its_state_is_named_where_workers_move_it(sampler, written):
+    found = codescan.sampler_writes(sampler())
+    assert (found is None) if written is None else (found == f"the sampler's {sampler.__name__}.__iter__ writes "
+                                                             f"{written}"), found
+    assert codescan.sampler_writes(None, sampler()) == (found and found.replace("sampler's", "batch_sampler's"))

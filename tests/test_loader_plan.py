@@ -6,6 +6,7 @@ import collections
 import types
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from ms_shm import budget
@@ -841,6 +842,33 @@ def test_a_generator_of_the_callers_keeps_the_workers_and_the_prefetch_asked(ext
     assert loaders._asked_lock(eng, asked["dataset"], asked) == loaders.DRAWS_AHEAD
     assert loaders._asked_lock(eng, asked["dataset"], {"dataset": asked["dataset"], "batch_size": 4,
                                                       "sampler": SimpleNamespace(generator=None)}) is None
+
+
+class _HoldsItsRng:
+    def __init__(self):
+        self.rng = np.random.default_rng(0)
+
+    def __len__(self):
+        return 8
+
+
+class _PermutesPerEpoch(_HoldsItsRng):
+    def __iter__(self):  # one draw as the epoch's first index is asked for, with or without workers
+        order = self.rng.permutation(8).tolist()
+        for k in range(0, 8, 4):
+            yield order[k:k + 4]
+
+
+class _DrawsPerIndex(_HoldsItsRng):
+    def __iter__(self):  # the DataLoader audit's: workers read ahead of a loop that stops early, and draw further
+        for _ in range(8):
+            yield int(self.rng.integers(8))
+
+
+@pytest.mark.parametrize("sampler, ahead", [(_PermutesPerEpoch, False), (_DrawsPerIndex, True)])
+def test_a_sampler_holding_its_own_generator_draws_ahead_where_it_draws_in_its_loop(sampler, ahead):
+    assert loaders_mod()._draws_ahead({"dataset": object(), "batch_sampler": sampler()}) is ahead
+    assert loaders_mod()._draws_ahead({"dataset": object(), "sampler": sampler()}) is ahead
 
 
 # --- samples that vary in size: read spread over the dataset, planned with build_dataset's margin

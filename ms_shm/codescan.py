@@ -264,44 +264,74 @@ def _store_look(fn: Any, owner: Any = None, entry: Any = None) -> tuple:
     """The first write of ``self``'s state (where ``fn`` is a method of ``owner``) or of a module global in
     ``fn``'s code, named; nothing to resolve further (``_walk`` follows the methods and functions it names).
 
-    Not counted: lazy set-up, an attribute assigned where the same code asks whether it is set (``if self.f is
-    None: self.f = open(...)``, ``hasattr(self, "index")``), which a read made in the program before the probe
-    has done already (an audit: a dataset peeked at with ``ds[0]`` kept its loader's workers at 0); and, where
-    ``fn`` is ``entry``, a sampler's generator ``__iter__``, what it writes before the loop that yields, once per
-    epoch with or without workers (``self.epoch += 1``, as ``_before_loop`` counts draws)."""
+    Not counted: lazy set-up, an assignment that the code makes only where the attribute is not set yet (``if
+    self.f is None: self.f = open(...)``, ``if not hasattr(self, "index"): ...``, ``if self.f is not None: return
+    self.f`` before it), which a read made in the program before the probe has done already (an audit: a dataset
+    peeked at with ``ds[0]`` kept its loader's workers at 0); a guard with another condition (``... is None and
+    i % 61 == 60``) or another write of the attribute still counts. And, where ``fn`` is ``entry``, a sampler's
+    generator ``__iter__``, what it writes before the loop that yields, once per epoch with or without workers
+    (``self.epoch += 1``, as ``_before_loop`` counts draws)."""
     code = fn.__code__
     this = code.co_varnames[0] if owner is not None and code.co_argcount else None
     per_epoch = fn is entry and _generator(fn)
     for each in _codes(code):
         ins = list(dis.get_instructions(each))
         own = this if each is code or this in each.co_freevars else None  # a comprehension's, a lambda's ``self``
-        set_up = _asked_whether_set(ins, own) if own is not None else set()
+        set_up = _set_up_once(ins, own) if own is not None else set()
         for i, instr in enumerate(ins):
             if instr.opname == "STORE_GLOBAL":
                 found = f"the global {instr.argval}"
             else:
-                found = _self_write(ins, i, own) if own is not None else None
-                found = None if found and found.removeprefix("self.") in set_up else found
+                found = _self_write(ins, i, own) if own is not None and i not in set_up else None
             if found and not (per_epoch and each is code and _before_loop(code, instr.offset)):
                 return found, ()
     return None, ()
 
 
-def _asked_whether_set(ins: list, this: str) -> set:
-    """The attributes of ``self`` the code compares with ``None`` (``self.f is None``, ``self.f is not None``)
-    or asks for by name (``hasattr(self, "f")``, ``getattr(self, "f", None)``): where it then assigns them, it
-    sets them up once."""
-    asked = set()
-    for i, instr in enumerate(ins[1:], 1):
-        after = ins[i + 1:i + 3]
-        if instr.opname == "LOAD_ATTR" and _loads(ins[i - 1], this) and after and (
-                "NONE" in after[0].opname or (after[0].opname == "LOAD_CONST" and after[0].argval is None and
-                                              len(after) > 1 and after[1].opname in ("IS_OP", "COMPARE_OP"))):
-            asked.add(instr.argval)
-        elif instr.opname == "LOAD_CONST" and isinstance(instr.argval, str) and _loads(ins[i - 1], this) and any(
-                k.opname == "LOAD_GLOBAL" and k.argval in ("hasattr", "getattr") for k in ins[max(0, i - 4):i - 1]):
-            asked.add(instr.argval)
-    return asked
+def _set_up_once(ins: list, this: str) -> set:
+    """The indices in ``ins`` of the assignments ``self.x = v`` made only where ``x`` is not set yet: in the
+    body of ``if self.x is None:`` or ``if not hasattr(self, "x"):`` before any other condition, or right after
+    ``if self.x is not None: return ...``."""
+    at = {instr.offset: k for k, instr in enumerate(ins)}
+    lazy = set()
+    for k in range(len(ins)):
+        guard = _none_guard(ins, k, this)
+        if guard is None:
+            continue
+        name, jump, runs_when_unset = guard
+        end = at.get(ins[jump].argval)
+        if end is None or end <= jump:
+            continue
+        body = range(jump + 1, end) if runs_when_unset else \
+            range(end, len(ins)) if ins[end - 1].opname.startswith("RETURN") else range(0)
+        for b in body:
+            if _conditional(ins[b]) or ins[b].opname.startswith("RETURN"):
+                break
+            if ins[b].opname == "STORE_ATTR" and ins[b].argval == name and _loads(ins[b - 1], this):
+                lazy.add(b)
+    return lazy
+
+
+def _none_guard(ins: list, k: int, this: str) -> tuple | None:
+    """``(attribute, index of the jump, whether the code after the jump runs where it is unset)`` for a test
+    of ``self.x`` against ``None`` or ``hasattr(self, "x")`` starting at ``ins[k]``, else ``None``."""
+    instr, after = ins[k], ins[k + 1:k + 7]  # hasattr's call is 2-4 instructions long, by release
+    if instr.opname == "LOAD_ATTR" and k and _loads(ins[k - 1], this) and after:
+        if "NONE" in after[0].opname and _conditional(after[0]):  # 3.11+: POP_JUMP_IF_NOT_NONE and kin
+            return instr.argval, k + 1, "NOT_NONE" in after[0].opname
+        if len(after) > 2 and after[0].opname == "LOAD_CONST" and after[0].argval is None and \
+                after[1].opname == "IS_OP" and _conditional(after[2]):  # 3.9-3.10: is None, then a jump if false
+            return instr.argval, k + 3, (after[1].arg == 0) == ("FALSE" in after[2].opname)
+    if instr.opname == "LOAD_GLOBAL" and instr.argval == "hasattr" and len(after) > 2 and \
+            _loads(after[0], this) and after[1].opname == "LOAD_CONST" and isinstance(after[1].argval, str):
+        jump = next((k + 1 + j for j, a in enumerate(after) if _conditional(a)), None)
+        if jump is not None:
+            return after[1].argval, jump, "TRUE" in ins[jump].opname  # ``if not hasattr``: jumps where it is set
+    return None
+
+
+def _conditional(instr: Any) -> bool:
+    return "_IF_" in instr.opname or instr.opname.startswith("JUMP_IF")
 
 
 def _loads(instr: Any, name: str) -> bool:
@@ -605,7 +635,7 @@ def _module_attributes_only(code: types.CodeType, fn: Any) -> set:
                 of_module = before is not None and before.opname == "LOAD_GLOBAL" and \
                     isinstance(globals_.get(before.argval), types.ModuleType)
                 (only if of_module else elsewhere).add(instr.argval)
-            elif instr.opname in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF", "LOAD_FAST", "LOAD_CONST"):
+            elif instr.opname.startswith("LOAD_") and isinstance(instr.argval, str):  # super().x on 3.12 too
                 elsewhere.add(instr.argval)
             before = instr
     return only - elsewhere

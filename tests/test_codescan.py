@@ -631,6 +631,24 @@ class WritesOnSomeRows:
     def reads_a_module_function_named_as_a_method(self, i):
         return np.load(i)
 
+    def guarded_with_a_condition(self, i):  # not set-up: the write waits for a row the probe may not read
+        if self.meta is None and i == 60:
+            self.meta = i
+        return i
+
+    def set_up_then_counted(self, i):
+        if not hasattr(self, "seen"):
+            self.seen = 0
+        if i == 60:
+            self.seen += 1
+        return i
+
+    def set_up_after_an_early_return(self, i):
+        if self.meta is not None:
+            return i
+        self.meta = Scale()
+        return i
+
     def reads_only(self, i):
         local = Scale()
         local.factor = 2  # a local object's attribute: not the source's state
@@ -643,12 +661,28 @@ class WritesOnSomeRows:
     ("flag", "self.failed"), ("bad_samples", "self.skipped.append()"), ("counter", "self.calls"),
     ("cache_fill", "self.cache[...]"), ("nested", "self.meta.last"), ("through_a_helper", "the global RECENT"),
     ("vocabulary", "self.cache.setdefault()"), ("lazy_set_up", None),
-    ("reads_a_module_function_named_as_a_method", None), ("reads_only", None)])
+    ("reads_a_module_function_named_as_a_method", None), ("guarded_with_a_condition", "self.meta"),
+    ("set_up_then_counted", "self.seen"), ("set_up_after_an_early_return", None), ("reads_only", None)])
 def test_state_a_stage_writes_on_some_rows_is_named(method, written):
     source = type(f"Source_{method}", (WritesOnSomeRows,), {"__getitem__": getattr(WritesOnSomeRows, method)})()
     found = codescan.stage_writes(source)
     assert (found is None) if written is None else (found == f"Source_{method}.__getitem__ writes {written}"), found
     assert codescan.stage_writes(operations=[Scale(), jitter]) is None
+
+
+class _Loads:
+    def load(self, i):
+        self.loaded = i
+        return i
+
+
+class _LoadsThroughSuper(_Loads):
+    def __getitem__(self, i):  # ``np.load`` beside ``super().load``: LOAD_SUPER_ATTR on 3.12
+        return super().load(i) if i == 60 else np.load
+
+
+def test_a_method_reached_through_super_is_read_though_a_module_has_a_function_of_its_name():
+    assert codescan.stage_writes(_LoadsThroughSuper()) == "_LoadsThroughSuper.__getitem__ writes self.loaded"
 
 
 class EpochCounting:

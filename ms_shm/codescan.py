@@ -260,7 +260,18 @@ def stage_writes(source: Any = None, operations: Any = ()) -> str | None:
     return f"{where} writes {found}" if found else None
 
 
-def _store_look(fn: Any, owner: Any = None, entry: Any = None) -> tuple:
+def stage_grows(source: Any = None, operations: Any = ()) -> str | None:
+    """Where the same code (``stage_writes``') adds to state rather than sets it: ``self.n += 1``,
+    ``self.bad[k] = v``, ``self.bad.append(i)``, ``self.bad = self.bad + (i,)``. Lazy set-up only ever sets, so
+    such a write is state kept per read even where the probe saw the state set up (a GeneratorDataset audit: a
+    count of bad rows created by ``hasattr`` on the first read, and grown on rows the probe did not read, got
+    threads and other rows)."""
+    ops = tuple(operations) if isinstance(operations, (list, tuple)) else (operations,)
+    where, _, found = _per_sample(source, ops, set(), functools.partial(_store_look, growing=True), "")
+    return f"{where} adds to {found}" if found else None
+
+
+def _store_look(fn: Any, owner: Any = None, entry: Any = None, growing: bool = False) -> tuple:
     """The first write of ``self``'s state (where ``fn`` is a method of ``owner``) or of a module global in
     ``fn``'s code, named; nothing to resolve further (``_walk`` follows the methods and functions it names).
 
@@ -283,6 +294,7 @@ def _store_look(fn: Any, owner: Any = None, entry: Any = None) -> tuple:
                 found = f"the global {instr.argval}"
             else:
                 found = _self_write(ins, i, own) if own is not None and i not in set_up else None
+                found = None if found and growing and not _grows(ins, i, own, found) else found
             if found and not (per_epoch and each is code and _before_loop(code, instr.offset)):
                 return found, ()
     return None, ()
@@ -361,6 +373,21 @@ def _self_write(ins: list, i: int, this: str) -> str | None:
             ins[i + 1].opname in ("LOAD_METHOD", "LOAD_ATTR") and ins[i + 1].argval in MUTATORS:
         return f"self.{name}.{ins[i + 1].argval}()"
     return None
+
+
+def _grows(ins: list, i: int, this: str, found: str) -> bool:
+    """Whether the write ``_self_write`` found at ``ins[i]`` adds to what is there: an item stored or a mutator
+    called, ``self.x += v``, or ``self.x = ...`` reading ``self.x`` in the same statement."""
+    if found.endswith(("[...]", "()")) or ins[i].opname != "STORE_ATTR":
+        return found.endswith(("[...]", "()"))
+    if ins[i - 1].opname in ("SWAP", "ROT_TWO"):
+        return True
+    for k in range(i - 2, max(0, i - 16), -1):
+        if ins[k].opname.startswith(("STORE_", "POP_TOP", "RETURN")) or _conditional(ins[k]):
+            return False
+        if ins[k].opname == "LOAD_ATTR" and ins[k].argval == ins[i].argval and _loads(ins[k - 1], this):
+            return True
+    return False
 
 
 def _sample_draw(dataset: Any, callables: tuple, held: set, targets: _Targets, prefix: str) -> tuple | None:

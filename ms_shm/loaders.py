@@ -498,7 +498,8 @@ def _probe(eng: Any, dataset: Any, asked: dict, b: Any, timed: bool) -> tuple:
                                   reread=timed, read=eng.compat.sample_reader(batched),
                                   shares=eng.compat.collate_shares if asked.get("collate_fn") else None)
     stats, effects, why = measured
-    effects = _opened_by_each_reader(effects.with_writes(codescan.stage_writes(dataset, asked.get("collate_fn"))),
+    code = (dataset, asked.get("collate_fn"))
+    effects = _opened_by_each_reader(effects.with_writes(codescan.stage_writes(*code), codescan.stage_grows(*code)),
                                      [dataset, collate])
     if stats is not None and method != "fork" and memory:  # a spawned worker imports torch again: its own pages
         stats = replace(stats, worker_bytes=spawncost.worker_bytes(method, stats.worker_bytes))

@@ -517,19 +517,22 @@ def _with_code_read(probe: StageProbe, source: Any = None, operations: Any = (),
     read = read if isinstance(read, CodeRead) else _read_code(source, operations)
     if read.draw is not None:
         return replace(probe, effects=replace(effects, draws_random=read.draw))
-    return replace(probe, effects=effects.with_writes(read.writes))
+    return replace(probe, effects=effects.with_writes(read.writes, read.grows))
 
 
 @record
 class CodeRead(Result):
-    """The code's reading made beside the probe child: the draw and the write of state it found, or ``None``."""
+    """The code's reading made beside the probe child: the draw, the write of state and the addition to state it
+    found, or ``None``."""
 
     draw: str | None
     writes: str | None = None
+    grows: str | None = None
 
 
 def _read_code(source: Any, operations: Any) -> CodeRead:
-    return CodeRead(codescan.stage_draw(source, operations), codescan.stage_writes(source, operations))
+    return CodeRead(codescan.stage_draw(source, operations), codescan.stage_writes(source, operations),
+                    codescan.stage_grows(source, operations))
 
 
 def _fork(in_child: Callable, worker_pages: bool, beside: bool, source: Any = None,

@@ -88,11 +88,16 @@ class Effects(Result):
         """Why the framework's own workers (kind and count) must read the rows, or ``None``."""
         return self.order_dependent or self.state_per_read or self.holds_handle
 
-    def with_writes(self, writes: str | None) -> Effects:
+    def with_writes(self, writes: str | None, grows: str | None = None) -> Effects:
         """These effects, with the state the code writes on reads the probe did not make (``writes``:
         ``codescan.stage_writes``) taken as state kept per read, where the probe's reads changed nothing: had
-        they changed it, they told lazy set-up from state kept per read already."""
-        if writes is None or self.mutates_state is not None or self.state_per_read is not None:
+        they changed it, they told lazy set-up from state kept per read already. State the code adds to
+        (``grows``: ``codescan.stage_grows``) is kept per read either way: lazy set-up only ever sets."""
+        if self.state_per_read is not None:
+            return self
+        if grows is not None:
+            return replace(self, state_per_read=f"{grows} on reads the probe did not make: state kept per read")
+        if writes is None or self.mutates_state is not None:
             return self
         return replace(self, state_per_read=f"{writes}, which the probe's reads did not change: state kept on "
                                             f"the reads it did not make")

@@ -724,3 +724,39 @@ def test_a_samplers_iter_writing_its_state_is_named_where_workers_move_it(sample
     assert (found is None) if written is None else (found == f"the sampler's {sampler.__name__}.__iter__ writes "
                                                              f"{written}"), found
     assert codescan.sampler_writes(None, sampler()) == (found and found.replace("sampler's", "batch_sampler's"))
+
+
+class _BadRowsSetUpLazily:
+    """A count and a tuple of bad rows, created by the first read and added to on bad rows only (the
+    GeneratorDataset audit's): the probe sees the set-up, never the additions."""
+
+    rows = None
+
+    def __getitem__(self, i):
+        if not hasattr(self, "count"):
+            self.count = 0
+        if self.rows is None:
+            self.rows = ()
+        if i % 61 == 60:
+            self.count += 1
+            self.rows = self.rows + (i,)
+        return i
+
+
+class _SetUpOnly(_BadRowsSetUpLazily):
+    def __getitem__(self, i):
+        if self.rows is None:
+            self.rows = ()
+        self.last = i  # set, never added to
+        return i
+
+
+def test_state_added_to_on_some_rows_counts_beside_lazy_set_up():
+    from ms_shm import sandbox
+
+    assert codescan.stage_grows(_BadRowsSetUpLazily()) == "_BadRowsSetUpLazily.__getitem__ adds to self.count"
+    assert codescan.stage_grows(_SetUpOnly()) is None
+    set_up = sandbox.Effects(mutates_state="_BadRowsSetUpLazily.count changed while rows were read")
+    grown = set_up.with_writes("x writes self.count", codescan.stage_grows(_BadRowsSetUpLazily()))
+    assert "adds to self.count" in grown.state_per_read, grown
+    assert set_up.with_writes("x writes self.last", None) == set_up  # set up on the probe's rows: decided there

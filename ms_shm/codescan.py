@@ -291,7 +291,7 @@ def _store_look(fn: Any, owner: Any = None, entry: Any = None, growing: bool = F
         set_up = _set_up_once(ins, own) if own is not None else set()
         for i, instr in enumerate(ins):
             if instr.opname == "STORE_GLOBAL":
-                found = f"the global {instr.argval}"
+                found = f"the global {instr.argval}" if not growing or _reads_before(ins, i, "LOAD_GLOBAL") else None
             else:
                 found = _self_write(ins, i, own) if own is not None and i not in set_up else None
                 found = None if found and growing and not _grows(ins, i, own, found) else found
@@ -380,12 +380,16 @@ def _grows(ins: list, i: int, this: str, found: str) -> bool:
     called, ``self.x += v``, or ``self.x = ...`` reading ``self.x`` in the same statement."""
     if found.endswith(("[...]", "()")) or ins[i].opname != "STORE_ATTR":
         return found.endswith(("[...]", "()"))
-    if ins[i - 1].opname in ("SWAP", "ROT_TWO"):
-        return True
-    for k in range(i - 2, max(0, i - 16), -1):
+    return ins[i - 1].opname in ("SWAP", "ROT_TWO") or _reads_before(ins, i, "LOAD_ATTR", this)
+
+
+def _reads_before(ins: list, i: int, load: str, this: str | None = None) -> bool:
+    """Whether the statement storing at ``ins[i]`` reads the same name first (``load``: of ``self`` where
+    ``this`` is given): ``COUNT = COUNT + 1``, ``self.bad = self.bad + (i,)``, ``global X; X += 1``."""
+    for k in range(i - 1, max(0, i - 16), -1):
         if ins[k].opname.startswith(("STORE_", "POP_TOP", "RETURN")) or _conditional(ins[k]):
             return False
-        if ins[k].opname == "LOAD_ATTR" and ins[k].argval == ins[i].argval and _loads(ins[k - 1], this):
+        if ins[k].opname == load and ins[k].argval == ins[i].argval and (this is None or _loads(ins[k - 1], this)):
             return True
     return False
 

@@ -751,8 +751,29 @@ class _SetUpOnly(_BadRowsSetUpLazily):
         return i
 
 
+_LAZY_GLOBAL = None
+
+
+class _GlobalsSetUpAndAddedTo:
+    def lazily(self, i):  # a module's tokenizer, made by the first read: set up, not added to
+        global _LAZY_GLOBAL
+        if _LAZY_GLOBAL is None:
+            _LAZY_GLOBAL = object()
+        return i
+
+    def counted(self, i):
+        global RECENT
+        RECENT = RECENT + [i] if i == 60 else RECENT
+        return i
+
+
 def test_state_added_to_on_some_rows_counts_beside_lazy_set_up():
     from ms_shm import sandbox
+
+    globals_ = _GlobalsSetUpAndAddedTo
+    assert codescan.stage_grows(type("Lazily", (globals_,), {"__getitem__": globals_.lazily})()) is None
+    assert codescan.stage_grows(type("Counted", (globals_,), {"__getitem__": globals_.counted})()) == \
+        "Counted.__getitem__ adds to the global RECENT"
 
     assert codescan.stage_grows(_BadRowsSetUpLazily()) == "_BadRowsSetUpLazily.__getitem__ adds to self.count"
     assert codescan.stage_grows(_SetUpOnly()) is None

@@ -17,7 +17,6 @@ import itertools
 import logging
 import os
 import pathlib
-import signal
 import sys
 import threading
 import types
@@ -25,7 +24,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ms_shm import hooks, objects, sandbox
+from ms_shm import hooks, objects
 from ms_shm._results import Result, record
 from ms_shm.changes import Change, get_nofile, set_nofile_soft  # noqa: F401  (re-exported)
 from ms_shm.engines.mindspore import liveness, second_iterator
@@ -325,18 +324,19 @@ def generator_dataset(source: Any, column_names: Any, kwargs: dict, threads_aske
     return _dataset_module().GeneratorDataset(source, column_names, **kwargs)
 
 
-# What MindSpore's worker setup installs (``cde.register_worker_handlers``: its C++ handlers, 2.10 measured)
-_WORKER_SIGNALS = (signal.SIGTERM, signal.SIGCHLD, signal.SIGSEGV, signal.SIGBUS)
 _THREADS_CHOSEN = objects.PerObject()  # the sources whose worker threads, if any, are ms_shm's choice
 
 
 def _keep_program_signals(source: Any) -> None:
     """A ``GeneratorDataset``'s worker loop starts with ``cde.register_worker_handlers()``, meant for a worker
-    process, and a worker thread runs it too (2.7.2-2.10; 2.0.0 has none): MindSpore's SIGTERM, SIGCHLD, SIGSEGV
-    and SIGBUS handlers then replace the program's for the whole process. SIGTERM ended the program with exit
-    status 0, no handler of its own and no ``finally`` run (an audit: a preemption handler never ran, where raw
-    read in MindSpore's own thread and the handler ran). Raw does that only where the call asked for threads; in
-    threads ms_shm chose, the program's handlers are put back once MindSpore's are in."""
+    process, and a worker thread runs it too (2.7.2-2.10; 2.0.0 has none): MindSpore's SIGTERM and SIGBUS handlers
+    (and SIGSEGV and SIGFPE from 2.8: measured) then replace the program's for the whole process. An audit's preemption handler never
+    ran, where raw read in MindSpore's own thread and the handler ran: MindSpore's SIGTERM handler ends the
+    process (exit status 0 when the parent sent it, else by SIGTERM itself), with no ``finally`` run. Raw does
+    that only where the call asked for threads. In threads ms_shm chose, the call is not made: it sets nothing
+    else (its C++ source, 2.7.2-2.10), and putting the program's handlers back after it raced. Two threads set up
+    at once, the second kept MindSpore's handlers as "the program's" and put them back (CI, 2.10: the program
+    killed by its own SIGTERM, 1 run)."""
     _THREADS_CHOSEN.put(source, "threads", True)
     hooks.wrap_once(sys.modules.get("mindspore._c_dataengine"), "register_worker_handlers", _keeping_program_signals)
 
@@ -345,11 +345,8 @@ def _keeping_program_signals(original: Callable) -> Callable:
     def register_worker_handlers(*args: Any, **kwargs: Any) -> Any:
         if not _in_a_chosen_worker_thread(sys._getframe(1)):
             return original(*args, **kwargs)
-        kept = sandbox.signal_actions(_WORKER_SIGNALS)
-        try:
-            return original(*args, **kwargs)
-        finally:
-            sandbox.put_back_signal_actions(kept, "MindSpore's worker thread set up its handlers")
+        log.debug("ms_shm: a worker thread ms_shm chose leaves the program's signal handlers as they are")
+        return None
     return register_worker_handlers
 
 

@@ -195,8 +195,12 @@ def test_rows_much_larger_than_the_probe_saw(faults):
     """Probe rows (``rows._spread``) are 1 MiB, all others 12 MiB. Raw: SIGBUS. ms_shm: bit-exact rows, then
     the guard's error at exactly the row its accounting predicts, naming sizes and the fix."""
     raw = faults("rows_larger_raw")
-    assert raw["rc"] == -15 and BUS in raw["stderr"], describe(raw)
-    assert "was killed by signal: Bus error" in raw["stderr"]
+    # Raw fails; by SIGBUS but for a loaded host, where its worker's fd hand-off (``resource_sharer``) met
+    # ``EOFError`` first (one full run, three other jobs on the 2 cores): either way not ms_shm's subject here.
+    assert raw["rc"] != 0, describe(raw)
+    if "EOFError" not in raw["stderr"]:
+        assert raw["rc"] == -15 and BUS in raw["stderr"], describe(raw)
+        assert "was killed by signal: Bus error" in raw["stderr"]
     assert_nothing_left(raw)
 
     out = faults("rows_larger")

@@ -59,9 +59,11 @@ def _collect(generation: int) -> None:
 
 def load(name: str) -> ModuleType:
     """``importlib.import_module(name)``, quietly where it is not loaded yet (never settling for a module
-    already there: a patched call asks for its modules at every call)."""
+    already there: a patched call asks for its modules at every call). A module another thread is still
+    loading is waited for, as ``import`` does: two threads building their first pipelines at once, the second
+    met ``ms_shm.api`` half made (``AttributeError: partially initialized module``)."""
     module = sys.modules.get(name)
-    if module is not None:
+    if module is not None and not getattr(getattr(module, "__spec__", None), "_initializing", False):
         return module
     with quiet():
         return importlib.import_module(name)

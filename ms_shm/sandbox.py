@@ -19,6 +19,7 @@ on which process or thread reads them must keep MindSpore's own mode.
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import faulthandler
 import functools
@@ -224,6 +225,12 @@ def _unless_held(locks: list, probe: Callable[[], Any]) -> Callable[[], Any]:
     return tried_first
 
 
+# One probe fork with MindSpore's hooks at a time: two pipelines built at once on two threads each kept the signal
+# handlers while the other's hooks had MindSpore's in, and put those back last (as MindSpore's worker threads
+# did: ``compat._keep_program_signals``). The child's copy, held, is replaced there (``_child``).
+_HOOKED_FORK = threading.Lock()
+
+
 class _Forked:
     """The probe child, forked, collected and reaped by a thread of its own (``ms_shm-probe``), never by the
     caller's: the kernel sends a child's SIGCHLD to the thread that forked it, and MindSpore's SIGCHLD handler
@@ -254,25 +261,27 @@ class _Forked:
         parent = os.getpid()
         read_end, write_end = os.pipe()
         hooks = _mindspore_fork_hooks()
-        kept = signal_actions() if hooks is not None else {}
-        _call_hook(hooks, "prepare_before_fork")
-        try:
-            # os.fork itself: warnings.catch_warnings() here made Python forget every warning it had shown once
-            # (torch's "will create 3 worker processes" came again for each DataLoader: 2 lines raw, 8 under ms_shm)
-            pid = os.fork()
-        except OSError as exc:
+        with _HOOKED_FORK if hooks is not None else contextlib.nullcontext():
+            kept = signal_actions() if hooks is not None else {}
+            _call_hook(hooks, "prepare_before_fork")
+            try:
+                # os.fork itself: warnings.catch_warnings() here made Python forget every warning it had shown
+                # once (torch's "will create 3 worker processes" came again for each DataLoader: 2 lines raw, 8
+                # under ms_shm)
+                pid = os.fork()
+            except OSError as exc:
+                _parent_after_fork(hooks, kept)
+                for fd in (read_end, write_end, *gate[:1]):  # the gate's write end is the caller's, closed after
+                    os.close(fd)
+                return Outcome(unavailable=f"fork failed ({type(exc).__name__}: {exc})")
+            if pid == 0:  # pragma: no cover - runs in the child, reported through the pipe
+                _call_hook(hooks, "child_at_fork")
+                _die_with(parent)
+                os.close(read_end)
+                _hold_at_gate(gate)
+                _child(probe, write_end, worker_pages)
+            self.pid = pid
             _parent_after_fork(hooks, kept)
-            for fd in (read_end, write_end, *gate[:1]):  # the gate's write end is the caller's, closed after meanwhile
-                os.close(fd)
-            return Outcome(unavailable=f"fork failed ({type(exc).__name__}: {exc})")
-        if pid == 0:  # pragma: no cover - runs in the child, reported through the pipe
-            _call_hook(hooks, "child_at_fork")
-            _die_with(parent)
-            os.close(read_end)
-            _hold_at_gate(gate)
-            _child(probe, write_end, worker_pages)
-        self.pid = pid
-        _parent_after_fork(hooks, kept)
         for fd in (write_end, *gate[:1]):
             os.close(fd)
         self.forked.set()
@@ -478,6 +487,8 @@ def _child(probe: Callable[[], Any], fd: int, worker_pages: bool) -> None:  # pr
     worker's is (``collector.freeze_in_forked_children``), and its own objects are collected as a worker's are
     (measured before the freeze: with the collector off here, the 450 MB container test's plan admitted a
     pipeline that was OOM-killed, 1 run in 2)."""
+    global _HOOKED_FORK
+    _HOOKED_FORK = threading.Lock()  # the parent's is held here by the thread that forked, which this child lacks
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)

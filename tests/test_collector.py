@@ -213,3 +213,23 @@ def test_a_forked_child_leaves_what_it_inherited_to_the_parents_collector(mode):
     assert done.returncode == 0, done.stderr
     frozen_in_child, _, frozen_in_parent = done.stdout.split()
     assert (int(frozen_in_child) > 300_000) == (mode == "frozen") and frozen_in_parent == "0", done.stdout
+
+
+def test_a_module_another_thread_is_still_loading_is_waited_for(monkeypatch):
+    """Two threads building their first pipelines at once: the second took ``ms_shm.api`` from ``sys.modules``
+    half made and met ``AttributeError: partially initialized module`` (1 run of 5). Such a module goes through
+    ``importlib``, which waits for the thread loading it; a loaded one is taken as it is."""
+    import importlib
+    import types
+
+    half = types.ModuleType("ms_shm_half_made")
+    half.__spec__ = types.SimpleNamespace(_initializing=True)
+    whole = types.ModuleType("ms_shm_whole")
+    whole.__spec__ = types.SimpleNamespace(_initializing=False)
+    monkeypatch.setitem(sys.modules, half.__name__, half)
+    monkeypatch.setitem(sys.modules, whole.__name__, whole)
+    asked = []
+    monkeypatch.setattr(importlib, "import_module", lambda name: asked.append(name) or sys.modules[name])
+    assert collector.load(whole.__name__) is whole and asked == []
+    assert collector.load(half.__name__) is half and asked == [half.__name__]
+

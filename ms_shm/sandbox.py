@@ -405,11 +405,19 @@ def put_back_signal_actions(kept: dict, after: str = "MindSpore's fork hooks") -
         return {}
     libc, now, replaced = _libc(), signal_actions(tuple(kept)), {}
     for sig, before in kept.items():
-        if libc is not None and now.get(sig, before) != before:
+        if libc is not None and _what_acts(now.get(sig, before)) != _what_acts(before):
             if libc.sigaction(int(sig), ctypes.create_string_buffer(before, _SIGACTION_BYTES), None) == 0:
                 replaced[sig] = now[sig]
                 log.debug("ms_shm: %s's handler put back after %s", sig.name, after)
     return replaced
+
+
+def _what_acts(action: bytes) -> bytes:
+    """Of a ``struct sigaction``'s bytes (glibc, x86-64 and aarch64), the handler, the first 64 signals of the
+    mask (all the kernel keeps), the flags and the restorer: the C library leaves the rest of its 128-byte mask
+    as its own stack had it, which differed from one read to the next (every signal read as changed by
+    MindSpore's hooks, and was put back, and said so, where only SIGINT's had)."""
+    return action[:16] + action[136:152]
 
 
 def _call_hook(hooks: Any, name: str) -> None:

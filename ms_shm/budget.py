@@ -45,6 +45,8 @@ class Budget(Result):
     shm_readonly: bool = False  # /dev/shm is mounted read-only: 0 bytes, and no size helps
     returned: tuple = ()  # (shm, fds, memory) the reservations give back at prefetch 1, 2, ... (``at_prefetch``),
     # as each budget gains it (one short by more than that gains nothing)
+    shm_others: int = 0  # /dev/shm in use when it was read, before this process's pipelines: other processes'
+    nofile_soft: int | None = None  # the soft open-files limit ``fds`` was taken from
 
     def at_prefetch(self, prefetch: int) -> "Budget":
         """This budget for a candidate that lowers MindSpore's global prefetch to ``prefetch``: the stages
@@ -76,7 +78,7 @@ def compute(shm_free: int | None, ranks: int, nofile_soft: int | None, open_fds:
             reserved_shm: int = 0, reserved_fds: int = 0, fraction: float = DEFAULT_FRACTION,
             ranks_source: str = "", memory_left: int | None = None, reserved_memory: int = 0,
             memory_source: str = "", reserved_pipelines: int = 0, shm_readonly: bool | None = None,
-            returned: tuple = ()) -> Budget:
+            returned: tuple = (), shm_others: int = 0) -> Budget:
     """The per-pipeline budget from host numbers taken before any pipeline of this process started."""
     ranks = max(1, ranks)
     shm_left = None  # before it is clamped at 0: what the reservations given back at a lower prefetch add to
@@ -100,7 +102,8 @@ def compute(shm_free: int | None, ranks: int, nofile_soft: int | None, open_fds:
     memory = None if memory_left_ is None else max(0, memory_left_)
     gains = tuple(_gains((shm_left, fds_left, memory_left_), back) for back in returned)
     return Budget(shm, fds, ranks, fraction, reserved_shm, reserved_fds, why, memory, reserved_memory, memory_why,
-                  reserved_pipelines, bool(shm_readonly) and shm_free is not None, gains)
+                  reserved_pipelines, bool(shm_readonly) and shm_free is not None, gains, max(0, shm_others),
+                  nofile_soft)
 
 
 def _gains(lefts: tuple, back: tuple) -> tuple:
@@ -121,20 +124,37 @@ def shm_fix(b: Budget, need: int) -> str:
         reserved_text(b)
 
 
+def limits_fix(b: Budget, shm: int, fds: int) -> str:
+    """The fix for the ``/dev/shm`` and open-files limits that ``shm`` bytes and ``fds`` fds exceed (``""``:
+    neither): both changes in one fix where both bind (an audit was told "give /dev/shm at least 66.4 MiB; or
+    raise `ulimit -n`", and was refused again after either alone). One rule for every ``ShmBudgetError``."""
+    parts = [shm_fix(b, shm)] if b.shm_bytes is not None and shm > b.shm_bytes else []
+    if b.fds is not None and fds > b.fds:
+        to = f" to at least {b.nofile_soft + fds - b.fds}" if b.nofile_soft is not None else ""
+        parts.append(f"raise `ulimit -n`{to}")
+    return " and ".join(parts)
+
+
 def shm_to_give(b: Budget, need: int) -> int:
     """The host's ``/dev/shm`` size at which ``need`` bytes fit this pipeline's share: what the live pipelines of
     this process reserved stays theirs (a 64 MB container with a 40 MiB loader alive was told to give /dev/shm
-    "at least 30.0 MiB"), every local rank alike, and the headroom. One rule for every ``ShmBudgetError``."""
-    return int((need + b.reserved_shm) * b.ranks / b.fraction) + 1
+    "at least 30.0 MiB"), every local rank alike, and the headroom; and what other processes held when it was
+    read stays theirs (another job's 40 MiB in a 64 MB /dev/shm: the fix named 64m, the size it had, 3 runs of
+    3). One rule for every ``ShmBudgetError``."""
+    return int((need + b.reserved_shm) * b.ranks / b.fraction) + b.shm_others + 1
 
 
 def reserved_text(b: Budget) -> str:
-    """What ``shm_to_give`` added for the live pipelines, said where the size is given (``""``: none)."""
-    if not b.reserved_shm:
-        return ""
-    n = b.reserved_pipelines
-    who = f"{n} other live pipeline{'' if n == 1 else 's'}" if n else "other live pipelines"
-    return f", counting {mib(b.reserved_shm)} reserved by {who} of this process"
+    """What ``shm_to_give`` added for the live pipelines and other processes, said where the size is given
+    (``""``: none)."""
+    counted = []
+    if b.reserved_shm:
+        n = b.reserved_pipelines
+        who = f"{n} other live pipeline{'' if n == 1 else 's'}" if n else "other live pipelines"
+        counted.append(f"{mib(b.reserved_shm)} reserved by {who} of this process")
+    if b.shm_others:
+        counted.append(f"{mib(b.shm_others)} other processes held in /dev/shm when it was read")
+    return f", counting {' and '.join(counted)}" if counted else ""
 
 
 def _memory_share(left: int | None, ranks: int, fraction: float, reserved: int, source: str) -> tuple:

@@ -82,7 +82,8 @@ class Session:
             memory_left, memory_source = now_left + running, f"{memory_source}, read now"
         return budget_mod.compute(facts.shm_free, facts.ranks.local_size, facts.nofile_soft, facts.open_fds,
                                   shm_used, fds_used, self.fraction, facts.ranks.source, memory_left,
-                                  memory_used, memory_source, pipelines, facts.shm_readonly, returned)
+                                  memory_used, memory_source, pipelines, facts.shm_readonly, returned,
+                                  _shm_others(facts))
 
     def record(self, made: Sequence[Any], undo: Callable[[Sequence[Any]], None]) -> list:
         """Keep the changes that happened (``None`` means nothing changed), each with what undoes it: the
@@ -164,3 +165,10 @@ SESSION = Session()
 
 
 __all__ = ["Session", "SESSION"]
+
+
+def _shm_others(facts: host.HostFacts) -> int:
+    """What /dev/shm held when ``tune()`` read it, before this process's pipelines: other processes' files."""
+    if facts.shm_total is None or facts.shm_free is None:
+        return 0
+    return max(0, facts.shm_total - facts.shm_free)

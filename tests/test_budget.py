@@ -358,3 +358,37 @@ def test_many_pipelines_built_up_front_refuse_no_build_while_one_fits_beside_the
             api._with_room(plan_with, facts)
     finally:
         api.reset()
+
+
+def test_a_fix_for_both_limits_asks_for_both_with_the_open_files_limit_named():
+    """An audit (64 MB /dev/shm, ``ulimit -n 256``) was told "give /dev/shm at least 66.4 MiB ...; or raise
+    `ulimit -n`": either alone was refused again, and the limit had no number."""
+    b = budget.compute(64 << 20, 1, 256, 40)
+    both = budget.limits_fix(b, 60 << 20, 400)
+    assert " and raise `ulimit -n` to at least " in both and both.startswith("give /dev/shm at least ")
+    assert both.endswith(f"to at least {256 + 400 - b.fds}")
+    assert budget.limits_fix(b, 1 << 20, 400) == f"raise `ulimit -n` to at least {256 + 400 - b.fds}"
+    assert budget.limits_fix(b, 1 << 20, 10) == ""
+
+
+def test_the_dev_shm_size_asked_for_counts_what_other_processes_held():
+    """Another job held 40 MiB of a 64 MB /dev/shm: the fix named 64m, the size it already had (3 runs of 3)."""
+    alone = budget.compute(24 << 20, 1, None, None)
+    beside = budget.compute(24 << 20, 1, None, None, shm_others=40 << 20)
+    need = 30 << 20
+    assert budget.shm_to_give(beside, need) == budget.shm_to_give(alone, need) + (40 << 20)
+    assert "counting 40.0 MiB other processes held in /dev/shm" in budget.shm_fix(beside, need)
+    assert "--shm-size=128m" in budget.shm_fix(beside, need)
+
+
+def test_more_memory_is_asked_with_a_margin():
+    """Given exactly the memory asked for, a container was refused again by 0.1-0.4 MiB (2 runs of 13): memory
+    left moves with the page cache between the build's reading and the next run's."""
+    from ms_shm import plan
+
+    b = budget.compute(1 << 30, 1, None, None, memory_left=500 << 20)
+    short = ((700 << 20) - b.memory_bytes) / b.fraction
+    text = plan.memory_fix(700 << 20, b)
+    asked = float(text.split("at least ")[1].split(" MiB")[0]) * (1 << 20)
+    assert short * 1.1 <= asked < short * 1.1 + (16 << 20)
+    assert plan.memory_fix(100 << 20, b) == ""

@@ -472,10 +472,7 @@ def _no_fit(items: list, stats: BatchStats, req: LoaderRequest, budget: Budget) 
     locked = req.workers_locked and req.workers is not None
     fixes = [] if locked else [drop]
     shm_binds = budget.shm_bytes is not None and least.shm > budget.shm_bytes  # only the limits that bind
-    if shm_binds:
-        fixes.append(budget_mod.shm_fix(budget, least.shm))
-    if budget.fds is not None and least.fds > budget.fds:
-        fixes.append("raise `ulimit -n`")
+    fixes.append(budget_mod.limits_fix(budget, least.shm, least.fds))
     memory = plan.memory_fix(least_memory, budget)
     # bytes shrink with the batch, not below one sample (fds: a default collate stacks each field into one storage)
     smaller = "a smaller batch_size" if stats.batch_size > 1 and (shm_binds or memory) else ""

@@ -395,12 +395,27 @@ def _shm_need(facts: Any, t: advice.Typical, fields: dict) -> int:
     """The /dev/shm to ask for: a typical pipeline's need, or what makes a pre-check of ``required`` pass (it
     compares with 80% of the free space at launch) plus what was already in use, whichever is larger; and never
     a size the job already had (``_shm_floor``): it failed in that, so at least the next step up."""
-    required = fields.get("required")
-    need = t.need
-    if required is not None:
-        need = max(need, int(required / advice.HEADROOM) + _used_at_check(facts, fields, t) + MiB)
+    need = max(t.need, _passing_check(facts, t, fields) or 0)
     floor = _shm_floor(facts, fields, t)
     return max(need, floor + 1) if floor else need
+
+
+def _passing_check(facts: Any, t: advice.Typical, fields: dict) -> int | None:
+    """The /dev/shm at which a pre-check of ``required`` bytes passes: 80% of it free, after what was in use."""
+    required = fields.get("required")
+    return None if required is None else int(required / advice.HEADROOM) + _used_at_check(facts, fields, t) + MiB
+
+
+def _check_sum(facts: Any, t: advice.Typical, fields: dict, size: int) -> str:
+    """How ``size`` was reached for a pre-check's failure: from its numbers, or a typical pipeline's need where
+    that is larger (an audit read "108.0 MiB / 80% plus what is in use gives 512m", ~136 MiB by that sum)."""
+    passing = _passing_check(facts, t, fields)
+    if passing is None:
+        return ""
+    said = f"Asking for {mib(fields['required'])} / 80% plus what is in use gives {mib(passing)}"
+    if advice.human_size(passing) == advice.human_size(size):
+        return f"{said} ({advice.human_size(size)})."
+    return f"{said}; {advice.human_size(size)} also holds a typical pipeline of this host's, or the next size up."
 
 
 def _used_at_check(facts: Any, fields: dict, t: advice.Typical) -> int:
@@ -477,6 +492,7 @@ def _words(facts: Any, sig: Signature, fields: dict) -> dict:
         who=f"worker {fields['pid']}" if fields.get("pid") else "a worker",
         memory_limit=_memory_limit(facts), workers=t.workers, prefetch=t.prefetch, fds=fds,
         target=_nofile_target(facts, fds), limits=_limits(facts, fds), required_mib=mib(required),
+        check_sum=_check_sum(facts, t, fields, size),
         available_mib=mib(available),
         ratio=(required / available if available else float("inf")) if required is not None else 0.0,
         **_ipc_words(facts))

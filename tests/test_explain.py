@@ -700,3 +700,33 @@ def test_a_generator_dataset_bus_error_beside_doctors_dataloader_finding_stays_g
               "worker processes under NumPy 2.4.6\n")
     e = only(doctor + log("bus_error.log"))
     assert e.kind == "bus-error" and "GeneratorDataset worker" in e.cause
+
+
+def test_a_generator_datasets_lost_fds_are_mindspores_not_torchs():
+    """An audit's raw GeneratorDataset run out of fds (``ulimit -n 100``) died in MindSpore's queue with Python's
+    "received 0 items of ancdata", no torch in the log: explain told it as PyTorch's, with torch's fix."""
+    text = ('  File "/v/site-packages/mindspore/dataset/engine/queue.py", line 281, in check_and_attach_shm\n'
+            '  File "/usr/lib/python3.11/multiprocessing/reduction.py", line 164, in recvfds\n'
+            "    raise RuntimeError('received %d items of ancdata' %\n"
+            "RuntimeError: received 0 items of ancdata\n")
+    e = only(text)
+    assert e.kind == "too-many-open-files" and "set_sharing_strategy" not in e.fix, (e.kind, e.fix)
+    torchs = ('  File "/v/site-packages/torch/multiprocessing/reductions.py", line 541, in rebuild_storage_fd\n'
+              "RuntimeError: received 0 items of ancdata\n")
+    assert only(torchs).kind == "pytorch-too-many-files"
+
+
+@pytest.mark.parametrize("code", ["22", "28"])
+def test_a_map_workers_segment_the_kernel_refused_is_told(code):
+    """An audit (kernel.shmmax of 1 MiB, a map in worker processes) was told "recognised nothing"."""
+    e = only(f"map operation: [PyFunc] failed. shmget key: 53136 error. Errno: {code}\n")
+    assert e.kind == "sysv-limit" and f"errno {code}" in e.cause and "ms-shm doctor" in e.fix
+
+
+def test_the_pre_checks_sum_is_the_sum_it_says():
+    """"108.0 MiB / 80% plus what is in use gives 512m" was said where that sum is ~136 MiB: the 512m was a
+    typical pipeline's need."""
+    line = ("RuntimeError: Insufficient shared memory available. Required: 113246208, Available: 67088384. The "
+            "required memory can't exceed 80% of the available shared memory\n")
+    e = only(line)
+    assert "Asking for 108.0 MiB / 80% plus what is in use gives 136.0 MiB; " in e.cause, e.cause

@@ -80,8 +80,8 @@ def _shm_signatures(profile: EngineProfile) -> tuple:
             "crash",
             f"MindSpore's launch check ({profile.precheck_error} on {release_name(profile)}) refused {checked}: "
             "the slots need {required_mib} (workers x (prefetch-based queue + 2) x max_rowsize, x ranks up to "
-            "8) but only {available_mib} of /dev/shm was free ({ratio:.1f}x), and it allows at most 80%. Asking "
-            "for {required_mib} / 80% plus what is in use gives {size}. {shm_state}",
+            "8) but only {available_mib} of /dev/shm was free ({ratio:.1f}x), and it allows at most 80%. "
+            "{check_sum} {shm_state}",
             smaller + ", or give the container a /dev/shm of {size}",
             need="shm-check"),
         Signature(
@@ -116,7 +116,8 @@ def _os_signatures() -> tuple:
             "it is probably not /dev/shm: check the disk the job writes to",
             "check with: df -h; df -h /dev/shm", not_near=SEMAPHORE_HINTS),
         Signature(
-            "too-many-open-files", "'Too many open files'", r"(?<!\bno )Too many open files|\[Errno 24\]|errno:? 24\b|EMFILE",
+            "too-many-open-files", "'Too many open files'",
+            r"(?<!\bno )Too many open files|\[Errno 24\]|errno:? 24\b|EMFILE|received 0 items of ancdata",
             "crash",
             "A process ran out of file descriptors (errno 24, EMFILE). Every MindSpore shared-memory slot is an "
             "fd passed to the main process, so a {workers}-worker pipeline at prefetch {prefetch} holds about "
@@ -151,6 +152,25 @@ def _ipc_signatures() -> tuple:
             "gone. Either the parent had exited already (a script without `if __name__ == '__main__':`), or "
             "the file was deleted under the job. {ipc_state}",
             "{ipc_fix}", need="ipc"),
+    )
+
+
+def _sysv_signatures() -> tuple:
+    """A map/batch worker's SysV segment (2.7+) the kernel's limits refuse: ``shmget`` fails with EINVAL (a
+    segment over ``kernel.shmmax``), ENOSPC (``shmmni`` segments or ``shmall`` pages used up) or ENOMEM. ``doctor``
+    reads the limits (``sysv-shmmax``, ``sysv-shmall``, ``sysv-shmmni``); an audit's log of it was recognised as
+    nothing."""
+    return (
+        Signature(
+            "sysv-limit", "MindSpore's 'shmget key: N error. Errno: E' (a map/batch worker's SysV segment refused)",
+            r"shmget key: -?\d+ error\. Errno: (?P<code>22|28|12)\b", "crash",
+            "A MindSpore map/batch worker (2.7+: one SysV shared-memory segment per worker, sized for its rows) "
+            "could not create its segment: errno {code} (22: larger than kernel.shmmax; 28: kernel.shmmni "
+            "segments or kernel.shmall pages used up; 12: no memory for it). It is not /dev/shm",
+            "run `ms-shm doctor`, which reads kernel.shmmax / shmall / shmmni and names the values to set, then "
+            "raise them (sysctl -w kernel.shmmax=...; docker run --sysctl kernel.shmmax=...), or use smaller rows "
+            "or threads for the map (python_multiprocessing=False)",
+            snippets=(("shell", "sysctl kernel.shmmax kernel.shmall kernel.shmmni; ipcs -m"),)),
     )
 
 
@@ -210,7 +230,7 @@ def _rowsize_signatures(profile: EngineProfile) -> tuple:
 def for_profile(profile: EngineProfile) -> tuple:
     """Every MindSpore signature, worded for ``profile``'s release."""
     found = (_shm_signatures(profile) + _os_signatures() + _worker_signatures(profile)
-             + _rowsize_signatures(profile) + _ipc_signatures())
+             + _rowsize_signatures(profile) + _ipc_signatures() + _sysv_signatures())
     return tuple(replace(s, engine="mindspore") for s in found)
 
 

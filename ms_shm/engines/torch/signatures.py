@@ -19,6 +19,10 @@ _FD_FIX = ("raise the soft open-files limit (`ulimit -n {target}`, or tune() doe
            "torch.multiprocessing.set_sharing_strategy('file_system') (no fd per storage; `ms-shm clean` removes "
            "the /dev/shm/torch_* files a killed run leaves), or fewer tensors per batch")
 
+# A GeneratorDataset's worker processes pass each shared-memory slot's fd through Python's own ``recv_fds`` too,
+# and run out of fds in the same words ("received 0 items of ancdata"), with no torch in the log (an audit).
+_MINDSPORE_QUEUE = ("mindspore/dataset/engine/",)
+
 SIGNATURES = (
     Signature("pytorch-bus-error", "PyTorch's DataLoader bus error",
               r"DataLoader worker \(pid (?P<pid>\d+)\) is killed by signal: (?P<signal>Bus error)\.|"
@@ -33,7 +37,8 @@ SIGNATURES = (
               r"unable to open shared memory object </?torch_[^\n]*Too many open files|"
               r"received 0 items of ancdata|Too many open files \(24\)|"
               r"Too many open files\. Communication with the workers is no longer possible",
-              "crash", _FD_CAUSE, _FD_FIX, need="nofile", engine="torch"),
+              "crash", _FD_CAUSE, _FD_FIX, need="nofile", engine="torch",
+              not_near=_MINDSPORE_QUEUE),  # its fd hand-off fails in the same words: MindSpore's generic one's
     worker_killed("worker-killed", "PyTorch", "PyTorch DataLoader",
                   r"DataLoader worker \(pid (?P<pid>\d+)\) is killed by signal: (?!Bus error)(?P<signal>[A-Za-z ]+?)\.",
                   "torch"),

@@ -201,16 +201,23 @@ def _given(name: str, value: Any) -> bool:
 
 def _not_as_from_workers(stats: Any) -> str | None:
     """Why the probe's batch would not arrive from a worker as it arrives without one, or ``None``: it cannot
-    be sent, or it is a view of a tensor the dataset holds. A worker sends a copy of that view, and the loop's
-    in-place changes (``x.sub_(mean)``) then no longer reach the dataset (an audit: raw's dataset changed, and
-    its second epoch with it; ms_shm's workers left it as it was)."""
+    be sent, or it is the dataset's or the ``collate_fn``'s own (``aliases``): a view of a tensor or array the
+    dataset holds, a record dict it keeps, a buffer the collate fills for every batch. A worker sends a copy, and
+    the loop's in-place changes (``x.sub_(mean)``, ``record["seen"] += 1``) then no longer reach the dataset, nor
+    does the next batch overwrite one kept (audits: raw's dataset changed, and its later epochs with it; ms_shm's
+    workers repeated the first, and batches kept in a list were not raw's)."""
     if stats is None:
         return None
-    if stats.unsent or not stats.shared_bytes:
+    if stats.unsent:
         return stats.unsent
-    return (f"the batches are views of {mib(stats.shared_bytes)} of tensors the dataset holds: without workers the "
-            f"loop gets the dataset's own memory, and what it changes in place changes the dataset; a worker would "
-            f"send a copy")
+    if stats.shared_bytes:
+        return (f"the batches are views of {mib(stats.shared_bytes)} of tensors the dataset holds: without workers "
+                f"the loop gets the dataset's own memory, and what it changes in place changes the dataset; a "
+                f"worker would send a copy")
+    if stats.own:
+        return (f"the batch holds {stats.own}: without workers the loop gets it as it is, and what it changes in "
+                f"place changes the dataset (or the next batch overwrites it); a worker would send a copy")
+    return None
 
 
 def _locked(asked_lock: str | None, effects: Any) -> str | None:

@@ -1654,6 +1654,77 @@ def test_batches_that_are_views_of_the_datasets_tensors_keep_num_workers_0(fresh
     assert ours == raw and loader.num_workers == 0 and "views" in why, why
 
 
+class OwnRecords(Dataset if Dataset is not None else object):
+    """What the dataset returns is its own: record dicts it keeps (the loop counts visits in them), rows of one
+    numpy array, or one whole tensor per sample (the loop scales them in place); the fourth audit's ``r2``."""
+
+    def __init__(self, kind, n=24):
+        self.kind = kind
+        self.records = [{"id": i, "seen": 0} for i in range(n)]
+        self.rows = np.arange(n * 4, dtype=np.float64).reshape(n, 4)
+        self.tensors = [torch.full((4,), float(i)) for i in range(n)]
+
+    def __len__(self):
+        return len(self.records)
+
+    def __getitem__(self, i):
+        time.sleep(0.03)
+        return {"records": self.records, "rows": self.rows, "tensors": self.tensors}[self.kind][i]
+
+
+class BufferCollate:
+    """A collate filling one buffer it keeps, for every batch (``torch.stack(..., out=)``): without workers each
+    batch is that buffer, and a batch kept in a list is overwritten by the next (the audit's ``r5``)."""
+
+    def __init__(self):
+        self.buffer = torch.zeros(4, 4)
+
+    def __call__(self, samples):
+        torch.stack(samples, out=self.buffer[:len(samples)])
+        return self.buffer[:len(samples)]
+
+
+def _changed_in_place(batch):
+    if isinstance(batch, list):
+        for record in batch:
+            record["seen"] += 1
+        return [(r["id"], r["seen"]) for r in batch]
+    batch.mul_(2)
+    return batch.tolist()
+
+
+@pytest.mark.parametrize("kind, kwargs", [("records", dict(batch_size=3, collate_fn=lambda b: b)),
+                                          ("rows", dict(batch_size=None)), ("tensors", dict(batch_size=None)),
+                                          ("records_shuffled", dict(batch_size=3, collate_fn=lambda b: b,
+                                                                    shuffle=True))])
+def test_batches_that_are_the_datasets_own_objects_keep_num_workers_0(fresh_torch, kind, kwargs):
+    """Raw's later epochs read what the loop changed in the first; workers' copies repeated the first epoch and
+    left the dataset as it was (3 runs of 3 per case). Shuffled, the batch's records lie past the objects the walk
+    looks at (6,000 records), and are found at the indices they were read at."""
+    def run(make):
+        torch.manual_seed(0)
+        dataset = OwnRecords(kind.split("_")[0], 6000 if kind.endswith("shuffled") else 24)
+        loader = make(dataset, **kwargs)
+        seen = [[_changed_in_place(batch) for _, batch in zip(range(8), loader)] for _ in range(3)]
+        return seen, loader
+
+    raw, _ = run(DataLoader)
+    ours, loader = run(ms_shm.build_dataloader)
+    why = str(ms_shm.plan_of(loader).decisions[0])
+    assert ours == raw and loader.num_workers == 0 and "keeps" in why, why
+
+
+def test_a_collate_filling_one_buffer_keeps_num_workers_0(fresh_torch):
+    def run(make):
+        loader = make(SlowNumbers(24), batch_size=4, collate_fn=BufferCollate())
+        return [[batch.tolist() for batch in list(loader)] for _ in range(2)], loader
+
+    raw, _ = run(DataLoader)
+    ours, loader = run(ms_shm.build_dataloader)
+    why = str(ms_shm.plan_of(loader).decisions[0])
+    assert ours == raw and loader.num_workers == 0 and "keeps" in why, why
+
+
 def test_open_files_held_by_many_shards_keep_num_workers_0(fresh_torch, tmp_path):
     """A ``ConcatDataset`` of 100 shards, each with the file it opened: the walk looked into lists of up to 64
     items only, and two workers raced on each file's offset (the audit's ``s20``: 5 runs of 5 failed)."""

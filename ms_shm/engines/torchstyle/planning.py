@@ -99,6 +99,7 @@ class BatchStats(Result):
     # memory (through torch's default collate); ``None``: not asked (no collate of the caller's) or unknown
     copied_bytes: int = 0  # what each worker process comes to copy of the dataset's big lists and dicts over an
     # epoch (``loaders._copies``: copy-on-read), beyond the pages the probe's few samples touched
+    own: str | None = None  # what of the first batch is the dataset's or the collate_fn's own (``aliases.own_in``)
 
     @property
     def ragged(self) -> bool:

@@ -47,7 +47,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ms_shm import procfs, rows, sandbox
-from ms_shm.engines.torchstyle import storages
+from ms_shm.engines.torchstyle import aliases, storages
 from ms_shm.engines.torchstyle.compat import UnreadableSamples
 from ms_shm.engines.torchstyle.planning import BatchStats
 
@@ -171,6 +171,7 @@ def _measure_batch(dataset: Any, batch_size: int | None, collate: Callable, weig
         except Exception:  # a sample the framework's copy cannot make: the one sample is weighed alone
             pass
     batch, first_collate = first_made[0]
+    own = aliases.own_in(batch, aliases.held(dataset, collate, at=tuple(indices[:1])))
     collates = [first_collate]
     one, shared = weigh(batch), storages.once_per_worker(batch, held)
     alone = [one[0]] + [weigh(collate(samples[k:k + 1]) if batched else collate(samples[k]))[0]
@@ -189,11 +190,11 @@ def _measure_batch(dataset: Any, batch_size: int | None, collate: Callable, weig
     low = int(smallest) if smallest != largest else None
     if not timed:
         return BatchStats(int(largest), int(max(1, count)), None, length, size, unsent=unsent,
-                          batch_bytes_min=low, shared_bytes=shared)
+                          batch_bytes_min=low, shared_bytes=shared, own=own)
     wall, cpu = sample_seconds(walls)
     return BatchStats(int(largest), int(max(1, count)), wall + min(collates), length, size,
                       cpu_seconds_per_sample=min(cpu, wall) + min(collates), unsent=unsent, batch_bytes_min=low,
-                      shared_bytes=shared)
+                      shared_bytes=shared, own=own)
 
 
 def _first_collated(collate: Callable, sample: Any, batched: bool) -> tuple:

@@ -17,7 +17,7 @@ import multiprocessing
 import sys
 import weakref
 from dataclasses import replace
-from typing import Any
+from typing import Any, Callable
 
 from ms_shm import budget as budget_mod
 from ms_shm import changes as changes_mod
@@ -217,6 +217,8 @@ def _not_as_from_workers(stats: Any) -> str | None:
     if stats.own:
         return (f"the batch holds {stats.own}: without workers the loop gets it as it is, and what it changes in "
                 f"place changes the dataset (or the next batch overwrites it); a worker would send a copy")
+    if stats.thread_bound:
+        return f"the samples run {stats.thread_bound}"
     return None
 
 
@@ -503,7 +505,8 @@ def _probe(eng: Any, dataset: Any, asked: dict, b: Any, timed: bool) -> tuple:
                                   eng.compat.is_iterable(dataset), asked.get("sampler"), asked.get("batch_sampler"),
                                   memory, None if timed else eng.compat.twin, eng.compat.tensor_bytes,
                                   reread=timed, read=eng.compat.sample_reader(batched),
-                                  shares=eng.compat.collate_shares if asked.get("collate_fn") else None)
+                                  shares=eng.compat.collate_shares if asked.get("collate_fn") else None,
+                                  by_threads=_thread_watch(eng) if timed else None)
     stats, effects, why = measured
     code = (dataset, asked.get("collate_fn"))
     effects = _opened_by_each_reader(effects.with_writes(codescan.stage_writes(*code), codescan.stage_grows(*code)),
@@ -514,6 +517,13 @@ def _probe(eng: Any, dataset: Any, asked: dict, b: Any, timed: bool) -> tuple:
     if stats is not None and held is not None:  # a probe that failed is tried again: it may not fail twice
         _PROBED.put(dataset, key, (held, (stats, effects, why)))
     return stats, effects, why
+
+
+def _thread_watch(eng: Any) -> Callable | None:
+    """The engine's watch of thread-count-bound work (``compat.thread_bound``), where this process splits work
+    over more threads than a worker would (torch's workers run one): else nothing to tell apart."""
+    watch, threads = getattr(eng.compat, "thread_bound", None), getattr(eng.compat, "main_threads", lambda: 1)()
+    return functools.partial(watch, threads=threads) if watch is not None and threads > 1 else None
 
 
 def _opened_by_each_reader(effects: Any, objects_: list) -> Any:

@@ -1725,6 +1725,49 @@ def test_a_collate_filling_one_buffer_keeps_num_workers_0(fresh_torch):
     assert ours == raw and loader.num_workers == 0 and "keeps" in why, why
 
 
+class PerSampleStats(Dataset if Dataset is not None else object):
+    """Each sample a reduction over 2**17 floats (``mean``): torch splits it over its threads, 2 in the main
+    process and 1 in a worker, and the last bits differ (the fifth audit's ``r1``, 5 runs of 5); or only
+    elementwise work (``(x - mean) / std``), the same on any number of threads."""
+
+    def __init__(self, reduce):
+        self.reduce = reduce
+        self.base = torch.randn(4, 1 << 17, generator=torch.Generator().manual_seed(0))
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        time.sleep(0.03)
+        x = self.base[i % 4] * (1 + i / 32)
+        return torch.stack([x.mean(), x.sum()]) if self.reduce else (x - 0.5) / 0.25
+
+
+def _digest(loader):
+    return [batch.numpy().tobytes() for batch in loader]
+
+
+def test_samples_whose_torch_work_depends_on_the_thread_count_keep_num_workers_0(fresh_torch):
+    if torch.get_num_threads() < 2:
+        pytest.skip("torch runs one intra-op thread here: a worker computes as the main process does")
+    raw = _digest(DataLoader(PerSampleStats(True), batch_size=4))
+    loader = ms_shm.build_dataloader(PerSampleStats(True), batch_size=4)
+    why = str(ms_shm.plan_of(loader).decisions[0])
+    assert _digest(loader) == raw and loader.num_workers == 0 and "torch's `mean` over 131,072" in why, why
+
+
+def test_elementwise_torch_work_and_one_thread_leave_workers_to_the_plan(fresh_torch, monkeypatch):
+    """Elementwise work gives the same bits on any number of threads (measured: W0 and W2 digests equal), and a
+    main process on one thread computes as a worker does: neither keeps the workers away."""
+    from ms_shm.engines.torch import compat
+
+    loader = ms_shm.build_dataloader(PerSampleStats(False), batch_size=4)
+    assert loader.num_workers > 0, str(ms_shm.plan_of(loader).decisions[0])
+    monkeypatch.setattr(compat, "main_threads", lambda: 1)
+    loader = ms_shm.build_dataloader(PerSampleStats(True), batch_size=4)
+    assert loader.num_workers > 0, str(ms_shm.plan_of(loader).decisions[0])
+
+
 def test_open_files_held_by_many_shards_keep_num_workers_0(fresh_torch, tmp_path):
     """A ``ConcatDataset`` of 100 shards, each with the file it opened: the walk looked into lists of up to 64
     items only, and two workers raced on each file's offset (the audit's ``s20``: 5 runs of 5 failed)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import logging
 import sys
 from collections.abc import Iterator
@@ -258,3 +259,79 @@ def _view(base: Any, dtype: Any, size: tuple, stride: tuple, offset: int) -> Any
 
     typed = base.view(dtype) if base.numel() else torch.empty(0, dtype=dtype)
     return torch.as_strided(typed, size, stride, offset)
+
+
+# torch splits an op over its intra-op threads only from this many elements (``at::internal::GRAIN_SIZE``).
+GRAIN_SIZE = 32768
+# What computes each element apart from the others (or copies, makes, reshapes, compares, picks): its result is
+# the same however many threads split it. Anything else over a floating tensor of GRAIN_SIZE elements or more is
+# taken to depend on the count (measured, torch 2.13 at 1 and 2 threads: ``mean`` and ``sum`` of 2**17 floats,
+# ``prod``, ``dot`` and a bilinear ``interpolate`` came out with other last bits; elementwise arithmetic,
+# ``sqrt`` / ``exp`` / ``log`` / ``tanh``, ``clamp``, casts and ``max`` / ``sort`` with the same).
+_SAME_ON_ANY_THREADS = frozenset("""
+__get__ __getitem__ __setitem__ __len__ __iter__ __repr__ __format__ __hash__ __bool__ __index__ __int__ __float__
+__array__ __contains__ __reduce_ex__ __deepcopy__ __eq__ __ne__ __lt__ __le__ __gt__ __ge__ __and__ __or__ __xor__
+__invert__ __add__ __radd__ __iadd__ __sub__ __rsub__ __isub__ __mul__ __rmul__ __imul__ __truediv__ __rtruediv__
+__itruediv__ __floordiv__ __rfloordiv__ __mod__ __rmod__ __neg__ __abs__ __pow__ __rpow__ __ipow__ __lshift__
+__rshift__ tensor as_tensor from_numpy asarray zeros ones full empty arange zeros_like ones_like full_like empty_like
+new_tensor new_zeros new_ones new_full new_empty to type type_as float double half bfloat16 int long short bool byte
+char cpu contiguous clone detach detach_ numpy tolist item permute view view_as reshape reshape_as transpose t
+flatten unflatten squeeze unsqueeze expand expand_as repeat flip fliplr flipud roll narrow select index_select gather
+masked_select take cat concat concatenate stack hstack vstack split chunk unbind movedim moveaxis add sub subtract
+mul multiply div divide true_divide floor_divide remainder fmod neg negative abs absolute sqrt rsqrt square exp exp2
+expm1 log log2 log10 log1p sin cos tan asin acos atan atan2 sinh cosh tanh sigmoid relu clamp clip clamp_min clamp_max
+pow floor ceil round trunc frac sign where eq ne lt le gt ge isnan isinf isfinite nan_to_num logical_and logical_or
+logical_not logical_xor bitwise_and bitwise_or bitwise_not bitwise_xor fill_ zero_ copy_ add_ sub_ mul_ div_ clamp_
+pow_ masked_fill masked_fill_ index_put_ index_fill_ scatter_ max min maximum minimum argmax argmin amax amin sort
+argsort topk unique nonzero any all numel size dim stride storage_offset element_size is_contiguous is_floating_point
+is_complex untyped_storage data_ptr requires_grad_ lerp addcmul addcdiv reciprocal erf real imag conj
+""".split())
+
+
+def main_threads() -> int:
+    """torch's intra-op threads in this process (1 where torch is not loaded: nothing to split)."""
+    torch = sys.modules.get("torch")
+    try:
+        return int(torch.get_num_threads()) if torch is not None else 1
+    except Exception:  # a partial or foreign module named torch
+        return 1
+
+
+def thread_bound(run: Callable[[], Any], threads: int) -> tuple:
+    """``(run(), what of it depends on the thread count, or None)``: the first torch op ``run`` calls outside
+    ``_SAME_ON_ANY_THREADS`` over a floating tensor of ``GRAIN_SIZE`` elements or more. Without workers the main
+    process runs it on its ``threads``; a torch worker runs it on 1 (``set_num_threads(1)``, first thing in its
+    loop), so the batches come out with other last bits (an audit: per-sample ``mean`` / ``sum`` over 2**17
+    floats, 5 runs of 5, where ms_shm had added workers). For the probe child only (it runs torch on 1 thread,
+    as a worker does)."""
+    try:
+        from torch.overrides import TorchFunctionMode
+    except ImportError:
+        return run(), None
+    found: list = []
+
+    class Watch(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            name = getattr(func, "__name__", "")
+            if not found and name not in _SAME_ON_ANY_THREADS:
+                elements = _largest_floating(args, kwargs)
+                if elements >= GRAIN_SIZE:
+                    found.append(f"torch's `{name}` over {elements:,} elements, whose result depends on how many "
+                                 f"threads split it: {threads} in the main process, 1 in each worker (torch sets "
+                                 f"it there), so the batches would differ in their last bits")
+            return func(*args, **kwargs)
+
+    with Watch():
+        value = run()
+    return value, (found[0] if found else None)
+
+
+def _largest_floating(args: tuple, kwargs: dict) -> int:
+    """Elements of the largest floating or complex tensor among an op's arguments (and in their lists)."""
+    largest = 0
+    for value in itertools.chain(args, kwargs.values()):
+        for item in value if isinstance(value, (list, tuple)) else (value,):
+            if _is_tensor(item) and (item.is_floating_point() or item.is_complex()):
+                largest = max(largest, item.numel())
+    return largest

@@ -100,6 +100,8 @@ class BatchStats(Result):
     copied_bytes: int = 0  # what each worker process comes to copy of the dataset's big lists and dicts over an
     # epoch (``loaders._copies``: copy-on-read), beyond the pages the probe's few samples touched
     own: str | None = None  # what of the first batch is the dataset's or the collate_fn's own (``aliases.own_in``)
+    thread_bound: str | None = None  # what the reads compute whose result depends on the thread count, which a
+    # worker sets to 1 (``compat.thread_bound``)
 
     @property
     def ragged(self) -> bool:

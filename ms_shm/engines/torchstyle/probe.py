@@ -286,15 +286,16 @@ def probe_loader(dataset: Any, batch_size: int | None, collate: Callable, weigh:
                  iterable: bool, sampler: Any = None, batch_sampler: Any = None,
                  worker_pages: bool = False, twin: Callable[[Any], Any] | None = None,
                  tensor_bytes: Callable[[Any], tuple | None] = lambda value: None, reread: bool = True,
-                 read: Callable = operator.getitem, shares: Callable[[Callable, list], bool | None] | None = None
-                 ) -> tuple:
+                 read: Callable = operator.getitem, shares: Callable[[Callable, list], bool | None] | None = None,
+                 by_threads: Callable[[Callable[[], Any]], tuple] | None = None) -> tuple:
     """``(BatchStats or None, Effects, why not measured)``, measured in a forked child, with the child's
     fork-to-ready time and the CPUs free while it ran. The child's reads cannot move what the parent reads
     through shared descriptors (``sandbox``'s ``fdguard``), and with ``reread`` the first sample of a map-style
     dataset is read twice (``tensor_bytes``: a tensor's dtype, shape and bytes) to tell samples that draw from a
     generator the watch cannot see. ``read``: how the loader reads a sample (``sample_reader``). ``shares``: the
     framework's test whether a ``collate_fn`` of the caller's builds its batch in shared memory in a worker
-    (``BatchStats.collate_shares``), run on the first sample."""
+    (``BatchStats.collate_shares``), run on the first sample. ``by_threads``: the framework's watch of what the
+    reads and the collate compute whose result depends on the thread count (``BatchStats.thread_bound``)."""
     shared = sandbox.shared_with_processes([dataset, collate]) or (sandbox.stream_blocker([dataset]) if iterable
                                                                    else None)
     if shared:
@@ -309,13 +310,23 @@ def probe_loader(dataset: Any, batch_size: int | None, collate: Callable, weigh:
         kept: list = []
         again = None if iterable or not reread else \
             lambda: reread_differs(dataset, first[0], kept, tensor_bytes, read)
-        stats, effects = sandbox.watch_effects(
-            lambda: measure_batch(dataset, batch_size, collate, weigh, iterable, sampler, batch_sampler, twin,
-                                  first, kept, read),
-            [dataset, collate], again)
+        bound: list = []
+
+        def measured():
+            def measure():
+                return measure_batch(dataset, batch_size, collate, weigh, iterable, sampler, batch_sampler, twin,
+                                     first, kept, read)
+            if by_threads is None:
+                return measure()
+            value, why = by_threads(measure)
+            bound.append(why)
+            return value
+
+        stats, effects = sandbox.watch_effects(measured, [dataset, collate], again)
         if isinstance(stats, BatchStats):  # the CPU the child kept busy since its fork (a collate may use threads)
             stats = replace(stats, fork_seconds=ready, free_cpus=time.process_time(),
-                            collate_shares=shares(collate, kept[:1]) if shares and kept and batched else None)
+                            collate_shares=shares(collate, kept[:1]) if shares and kept and batched else None,
+                            thread_bound=bound[0] if bound else None)
         elif sandbox.blinded():
             stats += f" (the probe reads no pipe or terminal the program holds: {', '.join(sandbox.blinded())})"
         return stats, effects

@@ -14,6 +14,7 @@ import functools
 import inspect
 import logging
 import multiprocessing
+import numbers
 import sys
 import weakref
 from dataclasses import replace
@@ -279,6 +280,9 @@ def prepare(eng: Any, cls: Any, dataset: Any, args: tuple, kwargs: dict, prefere
         cls(dataset, *args, **kwargs)  # the framework's own error
         raise
     asked = dict(bound.arguments)
+    if _not_a_count(asked):
+        cls(**asked)  # the framework's own error, as raw raises it (a count given as a string: torch's TypeError)
+        return asked, None  # one it takes that ms_shm cannot size (2.0): as asked, failing where raw fails
     if isinstance(asked.get("collate_fn"), GuardedCollate):  # another loader's (Lightning, accelerate rebuild)
         asked["collate_fn"] = asked["collate_fn"].collate
     facts = SESSION.host_facts()
@@ -517,6 +521,14 @@ def _probe(eng: Any, dataset: Any, asked: dict, b: Any, timed: bool) -> tuple:
     if stats is not None and held is not None:  # a probe that failed is tried again: it may not fail twice
         _PROBED.put(dataset, key, (held, (stats, effects, why)))
     return stats, effects, why
+
+
+def _not_a_count(asked: dict) -> bool:
+    """``num_workers`` or ``prefetch_factor`` given as something other than an integer: the planner's own
+    comparisons raised their own ``TypeError`` (``'>'`` where torch's says ``'<'``, from ms_shm's frames)."""
+    return any(asked.get(name) is not None and (isinstance(asked[name], bool) or
+                                                not isinstance(asked[name], numbers.Integral))
+               for name in ("num_workers", "prefetch_factor"))
 
 
 def _thread_watch(eng: Any) -> Callable | None:

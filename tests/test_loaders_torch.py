@@ -1803,3 +1803,18 @@ def test_a_file_the_reads_open_themselves_does_not_keep_num_workers_0(fresh_torc
     dataset[0]  # opened in the program now: forked workers would share its offset
     again = ms_shm.build_dataloader(dataset, batch_size=4)
     assert again.num_workers == 0 and "BufferedReader" in str(ms_shm.plan_of(again).decisions[0])
+
+
+@pytest.mark.parametrize("bad", [dict(num_workers="2"), dict(num_workers=2, prefetch_factor="2"),
+                                 dict(num_workers=2.0)])
+def test_a_count_of_another_type_meets_the_frameworks_own_check(fresh_torch, bad):
+    """``num_workers="2"`` raised ms_shm's own ``TypeError`` ('>' where torch's says '<'), from its frames. Raw's
+    error arrives as raw raises it, or, where torch takes the value at construction, the loader is built as asked."""
+    def outcome(make):
+        try:
+            loader = make(Numbers(8), batch_size=2, **bad)
+        except Exception as exc:  # noqa: BLE001 - what raw raises is the expectation
+            return type(exc).__name__, str(exc)
+        return "built", loader.num_workers
+
+    assert outcome(ms_shm.build_dataloader) == outcome(DataLoader)

@@ -162,6 +162,38 @@ class MapLineage(Lineage):
         return self.parent.row_name(k)
 
 
+@record
+class JoinedLineage(Lineage):
+    """Rows of pipelines joined: ``concat`` (``a + b``, the same columns: rows of each part, the first's first)
+    or ``zip`` (each part's columns side by side)."""
+
+    kind: str
+    parts: tuple
+
+    def rows(self, count: int) -> dict:
+        if self.kind == "zip":
+            out: dict = {}
+            for part in self.parts:
+                out.update(part.rows(count))
+            n = _count(out)
+            return {k: v[:n] for k, v in out.items()}
+        each, out = max(1, -(-count // len(self.parts))), {}
+        for part in self.parts:  # rows of every part: the row sizes of one may differ from the others'
+            for k, v in part.rows(each).items():
+                out.setdefault(k, []).extend(v)
+        n = min(count, _count(out))
+        return {k: v[:n] for k, v in out.items()}
+
+    def why_not(self) -> str | None:
+        return next((why for why in (part.why_not() for part in self.parts) if why), None)
+
+    def code_objects(self) -> list:
+        return [obj for part in self.parts for obj in part.code_objects()]
+
+    def row_name(self, k: int) -> str:
+        return f"row {k} of the {self.kind}"
+
+
 def _rows_until_one_raises(operations: Any, inputs: list) -> list:
     """The operations' outputs for ``inputs`` up to the first row they raise on (the next stage is measured on
     the rows before it, as the stage itself is: ``time_operations``); the error where the first row raises."""

@@ -582,6 +582,17 @@ def rows_come_from(dataset: Any) -> Any:
     return dataset
 
 
+def joined(dataset: Any) -> tuple | None:
+    """``("concat" | "zip", the stages joined)`` where ``dataset`` joins pipelines (``a + b``, ``ds.zip``), each
+    through ``rows_come_from``; else ``None``."""
+    ds = _dataset_module()
+    for kind, name in (("concat", "ConcatDataset"), ("zip", "ZipDataset")):
+        cls = getattr(ds, name, None)
+        if cls is not None and isinstance(dataset, cls) and getattr(dataset, "children", None):
+            return kind, tuple(rows_come_from(child) for child in dataset.children)
+    return None
+
+
 def rows_per_epoch(dataset: Any, known: Callable[[Any], int | None]) -> int | None:
     """The rows ``dataset`` yields per epoch, counted from the first stage below whose count ``known`` gives
     (a stage ms_shm built) through the stages that reorder, rename, map, cut, repeat or batch them; ``None``

@@ -610,9 +610,12 @@ def _map_candidate(mode: str, w: int, in_bytes: int, out_bytes: int, stats: RowS
         why.append("/dev/shm unknown (semaphores live there)")
     precheck = model.map_precheck_bytes(profile, w, req.max_rowsize and req.max_rowsize * slot_rows,
                                         req.shared_mem) if processes else 0
-    if precheck and budget.shm_bytes is not None and precheck > budget.shm_bytes:
+    again = _pool_held_meanwhile(profile, budget, cost) if precheck else 0
+    if precheck and budget.shm_bytes is not None and precheck + again > budget.shm_bytes:
         why.append(f"MindSpore {profile.version}'s map pre-check asks for {mib(precheck)} of /dev/shm for a static "
-                   f"max_rowsize ({profile.precheck_error}: 'Insufficient shared memory')")
+                   f"max_rowsize ({profile.precheck_error}: 'Insufficient shared memory')" +
+                   (f", and again for the next iterator (or `output_shapes()`) while this pool holds its "
+                    f"{mib(cost.dev_shm)}" if again else ""))
     if shmmax is not None and cost.sysv_segment > shmmax:
         why.append(f"a {mib(cost.sysv_segment)} SysV segment exceeds kernel.shmmax={mib(shmmax)}")
     memory = model.map_memory(processes, out_bytes, w, req.prefetch, cost, worker_bytes)
@@ -625,6 +628,14 @@ def _map_candidate(mode: str, w: int, in_bytes: int, out_bytes: int, stats: RowS
             secs += profile.map_teardown_seconds  # closing the pool (measured per release)
     return Candidate(mode, w, req.prefetch, cost.dev_shm, model.map_fds(w) if processes else 0, secs, not why,
                      "; ".join(why), memory)
+
+
+def _pool_held_meanwhile(profile: EngineProfile, budget: Budget, cost: Any) -> int:
+    """What a map pool whose slots are ``/dev/shm`` files (2.0-2.6) takes from the next pool's pre-check: an
+    iterator per epoch, or ``output_shapes()`` before or after one, starts another pool while this one keeps its
+    slots, and MindSpore checks against what is free then. An audit (2.0.0, 64 MB, 2 MiB rows, explicit
+    processes): the first epoch ran, the next iterator failed the pre-check (3 runs of 3); planned as if alone."""
+    return 0 if profile.map_transport == "sysv" else int(budget.fraction * cost.dev_shm)
 
 
 def what_if(row_bytes: int, workers: int, prefetch: int = model.DEFAULT_PREFETCH, ranks: int = 1,

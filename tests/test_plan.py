@@ -175,8 +175,8 @@ def test_a_map_of_cpp_transforms_alone_starts_no_pool_so_processes_cost_what_thr
     and refused them under 64 MB, where raw ran (an audit)."""
     v20, b = model.profile_for("2.0.0"), room(64 * MiB)
     asked = ask(workers=2, multiprocessing=True)
-    with pytest.raises(ShmBudgetError):
-        planning.plan_map(3 * MiB, 3 * MiB, 0.002, 1.0, 40, asked, b, v20)
+    pooled = planning.plan_map(3 * MiB, 3 * MiB, 0.002, 1.0, 40, asked, b, v20)  # slots below the rows: pipes
+    assert pooled.max_rowsize < 3 and pooled.predicted_shm > 0
     p = planning.plan_map(3 * MiB, 3 * MiB, 0.002, 1.0, 40, asked, b, v20, python_pool=False)
     assert (p.mode, p.workers, p.python_multiprocessing, p.predicted_shm) == (PROCESSES, 2, True, 0)
 
@@ -194,7 +194,8 @@ def test_a_batch_pools_slots_are_max_rowsize_times_the_batch_size():
 
 @pytest.mark.parametrize("version, max_rowsize, slot_rows, expected", [
     ("2.0.0", None, 1, 1),  # 264 KiB rows x 1.5: 1 MiB slots, 2 x 6 of them
-    ("2.0.0", None, 4, 1),  # a batch of 4 such rows: slots of 1 MiB x 4 hold it
+    ("2.0.0", None, 4, None),  # a batch of 4 such rows: slots of 1 MiB x 4, 48 MiB, leave no room for the next
+    # iterator's pool (``_pool_held_meanwhile``)
     ("2.0.0", 16, 1, None),  # the caller's own max_rowsize: kept, and refused
     ("2.10.0", None, 1, "sysv"),  # a SysV segment per worker, sized to the row: nothing to lower
 ])
@@ -812,3 +813,16 @@ def test_mindspores_own_spawn_start_method_starts_no_process_raw_would_not(monke
     assert not kept or "set_multiprocessing_start_method" in decision.reason, decision
     assert api._program_start_method_kept(req, True, True) == (req, None)
     assert api._program_start_method_kept(replace(req, multiprocessing=False), False, True)[1] is None
+
+
+def test_a_dev_shm_map_pool_leaves_room_for_the_next_iterators_pre_check():
+    """2.0.0 under 64 MB, 2 MiB rows in 2 explicit worker processes: the plan filled 48.1 of 51.2 MiB, the first
+    epoch ran, and the next iterator (or ``output_shapes()``) failed MindSpore's pre-check while the first pool
+    held its slots (an audit, 3 runs of 3). A SysV pool (2.7+) holds no /dev/shm: nothing to leave."""
+    asked, v20 = ask(workers=2, multiprocessing=True), model.profile_for("2.0.0")
+    p = planning.plan_map(2 * MiB, 2 * MiB, 0.01, 1.0, 60, asked, room(64 * MiB), v20)
+    assert (p.mode, p.max_rowsize) == (PROCESSES, 2) and "through the pool's pipe" in str(p.decisions), p.decisions
+    with pytest.raises(ShmBudgetError, match="and again for the next iterator"):  # a batch's slots: 4 rows each
+        planning.plan_map(2 * MiB, 2 * MiB, 0.01, 1.0, 60, asked, room(64 * MiB), v20, slot_rows=4)
+    p = planning.plan_map(2 * MiB, 2 * MiB, 0.01, 1.0, 60, asked, room(64 * MiB), model.profile_for("2.10.0"))
+    assert (p.mode, p.workers) == (PROCESSES, 2)

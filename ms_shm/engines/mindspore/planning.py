@@ -519,8 +519,12 @@ def plan_map(in_bytes: int, out_bytes: int, seconds_per_row: float | None, cpu_f
 
     cands = priced(req, modes)
     lowered = _lowered_map_rowsize(req, profile, row, cands, modes, slot_rows)
-    if lowered:
-        cands += priced(replace(req, max_rowsize=lowered), [PROCESSES])
+    for size in _halvings(lowered):  # down to slots smaller than the rows, which then go through the pipe
+        more = priced(replace(req, max_rowsize=size), [PROCESSES])
+        cands += more
+        lowered = size
+        if any(c.fits for c in more):
+            break
     fitting = [c for c in cands if c.fits]
     if not fitting:
         relaxed = priced(plan.unasked(req), [THREADS, PROCESSES])
@@ -533,8 +537,11 @@ def plan_map(in_bytes: int, out_bytes: int, seconds_per_row: float | None, cpu_f
         decisions.append(Decision("max_rowsize", lowered, profile.map_default_max_rowsize_mb,
                                   f"MindSpore {profile.version}'s pool keeps 6 static slots per worker in /dev/shm: "
                                   f"at {profile.map_default_max_rowsize_mb} MiB they do not fit, slots of "
-                                  f"{lowered} MiB hold the probe rows ({mib(row)}) with a margin (a larger row "
-                                  f"goes through the pool's pipe instead, the same row)"))
+                                  f"{lowered} MiB " + (f"hold the probe rows ({mib(row)}) with a margin (a larger "
+                                  f"row goes through the pool's pipe instead, the same row)"
+                                  if lowered * model.MiB * slot_rows > row else
+                                  f"fit where slots for the probe rows ({mib(row)}) do not: the rows go through "
+                                  f"the pool's pipe instead, the same rows")))
     reason = _mode_reason(best, fitting, req, stats) if seconds_per_row is not None else \
         "operations were not timed: MindSpore's default transport that fits"
     if rows is None and seconds_per_row is not None:
@@ -554,6 +561,15 @@ def plan_map(in_bytes: int, out_bytes: int, seconds_per_row: float | None, cpu_f
                 best.seconds, profile, tuple(decisions), (), tuple(plan.top(cands, best)), best.memory,
                 by_prefetch=tuple((c.shm, c.fds, c.memory) for c in at),
                 lean=_lean_map(best, in_bytes, out_bytes, stats, req, profile, limits, costs))
+
+
+def _halvings(size: int | None) -> list:
+    """``size``, then halved down to 1 MiB (``[]`` for none)."""
+    out = []
+    while size:
+        out.append(size)
+        size = size // 2 if size > 1 else 0
+    return out
 
 
 def _lowered_map_rowsize(req: Request, profile: EngineProfile, row: int, cands: list, modes: list,

@@ -50,3 +50,16 @@ def test_memory_spans_of_arrays_and_of_nothing():
     assert aliases.memory_span(a) == (start, start + 48)
     assert aliases.memory_span(a[:, 1]) == (start + 4, start + 4 + 2 * 16 + 4)
     assert aliases.memory_span(np.zeros((0, 4))) is None and aliases.memory_span([1, 2]) is None
+
+
+def test_a_read_only_array_the_dataset_holds_is_changed_by_no_loop(tmp_path):
+    """An ``"r"`` memmap (``batch_size=None`` rows of it): the loop cannot change it in place, and no batch
+    overwrites another; workers are not kept away for it."""
+    path = tmp_path / "rows.npy"
+    np.save(path, np.arange(40.0).reshape(10, 4))
+    rows = np.load(path, mmap_mode="r")
+    holder = type("Rows", (), {})()
+    holder.rows = rows
+    assert aliases.own_in(rows[3], aliases.held(holder)) is None
+    holder.rows = np.load(path, mmap_mode="r+")
+    assert aliases.own_in(holder.rows[3], aliases.held(holder)) is not None

@@ -124,8 +124,8 @@ def held(*holders: Any, limit: int = HELD_WALK_LIMIT, at: tuple = ()) -> Held:
     for holder in holders:
         for item in _walk(holder, limit, at):
             span = memory_span(item)
-            if span is not None:
-                out.add_range(span)
+            if span is not None and getattr(getattr(item, "flags", None), "writeable", True):
+                out.add_range(span)  # a read-only array (an ``"r"`` memmap) is changed by no loop
             elif not isinstance(item, _IMMUTABLE) and not callable(item):
                 out.ids.add(id(item))
     return out

@@ -623,6 +623,19 @@ def _reading_methods_reads(source: Any) -> Iterator[tuple[Step, Any]]:
         yield from _globals_and_cells(function, named)
 
 
+def objects_read_by_code(source: Any, callables: Iterable[Any] = ()) -> list:
+    """The objects of the module globals and closure variables that ``source``'s reading methods and
+    ``callables`` read (as the copy-on-read walk finds them: one call deep), whole; never raises."""
+    try:
+        found = [value for _, value in _reading_methods_reads(source)]
+        for function in callables:
+            found += [value for _, value in _code_reads(function)]
+    except Exception as exc:  # noqa: BLE001 - a source whose class cannot be read: nothing found
+        log.debug("ms_shm.cow: the code of %s not read: %s", type(source).__name__, exc)
+        return []
+    return [value.obj if isinstance(value, _Named) else value for value in found]
+
+
 def _with_methods_called(cls: type, functions: list) -> list:
     """``functions``, and the functions of ``cls`` their code names (``self._load(i)``; one call deep)."""
     called = [f for function in functions for name in function.__code__.co_names

@@ -63,3 +63,22 @@ def test_a_read_only_array_the_dataset_holds_is_changed_by_no_loop(tmp_path):
     assert aliases.own_in(rows[3], aliases.held(holder)) is None
     holder.rows = np.load(path, mmap_mode="r+")
     assert aliases.own_in(holder.rows[3], aliases.held(holder)) is not None
+
+
+def test_records_in_a_long_dict_are_found_at_the_position_they_were_read_at():
+    """An audit's 1,000 records keyed by name (``self.records[self.keys[i]]``), first read at 700: past the 256
+    items looked at, found as the dict's 700th value."""
+    holder = type("Records", (), {})()
+    holder.records = {f"id{i:05d}": {"seen": 0} for i in range(1_000)}
+    assert aliases.own_in(holder.records["id00700"], aliases.held(holder, at=(700,))) is not None
+
+
+def test_values_no_loop_changes_in_place_are_not_the_datasets_own():
+    """A collate handing on the dataset's own ``pathlib.Path``s (or numpy scalars) kept 0 workers, where they
+    arrive the same from one (an audit, torch and MindSpore's DataLoader)."""
+    import pathlib
+
+    holder = type("Paths", (), {})()
+    holder.paths, holder.labels = [pathlib.Path(f"img_{i}.jpg") for i in range(4)], list(np.arange(4))
+    kept = aliases.held(holder)
+    assert aliases.own_in([holder.paths[1], holder.labels[2]], kept) is None

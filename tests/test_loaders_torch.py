@@ -1677,7 +1677,7 @@ class BufferCollate:
     batch is that buffer, and a batch kept in a list is overwritten by the next (the audit's ``r5``)."""
 
     def __init__(self):
-        self.buffer = torch.zeros(4, 4)
+        self.buffer = torch.zeros(4, 2)
 
     def __call__(self, samples):
         torch.stack(samples, out=self.buffer[:len(samples)])
@@ -1714,9 +1714,30 @@ def test_batches_that_are_the_datasets_own_objects_keep_num_workers_0(fresh_torc
     assert ours == raw and loader.num_workers == 0 and "keeps" in why, why
 
 
-def test_a_collate_filling_one_buffer_keeps_num_workers_0(fresh_torch):
+GLOBAL_BUFFER = torch.zeros(4, 2) if torch is not None else None
+
+
+def _into_the_global_buffer(samples):
+    torch.stack(samples, out=GLOBAL_BUFFER[:len(samples)])
+    return GLOBAL_BUFFER[:len(samples)]
+
+
+def _into_a_closed_over_buffer():
+    buffer = torch.zeros(4, 2)
+
+    def collate(samples):
+        torch.stack(samples, out=buffer[:len(samples)])
+        return buffer[:len(samples)]
+    return collate
+
+
+@pytest.mark.parametrize("make_collate", [lambda: BufferCollate(), lambda: _into_the_global_buffer,
+                                          _into_a_closed_over_buffer], ids=["object", "global", "closure"])
+def test_a_collate_filling_one_buffer_keeps_num_workers_0(fresh_torch, make_collate):
+    """The buffer an object, a module global or a closure variable of the collate holds (an audit missed the
+    last two: the code's reads were not looked at)."""
     def run(make):
-        loader = make(SlowNumbers(24), batch_size=4, collate_fn=BufferCollate())
+        loader = make(SlowNumbers(24), batch_size=4, collate_fn=make_collate())
         return [[batch.tolist() for batch in list(loader)] for _ in range(2)], loader
 
     raw, _ = run(DataLoader)
@@ -1754,6 +1775,33 @@ def test_samples_whose_torch_work_depends_on_the_thread_count_keep_num_workers_0
     loader = ms_shm.build_dataloader(PerSampleStats(True), batch_size=4)
     why = str(ms_shm.plan_of(loader).decisions[0])
     assert _digest(loader) == raw and loader.num_workers == 0 and "torch's `mean` over 131,072" in why, why
+
+
+THREAD_CASES = {  # name: (the op on inputs made beforehand, whether its result depends on the thread count)
+    "upscale": (lambda t: torch.nn.functional.interpolate(t["small"], size=(224, 224), mode="bilinear"), True),
+    "uint8_mean": (lambda t: t["u8"].mean(dtype=torch.float32), True),
+    "fft_16k": (lambda t: torch.fft.rfft(t["signal"]), True),
+    "nearest": (lambda t: torch.nn.functional.interpolate(t["big"], size=(224, 224)), False),
+    "reflect_pad": (lambda t: torch.nn.functional.pad(t["big"], (4, 4, 4, 4), mode="reflect"), False),
+    "rot90_sqrt_": (lambda t: torch.rot90(t["big"], 1, (2, 3)).sqrt_(), False),
+    "uint8_sum": (lambda t: t["u8"].sum(), False),
+}
+
+
+@pytest.mark.parametrize("case", sorted(THREAD_CASES))
+def test_what_depends_on_the_thread_count_is_told_by_what_an_op_reads_and_makes(fresh_torch, case):
+    """An audit's misses: an upscale reads 12,288 elements and makes 150,528; ``mean(dtype=float32)`` of uint8
+    pixels; an FFT of 16,000 samples (split by its own rule). And its over-locks: a nearest resize, a reflect pad,
+    ``rot90``, an in-place ``sqrt_`` (raw's W0 and W2 batches bit-identical), an integer sum."""
+    from ms_shm.engines.torch import compat
+
+    g = torch.Generator().manual_seed(0)
+    inputs = {"small": torch.rand(1, 3, 64, 64, generator=g), "big": torch.rand(1, 3, 256, 256, generator=g),
+              "u8": torch.randint(0, 255, (3, 224, 224), dtype=torch.uint8, generator=g),
+              "signal": torch.randn(16_000, generator=g)}
+    op, bound = THREAD_CASES[case]
+    _, why = compat.thread_bound(lambda: op(inputs), 2)
+    assert (why is not None) == bound, why
 
 
 def test_elementwise_torch_work_and_one_thread_leave_workers_to_the_plan(fresh_torch, monkeypatch):

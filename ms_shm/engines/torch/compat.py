@@ -261,8 +261,11 @@ def _view(base: Any, dtype: Any, size: tuple, stride: tuple, offset: int) -> Any
     return torch.as_strided(typed, size, stride, offset)
 
 
-# torch splits an op over its intra-op threads only from this many elements (``at::internal::GRAIN_SIZE``).
+# torch splits an op over its intra-op threads only from this many elements (``at::internal::GRAIN_SIZE``);
+# its FFTs (MKL's, pocketfft's) split by their own rule: a 16,000-sample ``rfft`` gave other bits on 2 threads
+# (an audit), so they count from this many.
 GRAIN_SIZE = 32768
+FFT_SPLIT_FROM = 1024
 # What computes each element apart from the others (or copies, makes, reshapes, compares, picks): its result is
 # the same however many threads split it. Anything else over a floating tensor of GRAIN_SIZE elements or more is
 # taken to depend on the count (measured, torch 2.13 at 1 and 2 threads: ``mean`` and ``sum`` of 2**17 floats,
@@ -285,6 +288,8 @@ logical_not logical_xor bitwise_and bitwise_or bitwise_not bitwise_xor fill_ zer
 pow_ masked_fill masked_fill_ index_put_ index_fill_ scatter_ max min maximum minimum argmax argmin amax amin sort
 argsort topk unique nonzero any all numel size dim stride storage_offset element_size is_contiguous is_floating_point
 is_complex untyped_storage data_ptr requires_grad_ lerp addcmul addcdiv reciprocal erf real imag conj
+__rdiv__ __idiv__ __div__ __rand__ __ror__ __rxor__ rot90 tile swapaxes swapdims unfold repeat_interleave hardtanh
+index_copy scatter masked_scatter pad relu6 leaky_relu elu gelu silu hardsigmoid hardswish softplus threshold
 """.split())
 
 
@@ -313,25 +318,39 @@ def thread_bound(run: Callable[[], Any], threads: int) -> tuple:
     class Watch(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
+            result = func(*args, **kwargs)
             name = getattr(func, "__name__", "")
-            if not found and name not in _SAME_ON_ANY_THREADS:
-                elements = _largest_floating(args, kwargs)
-                if elements >= GRAIN_SIZE:
+            if not found and not _same_on_any_threads(name, kwargs):
+                elements = _elements_split(args, kwargs, result)
+                if elements >= (FFT_SPLIT_FROM if name.startswith(("fft", "ifft", "rfft", "irfft", "stft", "istft"))
+                                else GRAIN_SIZE):
                     found.append(f"torch's `{name}` over {elements:,} elements, whose result depends on how many "
                                  f"threads split it: {threads} in the main process, 1 in each worker (torch sets "
                                  f"it there), so the batches would differ in their last bits")
-            return func(*args, **kwargs)
+            return result
 
     with Watch():
         value = run()
     return value, (found[0] if found else None)
 
 
-def _largest_floating(args: tuple, kwargs: dict) -> int:
-    """Elements of the largest floating or complex tensor among an op's arguments (and in their lists)."""
-    largest = 0
+def _same_on_any_threads(name: str, kwargs: dict) -> bool:
+    """An op of ``_SAME_ON_ANY_THREADS``, its in-place form (``sqrt_``), or a nearest-neighbour ``interpolate``
+    (a copy of picked elements)."""
+    if name in _SAME_ON_ANY_THREADS or name.endswith("_") and name[:-1] in _SAME_ON_ANY_THREADS:
+        return True
+    return name == "interpolate" and kwargs.get("mode", "nearest") in ("nearest", "nearest-exact")
+
+
+def _elements_split(args: tuple, kwargs: dict, result: Any) -> int:
+    """Elements of the largest tensor an op reads or makes that has floating results: its floating inputs and
+    outputs, and any input where the result is floating (``u8.mean(dtype=torch.float32)``); an upscale reads
+    few elements and makes many (a 64x64 image resized to 224, 12,288 read)."""
+    outputs = [t for t in (result if isinstance(result, (list, tuple)) else (result,)) if _is_tensor(t)]
+    floating = any(t.is_floating_point() or t.is_complex() for t in outputs)
+    largest = max((t.numel() for t in outputs if t.is_floating_point() or t.is_complex()), default=0)
     for value in itertools.chain(args, kwargs.values()):
         for item in value if isinstance(value, (list, tuple)) else (value,):
-            if _is_tensor(item) and (item.is_floating_point() or item.is_complex()):
+            if _is_tensor(item) and (floating or item.is_floating_point() or item.is_complex()):
                 largest = max(largest, item.numel())
     return largest

@@ -46,7 +46,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ms_shm import procfs, rows, sandbox
+from ms_shm import cow, procfs, rows, sandbox
 from ms_shm.engines.torchstyle import aliases, storages
 from ms_shm.engines.torchstyle.compat import UnreadableSamples
 from ms_shm.engines.torchstyle.planning import BatchStats
@@ -171,7 +171,8 @@ def _measure_batch(dataset: Any, batch_size: int | None, collate: Callable, weig
         except Exception:  # a sample the framework's copy cannot make: the one sample is weighed alone
             pass
     batch, first_collate = first_made[0]
-    own = aliases.own_in(batch, aliases.held(dataset, collate, at=tuple(indices[:1])))
+    by_code = cow.objects_read_by_code(dataset, [collate])  # a module global the reads index, a collate's buffer
+    own = aliases.own_in(batch, aliases.held(dataset, collate, *by_code, at=tuple(indices[:1])))
     collates = [first_collate]
     one, shared = weigh(batch), storages.once_per_worker(batch, held)
     alone = [one[0]] + [weigh(collate(samples[k:k + 1]) if batched else collate(samples[k]))[0]

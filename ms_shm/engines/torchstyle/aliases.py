@@ -105,8 +105,9 @@ def _contiguous(shape: tuple, item: int) -> tuple:
 def _walk(root: Any, limit: int, at: tuple = ()) -> Iterator:
     """Every object reachable from ``root`` through containers and attributes (and a bound method's object), at
     most ``limit``, nearest first and ``PER_CONTAINER`` items of each container: one long list does not take the
-    walk from the dataset's other attributes. Tensors and arrays are yielded, not looked into. Of a list or tuple
-    longer than that, the items at ``at`` too: the indices the batch was read at (``self.items[i]``)."""
+    walk from the dataset's other attributes. Tensors and arrays are yielded, not looked into. Of a list, tuple
+    or dict longer than that, the items at ``at`` too: the indices the batch was read at (``self.items[i]``; of
+    a dict, the key ``i`` and the ``i``-th value)."""
     visited: set = set()
     queue, seen = collections.deque([root]), 0
     while queue and seen < limit:

@@ -378,8 +378,9 @@ def _self_write(ins: list, i: int, this: str) -> str | None:
 def _grows(ins: list, i: int, this: str, found: str) -> bool:
     """Whether the write ``_self_write`` found at ``ins[i]`` adds to what is there: an item stored or a mutator
     called, ``self.x += v``, or ``self.x = ...`` reading ``self.x`` in the same statement."""
-    if found.endswith(("[...]", "()")) or ins[i].opname != "STORE_ATTR":
-        return found.endswith(("[...]", "()"))
+    if found.endswith(("[...]", "()")):  # an item stored, a mutator called
+        return True
+    # else ``_self_write`` found a STORE_ATTR: ``self.x += v`` swaps first, ``self.x = self.x + v`` reads first
     return ins[i - 1].opname in ("SWAP", "ROT_TWO") or _reads_before(ins, i, "LOAD_ATTR", this)
 
 

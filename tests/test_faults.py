@@ -44,7 +44,7 @@ def faults(real_mindspore):
     return drive
 
 
-def drive(name: str, *args: str, shm: str = "64m", timeout: float = 150) -> dict:
+def drive(name: str, *args: str, shm: str = "64m", timeout: float = 150, may_hang: bool = False) -> dict:
     """Run one scenario in fresh namespaces (own /dev/shm, /tmp, SysV tables) and return the driver's report.
 
     The IPC namespace keeps SysV objects away from the host, so every object seen there is the scenario's
@@ -58,8 +58,20 @@ def drive(name: str, *args: str, shm: str = "64m", timeout: float = 150) -> dict
     lines = [line for line in proc.stdout.splitlines() if line.startswith("DRIVER ")]
     assert proc.returncode == 0 and lines, isolated.describe(proc)
     out = json.loads(lines[-1][len("DRIVER "):])
-    assert not out.get("timed_out"), describe(out)
+    assert may_hang or not out.get("timed_out"), describe(out)
     return out
+
+
+def raw_reference(name: str, *args: str) -> dict:
+    """Raw MindSpore run where it is expected to fail. Its main process may also never end once its workers
+    died of SIGBUS (seen once, in CI: both workers' bus errors printed, then nothing until the driver's
+    watchdog), so it gets a shorter watchdog and a hang counts as failing."""
+    return drive(name, *args, "--timeout", "60", may_hang=True)
+
+
+def assert_raw_died_of_bus_error(raw: dict) -> None:
+    """Killed by MindSpore's own SIGTERM after a worker's SIGBUS, or hung after it."""
+    assert BUS in raw["stderr"] and (raw["rc"] == -15 or raw.get("timed_out")), describe(raw)
 
 
 def describe(out: dict) -> str:
@@ -139,8 +151,9 @@ def test_process_group_sigkilled_leaks_sysv_and_clean_removes_it(faults):
 def test_dev_shm_filled_by_another_process_after_planning(faults):
     """Raw MindSpore has no check for dynamic slots: it dies of SIGBUS. The guard reads the free space when a
     slot is created and stops at the row that would not fit; the rows delivered before it are bit-exact."""
-    raw = faults("shm_filled_raw", "--action", "fill")
-    assert raw["free_after_fill"] == 8 * MiB and raw["rc"] == -15 and BUS in raw["stderr"], describe(raw)
+    raw = raw_reference("shm_filled_raw", "--action", "fill")
+    assert raw["free_after_fill"] == 8 * MiB, describe(raw)
+    assert_raw_died_of_bus_error(raw)
     assert_nothing_left(raw)
 
     out = faults("shm_filled", "--action", "fill")
@@ -194,13 +207,13 @@ WORKER_SHARE = 26_804_633
 def test_rows_much_larger_than_the_probe_saw(faults):
     """Probe rows (``rows._spread``) are 1 MiB, all others 12 MiB. Raw: SIGBUS. ms_shm: bit-exact rows, then
     the guard's error at exactly the row its accounting predicts, naming sizes and the fix."""
-    raw = faults("rows_larger_raw")
+    raw = raw_reference("rows_larger_raw")
     # Raw fails; by SIGBUS but for a loaded host, where its worker's fd hand-off (``resource_sharer``) met
     # ``EOFError`` first (one full run, three other jobs on the 2 cores): either way not ms_shm's subject here.
     assert raw["rc"] != 0, describe(raw)
     if "EOFError" not in raw["stderr"]:
-        assert raw["rc"] == -15 and BUS in raw["stderr"], describe(raw)
-        assert "was killed by signal: Bus error" in raw["stderr"]
+        assert_raw_died_of_bus_error(raw)
+        assert raw.get("timed_out") or "was killed by signal: Bus error" in raw["stderr"], describe(raw)
     assert_nothing_left(raw)
 
     out = faults("rows_larger")

@@ -258,11 +258,59 @@ def test_probe_batch_drops_the_cold_first_sample():
     assert s.cpu_seconds_per_sample < 0.04  # sleeping is not CPU work
 
 
-@pytest.mark.parametrize("seconds, reads", [(0.001, 3), (0.02, 2)])
-def test_a_slow_sample_is_read_twice_a_cheap_one_three_times(seconds, reads):
+@pytest.mark.parametrize("seconds, reads", [(0.001, 3 + probe.INLINE_SAMPLES), (0.02, 2)])
+def test_a_slow_sample_is_read_twice_a_cheap_one_three_times_and_then_twice_as_the_main_process(seconds, reads):
+    """Of 8 samples, the main process's reads cost more than ``INLINE_SHARE`` of the epoch: read only where
+    cheap (under ``PROBE_SECONDS``)."""
     dataset = Sleepy(seconds, seconds)
     s = probe.measure_batch(dataset, 4, lambda samples: samples, lambda b: (8 * len(b), 1), False)
     assert dataset.reads == reads and s.batch_bytes == 32 and s.seconds_per_sample >= seconds
+    assert (s.inline_seconds_per_sample is not None) == (reads > 3)
+
+
+class Indexed:
+    """``length`` samples; records the indices read; raises ``IndexError`` for those in ``bad``."""
+
+    def __init__(self, length: int, bad: tuple = ()):
+        self.length, self.bad, self.read = length, bad, []
+
+    def __len__(self):
+        return self.length
+
+    def __getitem__(self, i):
+        if i in self.bad:
+            raise IndexError(i)
+        self.read.append(i)
+        return [i]
+
+
+def test_the_main_process_reads_are_fresh_neighbours_of_the_last_sample_read():
+    """Spread over 1,000 samples the probe reads 0, 999, 500; then the main process's two from 501: a sample read
+    before could be a cache's hit."""
+    dataset = Indexed(1000)
+    s = probe.measure_batch(dataset, 4, lambda samples: samples, lambda b: (8 * len(b), 1), False)
+    assert dataset.read == [0, 999, 500, 501, 502] and s.inline_seconds_per_sample is not None
+
+
+def test_the_main_process_reads_wrap_round_and_skip_what_was_read():
+    dataset = Indexed(4)
+    probe.measure_batch(dataset, 2, lambda samples: samples, lambda b: (8 * len(b), 1), False,
+                        sampler=[3, 0, 1, 2])
+    assert dataset.read == [3, 0, 1, 2]  # the sampler's first two, then 1 and 2 (0 and 3 read)
+    assert probe.inline_seconds(Indexed(2), lambda d, i: d[i], [0, 1], 0.001, 2) is None  # nothing fresh
+
+
+@pytest.mark.parametrize("dataset, seen", [(Indexed(10, bad=(4,)), [2, 3]), ({"a": 1, "b": 2, "c": 3}, ["a"])])
+def test_a_main_process_read_that_fails_or_has_no_neighbour_measures_nothing(dataset, seen):
+    assert probe.inline_seconds(dataset, lambda d, i: d[i], seen, 0.001, 10) is None
+
+
+def test_the_main_process_time_read_prices_no_workers_in_place_of_the_engines_fraction():
+    costs = planning.WorkerCosts(0.0, 0.0, 0.0, inline_fraction=0.5)
+    read = BatchStats(1 << 20, 1, 0.01, 100, 10, inline_seconds_per_sample=0.008)
+    assert planning._seconds(read, 0, ask(), costs) == pytest.approx(0.8)
+    reasons = " ".join(d.reason for d in plan_loader(read, ask(), room()).decisions)
+    assert "10.00 ms per sample (8.00 in the main process)" in reasons
 
 
 def test_waiting_samples_cost_the_main_process_what_they_cost_a_fork():
@@ -916,7 +964,7 @@ def test_varying_samples_are_read_spread_and_planned_at_the_ragged_margin():
 
     dataset = Ragged()
     s = probe.measure_batch(dataset, 1, lambda samples: samples, lambda b: (sum(map(len, b)), len(b)), False)
-    assert dataset.read == [0, 47, 24] and s.batch_bytes == 8 and s.batch_bytes_min == 4 and s.ragged
+    assert dataset.read[:3] == [0, 47, 24] and s.batch_bytes == 8 and s.batch_bytes_min == 4 and s.ragged
     planned, why = planning.planned_batch(s)
     assert planned.batch_bytes == int(8 * RAGGED_MARGIN) and why[0].setting == "batch_bytes"
     assert "4 B to 8 B" in why[0].reason and f"{RAGGED_MARGIN}x the largest" in why[0].reason

@@ -638,7 +638,8 @@ def test_a_sample_that_reads_back_different_keeps_the_default(fresh_torch):
 def test_explicit_workers_that_fit_cost_the_probe_two_samples_read_once(fresh_torch, tmp_path):
     """Kept as asked, explicit workers need the batch's size only: the first and the last sample read (a dataset
     sorted by length holds its largest last), no second read of either (which only matters where the workers
-    asked may change). Left to ms_shm, the samples are timed and one is read twice."""
+    asked may change). Left to ms_shm, the samples are timed (in the fork, then as the main process reads them)
+    and one is read twice."""
     kept, chosen = tmp_path / "kept.log", tmp_path / "chosen.log"
     loader = ms_shm.build_dataloader(Logged(kept), batch_size=4, num_workers=2)
     assert loader.num_workers == 2 and kept.read_text().split() == ["0", "11"]
@@ -794,7 +795,8 @@ def test_module_globals_a_dataset_and_its_collate_fn_read_are_counted_and_named(
 def probe_reads() -> int:
     from ms_shm.engines.torchstyle import probe
 
-    return probe.PROBE_SAMPLES + 1  # and one read again, to tell samples that differ between reads
+    # two more timed as the main process reads them, and one read again, to tell samples that differ between reads
+    return probe.PROBE_SAMPLES + probe.INLINE_SAMPLES + 1
 
 
 def test_a_shuffled_loaders_probe_moves_no_generator_of_the_program(fresh_torch, tmp_path):

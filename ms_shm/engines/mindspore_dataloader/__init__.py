@@ -16,8 +16,10 @@ LEFTOVERS = LeftoverPatterns("MindSpore DataLoader")  # its storages are unlinke
 # fork-to-ready 8 ms: 30 ms per worker (2 forks of 8 ms and 14 ms of its own), 46 ms for the pool. 8 batches of
 # 8 x 2 MiB float32 with samples costing ~nothing, start-up excluded, the consumer summing every batch: 28 ms more
 # per 16 MiB batch with a worker than without (1.7 ms/MiB, 5x torch's; 22 ms without the sum), median of 7.
-# A sample in the main process: 0.72 of the probe child's warm time (7.3 / 12.5, 9.6 / 13.4, 6.4 / 8.5 ms: a W0
-# epoch's per-sample time over the fastest of samples 2-4 read in a fork, ~8 ms of numpy work on 2 MiB arrays).
+# Where the probe did not time samples as the main process reads them (``probe.inline_seconds``: slow samples,
+# few of them), a sample in the main process: 0.72 of the probe child's warm time (7.3 / 12.5, 9.6 / 13.4, 6.4 /
+# 8.5 ms: a W0 epoch's per-sample time over the fastest of samples 2-4 read in a fork, ~8 ms of numpy work on
+# 2 MiB arrays).
 COSTS = WorkerCosts(pool_seconds=0.046, worker_seconds=0.014, transfer_seconds_per_mib=1.7e-3,
                     inline_fraction=0.72)
 

@@ -20,8 +20,10 @@ LEFTOVERS = LeftoverPatterns("PyTorch", dev_shm=(("pytorch", re.compile(r"^torch
 # 42 ms per worker (2 forks of 12 ms and 18 ms of torch's own), 41 ms for the pool. 64 batches of 8 x 2 MiB
 # float32 with samples costing ~nothing, the consumer summing every batch: 5.6 ms more per 16 MiB batch with a
 # worker (0.35 ms/MiB; without the sum, none: the worker's transfer overlaps the main process's own collate).
-# A sample in the main process: 0.55 of the probe child's warm time (8.7 / 15.9, 6.4 / 13.5, 8.7 / 14.4 ms: a W0
-# epoch's per-sample time over the fastest of samples 2-4 read in a fork, ~8 ms of numpy work on 2 MiB arrays).
+# Where the probe did not time samples as the main process reads them (``probe.inline_seconds``: slow samples,
+# few of them), a sample in the main process: 0.55 of the probe child's warm time (8.7 / 15.9, 6.4 / 13.5, 8.7 /
+# 14.4 ms: a W0 epoch's per-sample time over the fastest of samples 2-4 read in a fork, ~8 ms of numpy work on
+# 2 MiB arrays).
 COSTS = WorkerCosts(pool_seconds=0.041, worker_seconds=0.018, transfer_seconds_per_mib=0.35e-3,
                     inline_fraction=0.55)
 

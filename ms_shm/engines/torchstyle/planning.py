@@ -47,6 +47,8 @@ class WorkerCosts(Result):
         inline_fraction: a sample's CPU work in the main process (``num_workers=0``) takes this fraction of
             the probe child's (its waiting takes as long): a fresh fork pays copy-on-write and first-touch faults
             on memory the main process has already made its own (a worker, a fork too, is priced at the child's).
+            Only where the probe did not time samples as the main process reads them
+            (``BatchStats.inline_seconds_per_sample``).
     """
 
     pool_seconds: float = 0.04
@@ -102,6 +104,8 @@ class BatchStats(Result):
     own: str | None = None  # what of the first batch is the dataset's or the collate_fn's own (``aliases.own_in``)
     thread_bound: str | None = None  # what the reads compute whose result depends on the thread count, which a
     # worker sets to 1 (``compat.thread_bound``)
+    inline_seconds_per_sample: float | None = None  # a sample's time in the main process, ``num_workers=0``
+    # (``probe.inline_seconds``); ``None``: not read, the engine's ``WorkerCosts.inline_fraction`` prices it
 
     @property
     def ragged(self) -> bool:
@@ -178,6 +182,14 @@ def cpu_part(stats: BatchStats) -> float:
     return stats.seconds_per_sample if cpu is None else min(cpu, stats.seconds_per_sample)
 
 
+def inline_work(stats: BatchStats, samples: int, costs: WorkerCosts) -> float:
+    """The samples' time in the main process: as the probe timed it there (``inline_seconds_per_sample``), else
+    the probe child's with its CPU part priced at the engine's measured fraction."""
+    if stats.inline_seconds_per_sample is not None:
+        return samples * stats.inline_seconds_per_sample
+    return samples * (stats.seconds_per_sample - (1 - costs.inline_fraction) * cpu_part(stats))
+
+
 def _seconds(stats: BatchStats, workers: int, req: LoaderRequest, costs: WorkerCosts,
              piped: bool = False) -> float | None:
     """One epoch: the samples' work in the main process, or spread over the workers (their CPU work over the
@@ -189,7 +201,7 @@ def _seconds(stats: BatchStats, workers: int, req: LoaderRequest, costs: WorkerC
     batches = -(-samples // max(1, stats.batch_size))
     work = samples * stats.seconds_per_sample
     if workers == 0:
-        return work - samples * (1 - costs.inline_fraction) * cpu_part(stats)
+        return inline_work(stats, samples, costs)
     transfer = batches * costs.transfer_seconds_per_mib * stats.batch_bytes / (1 << 20)
     busy = samples * cpu_part(stats) + transfer  # what needs a CPU; the rest (waiting) overlaps over the workers
     receive = batches * (PER_BATCH_SECONDS + PER_STORAGE_SECONDS * stats.storages)
@@ -422,7 +434,7 @@ def _mode_decision(best: Candidate, stats: BatchStats, req: LoaderRequest, fitti
     default = req.workers if req.workers is not None else 0
     timing = f"probe batch: {mib(stats.batch_bytes)} in {stats.storages} storage(s){_shared_text(stats)}, " + (
         "samples not timed" if stats.seconds_per_sample is None else
-        f"{stats.seconds_per_sample * 1e3:.2f} ms per sample") + (
+        f"{stats.seconds_per_sample * 1e3:.2f} ms per sample{_inline_text(stats)}") + (
         "; one batch more counted as held by the loop (made by a library whose loop reads one batch ahead)"
         if req.read_ahead and best.workers else "")
     if req.workers is not None:
@@ -439,6 +451,11 @@ def _mode_decision(best: Candidate, stats: BatchStats, req: LoaderRequest, fitti
                 if tie else "fastest that fits")
         why = f"{lead}: {est}{timing}"
     return Decision("num_workers", best.workers, default, why)
+
+
+def _inline_text(stats: BatchStats) -> str:
+    inline = stats.inline_seconds_per_sample
+    return "" if inline is None else f" ({inline * 1e3:.2f} in the main process)"
 
 
 def _shared_text(stats: BatchStats) -> str:

@@ -300,6 +300,59 @@ def test_the_main_process_reads_wrap_round_and_skip_what_was_read():
     assert probe.inline_seconds(Indexed(2), lambda d, i: d[i], [0, 1], 0.001, 2) is None  # nothing fresh
 
 
+def test_the_main_process_reads_are_the_callers_samplers_next_indices():
+    """Its sampler gives 5, 17, then 42 and 7: those are read, not 18, which the loop never reads (an audit's
+    dataset exited, aborted or hung there)."""
+    dataset = Indexed(100, bad=tuple(i for i in range(100) if i not in (5, 17, 42, 7)))
+    s = probe.measure_batch(dataset, 2, lambda samples: samples, lambda b: (8 * len(b), 1), False,
+                            sampler=[5, 17, 42, 7])
+    assert dataset.read == [5, 17, 42, 7] and s.inline_seconds_per_sample is not None
+    batches = Indexed(100)
+    probe.measure_batch(batches, None, lambda samples: samples, lambda b: (8 * len(b), 1), False,
+                        batch_sampler=[[9, 8], [9, 30], [31]])
+    assert batches.read == [9, 8, 30, 31]  # the rest of the batches, 9 read already
+
+
+class ColdShards(Indexed):
+    """The first read of each shard of 100 samples takes ``cold`` seconds more."""
+
+    def __init__(self, length: int, cold: float):
+        super().__init__(length)
+        self.cold, self.opened = cold, set()
+
+    def __getitem__(self, i):
+        import time
+
+        if i // 100 not in self.opened:
+            self.opened.add(i // 100)
+            time.sleep(self.cold)
+        return super().__getitem__(i)
+
+
+def test_a_fresh_read_that_runs_cold_ends_the_main_process_reads():
+    dataset = ColdShards(1000, 0.2)
+    dataset.opened.update({0})
+    assert probe.inline_seconds(dataset, lambda d, i: d[i], [98, 99], 0.001, 1000) is None
+    assert dataset.read == [100]  # not 101 too
+
+
+@pytest.mark.parametrize("warm, epoch, reads", [(0.001, 8, 2), (0.02, 8, 0), (0.02, 1000, 2), (0.06, 1000, 0)])
+def test_the_main_process_reads_cost_at_most_a_share_of_the_epoch_and_a_tenth_of_a_second(warm, epoch, reads):
+    dataset = Indexed(1000)
+    probe.inline_seconds(dataset, lambda d, i: d[i], [0], warm, epoch)
+    assert len(dataset.read) == reads
+
+
+@pytest.mark.parametrize("singles, paired, size, share", [
+    ([5e-5, 3e-5], 3.2e-5, 256, 3e-5 / 256 + 2e-6 * 255 / 256),  # a call's cost, nearly nothing per sample
+    ([1e-3, 5e-4], 1e-3, 8, 5e-4),  # stacking 2 MiB samples: all of it per sample
+    ([4e-4], None, 8, 4e-4),  # not batched: a call per sample
+    ([1e-3, 1e-4], 5e-3, 4, 1e-4),  # a pair slower than two alone: no more than one alone
+])
+def test_a_samples_share_of_a_batchs_collate(singles, paired, size, share):
+    assert probe.collate_share(singles, paired, size) == pytest.approx(share)
+
+
 @pytest.mark.parametrize("dataset, seen", [(Indexed(10, bad=(4,)), [2, 3]), ({"a": 1, "b": 2, "c": 3}, ["a"])])
 def test_a_main_process_read_that_fails_or_has_no_neighbour_measures_nothing(dataset, seen):
     assert probe.inline_seconds(dataset, lambda d, i: d[i], seen, 0.001, 10) is None

@@ -60,13 +60,11 @@ UNTIMED_SAMPLES = 2  # where num_workers was passed: the batch's weight only, fr
 # Samples read once the probe's batches are dropped, timed as the main process reads them with num_workers=0
 # (``inline_seconds``): the faster of two, the first paying what the allocator's change of state left to fault in
 INLINE_SAMPLES = 2
-INLINE_SHARE = 0.02  # ... read where they cost at most this share of the epoch's samples, or PROBE_SECONDS
-
-
-def _first_indices(sampler: Any, count: int) -> list:
-    if sampler is not None:
-        return list(itertools.islice(iter(sampler), count))
-    return list(range(count))
+# ... read where they cost at most this share of the epoch's samples, up to INLINE_SECONDS, or PROBE_SECONDS: slow
+# samples (an audit: 500 ms each, the build 1.5 s -> 2.5 s) would cost the start-up what cannot change its plan
+INLINE_SHARE = 0.02
+INLINE_SECONDS = 0.1
+AHEAD = 2 * INLINE_SAMPLES + 2  # indices the caller's sampler gives after the probe's (it may repeat some)
 
 
 def spread_indices(length: int | None, count: int) -> list | None:
@@ -88,18 +86,24 @@ def dataset_length(dataset: Any) -> int | None:
 
 
 def first_batch(batch_size: int | None, sampler: Any, batch_sampler: Any, count: int,
-                length: int | None = None) -> tuple:
+                length: int | None = None, ahead: list | None = None) -> tuple:
     """``(indices, size)``: the indices the probe reads (at most ``count``) and the batch's size. From the
     caller's sampler or batch sampler, their first ones (what they choose is theirs: a subset, a bucket whose
     samples collate together); without either, ``count`` spread over the dataset's ``length`` (its sampler
     is the framework's, made later from ``shuffle``). Taken in the child before its reads are watched: a
-    ``RandomSampler`` draws from torch's global generator (or its own), which says nothing of the samples."""
-    first = next(iter(batch_sampler), None) if batch_sampler is not None else None
+    ``RandomSampler`` draws from torch's global generator (or its own), which says nothing of the samples.
+    ``ahead``: filled, from the same draw, with up to ``AHEAD`` indices the caller's sampler gives next."""
+    batches = iter(batch_sampler) if batch_sampler is not None else None
+    first = next(batches, None) if batches is not None else None
     size = len(first) if first is not None else (batch_size or 1)
     spread = spread_indices(length, count) if first is None and sampler is None else None
     if spread is not None:
         return spread, size
-    indices = list(first[:count]) if first is not None else _first_indices(sampler, min(count, size))
+    order = (itertools.chain(first, itertools.chain.from_iterable(batches)) if first is not None else
+             iter(sampler) if sampler is not None else itertools.count())  # no length: read from the start
+    indices = list(itertools.islice(order, min(count, len(first)) if first is not None else min(count, size)))
+    if ahead is not None:
+        ahead.extend(itertools.islice(order, AHEAD))
     return indices, size
 
 
@@ -137,28 +141,33 @@ def _samples(dataset: Any, iterable: bool, indices: list, count: int, read: Call
 def measure_batch(dataset: Any, batch_size: int | None, collate: Callable, weigh: Callable[[Any], tuple],
                   iterable: bool, sampler: Any = None, batch_sampler: Any = None,
                   twin: Callable[[Any], Any] | None = None, first: tuple | None = None,
-                  keep: list | None = None, read: Callable = operator.getitem) -> BatchStats | str:
+                  keep: list | None = None, read: Callable = operator.getitem,
+                  ahead: list | None = None) -> BatchStats | str:
     """In the probe child: the batch's stats, or why there are none (an empty dataset, samples that cannot be
     read one by one). With ``twin`` (the framework's second sample made from a first) the samples are not timed:
     ``UNTIMED_SAMPLES`` are read (the twin stands for a second one the dataset lacks), and ``seconds_per_sample``
     is ``None``. ``first``: ``first_batch``'s ``(indices, size)``, taken beforehand (else here); ``keep``: the
     first sample read is appended to it (for ``reread_differs``); ``read``: how the loader reads a sample of a
-    map-style dataset (``sample_reader``)."""
+    map-style dataset (``sample_reader``); ``ahead``: ``first_batch``'s, the indices the caller's sampler gives
+    next (``None``: the framework's sampler, any index)."""
     try:
         return _measure_batch(dataset, batch_size, collate, weigh, iterable, sampler, batch_sampler, twin, first,
-                              keep, read)
+                              keep, read, ahead)
     except UnreadableSamples as exc:
         return str(exc)
 
 
 def _measure_batch(dataset: Any, batch_size: int | None, collate: Callable, weigh: Callable[[Any], tuple],
                    iterable: bool, sampler: Any, batch_sampler: Any, twin: Callable[[Any], Any] | None,
-                   first: tuple | None, keep: list | None, read: Callable) -> BatchStats | str:
+                   first: tuple | None, keep: list | None, read: Callable, ahead: list | None) -> BatchStats | str:
     timed = twin is None
     held = storages.dataset_storages(dataset)  # shared once per worker where batches send views of them
     weigh = storages.per_batch_weigh(weigh, held)
-    indices, size = first if first is not None else first_batch(
-        batch_size, sampler, batch_sampler, PROBE_SAMPLES, None if iterable else dataset_length(dataset))
+    if first is None:
+        ahead = [] if sampler is not None or batch_sampler is not None else None
+        first = first_batch(batch_size, sampler, batch_sampler, PROBE_SAMPLES,
+                            None if iterable else dataset_length(dataset), ahead)
+    indices, size = first
     want = PROBE_SAMPLES if timed else UNTIMED_SAMPLES  # a map-style dataset's indices are capped already
     batched = batch_size is not None or batch_sampler is not None
     first_made: list = []
@@ -177,15 +186,19 @@ def _measure_batch(dataset: Any, batch_size: int | None, collate: Callable, weig
     batch, first_collate = first_made[0]
     by_code = cow.objects_read_by_code(dataset, [collate])  # a module global the reads index, a collate's buffer
     own = aliases.own_in(batch, aliases.held(dataset, collate, *by_code, at=tuple(indices[:1])))
-    collates = [first_collate]
+    singles = [first_collate]  # seconds of each sample collated alone
     one, shared = weigh(batch), storages.once_per_worker(batch, held)
-    alone = [one[0]] + [weigh(collate(samples[k:k + 1]) if batched else collate(samples[k]))[0]
-                        for k in range(1, reads)]
-    two = pair = None
+    alone = [one[0]]
+    for k in range(1, reads):
+        c0 = time.perf_counter()
+        made = collate(samples[k:k + 1]) if batched else collate(samples[k])
+        singles.append(time.perf_counter() - c0)
+        alone.append(weigh(made)[0])
+    two = pair = paired = None
     if len(samples) > 1 and batched:
         c0 = time.perf_counter()
         batch, pair = _pair(collate, samples)
-        collates.append((time.perf_counter() - c0) / 2)
+        paired = time.perf_counter() - c0
         two, shared = weigh(batch), max(shared, storages.once_per_worker(batch, held))
     second = alone[1] if two is not None and pair[1] is not samples[0] and reads > 1 else one[0]
     largest, smallest = batch_bytes_at(alone, two[0] if two else None, second, size)
@@ -197,42 +210,73 @@ def _measure_batch(dataset: Any, batch_size: int | None, collate: Callable, weig
         return BatchStats(int(largest), int(max(1, count)), None, length, size, unsent=unsent,
                           batch_bytes_min=low, shared_bytes=shared, own=own)
     wall, cpu = sample_seconds(walls)
+    collated = collate_share(singles, paired, size)
     batch = pair = None  # the main process's loop drops each batch and its samples before the next samples
     first_made.clear()
     samples.clear()
-    inline = None if iterable else inline_seconds(dataset, read, indices[:reads], wall, length)
-    return BatchStats(int(largest), int(max(1, count)), wall + min(collates), length, size,
-                      cpu_seconds_per_sample=min(cpu, wall) + min(collates), unsent=unsent, batch_bytes_min=low,
+    inline = None if iterable else inline_seconds(dataset, read, indices[:reads], wall, length, ahead)
+    return BatchStats(int(largest), int(max(1, count)), wall + collated, length, size,
+                      cpu_seconds_per_sample=min(cpu, wall) + collated, unsent=unsent, batch_bytes_min=low,
                       shared_bytes=shared, own=own,
-                      inline_seconds_per_sample=None if inline is None else inline + min(collates))
+                      inline_seconds_per_sample=None if inline is None else inline + collated)
 
 
-def inline_seconds(dataset: Any, read: Callable, seen: list, warm: float, epoch: int | None) -> float | None:
+def collate_share(singles: list, paired: float | None, size: int) -> float:
+    """A sample's share of collating a batch of ``size``: a collate costs a part per call and a part per sample,
+    read from the samples collated alone (``singles``: the first ran cold, the fastest counts) and the first two
+    together (``paired``; ``None``: not batched). Counting the call's part per sample priced trivial samples
+    (one float each, batches of 256) at 0.1 ms each where an epoch without workers read 3.4 us, and chose 2
+    workers, 3-6x slower (an audit)."""
+    one = min(singles)
+    if paired is None or size <= 1:
+        return one
+    step = max(0.0, paired - one)  # what the second sample added
+    return min(one, (one + step * (size - 1)) / size)
+
+
+def inline_seconds(dataset: Any, read: Callable, seen: list, warm: float, epoch: int | None,
+                   ahead: list | None = None) -> float | None:
     """A sample's seconds in the main process (``num_workers=0``), or ``None`` where not read: the faster of
-    ``INLINE_SAMPLES`` fresh samples read after the probe's batches were collated and dropped, as the loop does.
-    Not the probe's own warm reads: a worker, a fork that collates into shared memory, keeps the allocator as the
-    fork found it, while the main process's loop frees a batch of its own memory and its allocator then serves
-    the next samples from pages it already has (measured: torch 2.13, 2 MiB numpy samples: 4.7 ms each in a
-    ``num_workers=0`` epoch, 5.6-6.4 ms in the probe's fork, ~2,976 page faults per sample there and none in
-    the loop). Fresh indices, next to the last one read: a dataset that caches what it read would time a cache
-    hit on one read before. Read only where ``INLINE_SAMPLES`` cost at most ``INLINE_SHARE`` of the epoch."""
+    ``INLINE_SAMPLES`` fresh samples read after the probe's batches were collated and dropped, as the loop does. Not
+    the probe's own warm reads: the main process's loop frees a batch of its own memory at every step, and its
+    samples read faster after, from pages its allocator already has (measured: torch 2.13, 2 MiB numpy samples: 4.7
+    ms each in a ``num_workers=0`` epoch with no page fault, 5.6-6.4 ms in the probe and in a fork, where a sample
+    faulted in ~2,976 new pages). Fresh indices, next to the last one read: a dataset that caches what it read would
+    time a cache hit on one read before. Read only where ``INLINE_SAMPLES`` cost at most ``INLINE_SHARE`` of the
+    epoch."""
+    allowed = max(PROBE_SECONDS, min(INLINE_SHARE * (epoch or 0) * warm, INLINE_SECONDS))
+    fresh = _fresh_indices(dataset, seen, ahead)
+    if fresh is None or INLINE_SAMPLES * warm > allowed:
+        return None
+    walls: list = []
+    for index in itertools.islice(fresh, INLINE_SAMPLES):
+        if sum(walls) > allowed:  # a fresh index read cold (a shard opened, a file fetched): no more of those
+            return None
+        try:
+            began = time.perf_counter()
+            read(dataset, index)
+            walls.append(time.perf_counter() - began)
+        except Exception:  # an index the loop may never read: nothing measured
+            return None
+    return min(walls) if walls else None
+
+
+def _fresh_indices(dataset: Any, seen: list, ahead: list | None) -> Any:
+    """Indices the loader reads that the probe has not: the caller's sampler's next ones (``ahead``), else the
+    neighbours after the last one read (the framework's sampler reads every index); ``None``: none to read."""
+    if ahead is not None:
+        try:
+            return iter([i for k, i in enumerate(ahead) if i not in seen and i not in ahead[:k]])
+        except Exception:  # indices that do not compare (arrays): none told apart
+            return None
     length = dataset_length(dataset)
-    if not seen or not length or INLINE_SAMPLES * warm > max(PROBE_SECONDS, INLINE_SHARE * (epoch or 0) * warm):
+    if not seen or not length:
         return None
     try:
         last = operator.index(seen[-1])
     except TypeError:  # keys, not positions: no neighbour to read
         return None
-    fresh = (i % length for i in range(last + 1, last + 1 + length) if i % length not in seen)
-    walls = []
-    for index in itertools.islice(fresh, INLINE_SAMPLES):
-        try:
-            began = time.perf_counter()
-            read(dataset, index)
-            walls.append(time.perf_counter() - began)
-        except Exception:  # an index the loop's sampler would not give: nothing measured
-            return None
-    return min(walls) if len(walls) == INLINE_SAMPLES else None
+    return (i % length for i in range(last + 1, last + 1 + length) if i % length not in seen)
 
 
 def _first_collated(collate: Callable, sample: Any, batched: bool) -> tuple:
@@ -343,8 +387,9 @@ def probe_loader(dataset: Any, batch_size: int | None, collate: Callable, weigh:
 
     def in_child():
         ready = time.perf_counter() - forked
+        ahead = [] if sampler is not None or batch_sampler is not None else None
         first = first_batch(batch_size, sampler, batch_sampler, PROBE_SAMPLES,  # unwatched: the sampler's draws
-                            None if iterable else dataset_length(dataset))
+                            None if iterable else dataset_length(dataset), ahead)
         kept: list = []
         again = None if iterable or not reread else \
             lambda: reread_differs(dataset, first[0], kept, tensor_bytes, read)
@@ -353,7 +398,7 @@ def probe_loader(dataset: Any, batch_size: int | None, collate: Callable, weigh:
         def measured():
             def measure():
                 return measure_batch(dataset, batch_size, collate, weigh, iterable, sampler, batch_sampler, twin,
-                                     first, kept, read)
+                                     first, kept, read, ahead)
             if by_threads is None:
                 return measure()
             value, why = by_threads(measure)

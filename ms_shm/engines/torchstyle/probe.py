@@ -188,7 +188,7 @@ def _measure_batch(dataset: Any, batch_size: int | None, collate: Callable, weig
     own = aliases.own_in(batch, aliases.held(dataset, collate, *by_code, at=tuple(indices[:1])))
     singles = [first_collate]  # seconds of each sample collated alone
     one, shared = weigh(batch), storages.once_per_worker(batch, held)
-    alone = [one[0]]
+    alone, made = [one[0]], None
     for k in range(1, reads):
         c0 = time.perf_counter()
         made = collate(samples[k:k + 1]) if batched else collate(samples[k])
@@ -211,7 +211,7 @@ def _measure_batch(dataset: Any, batch_size: int | None, collate: Callable, weig
                           batch_bytes_min=low, shared_bytes=shared, own=own)
     wall, cpu = sample_seconds(walls)
     collated = collate_share(singles, paired, size)
-    batch = pair = None  # the main process's loop drops each batch and its samples before the next samples
+    batch = pair = made = None  # the main process's loop drops each batch and its samples before the next samples
     first_made.clear()
     samples.clear()
     inline = None if iterable else inline_seconds(dataset, read, indices[:reads], wall, length, ahead)

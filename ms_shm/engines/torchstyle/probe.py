@@ -236,14 +236,14 @@ def collate_share(singles: list, paired: float | None, size: int) -> float:
 
 def inline_seconds(dataset: Any, read: Callable, seen: list, warm: float, epoch: int | None,
                    ahead: list | None = None) -> float | None:
-    """A sample's seconds in the main process (``num_workers=0``), or ``None`` where not read: the faster of
-    ``INLINE_SAMPLES`` fresh samples read after the probe's batches were collated and dropped, as the loop does. Not
-    the probe's own warm reads: the main process's loop frees a batch of its own memory at every step, and its
-    samples read faster after, from pages its allocator already has (measured: torch 2.13, 2 MiB numpy samples: 4.7
-    ms each in a ``num_workers=0`` epoch with no page fault, 5.6-6.4 ms in the probe and in a fork, where a sample
-    faulted in ~2,976 new pages). Fresh indices, next to the last one read: a dataset that caches what it read would
-    time a cache hit on one read before. Read only where ``INLINE_SAMPLES`` cost at most ``INLINE_SHARE`` of the
-    epoch."""
+    """A sample's seconds in the main process (``num_workers=0``), or ``None`` where not read: the faster of up to
+    ``INLINE_SAMPLES`` fresh samples (``_fresh_indices``) read after the probe's batches were collated and dropped,
+    as the loop does. Not the probe's own warm reads: the main process's loop frees a batch of its own memory at
+    every step, and its samples read faster after, from pages its allocator already has (measured: torch 2.13, 2 MiB
+    numpy samples: 4.7 ms each in a ``num_workers=0`` epoch with no page fault, 5.6-6.4 ms in the probe and in a
+    fork, where a sample faulted in ~2,976 new pages). Read only where ``INLINE_SAMPLES`` at ``warm`` seconds each
+    cost at most ``INLINE_SHARE`` of the epoch, up to ``INLINE_SECONDS`` (or ``PROBE_SECONDS``), and no more once
+    they cost that (a fresh index read cold)."""
     allowed = max(PROBE_SECONDS, min(INLINE_SHARE * (epoch or 0) * warm, INLINE_SECONDS))
     fresh = _fresh_indices(dataset, seen, ahead)
     if fresh is None or INLINE_SAMPLES * warm > allowed:
@@ -262,8 +262,10 @@ def inline_seconds(dataset: Any, read: Callable, seen: list, warm: float, epoch:
 
 
 def _fresh_indices(dataset: Any, seen: list, ahead: list | None) -> Any:
-    """Indices the loader reads that the probe has not: the caller's sampler's next ones (``ahead``), else the
-    neighbours after the last one read (the framework's sampler reads every index); ``None``: none to read."""
+    """Indices the loader reads that the probe has not: the caller's sampler's next ones (``ahead``: a dataset may
+    fail or hang at an index its sampler never gives), else the neighbours after the last one read (the
+    framework's sampler reads every index; a dataset that caches would time a cache hit on one read before);
+    ``None``: none to read."""
     if ahead is not None:
         try:
             return iter([i for k, i in enumerate(ahead) if i not in seen and i not in ahead[:k]])

@@ -107,6 +107,12 @@ def first_batch(batch_size: int | None, sampler: Any, batch_sampler: Any, count:
     return indices, size
 
 
+def sampler_ahead(sampler: Any, batch_sampler: Any) -> list | None:
+    """The list ``first_batch`` fills with the caller's sampler's next indices, or ``None`` where the framework
+    makes the sampler (every index is one it reads)."""
+    return [] if sampler is not None or batch_sampler is not None else None
+
+
 def _first_samples(dataset: Any, iterable: bool, indices: list, count: int, read: Callable = operator.getitem,
                    after_first: Callable[[Any], None] = lambda sample: None) -> tuple:
     """The first ``count`` samples the loader would read (``indices``: its first ones, for a map-style
@@ -164,7 +170,7 @@ def _measure_batch(dataset: Any, batch_size: int | None, collate: Callable, weig
     held = storages.dataset_storages(dataset)  # shared once per worker where batches send views of them
     weigh = storages.per_batch_weigh(weigh, held)
     if first is None:
-        ahead = [] if sampler is not None or batch_sampler is not None else None
+        ahead = sampler_ahead(sampler, batch_sampler)
         first = first_batch(batch_size, sampler, batch_sampler, PROBE_SAMPLES,
                             None if iterable else dataset_length(dataset), ahead)
     indices, size = first
@@ -389,7 +395,7 @@ def probe_loader(dataset: Any, batch_size: int | None, collate: Callable, weigh:
 
     def in_child():
         ready = time.perf_counter() - forked
-        ahead = [] if sampler is not None or batch_sampler is not None else None
+        ahead = sampler_ahead(sampler, batch_sampler)
         first = first_batch(batch_size, sampler, batch_sampler, PROBE_SAMPLES,  # unwatched: the sampler's draws
                             None if iterable else dataset_length(dataset), ahead)
         kept: list = []

@@ -9,7 +9,11 @@ run is a fresh process in a private mount namespace with a tmpfs of the cell's s
 against the digest of a run with room to spare, so a wrong batch counts as a crash. Rounds interleave every
 configuration of a cell (shuffled per round, seeded); the median of ``--repeat`` rounds is reported.
 
-    python benchmarks/bench_dataloader.py --repeat 5 [--samples 64] [--frameworks torch,mindspore] [--ms-python PATH]
+    python benchmarks/bench_dataloader.py --repeat 5 [--samples 64] [--epochs 1] [--frameworks torch,mindspore]
+        [--shm 64m,512m,ample] [--ms-python PATH]
+
+``--epochs 2`` iterates the one loader twice: workers start again for the second epoch while the loop may still
+hold the first's last batch, so a configuration that fits one epoch can die in the next.
 
 MindSpore's DataLoader needs NumPy 1.x: ``--ms-python`` names an interpreter with MindSpore 2.8+ and numpy<2
 (default: the release matrix's ``.venv-ms2.8.0``).
@@ -35,6 +39,7 @@ from _installed import compile_bytecode
 REPO = Path(__file__).resolve().parent.parent
 TAG = "BENCH_DL "
 SHM = {"64m": "64m", "512m": "512m", "ample": "4g"}
+FRAMEWORKS = "torch,mindspore"
 HANG_SECONDS = 120  # an epoch here takes a few seconds
 
 
@@ -85,9 +90,10 @@ def child(framework: str, config: dict) -> None:
             kwargs["prefetch_factor"] = config["prefetch"]
         loader = DataLoader(Samples(), **kwargs)
     h = hashlib.sha256()
-    for data, label in loader:
-        h.update(np.asarray(data.asnumpy() if hasattr(data, "asnumpy") else data.numpy()).tobytes())
-        h.update(np.asarray(label.asnumpy() if hasattr(label, "asnumpy") else label.numpy()).tobytes())
+    for _ in range(config.get("epochs", 1)):
+        for data, label in loader:
+            h.update(np.asarray(data.asnumpy() if hasattr(data, "asnumpy") else data.numpy()).tobytes())
+            h.update(np.asarray(label.asnumpy() if hasattr(label, "asnumpy") else label.numpy()).tobytes())
     seconds = time.perf_counter() - started
     chosen = f"W{loader.num_workers}" + (f" P{loader.prefetch_factor}" if loader.num_workers else "")
     if framework == "torch" and loader.num_workers:
@@ -128,10 +134,12 @@ def run_one(python: str, framework: str, config: dict, shm: str) -> dict:
     return json.loads(lines[-1][len(TAG):])
 
 
-def cell(python: str, framework: str, shm: str, repeat: int, rng: random.Random, samples: int) -> dict:
+def cell(python: str, framework: str, shm: str, repeat: int, rng: random.Random, samples: int,
+         epochs: int = 1) -> dict:
     """Every configuration of one cell, ``repeat`` interleaved rounds; a configuration that crashed stops."""
-    cfgs = [dict(c, samples=samples) for c in configs(framework)]
-    reference = run_one(python, framework, {"kind": "grid", "workers": 0, "samples": samples}, "4g").get("digest")
+    cfgs = [dict(c, samples=samples, epochs=epochs) for c in configs(framework)]
+    reference = run_one(python, framework, {"kind": "grid", "workers": 0, "samples": samples, "epochs": epochs},
+                        "4g").get("digest")
     times: dict = {c["name"]: [] for c in cfgs}
     crashes: dict = {}
     chosen: list = []  # what ms_shm picked, per round
@@ -171,13 +179,24 @@ def _row(c: dict) -> str:
             f"{int('raw' in crashes)}, {int('ms_shm' in crashes)}, {grid_crashes} |")
 
 
-def table(cells: list, repeat: int, samples: int) -> list:
+def table(cells: list, repeat: int, samples: int, epochs: int = 1) -> list:
     lines = ["| framework | /dev/shm | raw s | ms_shm s (its choice per round) | best grid s (config) | best/ms_shm | ms_shm/raw | "
              "crashes (raw, ms_shm, grid) |", "|---|---|---|---|---|---|---|---|"]
     lines += [_row(c) for c in cells]
     lines.append(f"\nMedian of {repeat} interleaved rounds, end to end (the framework's import excluded; ms_shm's "
-                 f"import, tune, probe, construction and one epoch of {samples} samples included).")
+                 f"import, tune, probe, construction and {_epochs_text(epochs)} of {samples} samples included).")
     return lines
+
+
+def _epochs_text(epochs: int) -> str:
+    return "one epoch" if epochs == 1 else f"{epochs} epochs"
+
+
+def _flags(args: argparse.Namespace) -> str:
+    """The options a run was given beyond ``--repeat`` and ``--samples``, as its command line says them."""
+    given = [("--epochs", args.epochs, 1), ("--frameworks", args.frameworks, FRAMEWORKS),
+             ("--shm", args.shm, ",".join(SHM))]
+    return "".join(f" {flag} {value}" for flag, value, default in given if value != default)
 
 
 def main(argv: list | None = None) -> int:
@@ -188,7 +207,9 @@ def main(argv: list | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--samples", type=int, default=64, help="samples per epoch (batches of 8)")
-    parser.add_argument("--frameworks", default="torch,mindspore")
+    parser.add_argument("--epochs", type=int, default=1,
+                        help="epochs per run, one loader (a configuration that lives one epoch only crashes at 2)")
+    parser.add_argument("--frameworks", default=FRAMEWORKS)
     parser.add_argument("--shm", default=",".join(SHM))
     parser.add_argument("--ms-python", default=str(REPO / ".venv-ms2.8.0" / "bin" / "python"))
     parser.add_argument("--out", help="also write the table to this file")
@@ -201,10 +222,10 @@ def main(argv: list | None = None) -> int:
             continue
         compile_bytecode(REPO / "ms_shm", python)
         for shm in args.shm.split(","):
-            cells.append(cell(python, framework, shm, args.repeat, rng, args.samples))
+            cells.append(cell(python, framework, shm, args.repeat, rng, args.samples, args.epochs))
             print(json.dumps(cells[-1]), flush=True)
-    lines = [f"Command: `python benchmarks/bench_dataloader.py --repeat {args.repeat} --samples {args.samples}` ({time.perf_counter() - started:.0f} s)",
-             ""] + table(cells, args.repeat, args.samples)
+    lines = [f"Command: `python benchmarks/bench_dataloader.py --repeat {args.repeat} --samples {args.samples}{_flags(args)}` ({time.perf_counter() - started:.0f} s)",
+             ""] + table(cells, args.repeat, args.samples, args.epochs)
     print("\n".join(lines))
     if args.out:
         Path(args.out).write_text("\n".join(lines) + "\n")

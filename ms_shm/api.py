@@ -465,6 +465,7 @@ def _build_dataset(eng: Any, source: Any, column_names: Any, generator_args: tup
         measure.Unavailable(probe.unmeasured or "no column names")
     p, feed = threads.cap_source(p, _guarded(source, p, facts, eng), facts.usable_cpus,  # threads per worker
                                  _threads_started(probe))
+    feed = eng.guard.CarriedErrors(feed) if _moved_into_processes(p, generator_kwargs) else feed
     return _build(eng, feed, column_names, generator_kwargs, p, config, lineage, type(source).__name__, _explicit)
 
 
@@ -491,8 +492,9 @@ def _plan_source(probe: measure.StageProbe, req: Request, kwargs: dict, config: 
     decisions = []
     if probe.stats is not None:
         req = replace(req, rows_per_epoch=_rows_per_epoch(kwargs, probe.stats.length, probe.stats.sampled))
-    if probe.effects.mode_bound:
-        req, locked = _lock_mode(req, probe.effects.mode_bound, 1, True)
+    bound = probe.effects.mode_bound or (probe.stats.reused_buffer if probe.stats is not None else None)
+    if bound:
+        req, locked = _lock_mode(req, bound, 1, True)
         decisions.append(locked)
     blocker = eng.compat.processes_blocker() if config is not None else None
     if blocker:
@@ -739,6 +741,14 @@ def _left_no_room(p: Plan) -> bool:
 
 def _adapted(p: Plan) -> bool:
     return any(d.setting == EXPLICIT for d in p.decisions)
+
+
+def _moved_into_processes(p: Plan, asked: dict) -> bool:
+    """Whether the plan reads the source in worker processes where the call, as MindSpore takes it, reads it in
+    MindSpore's own process (one worker, its default, or ``python_multiprocessing=False``)."""
+    asked_workers = asked.get("num_parallel_workers")
+    raw_processes = isinstance(asked_workers, int) and asked_workers > 1 and asked.get("python_multiprocessing", True)
+    return p.workers > 1 and bool(p.python_multiprocessing) and not raw_processes
 
 
 def _guarded(source: Any, p: Plan, facts: host.HostFacts, eng: Any) -> Any:

@@ -571,13 +571,31 @@ def _held(obj: Any, seen: set, depth: int = 0) -> Iterator:
     yield obj
     if depth >= HELD_DEPTH:
         return
-    attrs = getattr(obj, "__dict__", None)
-    for value in (list(attrs.values()) if isinstance(attrs, dict) else ()):
+    for value in _attribute_values(obj):
         items = (value[:HELD_ITEMS] if isinstance(value, (list, tuple)) else
                  list(itertools.islice(value.values(), HELD_ITEMS)) if isinstance(value, dict) else (value,))
         for item in items:
-            if getattr(item, "__dict__", None) is not None and not isinstance(item, type):
+            if getattr(item, "__dict__", None) is not None and not isinstance(item, _NOT_HELD):
                 yield from _held(item, seen, depth + 1)
+
+
+_NOT_HELD = (type, types.FunctionType, staticmethod, classmethod, property)  # code, read where it is called
+
+
+def _attribute_values(obj: Any) -> list:
+    """What ``obj`` holds as attributes: its own, then its classes' in the program's code (``jitter =
+    staticmethod(np.random.random_sample)`` on the class, called as ``self.jitter()``: an audit's dataset drew
+    for one sample in five, and 2 workers changed every batch where the same attribute set in ``__init__`` was
+    found)."""
+    attrs = getattr(obj, "__dict__", None)
+    found = dict(attrs) if isinstance(attrs, dict) else {}
+    if not isinstance(obj, type):
+        for cls in type(obj).__mro__:  # the first class to define a name holds it: a subclass's shadows its base's
+            if cls is not object and _programs(cls):
+                for name, value in vars(cls).items():
+                    if not (name.startswith("__") and name.endswith("__")):
+                        found.setdefault(name, value)
+    return list(found.values())
 
 
 def _held_random(roots: tuple, targets: _Targets) -> tuple | None:
@@ -596,8 +614,9 @@ def _held_random(roots: tuple, targets: _Targets) -> tuple | None:
 def _held_draw(obj: Any, targets: _Targets) -> str | None:
     """How ``obj`` draws through a global generator's method or a sampling function it holds as an attribute
     (``self.noise = np.random.normal``, called as ``self.noise()``, where the bytecode cannot know ``self``)."""
-    attrs = getattr(obj, "__dict__", None)
-    for value in (list(attrs.values()) if isinstance(attrs, dict) else ()):
+    for value in _attribute_values(obj):
+        if isinstance(value, (staticmethod, classmethod)):
+            value = value.__func__
         if isinstance(value, (types.MethodType, types.BuiltinMethodType, types.BuiltinFunctionType)):
             found = targets.label(value)
             if found:
@@ -935,8 +954,11 @@ def _argument(ins: list, j: int, later: int) -> list:
 
 
 def _none_argument(span: list, code: types.CodeType, owner: Any) -> bool:
-    """Whether the argument ``span`` pushes is ``None`` as far as can be told: a constant ``None``, or an
-    attribute of ``self`` that ``owner`` holds as ``None`` now."""
+    """Whether the argument ``span`` pushes is ``None`` or the default generator as far as can be told: a constant
+    ``None``, ``torch.default_generator`` (the global one: an audit's ``generator=torch.default_generator``, 2
+    workers, other batches than raw's), or an attribute of ``self`` that ``owner`` holds as ``None`` now."""
+    if span and span[-1].opname in _LOADS and span[-1].argval == "default_generator":
+        return True
     if len(span) == 1:
         return span[0].opname == "LOAD_CONST" and span[0].argval is None
     if len(span) != 2 or owner is None or not code.co_argcount:
@@ -949,6 +971,9 @@ def _none_argument(span: list, code: types.CodeType, owner: Any) -> bool:
         return inspect.getattr_static(owner, attr.argval) is None
     except AttributeError:
         return False
+
+
+_LOADS = ("LOAD_ATTR", "LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF", "LOAD_METHOD")
 
 
 def _effect(instr: dis.Instruction) -> int:

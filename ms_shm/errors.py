@@ -68,6 +68,12 @@ class ShmFullError(Error, RuntimeError):
     """/dev/shm has less free space than a new slot needs (something else filled it after planning)."""
 
 
+class SourceError(Error, RuntimeError):
+    """What a source read in a worker process raised, where MindSpore could not raise it again in the main process:
+    its message names the exception's class and its own message (MindSpore makes the class again from one message,
+    and a class whose ``__init__`` takes more lost both to a ``TypeError``)."""
+
+
 class UsageError(Error, ValueError, RuntimeError):
     """An ms_shm call was used wrongly (a bad argument, a watcher started twice); caught as ``ValueError`` or
     ``RuntimeError`` as before."""
@@ -82,5 +88,6 @@ class ReadOnlyError(Error, TypeError):
     ``except TypeError`` still catches it; the message names the source attribute it stands in for, when known."""
 
 
-__all__ = ["Error", "RowError", "RowTypeError", "ShmBudgetError", "RowTooLargeError", "ShmFullError", "ProcessesUnavailableError",
+__all__ = ["Error", "RowError", "RowTypeError", "ShmBudgetError", "RowTooLargeError", "ShmFullError", "SourceError",
+           "ProcessesUnavailableError",
            "UsageError", "ReadOnlyError"]

@@ -68,6 +68,7 @@ class RowStats(Result):
     # (pickled through a pipe), but they are held in memory as any row is
     held_fraction: float | None = None  # of the first row's bytes, those its second read returned at the same
     # address, contiguous: arrays the source holds (``self.rows[i]``, ``self.x[i]``), not made by the read
+    reused_buffer: str | None = None  # another row came back in the first row's memory (``reused_buffer``)
 
     @property
     def ragged(self) -> bool:
@@ -289,6 +290,20 @@ def held_fraction(first: tuple, again: tuple) -> float | None:
     return same / total
 
 
+def reused_buffer(first: tuple, index: int, row: tuple) -> str | None:
+    """Why row ``index`` shows the source fills one buffer for every row (an array of it starts where one of
+    ``first``'s, ``(index, row)``, still alive, starts), or ``None``. In MindSpore's own process such rows are
+    carried without a copy (2.7+) and the next read overwrites those still queued; a worker process copies each
+    into its slot or pipe as it returns it: ``np.copyto(self.out, ...); return self.out`` with 2 workers gave 63
+    wrong rows of 64 in threads, none in processes (an audit; a 4 MiB buffer changes beyond what the watch of the
+    source's state fingerprints)."""
+    starts = {a.__array_interface__["data"][0] for a in _arrays(first[1]) if a.nbytes}
+    if not any(a.nbytes and a.__array_interface__["data"][0] in starts for a in _arrays(row)):
+        return None
+    return (f"source[{index}] came back in the memory source[{first[0]}] came back in: the source fills one buffer "
+            f"for every row, which rows carried without a copy would share")
+
+
 def row_bytes(columns: tuple) -> int:
     """Bytes a row takes in a dynamic shared-memory slot: every ndarray column, contiguous.
 
@@ -421,6 +436,7 @@ class _Probe:
     sampled: int | None = None  # rows the caller's sampler draws an epoch (``RowStats.sampled``)
     raised: str | None = None  # what a later probe row raised (``RowStats.raised``)
     held: float | None = None  # ``RowStats.held_fraction``
+    reused: str | None = None  # ``RowStats.reused_buffer``
     first_growth: int | None = None  # bytes the first read allocated and kept (``sandbox.allocated_bytes``)
     dict_sizes: list = field(default_factory=list)  # ``dict_bytes`` of each row kept
 
@@ -514,6 +530,8 @@ class _Probe:
         if self.first is None:
             self.first = (int(index), converted)
             sandbox.first_read_done()
+        elif self.reused is None and int(index) != self.first[0]:
+            self.reused = reused_buffer(self.first, int(index), converted)
         columns = row if isinstance(row, (tuple, list)) else (row,)
         self.tensors = self.tensors or any(hasattr(c, "asnumpy") for c in columns)
         self.indices.append(int(index))
@@ -543,7 +561,8 @@ class _Probe:
                         time.perf_counter() - started, tuple(notes), self.tensors,
                         parallel_fraction=self.parallel, reread_differs=self.reread, cores_busy=self.cores_busy,
                         rows_one_column=self.whole_rows, sampled=self.sampled, raised=self.raised,
-                        held_fraction=self.held, dict_bytes_max=max(self.dict_sizes, default=0))
+                        held_fraction=self.held, dict_bytes_max=max(self.dict_sizes, default=0),
+                        reused_buffer=self.reused)
 
 
 LEN_HINT = "the probe reads the last index len(source)-1: if the data has fewer rows, __len__ is wrong"

@@ -9,6 +9,7 @@ line: every batch's digest in order, and the plan.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import sys
 import time
@@ -282,6 +283,8 @@ SCENARIOS = {  # scenario: (dataset, DataLoader arguments a user writes, what ms
     "drawn": ("drawn", dict(batch_size=4, num_workers=2), dict(batch_size=4, num_workers=2)),
     "drawn_persistent": ("drawn", dict(batch_size=4, num_workers=2, persistent_workers=True),
                          dict(batch_size=4, num_workers=2, persistent_workers=True)),
+    # the same, each epoch left after 2 batches (a ``break``: validation steps, ``max_steps``)
+    "drawn_break": ("drawn", dict(batch_size=4, num_workers=2), dict(batch_size=4, num_workers=2)),
     # the same samples in batches of 3 (24 MiB) as a batch class of the user's own
     "drawn_class": ("drawn", dict(batch_size=3, num_workers=2, collate_fn=as_batch),
                     dict(batch_size=3, num_workers=2, collate_fn=as_batch)),
@@ -297,9 +300,11 @@ SCENARIOS = {  # scenario: (dataset, DataLoader arguments a user writes, what ms
 }
 PEAK = ("tensords", "preloaded", "drawn", "drawn_class", "drawn_dict")  # scenarios whose /dev/shm peak is measured (sampled every 2 ms)
 FILL = {"filled": 2 << 20}  # scenario: bytes another process leaves free in /dev/shm once the loader is built
-EPOCHS = {"epochs_held": 3, "drawn": 2, "drawn_persistent": 2, "drawn_class": 2, "drawn_dict": 2}  # scenario: epochs iterated (1 where not named)
+EPOCHS = {"epochs_held": 3, "drawn": 2, "drawn_persistent": 2, "drawn_class": 2, "drawn_dict": 2,
+          "drawn_break": 2}  # scenario: epochs iterated (1 where not named)
+LEFT_AFTER = {"drawn_break": 2}  # scenario: batches each epoch reads before the loop leaves it (all where not named)
 KEPT = ("kept", "kept_spawn")  # scenarios whose program keeps every batch until the epoch ends
-SEEDED = ("drawn", "drawn_persistent", "drawn_class", "drawn_dict")  # scenarios whose MindSpore loader is given a seeded generator
+SEEDED = ("drawn", "drawn_persistent", "drawn_class", "drawn_dict", "drawn_break")  # scenarios whose MindSpore loader is given a seeded generator
 
 
 def run(framework: str, scenario: str, mode: str) -> None:
@@ -328,7 +333,8 @@ def run(framework: str, scenario: str, mode: str) -> None:
         if scenario in KEPT:
             digests = [_digest(batch) for batch in list(loader)]
         else:
-            digests = [_digest(batch) for _ in range(EPOCHS.get(scenario, 1)) for batch in loader]
+            digests = [_digest(batch) for _ in range(EPOCHS.get(scenario, 1))
+                       for batch in itertools.islice(loader, LEFT_AFTER.get(scenario))]
     p = ms_shm.plan_of(loader)
     plan = None if p is None else {"workers": p.workers, "prefetch": p.prefetch, "shm": p.predicted_shm,
                                    "fds": p.predicted_fds, "decisions": [str(d) for d in p.decisions]}

@@ -220,6 +220,33 @@ def test_a_held_global_generator_method_is_a_draw():
         "HeldNoise holds numpy.random.normal (held) (draws from numpy's global generator; workers are seeded apart)")
 
 
+class ClassNoise:
+    """A global generator's method held on the class, not set in ``__init__`` (an audit's dataset)."""
+
+    wobble = staticmethod(np.random.random_sample)
+
+    def __getitem__(self, i):
+        return i + (self.wobble() if i % 5 == 3 else 0)
+
+
+class ClassNoisePlain(ClassNoise):
+    wobble = np.random.random_sample  # a builtin method: no binding to the instance, no staticmethod needed
+
+
+class ClassSeeded(ClassNoise):
+    wobble = staticmethod(np.random.default_rng(0).random)  # a generator of its own: the probe watches it
+
+
+@pytest.mark.parametrize("dataset, expected", [
+    (ClassNoise(), "ClassNoise holds numpy.random.random_sample (held)"),
+    (ClassNoisePlain(), "ClassNoisePlain holds numpy.random.random_sample (held)"),
+    (ClassSeeded(), None),
+])
+def test_a_global_generator_method_held_on_the_class_is_a_draw(dataset, expected):
+    found = codescan.global_draw(dataset)
+    assert (found if found is None else found.split(" (draws")[0]) == expected
+
+
 def test_a_collate_fn_that_draws_is_named():
     assert codescan.global_draw(MentionsRandom(), random_collate) == (
         f"collate_fn random_collate calls random.randint ({WORKERS_SEEDED_APART})")
@@ -355,6 +382,24 @@ def test_a_generator_argument_that_is_none_draws_from_the_default_generator():
     assert codescan.global_draw(Fills(torch.Generator())) is None
     assert codescan.global_draw(ExplicitNone()) == (
         f"ExplicitNone.__getitem__ calls torch.randint ({WORKERS_SEEDED_APART})")
+
+
+def test_the_default_generator_passed_by_name_is_the_global_one():
+    """``generator=torch.default_generator`` draws from the global generator, as no ``generator=`` does (an
+    audit: 2 workers gave other batches than raw's main process)."""
+    torch = _torch()
+    from torch import default_generator
+
+    class Attribute:
+        def __getitem__(self, i):
+            return torch.rand(3, generator=torch.default_generator) + i
+
+    class Imported:
+        def __getitem__(self, i):
+            return torch.rand(3, generator=default_generator) + i
+
+    assert codescan.global_draw(Attribute()) == f"Attribute.__getitem__ calls torch.rand ({WORKERS_SEEDED_APART})"
+    assert codescan.global_draw(Imported()) == f"Imported.__getitem__ calls torch.rand ({WORKERS_SEEDED_APART})"
 
 
 def test_torchs_random_library_code_is_a_draw_called_held_or_made():

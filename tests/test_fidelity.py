@@ -1620,3 +1620,80 @@ def test_a_map_over_a_folder_mindspore_lists_is_priced_at_its_rows(ds, tmp_path)
     raw = ds.ImageFolderDataset(str(tmp_path), shuffle=False, decode=False).map(lambda x: x + 1, ["label"])
     assert [int(r[1]) for r in mapped.create_tuple_iterator(output_numpy=True, num_epochs=1)] == \
         [int(r[1]) for r in raw.create_tuple_iterator(output_numpy=True, num_epochs=1)]
+
+
+class CorruptImageError(Exception):
+    """A program's exception whose ``__init__`` takes two arguments (an audit's)."""
+
+    def __init__(self, path, code):
+        super().__init__(f"corrupt image {path} (code {code})")
+        self.path, self.code = path, code
+
+
+class RaisesAtThree:
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        if i == 3:
+            raise CorruptImageError(f"img_{i}.jpg", 3)
+        return (np.full(4, i, np.int64),)
+
+
+def _error_text(dataset) -> str:
+    try:
+        rows_of(dataset)
+    except RuntimeError as exc:
+        return str(exc)
+    raise AssertionError("no error")
+
+
+def test_a_source_moved_into_worker_processes_raises_what_it_raised_in_mindspores_own(ds):
+    """ms_shm read an audit's default source (MindSpore's own process) in 2 worker processes, and its exception,
+    which MindSpore makes again from its text alone, came out as "TypeError: __init__() missing ... 'code'"; raw
+    said "corrupt image img_3.jpg (code 3)". Where ms_shm moves a source into processes, such an exception comes
+    as ``SourceError`` naming it; raw's own processes are left as they are."""
+    from types import SimpleNamespace
+
+    from ms_shm import api
+    from ms_shm.engines.mindspore import guard
+
+    inline = _error_text(ds.GeneratorDataset(RaisesAtThree(), ["x"], shuffle=False))
+    workers = dict(num_parallel_workers=2, python_multiprocessing=True)
+    raw_processes = _error_text(ds.GeneratorDataset(RaisesAtThree(), ["x"], shuffle=False, **workers))
+    carried = _error_text(ds.GeneratorDataset(guard.CarriedErrors(RaisesAtThree()), ["x"], shuffle=False, **workers))
+    assert "corrupt image img_3.jpg (code 3)" in inline and "corrupt image" not in raw_processes
+    assert "SourceError" in carried and "CorruptImageError: corrupt image img_3.jpg (code 3)" in carried
+    assert not guard.made_from_text(CorruptImageError) and guard.made_from_text(KeyError)
+    processes = SimpleNamespace(workers=2, python_multiprocessing=True)
+    assert api._moved_into_processes(processes, {})
+    assert api._moved_into_processes(processes, {"num_parallel_workers": 2, "python_multiprocessing": False})
+    assert not api._moved_into_processes(processes, {"num_parallel_workers": 2})
+
+
+class RefillsOneBuffer:
+    """An audit's source: one 1 MiB buffer filled and returned for every row."""
+
+    def __init__(self):
+        self.base = np.arange(1 << 18, dtype=np.float32)
+        self.out = np.empty_like(self.base)
+
+    def __len__(self):
+        return 32
+
+    def __getitem__(self, i):
+        np.multiply(self.base, np.float32(i + 1), out=self.out)
+        return self.out, np.array(i)
+
+
+def test_a_source_filling_one_buffer_keeps_mindspores_worker_processes(ds):
+    """Cheap rows ms_shm had moved from MindSpore's worker processes (``num_parallel_workers=2``) to threads,
+    where rows carried without a copy shared the buffer: 31 wrong rows of 32. The probe sees another row come back
+    in the first one's memory, and keeps MindSpore's mode: raw's rows."""
+    import ms_shm
+
+    raw = rows_of(ds.GeneratorDataset(RefillsOneBuffer(), ["x", "i"], shuffle=False, num_parallel_workers=2))
+    ours = ms_shm.build_dataset(RefillsOneBuffer(), ["x", "i"], shuffle=False, num_parallel_workers=2)
+    assert rows_of(ours) == raw
+    p = ms_shm.plan_of(ours)
+    assert p.mode == "processes" and any(d.setting == "mode_locked" for d in p.decisions), p.summary()

@@ -95,6 +95,21 @@ def test_workers_that_must_stay_deliver_through_their_pipes_where_dev_shm_is_too
     isolated.assert_through_pipes(run, scenario, reference, batches)
 
 
+def test_an_epoch_left_early_ends_its_piped_workers_at_once(loader):
+    """Each epoch left after 2 batches: MindSpore's worker joined its result queue's feeder thread at its end,
+    and a pickled batch of MiBs still in the pipe, which no one read any more, held it until ``terminate()`` killed
+    the worker 5 s later ("failed to join within 5 seconds"): 10 s per epoch left early, with 2 workers (an audit).
+    Raw's batches, and no worker left to be killed."""
+    numpy1(loader)
+    reference = result(run("drawn_break", "raw", "2g"))["digests"]
+    for mode in ("ms_shm", "patch"):
+        proc = run("drawn_break", mode)
+        assert "failed to join" not in proc.stderr, isolated.describe(proc)
+        ours = result(proc)
+        assert ours["digests"] == reference and len(reference) == 4, mode
+        assert any(d.startswith("transport=pipes") for d in ours["plan"]["decisions"]), ours["plan"]
+
+
 def fd_starved(scenario: str) -> tuple:
     """``(raw's batches with fds to spare, ms_shm's run under ulimit -Sn 256)``, after raw failed there."""
     expected = result(run(scenario, "raw", "1g"))["digests"]

@@ -30,7 +30,7 @@ from ms_shm._results import Result, free_text, mib, record
 from ms_shm.budget import Budget
 from ms_shm.engines.mindspore import arithmetic as model
 from ms_shm.engines.mindspore import liveness, settings
-from ms_shm.errors import RowTooLargeError, ShmFullError
+from ms_shm.errors import RowTooLargeError, ShmFullError, SourceError
 
 log = logging.getLogger(__name__)
 _IMPORTED_BY = os.getpid()  # a worker forked from this process holds its MindSpore settings as they were then
@@ -93,6 +93,39 @@ class GuardedSource(objects.Transparent):
         row = self._ms_shm_wrapped[index]
         self._ms_shm_guard.check(row_nbytes(row), index)
         return row
+
+
+class CarriedErrors(objects.Transparent):
+    """Random-access source wrapper for a source ms_shm moved into worker processes where raw MindSpore reads it in
+    its own process: what the source raises reaches the program as it would there. A worker's exception comes back
+    as its class and its text, and MindSpore makes the class again from the text alone
+    (``ExceptionHandler.reraise``): ``CorruptImageError(path, code)`` came out as "TypeError: __init__() missing 1
+    required positional argument" where raw said "corrupt image img_57.jpg (code 3)" (an audit). Such an exception
+    goes as ``SourceError`` naming it; one MindSpore can make again goes unchanged. Rows pass untouched."""
+
+    def __init__(self, source: Any):
+        self._ms_shm_wrapped = source
+
+    def __len__(self) -> int:
+        return len(self._ms_shm_wrapped)
+
+    def __getitem__(self, index: Any) -> Any:
+        try:
+            return self._ms_shm_wrapped[index]
+        except Exception as exc:
+            if made_from_text(type(exc)):
+                raise
+            raise SourceError(f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}") from exc
+
+
+def made_from_text(kind: type) -> bool:
+    """Whether MindSpore can make ``kind`` again from one message, as its ``reraise`` does (``kind(message)``, or
+    ``kind(message=...)`` for a class with a ``message`` attribute)."""
+    try:
+        kind(message="") if hasattr(kind, "message") else kind("")
+    except Exception:
+        return False
+    return True
 
 
 class SlotGuard:
@@ -329,4 +362,4 @@ def _column_nbytes(column: Any) -> int:
     return 8 if isinstance(column, (int, float, bool)) else 0
 
 
-__all__ = ["GuardedSource", "GuardSpec", "RowTooLargeError", "ShmFullError", "row_nbytes"]
+__all__ = ["CarriedErrors", "GuardedSource", "made_from_text", "GuardSpec", "RowTooLargeError", "ShmFullError", "row_nbytes"]

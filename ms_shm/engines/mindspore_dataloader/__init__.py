@@ -12,15 +12,17 @@ from ms_shm.engines.torchstyle.planning import WorkerCosts
 LEFTOVERS = LeftoverPatterns("MindSpore DataLoader")  # its storages are unlinked at once: nothing is left by name
 
 # Measured with MindSpore 2.8.0 and NumPy 1.26 on the 2-core VM (fork): an epoch over 4 samples of 4 floats,
-# batch_size 1, took 76 / 119 / 166 ms more with num_workers 1 / 2 / 4 than with 0 (median of 5), with the probe's
-# fork-to-ready 8 ms: 30 ms per worker (2 forks of 8 ms and 14 ms of its own), 46 ms for the pool. 8 batches of
+# batch_size 1, took 23 / 29-32 / 45 ms more with num_workers 1 / 2 / 4 than with 0 (median of 5, 2 runs) where the
+# program's ``os.fork()`` took 2.2 ms, and 78 / 117 / 213 ms with 1 GB more arrays held (fork 34.6 ms): fitted at
+# ``FORKS_PER_WORKER`` 1.5, 23 ms for the pool and ~1 ms per worker beside its forks (within 14 ms of each; the
+# constants before, 46 ms, 14 ms and twice the probe's fork-to-ready, priced 2 workers 2-3x over). 8 batches of
 # 8 x 2 MiB float32 with samples costing ~nothing, start-up excluded, the consumer summing every batch: 28 ms more
 # per 16 MiB batch with a worker than without (1.7 ms/MiB, 5x torch's; 22 ms without the sum), median of 7.
 # Where the probe did not time samples as the main process reads them (``probe.inline_seconds``: slow samples,
 # few of them), a sample in the main process: 0.72 of the probe child's warm time (7.3 / 12.5, 9.6 / 13.4, 6.4 /
 # 8.5 ms: a W0 epoch's per-sample time over the fastest of samples 2-4 read in a fork, ~8 ms of numpy work on
 # 2 MiB arrays).
-COSTS = WorkerCosts(pool_seconds=0.046, worker_seconds=0.014, transfer_seconds_per_mib=1.7e-3,
+COSTS = WorkerCosts(pool_seconds=0.023, worker_seconds=0.001, transfer_seconds_per_mib=1.7e-3,
                     inline_fraction=0.72)
 
 ENGINE = LoaderEngine(

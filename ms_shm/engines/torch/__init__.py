@@ -15,16 +15,20 @@ from ms_shm.engines.torchstyle.planning import WorkerCosts
 # the process that created it; the files outlive a process killed before the receiver unlinked them.
 LEFTOVERS = LeftoverPatterns("PyTorch", dev_shm=(("pytorch", re.compile(r"^torch_(\d+)_\d")),))
 
-# Measured with torch 2.13.0 on the 2-core VM (fork): an epoch over 4 samples of 4 floats, batch_size 1, took 83 /
-# 138 / 211 ms more with num_workers 1 / 2 / 4 than with 0 (median of 5), with the probe's fork-to-ready 12 ms:
-# 42 ms per worker (2 forks of 12 ms and 18 ms of torch's own), 41 ms for the pool. 64 batches of 8 x 2 MiB
-# float32 with samples costing ~nothing, the consumer summing every batch: 5.6 ms more per 16 MiB batch with a
-# worker (0.35 ms/MiB; without the sum, none: the worker's transfer overlaps the main process's own collate).
+# Measured with torch 2.13.0 on the 2-core VM (fork): an epoch over 4 samples of 4 floats, batch_size 1, took 28-31 /
+# 32-34 / 56-60 ms more with num_workers 1 / 2 / 4 than with 0 (median of 5, 3 runs) where the program's
+# ``os.fork()`` took 1.8-2 ms, and 89 / 143 / 216 ms with 1 GB more arrays held (fork 28.5 ms): fitted at
+# ``FORKS_PER_WORKER`` 1.5, 29 ms for the pool and 4 ms per worker beside its forks (within 20 ms of each). The
+# constants before (41 ms, 18 ms, and twice the probe's fork-to-ready, ~12 ms more than the fork) priced 2 workers
+# at 128-135 ms where they cost 30-50: an ImageFolder of 200 Pillow decodes kept none, 0.34 s an epoch, where 2 ran
+# 0.28-0.30. 64 batches of 8 x 2 MiB float32 with samples costing ~nothing, the consumer summing every batch:
+# 5.6 ms more per 16 MiB batch with a worker (0.35 ms/MiB; without the sum, none: the worker's transfer overlaps
+# the main process's own collate).
 # Where the probe did not time samples as the main process reads them (``probe.inline_seconds``: slow samples,
 # few of them), a sample in the main process: 0.55 of the probe child's warm time (8.7 / 15.9, 6.4 / 13.5, 8.7 /
 # 14.4 ms: a W0 epoch's per-sample time over the fastest of samples 2-4 read in a fork, ~8 ms of numpy work on
 # 2 MiB arrays).
-COSTS = WorkerCosts(pool_seconds=0.041, worker_seconds=0.018, transfer_seconds_per_mib=0.35e-3,
+COSTS = WorkerCosts(pool_seconds=0.029, worker_seconds=0.004, transfer_seconds_per_mib=0.35e-3,
                     inline_fraction=0.55)
 
 ENGINE = LoaderEngine(

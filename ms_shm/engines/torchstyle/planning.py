@@ -23,7 +23,7 @@ from ms_shm.engines.torchstyle import arithmetic as model
 from ms_shm.errors import ShmBudgetError
 from ms_shm.plan import INLINE, PIPES, PROCESSES, Candidate, Decision, Plan
 
-FORK_START_SECONDS = 0.012  # a fork of a process with the framework loaded, where the probe did not time its own
+FORK_START_SECONDS = 0.003  # a fork of a process with the framework loaded, where the probe did not time its own
 SPAWN_START_SECONDS = 2.0  # per worker: it imports the framework again
 # What a batch sent through a worker's pipe costs beyond shared memory, per MiB (pickled, written, read and
 # rebuilt: 4 copies, and the receiving main process's CPU). Measured, torch 2.13 on the 2-core VM: 2 workers,
@@ -31,7 +31,10 @@ SPAWN_START_SECONDS = 2.0  # per worker: it imports the framework again
 PIPE_SECONDS_PER_MIB = 4.7e-3
 PER_BATCH_SECONDS = 1e-3  # the main process's cost to receive one batch (unpickle, map its storages)
 PER_STORAGE_SECONDS = 4e-5  # ... and each storage of it (a file descriptor passed and mapped)
-FORKS_PER_WORKER = 2  # a worker's fork, then its exit and join at the epoch's end: each walks the parent's pages
+# A worker's fork, then its exit and join at the epoch's end, in forks: each walks the parent's pages, the exits of
+# several workers partly at once. Fitted with each engine's ``pool_seconds`` and ``worker_seconds`` to the epochs of
+# 4 one-sample batches, 1 / 2 / 4 workers, over a parent whose fork takes 2 and 28-35 ms (``engines/torch``).
+FORKS_PER_WORKER = 1.5
 
 
 @record
@@ -71,8 +74,8 @@ class BatchStats(Result):
         samples: samples per epoch (``None``: unknown, an iterable dataset).
         batch_size: samples per batch.
         worker_bytes: a forked worker's own pages after the probe (``None``: not measured).
-        fork_seconds: the probe child's fork to its first instruction (``None``: not measured): a worker's fork
-            costs as much, and grows with the parent's address space.
+        fork_seconds: the parent's ``os.fork()`` call for the probe child (``None``: not measured): a worker's
+            fork costs as much, and grows with the parent's memory (its page tables).
         free_cpus: CPUs this loader may count on while the probe ran: its own and the host's idle ones
             (``None``: not measured; the usable CPUs are assumed free).
         cpu_seconds_per_sample: of ``seconds_per_sample``, the CPU time (``None``: all of it); waiting (I/O,

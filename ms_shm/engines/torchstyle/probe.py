@@ -30,8 +30,9 @@ beside its twin (the engine's ``twin``: the storages a second sample would bring
 A sample's time is the fastest of the samples after the first: the first in a fresh fork pays for the child's
 first touches (its copied-on-write pages, the allocator growing), 2-3x a warm one (measured: 22 ms vs 11-12 ms
 with MindSpore 2.8's DataLoader, 35-44 ms vs 12-20 ms with torch 2.13, on ~8 ms of numpy work), which priced
-workers as if samples were slow. The child's fork-to-ready time is what a worker's fork costs, and the machine's
-idle CPUs while the child ran are what the workers could share.
+workers as if samples were slow. The parent's ``os.fork()`` call for the child is what a worker's fork costs
+(``sandbox.Outcome.fork_seconds``), and the machine's idle CPUs while the child ran are what the workers could
+share.
 """
 
 from __future__ import annotations
@@ -391,7 +392,7 @@ def probe_loader(dataset: Any, batch_size: int | None, collate: Callable, weigh:
                  by_threads: Callable[[Callable[[], Any]], tuple] | None = None,
                  ample: Callable[[tuple, int], bool] | None = None) -> tuple:
     """``(BatchStats or None, Effects, why not measured)``, measured in a forked child, with the child's
-    fork-to-ready time and the CPUs free while it ran. The child's reads cannot move what the parent reads
+    ``os.fork()`` call and the CPUs free while it ran. The child's reads cannot move what the parent reads
     through shared descriptors (``sandbox``'s ``fdguard``), and with ``reread`` the first sample of a map-style
     dataset is read twice (``tensor_bytes``: a tensor's dtype, shape and bytes) to tell samples that draw from a
     generator the watch cannot see. ``read``: how the loader reads a sample (``sample_reader``). ``shares``: the
@@ -404,10 +405,8 @@ def probe_loader(dataset: Any, batch_size: int | None, collate: Callable, weigh:
     if shared:
         return None, sandbox.Effects(), shared
     batched = batch_size is not None or batch_sampler is not None
-    forked = time.perf_counter()  # CLOCK_MONOTONIC: the child reads the same clock
 
     def in_child():
-        ready = time.perf_counter() - forked
         ahead = sampler_ahead(sampler, batch_sampler)
         first = first_batch(batch_size, sampler, batch_sampler, PROBE_SAMPLES,  # unwatched: the sampler's draws
                             None if iterable else dataset_length(dataset), ahead)
@@ -428,7 +427,7 @@ def probe_loader(dataset: Any, batch_size: int | None, collate: Callable, weigh:
 
         stats, effects = sandbox.watch_effects(measured, [dataset, collate], again)
         if isinstance(stats, BatchStats):  # the CPU the child kept busy since its fork (a collate may use threads)
-            stats = replace(stats, fork_seconds=ready, free_cpus=time.process_time(),
+            stats = replace(stats, free_cpus=time.process_time(),
                             collate_shares=shares(collate, kept[:1]) if shares and kept and batched else None,
                             thread_bound=bound[0] if bound else None)
         elif sandbox.blinded():
@@ -447,7 +446,8 @@ def probe_loader(dataset: Any, batch_size: int | None, collate: Callable, weigh:
     if isinstance(stats, str):
         return None, effects, stats
     free = free_cpus(idle, stats.free_cpus + own, window)
-    return replace(stats, worker_bytes=outcome.private_bytes, free_cpus=free), effects, None
+    return replace(stats, worker_bytes=outcome.private_bytes, free_cpus=free, fork_seconds=outcome.fork_seconds), \
+        effects, None
 
 
 def reread_differs(dataset: Any, indices: list, kept: list, tensor_bytes: Callable[[Any], tuple | None],

@@ -509,7 +509,7 @@ def _plan_source(probe: measure.StageProbe, req: Request, kwargs: dict, config: 
         costs = eng.planning.Costs().on_this_host(hostcost.for_rows(probe.stats.row_bytes_max,
                                                                     _serial_epoch(probe.stats, req)))
         p = _with_room(lambda b: _fit(lambda r: eng.planning.plan_generator(probe.stats, r, b, profile, costs), req,
-                                      bool(probe.effects.mode_bound)), facts)
+                                      bool(bound)), facts)
     return replace(p, decisions=tuple(decisions) + p.decisions, rows_per_epoch=req.rows_per_epoch)
 
 

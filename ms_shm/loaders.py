@@ -65,28 +65,42 @@ def _start_method(context: Any) -> str:
     return multiprocessing.get_start_method(allow_none=True) or "fork"
 
 
-def _request(eng: Any, asked: dict, facts: Any, locked: str | None) -> LoaderRequest:
+def _request(eng: Any, asked: dict, facts: Any, locked: str | None, reader_bound: bool = False) -> LoaderRequest:
     profile = eng.profile()
     prefetch = asked.get("prefetch_factor")
-    if _prefetch_kept(locked, bool(asked.get("persistent_workers"))) and asked.get("num_workers") and \
-            prefetch is None:  # how far ahead: kept too
+    kept = _prefetch_kept(locked, bool(asked.get("persistent_workers")), reader_bound) and \
+        bool(asked.get("num_workers"))
+    if kept and prefetch is None:  # how far ahead: kept too
         prefetch = eng.arithmetic.DEFAULT_PREFETCH_FACTOR
     return LoaderRequest(eng.name, asked.get("num_workers"), prefetch,
                          eng.compat.sharing_strategy(), profile.can_switch_strategy, locked,
                          bool(asked.get("pin_memory", False)), _start_method(asked.get("multiprocessing_context")),
                          facts.usable_cpus, facts.nofile_soft, facts.nofile_hard,
                          1 if _seeds_once(eng, asked) else 0, bool(asked.get("persistent_workers", False)),
-                         read_ahead=1 if sites.made_by_a_library() else 0)
+                         read_ahead=1 if sites.made_by_a_library() else 0, prefetch_locked=kept)
 
 
-def _prefetch_kept(locked: str | None, persistent: bool) -> bool:
+def _prefetch_kept(locked: str | None, persistent: bool, reader_bound: bool) -> bool:
     """Whether how far ahead the workers read decides what arrives, so ``prefetch_factor`` stays as asked (or at
     the framework's default): the sampler draws from a generator as far ahead as they read (``DRAWS_AHEAD``), or
-    persistent workers read samples that depend on who reads them (``locked``): they go on after a ``break`` from
-    where they stopped, the samples read ahead of it having moved their generators and state (an audit: ``torch.rand``
-    per sample, 2 persistent workers, 2 batches an epoch: at prefetch 1, under 64 MB, the later epochs' values were
-    raw's at prefetch 1, not at its 2)."""
-    return locked == DRAWS_AHEAD or (persistent and locked is not None)
+    persistent workers read samples that depend on who reads them (``reader_bound``: ``_reader_bound``): they go
+    on after a ``break`` from where they stopped, the samples read ahead of it having moved their generators and
+    state (an audit: ``torch.rand`` per sample, 2 persistent workers, 2 batches an epoch: at prefetch 1, under 64
+    MB, the later epochs' values were raw's at prefetch 1, not at its 2). Other reasons to keep the workers (an
+    iterable dataset sharded by worker, ``in_order=False``) leave it free."""
+    return locked == DRAWS_AHEAD or (persistent and reader_bound)
+
+
+def _reader_bound(effects: Any, dataset: Any, asked: dict) -> bool:
+    """Whether persistent workers' samples depend on who reads them: the probe saw them draw, read back different
+    or change state per read, or the code draws from a global generator where the probe may not see it (only
+    read for persistent workers, where it matters)."""
+    if not asked.get("persistent_workers") or not asked.get("num_workers"):
+        return False
+    if effects is not None and (effects.draws_random or effects.rereads_differ or effects.state_per_read):
+        return True
+    return codescan.global_draw(dataset, asked.get("collate_fn"), asked.get("sampler"), asked.get("batch_sampler"),
+                                asked.get("batch_size", 1)) is not None
 
 
 def _seeds_once(eng: Any, asked: dict) -> bool:
@@ -306,11 +320,10 @@ def prepare(eng: Any, cls: Any, dataset: Any, args: tuple, kwargs: dict, prefere
         return asked, eng.planning.kept_plan(_request(eng, asked, facts, kept), b, eng.profile())
     if asked.get("num_workers") == 0 and type(asked["num_workers"]) is int and not budget_mod.memory_may_bind(b):
         return asked, eng.planning.kept_plan(_request(eng, asked, facts, NO_WORKERS_PASSED), b, eng.profile())
-    timed = asked.get("num_workers") is None
-    stats, effects, why = _probe(eng, dataset, asked, b, timed, None if timed or problem else _ample(asked, b))
+    stats, effects, why = _probe(eng, dataset, asked, b, timed=asked.get("num_workers") is None)
     locked = _locked(asked_lock, effects) or (_not_as_from_workers(stats) if asked.get("num_workers") is None
                                               else None)
-    req = _request(eng, asked, facts, locked or problem)
+    req = _request(eng, asked, facts, locked or problem, _reader_bound(effects, dataset, asked))
     refused = None
     if problem and preferences and req.workers and not locked:  # workers cannot work here: samples inline
         cls(**asked)  # the framework's own checks of the worker arguments dropped below (no worker starts yet)
@@ -469,7 +482,7 @@ def _workers_kept(eng: Any, stats: Any, req: LoaderRequest, b: Any, error: ShmBu
     cannot fit gives way to the largest that does: it changes how many batches wait, never which arrive
     (MindSpore 2.8's DataLoader, 8 MiB samples, 2 workers at prefetch 2 under 64 MB: an error where prefetch 1
     delivered raw's batches). Else the error, saying why the workers stayed."""
-    if req.prefetch_factor is not None and not _prefetch_kept(req.workers_locked, req.persistent_workers):
+    if req.prefetch_factor is not None and not req.prefetch_locked:
         try:
             p = eng.planning.plan_loader(stats, replace(req, prefetch_factor=None), b, eng.profile())
         except ShmBudgetError as exc:
@@ -493,10 +506,8 @@ def _unadapted(error: ShmBudgetError, workers: int, lock: str) -> ShmBudgetError
                           f"streams and runs the code meant for workers). {error}")
 
 
-def _probe(eng: Any, dataset: Any, asked: dict, b: Any, timed: bool,
-           ample: Callable[[tuple, int], bool] | None = None) -> tuple:
-    """The probe batch; ``timed``: its samples timed too, where the plan picks ``num_workers`` by them;
-    ``ample``: ``_ample``'s test, for an untimed probe (``probe.measure_batch``).
+def _probe(eng: Any, dataset: Any, asked: dict, b: Any, timed: bool) -> tuple:
+    """The probe batch; ``timed``: its samples timed too, where the plan picks ``num_workers`` by them.
 
     A loader a library makes again (Lightning, accelerate, Trainer: ``sites.made_by_a_library``) of the same
     dataset, batch size, ``collate_fn`` and kind of batch sampler (``_batching``) takes the probe of the one
@@ -524,7 +535,7 @@ def _probe(eng: Any, dataset: Any, asked: dict, b: Any, timed: bool,
                                   memory, None if timed else eng.compat.twin, eng.compat.tensor_bytes,
                                   reread=timed, read=eng.compat.sample_reader(batched),
                                   shares=eng.compat.collate_shares if asked.get("collate_fn") else None,
-                                  by_threads=_thread_watch(eng) if timed else None, ample=ample)
+                                  by_threads=_thread_watch(eng) if timed else None)
     stats, effects, why = measured
     code = (dataset, asked.get("collate_fn"))
     effects = _opened_by_each_reader(effects.with_writes(codescan.stage_writes(*code), codescan.stage_grows(*code)),
@@ -535,29 +546,6 @@ def _probe(eng: Any, dataset: Any, asked: dict, b: Any, timed: bool,
     if stats is not None and held is not None:  # a probe that failed is tried again: it may not fail twice
         _PROBED.put(dataset, key, (held, (stats, effects, why)))
     return stats, effects, why
-
-
-ROOM_TIMES = 8  # how many times over the first sample's batches must fit for the second sample to go unread
-
-
-def _ample(asked: dict, b: Any) -> Callable[[tuple, int], bool] | None:
-    """For the probe of explicit workers (untimed: they are kept where they fit): ``ample((bytes, storages),
-    size)``, whether the workers' batches in flight, each weighing ``ROOM_TIMES`` what ``size`` samples like the
-    first weigh, fit ``/dev/shm``, the fds and the memory left. Where they do, a second sample (the last one) could
-    not turn the plan, and is not read (torch, 8 MiB samples cold in the probe's fork: ~40 ms of a ~100 ms build
-    under ``ms-shm run``); where they do not, it is. ``None`` (always read it): no workers, ``/dev/shm`` unread, or
-    memory short enough that the workers' own pages are measured (``budget.memory_may_bind``)."""
-    workers = asked.get("num_workers")
-    if not workers or b.shm_bytes is None or budget_mod.memory_may_bind(b):
-        return None
-    in_flight = arithmetic.batches_in_flight(workers, asked.get("prefetch_factor") or 2, held=1)
-
-    def ample(weight: tuple, size: int) -> bool:
-        times = ROOM_TIMES * in_flight * max(1, size)
-        limits = ((b.shm_bytes, weight[0]), (b.fds, weight[1]), (b.memory_bytes, weight[0]))
-        return all(limit is None or times * each <= limit for limit, each in limits)
-
-    return ample
 
 
 def _not_a_count(asked: dict) -> bool:

@@ -13,6 +13,7 @@ import logging
 import operator
 import time
 import traceback
+import zlib
 from collections.abc import Iterator
 from dataclasses import field
 from typing import Any, Callable, Sequence
@@ -68,7 +69,7 @@ class RowStats(Result):
     # (pickled through a pipe), but they are held in memory as any row is
     held_fraction: float | None = None  # of the first row's bytes, those its second read returned at the same
     # address, contiguous: arrays the source holds (``self.rows[i]``, ``self.x[i]``), not made by the read
-    reused_buffer: str | None = None  # another row came back in the first row's memory (``reused_buffer``)
+    reused_buffer: str | None = None  # the first row's arrays changed in place as later rows were read
 
     @property
     def ragged(self) -> bool:
@@ -290,17 +291,36 @@ def held_fraction(first: tuple, again: tuple) -> float | None:
     return same / total
 
 
-def reused_buffer(first: tuple, index: int, row: tuple) -> str | None:
-    """Why row ``index`` shows the source fills one buffer for every row (an array of it starts where one of
-    ``first``'s, ``(index, row)``, still alive, starts), or ``None``. In MindSpore's own process such rows are
-    carried without a copy (2.7+) and the next read overwrites those still queued; a worker process copies each
+FINGERPRINT_WINDOW = 1 << 20  # bytes of each array checksummed at its start, middle and end (``fingerprint``)
+
+
+def fingerprint(columns: tuple) -> int | None:
+    """A checksum of a row's contiguous array bytes, ``FINGERPRINT_WINDOW`` at the start, middle and end of each:
+    enough to see a buffer refilled with another row's values, at well under a millisecond whatever its size.
+    ``None``: no such bytes."""
+    arrays = [a for a in _arrays(columns) if a.nbytes and a.flags.c_contiguous and not a.dtype.hasobject]
+    if not arrays:
+        return None
+    crc = 0
+    for a in arrays:
+        flat, last = memoryview(a).cast("B"), max(0, a.nbytes - FINGERPRINT_WINDOW)
+        for start in sorted({0, last // 2, last}):
+            crc = zlib.crc32(flat[start:start + FINGERPRINT_WINDOW], crc)
+    return crc
+
+
+def reused_buffer(first: tuple, printed: int | None, index: int) -> str | None:
+    """Why the source is seen to fill one buffer for every row: the first row's arrays, ``(index, row)``, kept
+    alive and untouched by the probe, no longer hold what they held when read (``printed``, their
+    ``fingerprint`` then), now that row ``index`` was read; or ``None``. In MindSpore's own process such rows are
+    carried without a copy (2.7+), and the next read overwrites the rows still queued; a worker process copies each
     into its slot or pipe as it returns it: ``np.copyto(self.out, ...); return self.out`` with 2 workers gave 63
     wrong rows of 64 in threads, none in processes (an audit; a 4 MiB buffer changes beyond what the watch of the
-    source's state fingerprints)."""
-    starts = {a.__array_interface__["data"][0] for a in _arrays(first[1]) if a.nbytes}
-    if not any(a.nbytes and a.__array_interface__["data"][0] in starts for a in _arrays(row)):
+    source's state checksums). Rows the source holds and hands out again unchanged (a constant mask, a dataset
+    repeated by ``i % n``) are not such a buffer."""
+    if printed is None or fingerprint(first[1]) == printed:
         return None
-    return (f"source[{index}] came back in the memory source[{first[0]}] came back in: the source fills one buffer "
+    return (f"source[{first[0]}]'s row changed in place as source[{index}] was read: the source fills one buffer "
             f"for every row, which rows carried without a copy would share")
 
 
@@ -437,6 +457,7 @@ class _Probe:
     raised: str | None = None  # what a later probe row raised (``RowStats.raised``)
     held: float | None = None  # ``RowStats.held_fraction``
     reused: str | None = None  # ``RowStats.reused_buffer``
+    first_print: int | None = None  # the first row's ``fingerprint`` as read
     first_growth: int | None = None  # bytes the first read allocated and kept (``sandbox.allocated_bytes``)
     dict_sizes: list = field(default_factory=list)  # ``dict_bytes`` of each row kept
 
@@ -528,10 +549,10 @@ class _Probe:
         converted = checked_row(row, index, self.names, self.check)
         refuse_column_types(converted, index, self.names, self.column_dtypes)
         if self.first is None:
-            self.first = (int(index), converted)
+            self.first, self.first_print = (int(index), converted), fingerprint(converted)
             sandbox.first_read_done()
         elif self.reused is None and int(index) != self.first[0]:
-            self.reused = reused_buffer(self.first, int(index), converted)
+            self.reused = reused_buffer(self.first, self.first_print, int(index))
         columns = row if isinstance(row, (tuple, list)) else (row,)
         self.tensors = self.tensors or any(hasattr(c, "asnumpy") for c in columns)
         self.indices.append(int(index))

@@ -1697,3 +1697,15 @@ def test_a_source_filling_one_buffer_keeps_mindspores_worker_processes(ds):
     assert rows_of(ours) == raw
     p = ms_shm.plan_of(ours)
     assert p.mode == "processes" and any(d.setting == "mode_locked" for d in p.decisions), p.summary()
+
+
+def test_build_dataset_carries_the_errors_of_a_source_it_moved_into_processes(ds, monkeypatch):
+    """The wrapping where the plan moves the source (``_moved_into_processes``, taken as true here: which plan
+    moves it depends on the rows' timing)."""
+    import ms_shm
+    from ms_shm import api
+
+    monkeypatch.setattr(api, "_moved_into_processes", lambda p, asked: True)
+    built = ms_shm.build_dataset(RaisesAtThree(), ["x"], shuffle=False, num_parallel_workers=2,
+                                 python_multiprocessing=True)
+    assert "CorruptImageError: corrupt image img_3.jpg (code 3)" in _error_text(built)

@@ -502,37 +502,6 @@ def test_with_workers_given_a_dataset_sorted_by_length_is_planned_at_its_last_sa
     assert (s.batch_bytes, s.batch_bytes_min) == (4 * 8, 4 * 1)
 
 
-@pytest.mark.parametrize("ample, reads", [(True, 1), (False, 2)])
-def test_with_workers_given_and_room_many_times_over_the_last_sample_goes_unread(ample, reads):
-    """A second sample is read only where it could turn the plan: else its twin stands for it (``ms-shm run``
-    with a torch loader of 8 MiB samples: ~40 ms of a ~100 ms build was that read, in the probe's cold fork)."""
-    dataset, asked = Sleepy(0, 0), []
-    s = probe.measure_batch(dataset, 4, lambda samples: samples, distinct, False, twin=list,
-                            ample=lambda weight, size: asked.append((weight, size)) or ample)
-    assert dataset.reads == reads and asked == [((8, 1), 4)]  # the first sample's batch, before the second read
-    assert (s.batch_bytes, s.storages, s.batch_size) == (32, 4, 4)  # the twin weighs as a second sample
-
-
-def test_timed_samples_are_all_read_whatever_the_room():
-    dataset = Sleepy(0, 0)
-    probe.measure_batch(dataset, 4, lambda samples: samples, distinct, False, ample=lambda weight, size: True)
-    assert dataset.reads == probe.PROBE_SAMPLES + probe.INLINE_SAMPLES
-
-
-@pytest.mark.parametrize("shm, nofile, memory_left, workers, expected", [
-    (4 * GiB, 65536, None, 2, True),  # 8 MiB batches x 6 in flight x 8 = 384 MiB: room
-    (64 * MiB, 65536, None, 2, False),  # Docker's 64 MB: the last sample may turn the plan
-    (4 * GiB, 200, None, 2, False),  # fds: 4 storages x 6 in flight x 8 = 192, over the 182 left
-    (4 * GiB, 65536, 300 * MiB, 2, None),  # memory may bind: the workers' pages are measured, both samples read
-    (None, 65536, None, 2, None),  # /dev/shm unread
-    (4 * GiB, 65536, None, 0, None),  # no workers
-])
-def test_room_many_times_over_is_judged_against_every_limit(shm, nofile, memory_left, workers, expected):
-    from ms_shm import loaders
-
-    b = budget.compute(shm, 1, nofile, 10, memory_left=memory_left)
-    ample = loaders._ample({"num_workers": workers}, b)
-    assert (None if ample is None else ample((2 * MiB, 1), 4)) == expected
 class Single(Sleepy):
     def __len__(self):
         return 1
@@ -989,30 +958,37 @@ def test_a_generator_of_the_callers_keeps_the_workers_and_the_prefetch_asked(ext
                                                       "sampler": SimpleNamespace(generator=None)}) is None
 
 
-@pytest.mark.parametrize("persistent, locked, prefetch", [
-    (True, "rows draw from the global random / numpy.random state", 2),  # the audit's: kept at the default
-    (False, "rows draw from the global random / numpy.random state", None),  # new workers each epoch: free
-    (True, None, None),  # samples alike whoever reads them: free
-    (False, "DRAWS_AHEAD", 2),
+@pytest.mark.parametrize("persistent, locked, bound, prefetch", [
+    (True, "rows draw from the global random / numpy.random state", True, 2),  # the audit's: kept at the default
+    (False, "rows draw from the global random / numpy.random state", True, None),  # new workers each epoch: free
+    (True, "an iterable dataset (each worker iterates its own copy)", False, None),  # samples alike: free
+    (False, "DRAWS_AHEAD", False, 2),
 ])
 def test_how_far_ahead_persistent_workers_read_is_kept_where_their_samples_depend_on_who_reads(persistent, locked,
-                                                                                               prefetch):
+                                                                                               bound, prefetch):
     """Persistent workers go on after a ``break`` from where they stopped: the samples they read ahead of it moved
     their generators. An audit's ``torch.rand`` per sample, 2 persistent workers, 2 batches an epoch: planned at
-    prefetch 1 under 64 MB, the later epochs' values were other than raw's (at 2)."""
+    prefetch 1 under 64 MB, the later epochs' values were other than raw's (at 2). Under ``ms_shm.patch`` a
+    prefetch so kept is not lowered to fit (``_workers_kept``): the pipes, or the error."""
     from types import SimpleNamespace
 
     from ms_shm import loaders
 
-    eng = SimpleNamespace(name="torch", arithmetic=model, profile=lambda: SimpleNamespace(can_switch_strategy=False),
+    profile = LoaderProfile("x", None, costs=TORCH_COSTS)
+    eng = SimpleNamespace(name="torch", arithmetic=model, profile=lambda: profile, planning=planning,
                           compat=SimpleNamespace(sharing_strategy=lambda: "file_descriptor"))
     facts = SimpleNamespace(usable_cpus=2, nofile_soft=1024, nofile_hard=4096)
     lock = loaders.DRAWS_AHEAD if locked == "DRAWS_AHEAD" else locked
-    req = loaders._request(eng, {"num_workers": 2, "persistent_workers": persistent}, facts, lock)
-    assert req.prefetch_factor == prefetch
-    if prefetch:  # the planner then never lowers it: through the pipes, or refused, where it cannot fit
+    req = loaders._request(eng, {"num_workers": 2, "persistent_workers": persistent}, facts, lock, bound)
+    assert (req.prefetch_factor, req.prefetch_locked) == (prefetch, prefetch is not None)
+    asked = replace(req, prefetch_factor=4)  # an explicit prefetch that does not fit 64 MB at 8 MiB batches
+    with pytest.raises(ShmBudgetError) as err:
+        plan_loader(stats(8), asked, room(64 * MiB), profile)
+    if prefetch:
         with pytest.raises(ShmBudgetError):
-            plan_loader(stats(16), replace(req, usable_cpus=2), room(64 * MiB))
+            loaders._workers_kept(eng, stats(8), asked, room(64 * MiB), err.value)
+    else:
+        assert loaders._workers_kept(eng, stats(8), asked, room(64 * MiB), err.value).prefetch < 4
 
 
 class _HoldsItsRng:

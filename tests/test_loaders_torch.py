@@ -635,20 +635,14 @@ def test_a_sample_that_reads_back_different_keeps_the_default(fresh_torch):
     assert "different" in why or "draw" in why, why
 
 
-def test_explicit_workers_that_fit_cost_the_probe_two_samples_read_once(fresh_torch, tmp_path, monkeypatch):
-    """Kept as asked, explicit workers need the batch's size only: the first sample read, and the last (a dataset
-    sorted by length holds its largest last) where the first's batches do not fit many times over
-    (``loaders.ROOM_TIMES``); no second read of either (which only matters where the workers asked may change).
-    Left to ms_shm, the samples are timed (in the fork, then as the main process reads them) and one is read
-    twice."""
-    from ms_shm import loaders
-
-    kept, tight, chosen = tmp_path / "kept.log", tmp_path / "tight.log", tmp_path / "chosen.log"
+def test_explicit_workers_that_fit_cost_the_probe_two_samples_read_once(fresh_torch, tmp_path):
+    """Kept as asked, explicit workers need the batch's size only: the first and the last sample read (a dataset
+    sorted by length holds its largest last), no second read of either (which only matters where the workers
+    asked may change). Left to ms_shm, the samples are timed (in the fork, then as the main process reads them)
+    and one is read twice."""
+    kept, chosen = tmp_path / "kept.log", tmp_path / "chosen.log"
     loader = ms_shm.build_dataloader(Logged(kept), batch_size=4, num_workers=2)
-    assert loader.num_workers == 2 and kept.read_text().split() == ["0"]
-    monkeypatch.setattr(loaders, "ROOM_TIMES", 1 << 60)
-    loader = ms_shm.build_dataloader(Logged(tight), batch_size=4, num_workers=2)
-    assert loader.num_workers == 2 and tight.read_text().split() == ["0", "11"]
+    assert loader.num_workers == 2 and kept.read_text().split() == ["0", "11"]
     ms_shm.build_dataloader(Logged(chosen), batch_size=4)
     read = chosen.read_text().split()  # spread over the dataset: first, last (middle), then the first again
     assert read[:2] == ["0", "11"] and read.count("0") == 2 and len(read) <= probe_reads(), read

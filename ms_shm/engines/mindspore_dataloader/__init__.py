@@ -14,7 +14,7 @@ LEFTOVERS = LeftoverPatterns("MindSpore DataLoader")  # its storages are unlinke
 # Measured with MindSpore 2.8.0 and NumPy 1.26 on the 2-core VM (fork): an epoch over 4 samples of 4 floats,
 # batch_size 1, took 23 / 29-32 / 45 ms more with num_workers 1 / 2 / 4 than with 0 (median of 5, 2 runs) where the
 # program's ``os.fork()`` took 2.2 ms, and 78 / 117 / 213 ms with 1 GB more arrays held (fork 34.6 ms): fitted at
-# ``FORKS_PER_WORKER`` 1.5, 23 ms for the pool and ~1 ms per worker beside its forks (within 14 ms of each; the
+# ``FORKS_PER_WORKER`` 1.5, 23 ms for the pool and ~1 ms per worker beside its forks (within 22 ms of each; the
 # constants before, 46 ms, 14 ms and twice the probe's fork-to-ready, priced 2 workers 2-3x over). 8 batches of
 # 8 x 2 MiB float32 with samples costing ~nothing, start-up excluded, the consumer summing every batch: 28 ms more
 # per 16 MiB batch with a worker than without (1.7 ms/MiB, 5x torch's; 22 ms without the sum), median of 7.

@@ -18,7 +18,7 @@ LEFTOVERS = LeftoverPatterns("PyTorch", dev_shm=(("pytorch", re.compile(r"^torch
 # Measured with torch 2.13.0 on the 2-core VM (fork): an epoch over 4 samples of 4 floats, batch_size 1, took 28-31 /
 # 32-34 / 56-60 ms more with num_workers 1 / 2 / 4 than with 0 (median of 5, 3 runs) where the program's
 # ``os.fork()`` took 1.8-2 ms, and 89 / 143 / 216 ms with 1 GB more arrays held (fork 28.5 ms): fitted at
-# ``FORKS_PER_WORKER`` 1.5, 29 ms for the pool and 4 ms per worker beside its forks (within 20 ms of each). The
+# ``FORKS_PER_WORKER`` 1.5, 29 ms for the pool and 4 ms per worker beside its forks (within 21 ms of each). The
 # constants before (41 ms, 18 ms, and twice the probe's fork-to-ready, ~12 ms more than the fork) priced 2 workers
 # at 128-135 ms where they cost 30-50: an ImageFolder of 200 Pillow decodes kept none, 0.34 s an epoch, where 2 ran
 # 0.28-0.30. 64 batches of 8 x 2 MiB float32 with samples costing ~nothing, the consumer summing every batch:

@@ -134,6 +134,7 @@ class LoaderRequest(Result):
     persistent_workers: bool = False  # forked once, not every epoch (``model.held_at_start``)
     pipes: bool = False  # batches may travel through the workers' pipes where no shared-memory plan fits
     read_ahead: int = 0  # batches the loop holds beyond the one it consumes (a library's: ``sites.made_by_a_library``)
+    prefetch_locked: bool = False  # how far ahead the workers read decides what arrives (``loaders._prefetch_kept``)
     custom_collate: bool = False  # the caller's collate_fn: it may build its batch in /dev/shm in the worker
     # (through torch's default collate: ``LoaderProfile.collate_in_shm``), unless the probe saw it does not
     # (``BatchStats.collate_shares``)
@@ -164,7 +165,8 @@ def _strategy_options(req: LoaderRequest) -> list:
 
 def start_seconds(workers: int, stats: BatchStats, req: LoaderRequest, costs: WorkerCosts) -> float:
     """What starting ``workers`` and shutting them down at the epoch's end cost: spawn imports the framework
-    again; fork pays the probe's measured fork, twice (fork, exit), plus the framework's own set-up."""
+    again; fork pays the program's measured fork ``FORKS_PER_WORKER`` times (the fork, its exit), plus the
+    framework's own set-up."""
     if workers <= 0:
         return 0.0
     if req.start_method == "spawn":

@@ -58,7 +58,6 @@ PROBE_SAMPLES = 3  # the first one cold, then two warm ones: the faster of those
 # sample, 15-24 ms each in the probe's fork, the probe 100 ms -> ~80 ms)
 PROBE_SECONDS = 0.03
 UNTIMED_SAMPLES = 2  # where num_workers was passed: the batch's weight only, from the first and the last
-# ... or from the first alone where its batches leave the budget room many times over (``measure_batch``'s ``ample``)
 # Samples read once the probe's batches are dropped, timed as the main process reads them with num_workers=0
 # (``inline_seconds``): the faster of two, the first paying what the allocator's change of state left to fault in
 INLINE_SAMPLES = 2
@@ -116,24 +115,23 @@ def sampler_ahead(sampler: Any, batch_sampler: Any) -> list | None:
 
 
 def _first_samples(dataset: Any, iterable: bool, indices: list, count: int, read: Callable = operator.getitem,
-                   after_first: Callable[[Any], None] = lambda sample: None,
-                   more: Callable[[], bool] = lambda: True) -> tuple:
+                   after_first: Callable[[Any], None] = lambda sample: None) -> tuple:
     """The first ``count`` samples the loader would read (``indices``: its first ones, for a map-style
     dataset, each read with ``read(dataset, index)``: the engine's ``sample_reader``); ``after_first(sample)``
-    runs between the first read and the next, untimed; ``more()``, after it: whether to read past the first."""
+    runs between the first read and the next, untimed."""
     if iterable:
-        return _samples(dataset, True, [], count, read, after_first, more)
-    return _samples(dataset, False, indices, min(count, len(indices)), read, after_first, more)
+        return _samples(dataset, True, [], count, read, after_first)
+    return _samples(dataset, False, indices, min(count, len(indices)), read, after_first)
 
 
 def _samples(dataset: Any, iterable: bool, indices: list, count: int, read: Callable,
-             after_first: Callable[[Any], None], more: Callable[[], bool] = lambda: True) -> tuple:
+             after_first: Callable[[Any], None]) -> tuple:
     """``(samples, (wall, CPU) seconds each)``: the first ``count`` of an iterable dataset, else ``read(dataset,
-    i)``; after two, none more once they took ``PROBE_SECONDS``; after one, none more unless ``more()``."""
+    i)``; after two, none more once they took ``PROBE_SECONDS``."""
     out, walls = [], []
     source = iter(dataset) if iterable else None
     for k in range(count):
-        if k >= 2 and sum(wall for wall, _ in walls) >= PROBE_SECONDS or k == 1 and not more():
+        if k >= 2 and sum(wall for wall, _ in walls) >= PROBE_SECONDS:
             break
         w0, c0 = time.perf_counter(), time.process_time()
         try:
@@ -151,28 +149,24 @@ def measure_batch(dataset: Any, batch_size: int | None, collate: Callable, weigh
                   iterable: bool, sampler: Any = None, batch_sampler: Any = None,
                   twin: Callable[[Any], Any] | None = None, first: tuple | None = None,
                   keep: list | None = None, read: Callable = operator.getitem,
-                  ahead: list | None = None, ample: Callable[[tuple, int], bool] | None = None) -> BatchStats | str:
+                  ahead: list | None = None) -> BatchStats | str:
     """In the probe child: the batch's stats, or why there are none (an empty dataset, samples that cannot be
     read one by one). With ``twin`` (the framework's second sample made from a first) the samples are not timed:
     ``UNTIMED_SAMPLES`` are read (the twin stands for a second one the dataset lacks), and ``seconds_per_sample``
     is ``None``. ``first``: ``first_batch``'s ``(indices, size)``, taken beforehand (else here); ``keep``: the
     first sample read is appended to it (for ``reread_differs``); ``read``: how the loader reads a sample of a
     map-style dataset (``sample_reader``); ``ahead``: ``first_batch``'s, the indices the caller's sampler gives
-    next (``None``: the framework's sampler, any index). ``ample((bytes, storages), size)``, for samples not
-    timed: whether a batch of ``size`` samples that weighs as the first sample's batch (``(bytes, storages)``)
-    leaves the budget so much room that a second sample's weight could not change the plan; then the twin stands
-    for it, unread (an 8 MiB sample cold in the fork: ~40 ms of ``ms-shm run``'s ~100 ms for a torch loader)."""
+    next (``None``: the framework's sampler, any index)."""
     try:
         return _measure_batch(dataset, batch_size, collate, weigh, iterable, sampler, batch_sampler, twin, first,
-                              keep, read, ahead, ample)
+                              keep, read, ahead)
     except UnreadableSamples as exc:
         return str(exc)
 
 
 def _measure_batch(dataset: Any, batch_size: int | None, collate: Callable, weigh: Callable[[Any], tuple],
                    iterable: bool, sampler: Any, batch_sampler: Any, twin: Callable[[Any], Any] | None,
-                   first: tuple | None, keep: list | None, read: Callable, ahead: list | None,
-                   ample: Callable[[tuple, int], bool] | None = None) -> BatchStats | str:
+                   first: tuple | None, keep: list | None, read: Callable, ahead: list | None) -> BatchStats | str:
     timed = twin is None
     held = storages.dataset_storages(dataset)  # shared once per worker where batches send views of them
     weigh = storages.per_batch_weigh(weigh, held)
@@ -184,13 +178,8 @@ def _measure_batch(dataset: Any, batch_size: int | None, collate: Callable, weig
     want = PROBE_SAMPLES if timed else UNTIMED_SAMPLES  # a map-style dataset's indices are capped already
     batched = batch_size is not None or batch_sampler is not None
     first_made: list = []
-
-    def more() -> bool:
-        return timed or ample is None or twin is None or not first_made or not ample(weigh(first_made[0][0]), size)
-
     samples, walls = _first_samples(dataset, iterable, indices, min(want, size) if iterable else want, read,
-                                    lambda sample: first_made.append(_first_collated(collate, sample, batched)),
-                                    more)
+                                    lambda sample: first_made.append(_first_collated(collate, sample, batched)))
     if not samples:
         return "the dataset gave no sample to measure"
     if keep is not None:
@@ -389,8 +378,7 @@ def probe_loader(dataset: Any, batch_size: int | None, collate: Callable, weigh:
                  worker_pages: bool = False, twin: Callable[[Any], Any] | None = None,
                  tensor_bytes: Callable[[Any], tuple | None] = lambda value: None, reread: bool = True,
                  read: Callable = operator.getitem, shares: Callable[[Callable, list], bool | None] | None = None,
-                 by_threads: Callable[[Callable[[], Any]], tuple] | None = None,
-                 ample: Callable[[tuple, int], bool] | None = None) -> tuple:
+                 by_threads: Callable[[Callable[[], Any]], tuple] | None = None) -> tuple:
     """``(BatchStats or None, Effects, why not measured)``, measured in a forked child, with the child's
     ``os.fork()`` call and the CPUs free while it ran. The child's reads cannot move what the parent reads
     through shared descriptors (``sandbox``'s ``fdguard``), and with ``reread`` the first sample of a map-style
@@ -398,8 +386,7 @@ def probe_loader(dataset: Any, batch_size: int | None, collate: Callable, weigh:
     generator the watch cannot see. ``read``: how the loader reads a sample (``sample_reader``). ``shares``: the
     framework's test whether a ``collate_fn`` of the caller's builds its batch in shared memory in a worker
     (``BatchStats.collate_shares``), run on the first sample. ``by_threads``: the framework's watch of what the
-    reads and the collate compute whose result depends on the thread count (``BatchStats.thread_bound``).
-    ``ample``: ``measure_batch``'s, where the samples are not timed."""
+    reads and the collate compute whose result depends on the thread count (``BatchStats.thread_bound``)."""
     shared = sandbox.shared_with_processes([dataset, collate]) or (sandbox.stream_blocker([dataset]) if iterable
                                                                    else None)
     if shared:
@@ -418,7 +405,7 @@ def probe_loader(dataset: Any, batch_size: int | None, collate: Callable, weigh:
         def measured():
             def measure():
                 return measure_batch(dataset, batch_size, collate, weigh, iterable, sampler, batch_sampler, twin,
-                                     first, kept, read, ahead, ample)
+                                     first, kept, read, ahead)
             if by_threads is None:
                 return measure()
             value, why = by_threads(measure)

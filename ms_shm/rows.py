@@ -303,7 +303,7 @@ def fingerprint(columns: tuple) -> int | None:
         return None
     crc = 0
     for a in arrays:
-        flat, last = memoryview(a).cast("B"), max(0, a.nbytes - FINGERPRINT_WINDOW)
+        flat, last = a.reshape(-1).view(np.uint8), max(0, a.nbytes - FINGERPRINT_WINDOW)  # any dtype's bytes
         for start in sorted({0, last // 2, last}):
             crc = zlib.crc32(flat[start:start + FINGERPRINT_WINDOW], crc)
     return crc

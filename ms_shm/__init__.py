@@ -26,6 +26,7 @@ with _quiet():
         RowTypeError,
         ShmBudgetError,
         ShmFullError,
+        SourceError,
         UsageError,
     )
 
@@ -77,6 +78,6 @@ __all__ = [
     "tune", "build_dataset", "map", "batch", "build_dataloader", "plan_of", "patch", "unpatch", "patched", "probe", "reset", "session", "Session",
     "TuneReport", "Plan", "Decision", "Budget", "HostFacts", "RowStats",
     "Error", "ShmBudgetError", "RowError", "RowTypeError", "ProcessesUnavailableError", "UsageError", "RowTooLargeError", "ShmFullError",
-    "ReadOnlyError", "clean", "CleanReport", "Leftover", "watch", "Watcher", "WatchSummary",
+    "SourceError", "ReadOnlyError", "clean", "CleanReport", "Leftover", "watch", "Watcher", "WatchSummary",
     "SharedList", "SharedDict", "CowFinding",
 ]

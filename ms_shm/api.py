@@ -12,6 +12,7 @@ import functools
 import inspect
 import logging
 import multiprocessing
+import numbers
 import os
 import sys
 import weakref
@@ -747,7 +748,8 @@ def _moved_into_processes(p: Plan, asked: dict) -> bool:
     """Whether the plan reads the source in worker processes where the call, as MindSpore takes it, reads it in
     MindSpore's own process (one worker, its default, or ``python_multiprocessing=False``)."""
     asked_workers = asked.get("num_parallel_workers")
-    raw_processes = isinstance(asked_workers, int) and asked_workers > 1 and asked.get("python_multiprocessing", True)
+    raw_processes = isinstance(asked_workers, numbers.Integral) and asked_workers > 1 and \
+        asked.get("python_multiprocessing", True)
     return p.workers > 1 and bool(p.python_multiprocessing) and not raw_processes
 
 

@@ -1669,6 +1669,7 @@ def test_a_source_moved_into_worker_processes_raises_what_it_raised_in_mindspore
     assert api._moved_into_processes(processes, {})
     assert api._moved_into_processes(processes, {"num_parallel_workers": 2, "python_multiprocessing": False})
     assert not api._moved_into_processes(processes, {"num_parallel_workers": 2})
+    assert not api._moved_into_processes(processes, {"num_parallel_workers": np.int64(2)})
 
 
 class RefillsOneBuffer:

@@ -99,8 +99,13 @@ def _reader_bound(effects: Any, dataset: Any, asked: dict) -> bool:
         return False
     if effects is not None and (effects.draws_random or effects.rereads_differ or effects.state_per_read):
         return True
+    return _global_draw(dataset, asked) is not None
+
+
+def _global_draw(dataset: Any, asked: dict) -> str | None:
+    """``codescan.global_draw`` of what the call's loader runs per sample and per index."""
     return codescan.global_draw(dataset, asked.get("collate_fn"), asked.get("sampler"), asked.get("batch_sampler"),
-                                asked.get("batch_size", 1)) is not None
+                                asked.get("batch_size", 1))
 
 
 def _seeds_once(eng: Any, asked: dict) -> bool:
@@ -125,8 +130,7 @@ def _asked_lock(eng: Any, dataset: Any, asked: dict, cls: Any = None) -> str | N
         return "worker_init_fn is passed (it runs in each worker, and only there)"
     if _draws_ahead(asked):
         return DRAWS_AHEAD
-    used = codescan.worker_info_use(dataset, asked.get("collate_fn")) or codescan.global_draw(
-        dataset, asked.get("collate_fn"), asked.get("sampler"), asked.get("batch_sampler"), asked.get("batch_size", 1))
+    used = codescan.worker_info_use(dataset, asked.get("collate_fn")) or _global_draw(dataset, asked)
     if used:
         return used
     moved = codescan.sampler_writes(asked.get("sampler"), asked.get("batch_sampler"))

@@ -627,6 +627,27 @@ def test_a_batch_sampler_shuffling_with_its_own_generator_keeps_raws_batches(fre
     assert ours_loader.num_workers == 0, ms_shm.plan_of(ours_loader).summary()
 
 
+class ClassJitter(SlowNumbers):
+    """Draws from NumPy's global generator through a method held on its class, for samples the probe does not
+    read (an audit's: ms_shm picked 2 workers, and every batch and the program's next draw differed from raw's)."""
+
+    wobble = staticmethod(np.random.random_sample)
+
+    def __getitem__(self, i):
+        x = super().__getitem__(i)
+        return x + float(self.wobble()) if i % 5 == 3 else x
+
+
+def test_a_class_held_global_draw_keeps_raws_batches_and_generator(fresh_torch):
+    np.random.seed(0)
+    raw = [batches(DataLoader(ClassJitter(24), batch_size=4)) for _ in range(2)]
+    raw_next = np.random.random_sample()
+    np.random.seed(0)
+    ours_loader = ms_shm.build_dataloader(ClassJitter(24), batch_size=4)
+    assert [batches(ours_loader) for _ in range(2)] == raw and np.random.random_sample() == raw_next
+    assert ours_loader.num_workers == 0 and "random_sample" in str(ms_shm.plan_of(ours_loader).decisions[0])
+
+
 def test_a_sample_that_reads_back_different_keeps_the_default(fresh_torch):
     ds = Counted(8, delay=0.02)
     loader = ms_shm.build_dataloader(ds, batch_size=2)

@@ -662,6 +662,10 @@ from mindspore import Tensor, ops
 from ms_shm import sandbox
 
 ops.matmul(Tensor(np.ones((4, 4), np.float32)), Tensor(np.ones((4, 4), np.float32)))  # the program ran an op
+for _ in range(100):  # its runtime thread names itself a moment later: on a loaded machine, after the probe's fork
+    if sandbox._mindspore_fork_hooks() is not None:
+        break
+    time.sleep(0.01)
 
 
 def rows():

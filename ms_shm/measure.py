@@ -436,7 +436,7 @@ def time_batch(per_batch_map: Any, columns: list, batch_size: int, keep: list | 
     k = max(1, min((len(c) for c in columns), default=1))
     out, took = parallel.timed_call(_call_batch, per_batch_map, [fresh_inputs(c) for c in columns], True)
     if keep is not None:
-        keep.append(out)
+        keep.append(rows.kept_for_reread(out))
     scale = batch_size / k
     out = out if isinstance(out, tuple) else (out,)
     return OperationStats(1, int(_nbytes(columns) * scale), int(_nbytes(out) * scale), took.wall * scale,
@@ -478,7 +478,8 @@ def _reread(first: list, call: Callable[[], Any], what: str) -> str | None:
     outputs."""
     if not first:
         return None
-    if rows.same_row(first[0], first[1] if len(first) > 1 else call()):  # a pair may have computed it again
+    again = first[1] if len(first) > 1 else rows.kept_for_reread(call())  # a pair may have computed it again
+    if rows.same_row(first[0], again):
         return None
     return f"{what} gave another output for the same input row computed again"
 
@@ -659,11 +660,12 @@ def time_operations(operations: Any, inputs: list, keep: list | None = None,
     alone_wall, alone_process_cpu = [], []  # the runs made alone: ``cores_busy``
 
     def account(result: tuple, wall: float, cpu: float) -> None:
-        """Only the first output is kept (``_reread`` compares it): an operation making rows of a GB (MindSpore's
-        UT ``test_map_and_generatordataset_with_multiprocessing``: 0.95 GB) must not hold three in the probe."""
+        """Only the first output is kept (``_reread`` compares it), and a large one by its fingerprints
+        (``rows.kept_for_reread``): an operation making rows of a GB (MindSpore's UT
+        ``test_map_and_generatordataset_with_multiprocessing``: 0.95 GB) must not hold three in the probe."""
         out_sizes.append(sum(int(r.nbytes) for r in result))
         if not first:
-            first.append(result)
+            first.append(rows.kept_for_reread(result))
         walls.append(wall)
         cpus.append(cpu)
 
@@ -679,14 +681,16 @@ def time_operations(operations: Any, inputs: list, keep: list | None = None,
     sandbox.first_read_done()
     fraction, raised = None, None
     try:
-        while len(walls) < n and not (n == 3 and parallel.pair_now(walls, first_kernel, _share(walls, cpus))):
+        while len(walls) < n and not (n == 3 and parallel.pair_now(walls, first_kernel, _share(walls, cpus),
+                                                                  max(out_sizes))):
             alone(inputs[len(walls)])
         if len(walls) < n:  # a pair: the next two rows at once (after one alone), or the first and the third
             share, late = _share(walls, cpus), len(walls) == 2
             pair, pair_walls, pair_cpus, fraction = _operations_pair(operations, [inputs[0], inputs[2]] if late
                                                                      else inputs[1:3], share)
             if late and pair:
-                again, pair, pair_walls, pair_cpus = [pair[0]], pair[1:], pair_walls[1:], pair_cpus[1:]
+                again, pair, pair_walls, pair_cpus = [rows.kept_for_reread(pair[0])], pair[1:], pair_walls[1:], \
+                    pair_cpus[1:]
             for k in range(len(pair)):
                 account(pair[k], parallel.time_alone(pair_walls[k], pair_cpus[k], share), pair_cpus[k])
             del pair  # the pair's outputs: freed before any other run

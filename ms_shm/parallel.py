@@ -62,6 +62,13 @@ INFLATED_FROM = 1.15
 # 6 builds sent them to worker processes or threads, ~6x slower than the main process (after: 14 of 14 inline).
 # Below 8 ms the late pair costs under 2% of a 100-row epoch of such rows.
 PAIR_AT_ONCE_FROM = 8e-3
+# Rows larger than this are never read two at once: a pair holds two new rows beside the first, kept for the
+# re-read, so the probe would hold three where a worker holds one (MindSpore's UT
+# ``test_map_and_generatordataset_with_multiprocessing``, a map making 0.95 GB rows: the probe child peaked at
+# 2890 MiB against the whole raw process's 1306, and its pair took 9.9-13.7 s against 0.9 s alone, as this VM's
+# first touch of fresh pages stalls; 128 MiB to 1 GiB rows made beside a kept one took 0.05-9.4 s for the pair
+# against 0.06-0.3 s alone, 5 runs of 10). Their GIL share is then unmeasured, taken as none, and said so.
+PAIR_ROWS_UP_TO = 64 << 20
 # A row whose library runs its own thread pool (OpenBLAS's ``matmul``, OpenCV, MKL) keeps more CPUs busy than the
 # thread that reads it: 600x600 float64 ``a @ b`` in a probe child, 5 ms of wall and thread CPU, 7-13 ms of process
 # CPU. Such rows are parallel already: MindSpore's threads calling one pool at once queue on it (two threads: 0.74 s
@@ -127,12 +134,15 @@ def pair_at_once(first_wall: float, first_kernel: float) -> bool:
     return first_wall - first_kernel >= PAIR_AT_ONCE_FROM
 
 
-def pair_now(walls: Sequence[float], first_kernel: float, share: float | None) -> bool:
+def pair_now(walls: Sequence[float], first_kernel: float, share: float | None, row_bytes: int = 0) -> bool:
     """Whether the next reads, after ``walls`` read alone, are made two at once: after one, where it was dear
-    enough (``pair_at_once``); after two, where the warm second still is (``worth_a_late_pair``). A pair always
-    reads a new row (a late one beside the first again, which is also the fidelity check's second read), so no
-    read is made only for the pair: a late pair after every read alone re-read rows already read (JPEG rows of
-    ~8 ms: six reads, now four)."""
+    enough (``pair_at_once``); after two, where the warm second still is (``worth_a_late_pair``); never for rows
+    of more than ``PAIR_ROWS_UP_TO`` (``row_bytes``: the largest read so far). A pair always reads a new row (a
+    late one beside the first again, which is also the fidelity check's second read), so no read is made only for
+    the pair: a late pair after every read alone re-read rows already read (JPEG rows of ~8 ms: six reads, now
+    four)."""
+    if row_bytes > PAIR_ROWS_UP_TO:
+        return False
     if len(walls) == 1:
         return pair_at_once(walls[0], first_kernel)
     return len(walls) == 2 and worth_a_late_pair(walls[1:], share)
@@ -289,4 +299,4 @@ def run_pair(work: Callable[[Any], Any], items: Sequence[Any]) -> tuple:
 
 
 __all__ = ["parallel_fraction", "may_have_run_cold", "pair_at_once", "worth_a_late_pair", "time_alone", "timed_call", "Timing",
-           "run_pair", "pair_now", "usable_cpus", "GilWatch", "gil_busy", "watch_decides", "MIN_SECONDS", "WARM_ABOVE", "OVERLAPPED_BELOW", "INFLATED_FROM", "PAIR_AT_ONCE_FROM", "pooled", "POOLED_FROM"]
+           "run_pair", "pair_now", "usable_cpus", "GilWatch", "gil_busy", "watch_decides", "MIN_SECONDS", "WARM_ABOVE", "OVERLAPPED_BELOW", "INFLATED_FROM", "PAIR_AT_ONCE_FROM", "PAIR_ROWS_UP_TO", "pooled", "POOLED_FROM"]

@@ -152,3 +152,31 @@ def test_the_probes_copies_of_an_operations_inputs_are_made_before_its_clock_sta
     assert measure.time_batch(_collate_popping, [samples], 3).rows == 1
     assert copied_while_timed and not any(copied_while_timed)
     assert all("img" in s for s in samples)  # and the inputs are left as they were
+
+
+class _Counting:
+    """An operation whose output counts its calls into every element: computed again, it differs."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, x):
+        self.calls += 1
+        return np.full(1 << 16, self.calls, np.int64) + int(x[0])
+
+
+@pytest.mark.parametrize("over_the_cap", [False, True])
+@pytest.mark.parametrize("operation, differs", [(lambda x: np.full(1 << 16, int(x[0]), np.int64), False),
+                                                (_Counting(), True)])
+def test_an_output_too_large_to_hold_twice_is_compared_by_its_fingerprints(monkeypatch, over_the_cap, operation,
+                                                                           differs):
+    """A map making 0.95 GB rows (MindSpore's UT): the probe kept the first output whole beside the next, 1979 MiB
+    in the child. Over ``PAIR_ROWS_UP_TO`` it keeps their fingerprints; the re-run is told apart as before."""
+    from ms_shm import parallel, rows
+
+    if over_the_cap:
+        monkeypatch.setattr(parallel, "PAIR_ROWS_UP_TO", 1 << 10)  # these outputs: 512 KiB
+    kept = rows.kept_for_reread((operation(np.arange(3)),))
+    assert isinstance(kept[0], rows.Printed) is over_the_cap
+    probe = measure.probe_operations(LINEAGE, operation, ["a"], ["a"])
+    assert probe.stats is not None and bool(probe.effects.rereads_differ) is differs

@@ -290,7 +290,8 @@ def _timed_operations(monkeypatch, costs):
 
     kept: list = []
     stats = measure.time_operations(operation, [[np.full(4, i)] for i in range(3)], kept)
-    return calls, pairs, stats, [int(k[0][0]) for k in kept]  # and the outputs kept for ``_reread``, by input
+    # and the outputs kept for ``_reread``, by input (or as fingerprints: ``rows.kept_for_reread``)
+    return calls, pairs, stats, [int(k[0][0]) if isinstance(k[0], np.ndarray) else k[0] for k in kept]
 
 
 def test_a_map_whose_first_call_faulted_in_pages_is_timed_warm_and_not_paired(monkeypatch):
@@ -311,3 +312,19 @@ def test_a_map_still_dear_once_warm_runs_its_first_row_again_beside_the_third(mo
 def test_a_map_dear_from_its_first_call_pairs_the_next_two_at_once(monkeypatch):
     calls, pairs, stats, kept = _timed_operations(monkeypatch, lambda k: (2.0 ** -5, 2.0 ** -10))
     assert pairs == [[1, 2]] and calls == [0, 1, 2] and stats.rows == 3
+
+
+def test_a_map_making_rows_over_the_pair_cap_runs_each_alone(monkeypatch):
+    """MindSpore's UT map making 0.95 GB rows: a pair beside the kept first output held three (2890 MiB in the
+    probe child against raw's 1306) and took 10-14 s. Rows over ``PAIR_ROWS_UP_TO`` are run one at a time, their
+    GIL share unmeasured."""
+    monkeypatch.setattr(parallel, "PAIR_ROWS_UP_TO", 16)  # the test's rows: 32 bytes
+    calls, pairs, stats, kept = _timed_operations(monkeypatch, lambda k: (2.0 ** -5, 2.0 ** -10))
+    assert pairs == [] and calls == [0, 1, 2] and stats.rows == 3 and stats.parallel_fraction is None
+    assert len(kept) == 1 and kept[0].shape == (4,)  # the first output, by its fingerprint
+
+
+def test_no_pair_is_due_for_rows_over_the_cap():
+    dear = [2.0 ** -5]
+    assert parallel.pair_now(dear, 0.0, 1.0, parallel.PAIR_ROWS_UP_TO)
+    assert not parallel.pair_now(dear, 0.0, 1.0, parallel.PAIR_ROWS_UP_TO + 1)

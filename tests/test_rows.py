@@ -448,6 +448,16 @@ def test_a_first_read_dear_outside_the_kernel_is_paired_at_once(monkeypatch):
     assert src.calls == [0, 0, 99] and pairs == [[0, 99]]
 
 
+def test_rows_over_the_pair_cap_are_read_alone_however_dear(monkeypatch):
+    """A pair holds two new rows beside the first (kept for the re-read): rows over ``PAIR_ROWS_UP_TO`` are read
+    one at a time, as a worker reads them, and row 0 is read again alone."""
+    from ms_shm import parallel
+
+    monkeypatch.setattr(parallel, "PAIR_ROWS_UP_TO", 0)
+    src, stats, pairs = _timed_probe(monkeypatch, lambda call: (2.0 ** -5, 2.0 ** -10))
+    assert pairs == [] and src.calls == [0, 99, 57, 0] and stats.parallel_fraction is None
+
+
 def test_a_cold_first_read_gives_way_to_row_0_read_faster_in_its_pair(monkeypatch):
     """Measured: JPEG rows decode in 15-24 ms on a fresh fork's first read and ~7 ms once warm. Row 0's faster time
     in the pair stands for it; whether the pair ran cold is still judged against the first read, as cold as it."""

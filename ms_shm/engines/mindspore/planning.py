@@ -14,7 +14,7 @@ import functools
 from dataclasses import replace
 from typing import Any
 
-from ms_shm import plan
+from ms_shm import parallel, plan
 from ms_shm._results import Result, free_text, mib, record
 from ms_shm.budget import Budget
 from ms_shm.engines.mindspore import arithmetic as model
@@ -435,7 +435,9 @@ def _mode_reason(best: Candidate, fitting: list, req: Request, stats: RowStats) 
         return "rows were not timed: MindSpore's default transport that fits"
     rivals = sorted((c for c in fitting if c.mode != best.mode), key=lambda c: c.seconds or 0)
     free = stats.parallel_fraction
-    gil = ("; its CPU work's share outside the GIL was not measured (taken as none)" if free is None else
+    unpaired = f", rows over {mib(parallel.PAIR_ROWS_UP_TO)} being read one at a time" \
+        if (stats.row_bytes_max or 0) > parallel.PAIR_ROWS_UP_TO else ""
+    gil = (f"; its CPU work's share outside the GIL was not measured{unpaired} (taken as none)" if free is None else
            f", {free:.0%} of their CPU work ran outside the GIL (two rows read at once)")
     if stats.pooled:
         gil += (f"; their library kept {stats.cores_busy:.1f} CPUs busy on its own thread pool, which threads "

@@ -497,6 +497,25 @@ def _from_launcher(env: Mapping[str, str], local_rank: int | None) -> Ranks:
     return Ranks(1, 0, NO_LAUNCHER)
 
 
+def _copies_as_ranks(ranks: Ranks, shm_path: Path, root: Path) -> Ranks:
+    """Where no launcher said how many ranks run here, the copies of this program's command line running here now
+    (``siblings.find``: 1-2 ms for ~90 processes) are its local ranks: 4 copies of one script sharing a 256m
+    /dev/shm each planned as if alone, 2 worker processes at prefetch 16, and 8 ranks of 12 died of
+    ``ShmFullError`` where raw's defaults, reading in the main process, ran 4 of 4 (an audit, 3 runs). Copies
+    started after this one are not seen: its ``ShmFullError`` still names them (``sharing_hint``)."""
+    if ranks.source != NO_LAUNCHER:
+        return ranks
+    from ms_shm import siblings
+
+    found = siblings.find(shm_path, root)
+    if found is None or not found.pids:
+        return ranks
+    n, me = len(found.pids) + 1, os.getpid()
+    pids = ", ".join(str(pid) for pid in found.pids[:8]) + (", ..." if len(found.pids) > 8 else "")
+    return Ranks(n, sum(pid < me for pid in found.pids),
+                 f"{n} copies of this command line run here (pid {pids} beside this one), no launcher variables")
+
+
 def _at_least(ranks: Ranks) -> Ranks:
     """A local rank of k means k + 1 ranks on this host at least: msrun's ``DEVICE_ID=11`` on a 16-device host,
     whose ``MS_WORKER_NUM=16`` reads as 8 per host, or a rank index without a count."""
@@ -568,7 +587,7 @@ def probe(root: Path | str = Path("/"), env: Mapping[str, str] | None = None, sh
         cgroup_version=cg_version, cgroup_mem_limit=cg_limit, cgroup_mem_usage=cg_usage,
         cpu_count=count, cpu_affinity=affinity, cpu_quota=quota, usable_cpus=usable,
         nofile_soft=soft, nofile_hard=hard, open_fds=fds,
-        container=detect_container(root, env), ranks=detect_ranks(env, ranks),
+        container=detect_container(root, env), ranks=_copies_as_ranks(detect_ranks(env, ranks), shm, root),
         mindspore_version=mindspore_version(), start_method=start_method,
         notes=tuple(notes), **sysv, logind=read_logind(root), numpy_version=_numpy_version(),
         live=root == Path("/"), shm_readonly=shm_readonly,

@@ -66,3 +66,46 @@ def test_the_hint_names_siblings_only_beyond_the_ranks_planned(monkeypatch):
 
 def test_nothing_found_where_proc_is_not_there(tmp_path):
     assert siblings.find(tmp_path, root=tmp_path, me=os.getpid()) is None
+
+
+COPY = textwrap.dedent("""
+    import json, sys, time
+    from pathlib import Path
+    from ms_shm import host
+    marks = Path(sys.argv[1])
+    (marks / str(__import__("os").getpid())).touch()
+    deadline = time.time() + 30
+    while len(list(marks.iterdir())) < int(sys.argv[2]) and time.time() < deadline:  # every copy is up
+        time.sleep(0.02)
+    ranks = host.probe().ranks
+    (marks / "read").mkdir(exist_ok=True)
+    (marks / "read" / str(__import__("os").getpid())).touch()
+    while len(list((marks / "read").iterdir())) < int(sys.argv[2]) and time.time() < deadline:  # all read
+        time.sleep(0.02)
+    print(json.dumps([ranks.local_size, ranks.local_rank, ranks.source]))
+""")
+_LAUNCHER_VARS = ("LOCAL_WORLD_SIZE", "LOCAL_RANK", "RANK_SIZE", "RANK_ID", "WORLD_SIZE", "RANK", "MS_WORKER_NUM",
+                  "MS_SHM_LOCAL_RANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS", "DEVICE_ID")
+
+
+def _copies(tmp_path, n: int, **env: str) -> list:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    clean = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS and not k.startswith("SLURM_")}
+    command = [sys.executable, "-c", COPY, str(marks), str(n)]
+    procs = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=dict(clean, **env)) for _ in range(n)]
+    return [json.loads(proc.communicate(timeout=60)[0].strip().splitlines()[-1]) for proc in procs]
+
+
+def test_copies_of_one_command_with_no_launcher_plan_as_the_local_ranks_they_are(tmp_path):
+    """An audit: 4 copies of one script, no launcher variables, a 256m /dev/shm: each planned as if alone (2 worker
+    processes at prefetch 16) and 8 ranks of 12 died of ShmFullError where raw's defaults ran. Each copy now counts
+    the copies running beside it, and says so."""
+    outs = _copies(tmp_path, 3)
+    assert sorted(out[1] for out in outs) == [0, 1, 2]
+    assert all(out[0] == 3 and out[2].startswith("3 copies of this command line run here (pid ") for out in outs)
+
+
+def test_a_launcher_that_says_how_many_is_believed_over_the_copies_seen(tmp_path):
+    outs = _copies(tmp_path, 2, LOCAL_WORLD_SIZE="1")
+    assert all(out[0] == 1 and out[2] == "LOCAL_WORLD_SIZE" for out in outs)

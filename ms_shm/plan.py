@@ -245,18 +245,21 @@ def _reasons(cands: list) -> list:
 MEMORY_FIX_MARGIN, MEMORY_FIX_STEP = 1.1, 16 << 20
 
 
-def memory_fix(least: int, budget: Budget) -> str:
+def memory_fix(least: int, budget: Budget, staged: bool = True) -> str:
     """The container fix when memory binds: tmpfs pages count against the container's memory limit. Asked
     with a margin (a tenth more, in 16 MiB steps): memory left is read at the build and moves with the page
     cache, and a container given exactly what was asked was refused again by 0.1-0.4 MiB (an audit: 2 runs of
-    13)."""
+    13). The size counts the stages built so far, and says so: a source's map refused at 600 MB was told
+    "32 MiB more", and its ``batch(2)`` of 24 MiB rows then needed ~500 MiB more at 700 MB (an audit, where raw was
+    OOM-killed at both); a DataLoader (not ``staged``) has no later stages."""
     if budget.memory_bytes is None or least <= budget.memory_bytes:
         return ""
     short = (least - budget.memory_bytes) * budget.ranks / budget.fraction
     more = math.ceil(short * MEMORY_FIX_MARGIN / MEMORY_FIX_STEP) * MEMORY_FIX_STEP
     return (f"give the container at least {mib(more)} more memory (docker run --memory; Kubernetes "
             f"resources.limits.memory, raised by the /dev/shm emptyDir's sizeLimit): /dev/shm pages count "
-            f"against it")
+            f"against it" + ("; that is for the pipeline built so far, and stages added after it (a batch of its "
+                             "rows) hold memory of their own" if staged else ""))
 
 
 __all__ = ["Plan", "Lean", "Decision", "Request", "Candidate", "ShmBudgetError", "rank", "choose", "top", "no_fit_message",

@@ -392,3 +392,13 @@ def test_more_memory_is_asked_with_a_margin():
     asked = float(text.split("at least ")[1].split(" MiB")[0]) * (1 << 20)
     assert short * 1.1 <= asked < short * 1.1 + (16 << 20)
     assert plan.memory_fix(100 << 20, b) == ""
+
+
+def test_the_memory_fix_is_for_the_pipeline_built_so_far():
+    """An audit: a map refused at 600 MB was told "32 MiB more"; at 700 MB its batch(2) of 24 MiB rows then needed
+    ~500 MiB more. The size says what it counts; a DataLoader's has no later stages to speak of."""
+    from ms_shm import plan
+
+    b = budget.compute(1 << 30, 1, None, None, memory_left=500 << 20)
+    assert "for the pipeline built so far, and stages added after it" in plan.memory_fix(700 << 20, b)
+    assert "built so far" not in plan.memory_fix(700 << 20, b, staged=False)

@@ -498,7 +498,7 @@ def _no_fit(items: list, stats: BatchStats, req: LoaderRequest, budget: Budget) 
     fixes = [] if locked else [drop]
     shm_binds = budget.shm_bytes is not None and least.shm > budget.shm_bytes  # only the limits that bind
     fixes.append(budget_mod.limits_fix(budget, least.shm, least.fds))
-    memory = plan.memory_fix(least_memory, budget)
+    memory = plan.memory_fix(least_memory, budget, staged=False)
     # bytes shrink with the batch, not below one sample (fds: a default collate stacks each field into one storage)
     smaller = "a smaller batch_size" if stats.batch_size > 1 and (shm_binds or memory) else ""
     shared = (f"share the dataset's big lists and dicts (`ms_shm.SharedList` / `SharedDict`, named in the "

@@ -257,10 +257,15 @@ class Typical(Result):
 
     @property
     def shape(self) -> str:
-        """``2 workers x 18 slots x 8.0 MiB rows x 1 rank(s)``: the pipeline in one phrase."""
+        """``2 workers x 18 slots x 8.0 MiB rows x 1 rank(s)``: the pipeline in one phrase. Static slots take
+        their size whatever the row (MindSpore 2.0.0's "18 static 6 MiB slots x 8.0 MiB rows" read as a product
+        that was not the peak, an audit): the rows are said beside them, and whether they fit."""
         slots = model.slots(self.prefetch, self.workers)
-        kind = f"{slots} static {self.slot_mb} MiB slots" if self.slot_mb else f"{slots} slots"
-        return f"{self.workers} workers x {kind} x {mib(self.row_bytes)} rows x {self.ranks} rank(s)"
+        if self.slot_mb:
+            fits = "" if self.row_bytes <= self.slot_mb << 20 else ", which do not fit them (pipes)"
+            return (f"{self.workers} workers x {slots} static {self.slot_mb} MiB slots x {self.ranks} rank(s), "
+                    f"for {mib(self.row_bytes)} rows{fits}")
+        return f"{self.workers} workers x {slots} slots x {mib(self.row_bytes)} rows x {self.ranks} rank(s)"
 
     @classmethod
     def of(cls, facts: Any, ms_config: Any = None, workers: int | None = None,

@@ -38,6 +38,7 @@ import functools
 import importlib.util
 import inspect
 import itertools
+import os
 import sys
 import types
 from typing import Any, Callable, Iterator, NamedTuple
@@ -241,6 +242,27 @@ def stage_draw(source: Any = None, operations: Any = ()) -> str | None:
     return f"{found[0]} (draws from {found[1]})" if found else None
 
 
+# ``os`` functions that read at, or move, a descriptor's offset, which every reader of it shares: threads, and worker
+# processes forked after it was opened (``os.pread`` / ``os.pwrite`` take their own offset)
+OFFSET_CALLS = ("read", "readv", "readinto", "lseek", "write", "writev")
+
+
+def stage_offsets(source: Any = None, operations: Any = ()) -> str | None:
+    """Where a ``GeneratorDataset`` source's reading code (a ``map``'s operations, a DataLoader's dataset and
+    ``collate_fn``) reads through a raw descriptor's offset (``os.lseek(self.fd, off)`` then ``os.read(self.fd,
+    n)``), or ``None``. Every reader shares that offset, so rows read by two at once come from the other's
+    position: an audit's record-file source, read by raw in its one thread, always right, gave wrong or
+    reordered rows in 6 runs of 11 in the 2 threads ms_shm chose. An open file object is seen as held
+    (``sandbox.held_handles``); a descriptor held as an ``int`` only through the code that uses it."""
+    ops = tuple(operations) if isinstance(operations, (list, tuple)) else (operations,)
+    functions = {id(fn): (fn, f"os.{name}", False) for name in OFFSET_CALLS
+                 for fn in (getattr(os, name, None),) if fn is not None}
+    look = functools.partial(_draw_look, _Targets({}, functions, (), draws=False), None)
+    where, fn, found = _per_sample(source, ops, set(), look, "")
+    return (f"{where} calls {_named_draw(found, fn)}: a descriptor's offset belongs to the reader that uses it, "
+            f"and other readers would race on it") if found else None
+
+
 # Methods that change a container in place: called on an attribute of ``self``, they keep state past the read
 MUTATORS = frozenset({"append", "appendleft", "extend", "add", "update", "insert", "pop", "popleft", "popitem",
                       "remove", "discard", "clear", "setdefault"})
@@ -421,6 +443,7 @@ class _Targets(NamedTuple):
     instances: dict  # id(global generator instance) -> (instance, label prefix)
     functions: dict  # id(torch function) -> (function, label, whether it takes ``generator=``)
     classes: tuple  # (class, label prefix) of torch's random objects (``RANDOM_CLASSES``) already imported
+    draws: bool = True  # random objects and in-place draws count; False: only ``functions`` (``stage_offsets``)
 
     @classmethod
     def now(cls) -> _Targets:
@@ -465,7 +488,7 @@ class _Targets(NamedTuple):
         """How ``obj`` draws where it is one of torch's random objects (a module only in training mode, the mode
         every module starts in; an ``nn.Module`` through its submodules too) or one of MindSpore's random
         transforms, else ``None``."""
-        if isinstance(obj, type):
+        if isinstance(obj, type) or not self.draws:
             return None
         transform = _mindspore_random(obj)
         if transform is not None or not self.classes:
@@ -802,7 +825,7 @@ def _scan(code: types.CodeType, globals_: dict, cells: dict, targets: _Targets, 
         op, name = instr.opname, instr.argval
         if op in ("LOAD_ATTR", "LOAD_METHOD"):
             parent, start, depth = pending + (0,) if pending else (_UNKNOWN, i, 1)  # 1: a result is below
-            if name in INPLACE_DRAWS and not _foreign_module(parent) \
+            if targets.draws and name in INPLACE_DRAWS and not _foreign_module(parent) \
                     and not _passes_generator(ins, start, code, depth, owner):
                 yield f"Tensor.{name}", instr.offset, None
             drawn = targets.random_object(parent) if parent is not _UNKNOWN else None

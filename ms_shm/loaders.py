@@ -15,6 +15,8 @@ import inspect
 import logging
 import multiprocessing
 import numbers
+import os
+import stat
 import sys
 import weakref
 from dataclasses import replace
@@ -250,6 +252,23 @@ def _not_as_from_workers(stats: Any) -> str | None:
     if stats.thread_bound:
         return f"the samples run {stats.thread_bound}"
     return None
+
+
+def _descriptor_held(dataset: Any) -> bool:
+    """Whether ``dataset`` holds, as an ``int`` attribute, a descriptor open on a file now: one opened before the
+    workers are forked, whose offset they all share. One the code opens in each worker (``if self.fd is None:
+    self.fd = os.open(...)``) is none yet, and leaves workers free, as ``_opened_by_each_reader`` does for file
+    objects."""
+    held = getattr(dataset, "__dict__", None)
+    for value in (held.values() if isinstance(held, dict) else ()):
+        if type(value) is int and value > 2:
+            try:
+                mode = os.fstat(value).st_mode
+            except OSError:
+                continue
+            if stat.S_ISREG(mode) or stat.S_ISBLK(mode):
+                return True
+    return False
 
 
 def _locked(asked_lock: str | None, effects: Any) -> str | None:
@@ -544,6 +563,9 @@ def _probe(eng: Any, dataset: Any, asked: dict, b: Any, timed: bool) -> tuple:
     code = (dataset, asked.get("collate_fn"))
     effects = _opened_by_each_reader(effects.with_writes(codescan.stage_writes(*code), codescan.stage_grows(*code)),
                                      [dataset, collate])
+    offsets = codescan.stage_offsets(*code) if effects.holds_handle is None else None
+    if offsets is not None and _descriptor_held(dataset):  # workers forked after it share its offset
+        effects = replace(effects, holds_handle=offsets)
     if stats is not None and method != "fork" and memory:  # a spawned worker imports torch again: its own pages
         stats = replace(stats, worker_bytes=spawncost.worker_bytes(method, stats.worker_bytes))
     held = _weak_callable(collate)

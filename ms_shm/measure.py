@@ -550,22 +550,26 @@ def _with_code_read(probe: StageProbe, source: Any = None, operations: Any = (),
     read = read if isinstance(read, CodeRead) else _read_code(source, operations)
     if read.draw is not None:
         return replace(probe, effects=replace(effects, draws_random=read.draw))
-    return replace(probe, effects=effects.with_writes(read.writes, read.grows))
+    effects = effects.with_writes(read.writes, read.grows)
+    if read.offsets is not None and effects.holds_handle is None:  # a descriptor held as an int: no object shows it
+        effects = replace(effects, holds_handle=read.offsets)
+    return replace(probe, effects=effects)
 
 
 @record
 class CodeRead(Result):
-    """The code's reading made beside the probe child: the draw, the write of state and the addition to state it
-    found, or ``None``."""
+    """The code's reading made beside the probe child: the draw, the write of state, the addition to state and
+    the read through a descriptor's shared offset it found, or ``None``."""
 
     draw: str | None
     writes: str | None = None
     grows: str | None = None
+    offsets: str | None = None
 
 
 def _read_code(source: Any, operations: Any) -> CodeRead:
     return CodeRead(codescan.stage_draw(source, operations), codescan.stage_writes(source, operations),
-                    codescan.stage_grows(source, operations))
+                    codescan.stage_grows(source, operations), codescan.stage_offsets(source, operations))
 
 
 def _fork(in_child: Callable, worker_pages: bool, beside: bool, source: Any = None,

@@ -826,3 +826,51 @@ def test_state_added_to_on_some_rows_counts_beside_lazy_set_up():
     grown = set_up.with_writes("x writes self.count", codescan.stage_grows(_BadRowsSetUpLazily()))
     assert "adds to self.count" in grown.state_per_read, grown
     assert set_up.with_writes("x writes self.last", None) == set_up  # set up on the probe's rows: decided there
+
+
+# --- reads through a raw descriptor's shared offset (``stage_offsets``) ------------------------------------------
+
+import os  # noqa: E402 - with the cases that use it
+from os import lseek as seek_to  # noqa: E402
+
+
+class FdRecords:
+    """The audit's record file: ``os.lseek`` then ``os.read`` on a descriptor opened in ``__init__``."""
+
+    def __init__(self, fd):
+        self.fd = fd
+
+    def __getitem__(self, i):
+        os.lseek(self.fd, i * 16, os.SEEK_SET)
+        return np.frombuffer(os.read(self.fd, 16), np.uint8)
+
+
+class FdThroughHelper(FdRecords):
+    def _payload(self, i):
+        seek_to(self.fd, i * 16)
+        return os.read(self.fd, 16)
+
+    def __getitem__(self, i):
+        return self._payload(i)
+
+
+class PositionalReads(FdRecords):
+    def __getitem__(self, i):
+        return os.pread(self.fd, 16, i * 16)  # its own offset: any reader may
+
+
+@pytest.mark.parametrize("source, found", [
+    (FdRecords(3), "FdRecords.__getitem__ calls os.lseek"),
+    (FdThroughHelper(3), "FdThroughHelper.__getitem__ calls os.lseek through FdThroughHelper._payload"),
+    (PositionalReads(3), None),
+    (Sometimes(), None),  # draws are another question's
+])
+def test_reads_through_a_descriptors_shared_offset_are_found(source, found):
+    said = codescan.stage_offsets(source)
+    assert (said is None) if found is None else said.startswith(found + ": a descriptor's offset belongs to")
+
+
+def test_a_map_operation_reading_a_descriptor_is_found_and_draws_still_are():
+    assert "<lambda> calls os.read: " in codescan.stage_offsets(None, [lambda x: os.read(3, 4)])
+    assert codescan.stage_offsets(None, [lambda x: np.random.rand()]) is None
+    assert "numpy.random.rand" in codescan.stage_draw(None, [lambda x: np.random.rand()])

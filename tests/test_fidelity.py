@@ -1710,3 +1710,36 @@ def test_build_dataset_carries_the_errors_of_a_source_it_moved_into_processes(ds
     built = ms_shm.build_dataset(RaisesAtThree(), ["x"], shuffle=False, num_parallel_workers=2,
                                  python_multiprocessing=True)
     assert "CorruptImageError: corrupt image img_3.jpg (code 3)" in _error_text(built)
+
+
+class DescriptorRecords:
+    """An audit's record file read through a raw descriptor opened in ``__init__``: ``os.lseek`` then two
+    ``os.read`` (a header, then its payload). Raw reads it in its one thread, always right; 2 threads ms_shm
+    chose raced on the shared offset (wrong or reordered rows in 6 runs of 11)."""
+
+    def __init__(self, path, n=128):
+        import os
+
+        self.fd, self.n = os.open(path, os.O_RDONLY), n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, index):
+        import os
+
+        os.lseek(self.fd, int(index) * 64, os.SEEK_SET)
+        size = int.from_bytes(os.read(self.fd, 4), "little")
+        payload = np.frombuffer(os.read(self.fd, size), np.uint8)
+        return (np.repeat(payload, 2000) * 3 % 251).astype(np.uint8),  # some GIL-free work per row
+
+
+def test_a_source_reading_a_raw_descriptor_keeps_mindspores_mode(ds, tmp_path):
+    import ms_shm
+
+    path = tmp_path / "records.bin"
+    path.write_bytes(b"".join((60).to_bytes(4, "little") + bytes([i % 256]) * 60 for i in range(128)))
+    p = ms_shm.plan_of(ms_shm.build_dataset(DescriptorRecords(path), ["x"], shuffle=False))
+    locked = [d for d in p.decisions if d.setting == "mode_locked"]
+    assert locked and "calls os.lseek" in locked[0].reason, p.summary()
+    assert_same(*both(ds, lambda: DescriptorRecords(path), ["x"], shuffle=False), 128)

@@ -970,6 +970,42 @@ def test_a_dataset_holding_an_open_file_keeps_num_workers_0(fresh_torch, tmp_pat
     assert batches(loader) == batches(DataLoader(Records(path), batch_size=4))
 
 
+class DescriptorRecords(Records):
+    """The same records read through a raw descriptor opened in ``__init__`` (``os.lseek``, ``os.read``): no file
+    object shows it, the code does."""
+
+    def __init__(self, path):
+        self.fd = os.open(path, os.O_RDONLY)
+
+    def __getitem__(self, i):
+        time.sleep(0.02)
+        os.lseek(self.fd, i * 16, os.SEEK_SET)
+        return torch.frombuffer(bytearray(os.read(self.fd, 16)), dtype=torch.uint8)
+
+
+class LazyDescriptorRecords(DescriptorRecords):
+    """The descriptor opened by the first read: each forked worker opens its own."""
+
+    def __init__(self, path):
+        self.path, self.fd = path, None
+
+    def __getitem__(self, i):
+        if self.fd is None:
+            self.fd = os.open(self.path, os.O_RDONLY)
+        return super().__getitem__(i)
+
+
+def test_a_dataset_reading_a_raw_descriptor_it_holds_keeps_num_workers_0(fresh_torch, tmp_path):
+    path = tmp_path / "records.bin"
+    path.write_bytes(bytes(range(256)) * 2)
+    loader = ms_shm.build_dataloader(DescriptorRecords(path), batch_size=4)
+    assert loader.num_workers == 0 and "calls os.lseek" in str(ms_shm.plan_of(loader).decisions[0])
+    assert batches(loader) == batches(DataLoader(DescriptorRecords(path), batch_size=4))
+    lazy = ms_shm.build_dataloader(LazyDescriptorRecords(path), batch_size=4)  # each worker opens its own
+    assert "calls os.lseek" not in ms_shm.plan_of(lazy).summary()
+    assert batches(lazy) == batches(DataLoader(LazyDescriptorRecords(path), batch_size=4))
+
+
 def test_unchanged_code_under_patch_keeps_num_workers_0(fresh_torch):
     """Slow samples that ms_shm.build_dataloader would give workers: a DataLoader call that never asked for
     them keeps the framework's default under ms_shm.patch (an exception, a seed, a loop's change to the dataset

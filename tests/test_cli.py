@@ -522,6 +522,27 @@ def test_run_uses_the_scripts_excepthook(tmp_path):
     assert ours.returncode == 1 and ours.stderr == "HOOK ValueError x\n"
 
 
+@pytest.mark.parametrize("raised", ["ValueError('data file missing')", "KeyboardInterrupt"])
+def test_a_hook_that_exits_ends_the_run_with_its_code_and_one_that_fails_is_told_as_python_tells_it(tmp_path,
+                                                                                                     raised):
+    """An audit: a launcher's hook that logs, then ``sys.exit(9)``, gave 1 (130) under run and a "failing hook"
+    report with ms_shm's frame; a hook that raised another error showed ms_shm's frame and the chain."""
+    (tmp_path / "exits.py").write_text(
+        "import atexit, sys\natexit.register(lambda: print('AT EXIT', __file__ is not None))\n"
+        "def hook(kind, value, tb):\n    print('fatal:', kind.__name__, file=sys.stderr)\n    sys.exit(9)\n"
+        f"sys.excepthook = hook\nraise {raised}\n")
+    (tmp_path / "fails.py").write_text(
+        "import sys\ndef hook(kind, value, tb):\n    raise RuntimeError('hook broke')\n"
+        f"sys.excepthook = hook\nraise {raised}\n")
+    for script in ("exits.py", "fails.py"):
+        plain, ours = python_and_run(script, cwd=tmp_path)
+        assert_same(plain, ours)
+        assert "ms_shm" not in ours.stderr
+    assert ours.returncode in (1, -2) and "Error in sys.excepthook:" in ours.stderr
+    plain, ours = python_and_run("exits.py", cwd=tmp_path)
+    assert ours.returncode == 9 and ours.stdout == "AT EXIT True\n"
+
+
 def test_run_keyboard_interrupt_and_syntax_error_show_no_ms_shm_frames(tmp_path):
     (tmp_path / "kbi.py").write_text("raise KeyboardInterrupt\n")
     (tmp_path / "syntax.py").write_text("x = 1\ndef (:\n")

@@ -360,7 +360,13 @@ def from_script(exc: BaseException) -> Any:
 
 def _report_uncaught(exc: BaseException) -> None:
     """What python's ``PyErr_Print`` does: ``sys.last_*`` set, then ``sys.excepthook`` (the script's own when it
-    set one); a hook that fails is reported before the original exception."""
+    set one); a hook that raises ``SystemExit`` ends the program with its code (a launcher's hook that logs, then
+    ``sys.exit(9)``: an audit saw 1 and a "failing hook" report under ``run``); a hook that fails otherwise is
+    reported before the original exception, its own traceback from its own frame, as python prints it.
+
+    Raises:
+        SystemExit: the hook's own.
+    """
     tb = from_script(exc)
     exc = exc.with_traceback(tb)
     sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, tb
@@ -369,8 +375,12 @@ def _report_uncaught(exc: BaseException) -> None:
     hook = getattr(sys, "excepthook", sys.__excepthook__)
     try:
         hook(type(exc), exc, tb)
+    except SystemExit:
+        raise
     except BaseException as err:  # noqa: BLE001 - python's own words for a failing hook
+        err.__suppress_context__ = True  # python calls the hook with no exception being handled
         print("Error in sys.excepthook:", file=sys.stderr)
+        err = err.with_traceback(err.__traceback__.tb_next or err.__traceback__)  # from the hook's frame
         sys.__excepthook__(type(err), err, err.__traceback__)
         print("\nOriginal exception was:", file=sys.stderr)
         sys.__excepthook__(type(exc), exc, tb)

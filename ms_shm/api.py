@@ -451,7 +451,9 @@ def _build_dataset(eng: Any, source: Any, column_names: Any, generator_args: tup
     blocked = _probe_blocker(source, generator_kwargs, eng)
     probe = measure.StageProbe(None, unmeasured=blocked) if blocked else \
         measure.probe_random_access(source, names, eng.compat.row_check(), _worker_pages(facts),
-                                    defer_row_errors=_explicit is not None,  # patched: MindSpore raises it later
+                                    # patched, or a row the epoch may never draw: MindSpore raises it if met
+                                    defer_row_errors=_explicit is not None or
+                                    not eng.compat.probe_rows_drawn(generator_kwargs),
                                     column_dtypes=eng.compat.column_dtypes(generator_kwargs.get("column_types"),
                                                                           generator_kwargs.get("schema")),
                                     beside=_beside_probe(facts), sampled=eng.compat.sampled_rows(generator_kwargs))

@@ -509,11 +509,12 @@ def _outcome(outcome: sandbox.Outcome, what: str, defer_row_errors: bool = False
 def _error_text(exc: BaseException, remote_traceback: str, what: str, fate: str | None = None) -> str:
     """The user's exception, where it was raised, and what it means (``fate``: what the framework does with
     that row; ``None``: it raises it mid-epoch). A ``RowError`` is ms_shm's own finding, deferred under
-    ``ms_shm.patch``: said as such, not as the source's."""
+    ``ms_shm.patch`` or where the call's sampler or shard may never draw that row: said as such, not as the
+    source's."""
     if isinstance(exc, rows.RowError):
-        return (f"a probe row of the {what} is one MindSpore refuses: {exc} (under ms_shm.patch MindSpore raises "
-                f"its own error when the pipeline reaches that row), so the pipeline is built as asked, without a "
-                f"measurement")
+        return (f"a probe row of the {what} is one MindSpore refuses: {exc} (MindSpore raises its own error if the "
+                f"pipeline reaches that row: under ms_shm.patch, or where the call's sampler or shard may never "
+                f"draw it), so the pipeline is built as asked, without a measurement")
     lines = [line.strip() for line in remote_traceback.strip().splitlines() if line.strip().startswith("File ")]
     where = f" ({lines[-1]})" if lines else ""
     hint = ""

@@ -1743,3 +1743,40 @@ def test_a_source_reading_a_raw_descriptor_keeps_mindspores_mode(ds, tmp_path):
     locked = [d for d in p.decisions if d.setting == "mode_locked"]
     assert locked and "calls os.lseek" in locked[0].reason, p.summary()
     assert_same(*both(ds, lambda: DescriptorRecords(path), ["x"], shuffle=False), 128)
+
+
+class LastRowNone:
+    """20 rows whose last is ``None``, a row MindSpore refuses: a shard or subset that never draws it runs raw."""
+
+    def __len__(self):
+        return 20
+
+    def __getitem__(self, index):
+        return (None if index == 19 else np.full(3, index),)
+
+
+@pytest.mark.parametrize("how", ["shards", "distributed", "child"])
+def test_a_row_mindspore_refuses_that_the_shard_never_draws_is_not_refused(ds, how):
+    """An audit: shard 0 of 2 (or an unshuffled DistributedSampler, or a subset under a child sampler) never
+    reads row 19; raw ran, ms_shm refused it at build, so one bad sample killed every rank."""
+    kwargs = {"shards": dict(num_shards=2, shard_id=0, shuffle=False),
+              "distributed": dict(sampler=ds.DistributedSampler(2, 0, shuffle=False)),
+              "child": dict(sampler=_with_child(ds))}[how]
+    assert_same(*both(ds, LastRowNone, ["a"], **kwargs), 10)
+
+
+def _with_child(ds):
+    sampler = ds.SequentialSampler(num_samples=10)
+    sampler.add_child(ds.SubsetSampler(list(range(12))))
+    return sampler
+
+
+def test_an_unshuffled_shard_is_probed_on_its_own_rows(ds):
+    from ms_shm.engines.mindspore import compat
+
+    assert compat._shard(4, 3, None, 21) == ((2, 3, 7, 11, 15, 19), 6)  # measured on 2.10: 3, 7, 11, 15, 19, 2
+    assert compat._shard(2, 1, 3, 21) == ((1, 3, 5), 3)
+    assert compat.probe_rows_drawn(dict(num_shards=2, shard_id=0, shuffle=False))
+    assert not compat.probe_rows_drawn(dict(num_shards=2, shard_id=0))  # shuffled: any row may be drawn
+    assert not compat.probe_rows_drawn(dict(sampler=ds.RandomSampler(num_samples=5)))
+    assert compat.probe_rows_drawn(dict(shuffle=True)) and compat.probe_rows_drawn({})

@@ -661,8 +661,10 @@ def sampled_rows(kwargs: dict) -> Callable[[int], tuple] | None:
     drawn), or a sampler with a child (the child draws first)."""
     sampler = kwargs.get("sampler")
     if sampler is None:
-        n = kwargs.get("num_samples")
-        if n and kwargs.get("shuffle") is False and kwargs.get("num_shards") is None:  # MindSpore's sequential
+        n, shards = kwargs.get("num_samples"), kwargs.get("num_shards")
+        if shards is not None and kwargs.get("shuffle") is False and isinstance(kwargs.get("shard_id"), int):
+            return functools.partial(_shard, shards, kwargs["shard_id"], n)  # MindSpore's unshuffled shard
+        if n and kwargs.get("shuffle") is False and shards is None:  # MindSpore's sequential
             return lambda length: (range(min(n, length)) or None, min(n, length))
         return None
     try:
@@ -672,6 +674,10 @@ def sampled_rows(kwargs: dict) -> Callable[[int], tuple] | None:
     if getattr(sampler, "child_sampler", None) is not None:
         return None
     n = getattr(sampler, "num_samples", None)
+    if isinstance(sampler, samplers.DistributedSampler):
+        if not _unshuffled(sampler.shuffle) or getattr(sampler, "offset", -1) not in (-1, None):
+            return None
+        return functools.partial(_shard, sampler.num_shards, sampler.shard_id, n)
     if isinstance(sampler, samplers.SequentialSampler):
         start = sampler.start_index or 0
         return lambda length: _capped(range(start, length if not n else min(length, start + n)), n)
@@ -687,6 +693,38 @@ def sampled_rows(kwargs: dict) -> Callable[[int], tuple] | None:
     drawn = functools.partial(_drawn, sampler, n=n)
     drawn.runs_program_code = True  # the sampler's own ``__iter__``: in a probe child only (``measure._read_here``)
     return drawn
+
+
+def probe_rows_drawn(kwargs: dict) -> bool:
+    """Whether every row the probe reads is drawn by the call's epoch (rows spread over the source where no
+    sampler limits them, else among ``sampled_rows``' pool), so that a row MindSpore refuses there is one the
+    pipeline meets too, and is refused at build. Not so for a random draw of ``num_samples``, weights, a shuffled
+    shard or a child sampler: a row the probe reads may never be drawn (an audit: shard 0 of 2 never reads row 19,
+    a ``None`` that raw ran past and ms_shm refused at build)."""
+    sampler = kwargs.get("sampler")
+    if sampler is None and not kwargs.get("num_samples") and kwargs.get("num_shards") is None:
+        return True
+    try:
+        from mindspore.dataset.engine import samplers
+    except ImportError:
+        return False
+    if isinstance(sampler, samplers.RandomSampler):
+        return not sampler.replacement and not sampler.num_samples and sampler.child_sampler is None
+    return not isinstance(sampler, samplers.WeightedRandomSampler) and sampled_rows(kwargs) is not None
+
+
+def _unshuffled(shuffle: Any) -> bool:
+    """A sampler's ``shuffle``: ``False`` on 2.0, ``Shuffle.FALSE`` on later releases."""
+    return shuffle is False or getattr(shuffle, "value", None) == "false"
+
+
+def _shard(shards: int, shard: int, n: int | None, length: int) -> tuple:
+    """The rows an unshuffled shard draws, as MindSpore's ``DistributedSampler`` deals them (measured, 2.10: 21
+    rows, shard 3 of 4 reads 3, 7, 11, 15, 19, then 2, round the end), and how many: ``(rows, draws)``."""
+    if not 0 <= shard < shards or length <= 0:
+        return None, None
+    drawn = [(shard + j * shards) % length for j in range(-(-length // shards))][:n or None]
+    return tuple(sorted(set(drawn))) or None, len(drawn)
 
 
 def _capped(rows: range, n: int | None) -> tuple:

@@ -223,6 +223,10 @@ def _convert_column(value: Any, index: Any, name: str) -> np.ndarray | dict:
         raise RowError(f"{where} has byte order {array.dtype.str}: MindSpore's dataset engine cannot carry "
                        f"non-native byte order ('data type is unknown'). Fix: return "
                        f"x.astype(x.dtype.newbyteorder('=')).", name, index)
+    if array.dtype.kind == "f" and array.dtype.itemsize > 8:  # an audit: both died mid-epoch, "data type is unknown"
+        raise RowError(f"{where} has dtype {array.dtype} (numpy's longdouble): MindSpore's dataset engine carries "
+                       f"floats of 16, 32 and 64 bits only ('data type is unknown'). Fix: return "
+                       f"x.astype(np.float64).", name, index)
     if array.dtype.kind not in CARRIED_KINDS:
         raise RowError(f"{where} has dtype {array.dtype} which MindSpore cannot carry. Fix: convert it "
                        f"(e.g. x.astype(np.int64) for datetimes, or split structured fields into columns).",

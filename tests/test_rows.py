@@ -64,6 +64,7 @@ def test_spread_is_unique_in_range_and_covers_both_ends(length):
     ((np.zeros(2, dtype=[("a", "i4"), ("b", "f4")]),), ["rec"], ["has dtype", "split structured fields"], "rec"),
     ((np.arange(3).astype(np.complex64),), ["z"],
      ["column 'z' of row 3 has dtype complex64", "Fix: return np.stack([x.real, x.imag], axis=-1)"], "z"),
+    ((np.ones(2, np.longdouble),), ["w"], ["column 'w' of row 3 has dtype float128", "x.astype(np.float64)"], "w"),
     (object(), ["x"], ["row 3 is a object", "Fix: return a tuple of numpy arrays (x)"], None),
     # words[i::4]: MindSpore 2.0 and 2.10 stop mid-epoch, "resize only works on single-segment arrays"
     ((np.array(["alpha", "beta"] * 4)[::4],), ["text"],

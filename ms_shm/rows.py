@@ -800,7 +800,15 @@ def refuse_column_types(converted: tuple, index: Any, names: Sequence[str] | Non
     """A ``RowError`` for a column whose dtype is not its ``column_types`` entry: MindSpore refuses such a row
     while iterating, in every release from 2.0 to 2.10 (measured: int32 for Int64, float64 for Float32, uint8 for
     Bool), with "type of returned data in 'GeneratorDataset' should be same with specified column_types, but the
-    type of returned data: <class 'numpy.ndarray'>", which names neither the column nor the dtype."""
+    type of returned data: <class 'numpy.ndarray'>", which names neither the column nor the dtype; and for a
+    column ``column_types`` gives no type ("specified column type: unknown", 2.0 and 2.10, an audit)."""
+    given = [c for c in column_dtypes or () if len(c) == 2]  # from column_types, not a schema
+    if given and len(given) == len(column_dtypes) and len(converted) > len(given):
+        name = _column_name(names, len(given))
+        raise RowError(f"column '{name}' of row {index} has no type in column_types, which gives {len(given)} for "
+                       f"{len(converted)} columns: MindSpore refuses every row ('specified column type: "
+                       f"unknown'). Fix: give one type per column in column_types, or leave column_types out.",
+                       name, index)
     for i, (value, (expected, type_name, *declared_in)) in enumerate(zip(converted, column_dtypes or ())):
         if expected is None or not isinstance(value, np.ndarray) or value.dtype == expected or \
                 value.dtype.kind == expected.kind == "U":

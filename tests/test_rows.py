@@ -513,6 +513,17 @@ def test_a_column_whose_dtype_is_not_its_column_type_is_refused_naming_it(conver
     assert "mindspore." in str(info.value).split("Fix:")[1]
 
 
+def test_a_column_column_types_leaves_without_a_type_is_refused_naming_it():
+    """An audit: ``column_types=[mindspore.int64]`` for 2 columns; MindSpore 2.0 and 2.10 refuse every row mid-epoch
+    ("specified column type: unknown"). A schema's types are left to MindSpore."""
+    two = (np.zeros(2, np.int64), np.array(1, np.int32))
+    with pytest.raises(RowError) as info:
+        rows.refuse_column_types(two, 0, ["a", "b"], ((I8, "Int64"),))
+    assert info.value.column == "b" and "gives 1 for 2 columns" in str(info.value) and "Fix: give one type" in \
+        str(info.value)
+    rows.refuse_column_types(two, 0, ["a", "b"], ((I8, "Int64", "its schema"),))
+
+
 @pytest.mark.parametrize("value, fix", [(np.array(b"sent 0"), "return a str (or x.decode() of bytes)"),
                                         (np.array([1, 2], np.int32), "return a str")])
 def test_a_string_column_given_bytes_or_numbers_is_refused_naming_it(value, fix):

@@ -642,13 +642,22 @@ def _check_columns_returned(first: list, output_columns: Sequence[str], what: st
         raise rows.RowError(f"the {what} returns None for the first probe batch: MindSpore stops the pipeline there. "
                             f"Fix: return a tuple of lists, one per output column", None, 0)
     got = len(out) if isinstance(out, tuple) else 1
+    unit = "batch" if what == "per_batch_map" else "row"
     if got != len(output_columns):
-        unit = "batch" if what == "per_batch_map" else "row"
         raise rows.RowError(f"the {what} returns {got} column(s) for the first probe {unit}, but its output columns "
                             f"are {len(output_columns)} ({list(output_columns)}): MindSpore stops the pipeline there "
                             f"(\"the number of columns returned in '{what}' ... should match the number of "
                             f"'output_columns'\"). Fix: return a tuple of {len(output_columns)} value(s), one per "
                             f"output column, or pass output_columns with {got} name(s)", None, 0)
+    for name, column in zip(output_columns, out if isinstance(out, tuple) else (out,)):
+        for value in column if isinstance(column, list) and what == "per_batch_map" else (column,):
+            # an array, or its fingerprints (``rows.Printed``); objects are not judged (``run_operations`` made a
+            # dict output, which MindSpore carries, one)
+            dtype = np.dtype(value.dtype) if isinstance(value, (np.ndarray, rows.Printed)) else None
+            refused = rows.dtype_refused(dtype) if dtype is not None and dtype.kind != "O" else None
+            if refused:
+                raise rows.RowError(f"the {what}'s output column '{name}' for the first probe {unit} {refused}",
+                                    name, 0)
 
 
 def time_operations(operations: Any, inputs: list, keep: list | None = None,

@@ -194,6 +194,25 @@ def _names_hint(names: Sequence[str] | None) -> str:
     return f" ({', '.join(names)})" if names else ""
 
 
+def dtype_refused(dtype: np.dtype) -> str | None:
+    """Why MindSpore cannot carry an array of ``dtype``, with the fix (to follow "column 'x' of row 3"), or
+    ``None``: one rule for a source's rows and an operation's outputs (an audit: a map returning complex,
+    big-endian or longdouble arrays passed ``map()`` and died mid-epoch, "data type is unknown")."""
+    if dtype.kind == "c":
+        return (f"has dtype {dtype}: MindSpore's dataset engine cannot carry complex numbers. Fix: return "
+                f"np.stack([x.real, x.imag], axis=-1) and rebuild the complex value after the pipeline.")
+    if dtype.kind in "iufc" and not dtype.isnative:
+        return (f"has byte order {dtype.str}: MindSpore's dataset engine cannot carry non-native byte order ('data "
+                f"type is unknown'). Fix: return x.astype(x.dtype.newbyteorder('=')).")
+    if dtype.kind == "f" and dtype.itemsize > 8:
+        return (f"has dtype {dtype} (numpy's longdouble): MindSpore's dataset engine carries floats of 16, 32 and "
+                f"64 bits only ('data type is unknown'). Fix: return x.astype(np.float64).")
+    if dtype.kind not in CARRIED_KINDS:
+        return (f"has dtype {dtype} which MindSpore cannot carry. Fix: convert it (e.g. x.astype(np.int64) for "
+                f"datetimes, np.asarray(list(x), dtype=...) for objects, or split structured fields into columns).")
+    return None
+
+
 def _convert_column(value: Any, index: Any, name: str) -> np.ndarray | dict:
     """One column as MindSpore carries it: an array, or a dict of them (a dict column, nested or not, is carried
     by every release from 2.0 to 2.10: measured, beside other columns too)."""
@@ -215,22 +234,9 @@ def _convert_column(value: Any, index: Any, name: str) -> np.ndarray | dict:
         raise RowError(f"{where} is an {kind} (dtype=object, {type(value).__name__}). MindSpore carries only "
                        f"numeric, bool and string arrays. Fix: convert it with np.asarray(x, dtype=...) to one "
                        f"dtype and shape, or pickle it to bytes.", name, index)
-    if array.dtype.kind == "c":
-        raise RowError(f"{where} has dtype {array.dtype}: MindSpore's dataset engine cannot carry complex "
-                       f"numbers. Fix: return np.stack([x.real, x.imag], axis=-1) and rebuild the complex "
-                       f"value after the pipeline.", name, index)
-    if array.dtype.kind in "iufc" and not array.dtype.isnative:
-        raise RowError(f"{where} has byte order {array.dtype.str}: MindSpore's dataset engine cannot carry "
-                       f"non-native byte order ('data type is unknown'). Fix: return "
-                       f"x.astype(x.dtype.newbyteorder('=')).", name, index)
-    if array.dtype.kind == "f" and array.dtype.itemsize > 8:  # an audit: both died mid-epoch, "data type is unknown"
-        raise RowError(f"{where} has dtype {array.dtype} (numpy's longdouble): MindSpore's dataset engine carries "
-                       f"floats of 16, 32 and 64 bits only ('data type is unknown'). Fix: return "
-                       f"x.astype(np.float64).", name, index)
-    if array.dtype.kind not in CARRIED_KINDS:
-        raise RowError(f"{where} has dtype {array.dtype} which MindSpore cannot carry. Fix: convert it "
-                       f"(e.g. x.astype(np.int64) for datetimes, or split structured fields into columns).",
-                       name, index)
+    refused = dtype_refused(array.dtype)
+    if refused:
+        raise RowError(f"{where} {refused}", name, index)
     if array.dtype.kind in "US" and not (array.flags.c_contiguous or array.flags.f_contiguous):
         text = "str" if array.dtype.kind == "U" else "bytes"
         raise RowError(f"{where} is a strided view of a {text} array (shape {array.shape}, strides "

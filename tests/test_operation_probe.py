@@ -180,3 +180,22 @@ def test_an_output_too_large_to_hold_twice_is_compared_by_its_fingerprints(monke
     assert isinstance(kept[0], rows.Printed) is over_the_cap
     probe = measure.probe_operations(LINEAGE, operation, ["a"], ["a"])
     assert probe.stats is not None and bool(probe.effects.rereads_differ) is differs
+
+
+@pytest.mark.parametrize("returned, refused", [
+    (lambda x: x.astype(np.complex64), "has dtype complex64"),
+    (lambda x: x.astype(">i4"), "has byte order >i4"),
+    (lambda x: x.astype(np.longdouble), "has dtype float128 (numpy's longdouble)"),
+    (lambda x: {"k": x}, None),  # a dict MindSpore carries: made an object array by the probe, not judged
+    (lambda x: x.astype(np.float16), None),
+])
+def test_an_output_mindspore_cannot_carry_is_refused_at_map_naming_its_column(returned, refused):
+    """An audit: a map returning complex, big-endian or longdouble arrays passed ``map()`` and died mid-epoch
+    ("data type is unknown"), where the same arrays from a source were refused at build."""
+    if refused is None:
+        assert measure.probe_operations(LINEAGE, returned, ["a"], ["a"]).stats is not None
+        return
+    with pytest.raises(RowError) as err:
+        measure.probe_operations(LINEAGE, returned, ["a"], ["a"])
+    assert f"the map's output column 'a' for the first probe row {refused}" in str(err.value)
+    assert "Fix:" in str(err.value) and err.value.column == "a"

@@ -118,6 +118,14 @@ def test_too_many_open_files_logs(name):
     assert "at least 4096" in e.fix  # as doctor says it: `ulimit -n` past the hard limit fails
 
 
+def test_too_many_open_files_with_no_pipeline_in_the_log_is_the_programs_own():
+    """An audit: a bare traceback of ``open()`` in a loop was told of MindSpore's shared-memory slots."""
+    e = only("Traceback (most recent call last):\n  File \"prep.py\", line 3, in <module>\n    open(f).read()\n"
+             "OSError: [Errno 24] Too many open files: '/data/img_1.jpg'\n", nofile_soft=40, nofile_hard=4096)
+    assert e.kind == "too-many-open-files" and "no data pipeline" in e.cause and "MindSpore shared-memory" not in \
+        e.cause and "with open(" in e.fix and "at least" in e.fix
+
+
 def test_pytorch_bus_error_written_by_hand():
     text = log("pytorch_bus_error.log")
     assert text.startswith("# Written by hand")

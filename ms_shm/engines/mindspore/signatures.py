@@ -21,6 +21,10 @@ from ms_shm.engines.mindspore.profiles import EngineProfile
 # A traceback through these went through multiprocessing's semaphores, which live in /dev/shm.
 SEMAPHORE_HINTS = ("SemLock", "synchronize.py", "sem_open", "multiprocessing.Event", "multiprocessing.Value",
                    "Lock()", "Semaphore", "/dev/shm")
+# Words a log of a data pipeline's failure carries somewhere (a traceback through MindSpore or torch, a worker)
+PIPELINE_HINTS = ("mindspore", "MindSpore", "multiprocessing", "DataLoader", "dataloader", "torch", "worker",
+                  "Worker", "GeneratorDataset", "ancdata")
+_EMFILE = r"(?<!\bno )Too many open files|\[Errno 24\]|errno:? 24\b|EMFILE|received 0 items of ancdata"
 _DF = ("shell", "df -h /dev/shm\nms-shm clean --dry-run")
 _DMESG = ("shell", "dmesg | grep -i -E 'oom|killed process'\nipcs -m\nms-shm clean --dry-run")
 
@@ -116,15 +120,21 @@ def _os_signatures() -> tuple:
             "it is probably not /dev/shm: check the disk the job writes to",
             "check with: df -h; df -h /dev/shm", not_near=SEMAPHORE_HINTS),
         Signature(
-            "too-many-open-files", "'Too many open files'",
-            r"(?<!\bno )Too many open files|\[Errno 24\]|errno:? 24\b|EMFILE|received 0 items of ancdata",
-            "crash",
+            "too-many-open-files", "'Too many open files'", _EMFILE, "crash",
             "A process ran out of file descriptors (errno 24, EMFILE). Every MindSpore shared-memory slot is an "
             "fd passed to the main process, so a {workers}-worker pipeline at prefetch {prefetch} holds about "
             "{fds}; {limits}",
             "raise the job's open-files limit to at least {target} (`ulimit -n` before training, or the "
             "container's --ulimit)",
-            need="nofile", yields_to=("pytorch-too-many-files", "msloader-too-many-files")),
+            need="nofile", yields_to=("pytorch-too-many-files", "msloader-too-many-files"), near=PIPELINE_HINTS),
+        Signature(  # an audit's bare traceback of open() in a loop was told of MindSpore's slots
+            "too-many-open-files", "'Too many open files' outside a data pipeline", _EMFILE, "crash",
+            "A process ran out of file descriptors (errno 24, EMFILE). The log shows no data pipeline (no "
+            "MindSpore, multiprocessing or DataLoader in it), so the program itself held that many open: files "
+            "opened in a loop and never closed, or a limit lower than the job needs; {limits}",
+            "close each file when done with it (`with open(...) as f:`), or raise the job's open-files limit to "
+            "at least {target} (`ulimit -n` before training, or the container's --ulimit)",
+            need="nofile", yields_to=("pytorch-too-many-files", "msloader-too-many-files"), not_near=PIPELINE_HINTS),
     )
 
 

@@ -55,6 +55,11 @@ def _engine_for(dataset: Any, framework: str | None) -> Any:
         eng = engines.get(name)
         if eng.compat.owns(dataset):
             return eng
+    loaded = [eng for eng in map(engines.get, FRAMEWORKS) if eng.compat.loaded()]
+    if len(loaded) == 1:  # a list or an array, which torch's DataLoader takes too (an audit was refused)
+        log.info("ms_shm: %s is neither framework's Dataset: %s's DataLoader, the only one this program imported",
+                 type(dataset).__name__, loaded[0].name)
+        return loaded[0]
     raise UsageError(f"{type(dataset).__name__} is neither a torch.utils.data nor a mindspore.dataset.dataloader "
                      f"Dataset / IterableDataset: pass framework='torch' or framework='mindspore'")
 

@@ -1925,3 +1925,21 @@ def test_a_count_of_another_type_meets_the_frameworks_own_check(fresh_torch, bad
         return "built", loader.num_workers
 
     assert outcome(ms_shm.build_dataloader) == outcome(DataLoader)
+
+
+LIST_DATASET = """
+import sys, numpy as np, torch, ms_shm
+from torch.utils.data import DataLoader
+data = [np.full(3, i, np.float32) for i in range(10)]
+ours = [b.tolist() for b in ms_shm.build_dataloader(data, batch_size=4)]
+raw = [b.tolist() for b in DataLoader(data, batch_size=4)]
+print(ours == raw, "mindspore.dataset.dataloader" in sys.modules)
+"""
+
+
+def test_a_list_dataset_goes_to_the_only_framework_the_program_imported(fresh_torch):
+    """An audit: torch's DataLoader takes a list or an array; build_dataloader refused it ("pass framework=")
+    although torch was the only framework imported."""
+    proc = subprocess.run([sys.executable, "-c", LIST_DATASET], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=os.getcwd()))
+    assert proc.returncode == 0 and proc.stdout.split() == ["True", "False"], proc.stdout + proc.stderr[-2000:]

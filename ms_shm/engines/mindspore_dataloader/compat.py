@@ -17,7 +17,7 @@ from ms_shm.engines.torchstyle.storages import tensors
 log = logging.getLogger("ms_shm.loaders")
 
 _DATA = DataModule("mindspore.dataset.dataloader")  # DataLoader, datasets, collate functions, worker info: shared
-available, loader_class, owns = _DATA.available, _DATA.loader_class, _DATA.owns
+available, loader_class, owns, loaded = _DATA.available, _DATA.loader_class, _DATA.owns, _DATA.loaded
 is_iterable, default_collate, worker_info = _DATA.is_iterable, _DATA.default_collate, _DATA.worker_info
 warn_as_asked, sample_reader = _DATA.warn_as_asked, _DATA.sample_reader
 

@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 SHARING_STRATEGY = "sharing_strategy"
 
 _DATA = DataModule("torch.utils.data", batched_reads=True)  # DataLoader, datasets, collates, worker info: shared
-available, loader_class, owns = _DATA.available, _DATA.loader_class, _DATA.owns
+available, loader_class, owns, loaded = _DATA.available, _DATA.loader_class, _DATA.owns, _DATA.loaded
 is_iterable, default_collate, worker_info = _DATA.is_iterable, _DATA.default_collate, _DATA.worker_info
 warn_as_asked, sample_reader = _DATA.warn_as_asked, _DATA.sample_reader
 

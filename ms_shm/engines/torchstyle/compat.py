@@ -46,6 +46,10 @@ class DataModule:
     def loader_class(self) -> Any:
         return self._data().DataLoader
 
+    def loaded(self) -> bool:
+        """Whether the program imported this framework's data module (never imported here)."""
+        return self.path in sys.modules
+
     def owns(self, dataset: Any) -> bool:
         """Whether ``dataset`` is this framework's dataset (without importing the framework when it is not
         loaded: a dataset of a framework nobody imported cannot be one)."""

@@ -785,8 +785,16 @@ def checked_row(row: Any, index: Any, names: Sequence[str] | None, check: Callab
         raise RowError(f"{ours} (MindSpore's row conversion: {type(refused).__name__}: {refused})", ours.column,
                        ours.row) from refused
     if refused is not None:
-        framework_check(refused, index, _refused_column(row, names, check))
+        column = _refused_column(row, names, check)
+        framework_check(refused, index, column, _tensor_in(row, names, column))
     return converted
+
+
+def _tensor_in(row: Any, names: Sequence[str] | None, column: str | None) -> bool:
+    """Whether the refused column (or, unnamed, any column) is a torch tensor: its fix is ``x.numpy()``."""
+    columns = _columns(row) if not isinstance(row, (ONE_COLUMN, dict)) else [row]
+    values = [v for i, v in enumerate(columns or []) if column is None or _column_name(names, i) == column]
+    return any(type(v).__module__.split(".")[0] == "torch" for v in values)
 
 
 def _refused_column(row: Any, names: Sequence[str] | None, check: Callable[[Any], Any]) -> str | None:
@@ -833,17 +841,19 @@ def refuse_column_types(converted: tuple, index: Any, names: Sequence[str] | Non
                        name, index)
 
 
-def framework_check(exc: Exception, index: Any, column: str | None = None) -> None:
+def framework_check(exc: Exception, index: Any, column: str | None = None, tensor: bool = False) -> None:
     """Refuse a row the framework's own conversion refused with ``exc``, keeping its message; ``column``: the one
-    it refuses, where known."""
+    it refuses, where known; ``tensor``: it is a torch tensor (an audit was told of scalars and lists)."""
     hint = ""
     if "copy" in str(exc):
         hint = (" (NumPy 2 refuses np.array(x, copy=False) for scalars, Python's or numpy's such as np.int64(i), "
-                "and for lists, which MindSpore's conversion calls)")
+                "for lists and for torch tensors, which MindSpore's conversion calls)")
     where = f"column '{column}' of row {index}" if column is not None else f"row {index}"
+    how = "x.numpy() for a torch tensor, x.detach().cpu().numpy() for one on a device or with grad" if tensor \
+        else "np.asarray(x) for scalars and lists"
     raise RowError(f"{where}: MindSpore's row conversion raises {type(exc).__name__}: {exc}{hint}. Fix: "
-                   f"return {'it' if column is not None else 'every column'} as a numpy array (np.asarray(x) for "
-                   f"scalars and lists), or install NumPy 1.x ({NUMPY1_INSTALL}).", column, index) from exc
+                   f"return {'it' if column is not None else 'every column'} as a numpy array ({how}), or install "
+                   f"NumPy 1.x ({NUMPY1_INSTALL}).", column, index) from exc
 
 
 def read_head(source: Any, count: int) -> list:

@@ -746,3 +746,17 @@ def test_a_row_a_cache_made_on_the_first_read_is_not_taken_for_one_the_source_he
     assert rows.measure_random_access(Cached(), None).held_fraction == 0.0
     shared = rows.measure_random_access(SharedTable(), ["sample"])
     assert shared.held_fraction == pytest.approx(1.0, abs=1e-4) and shared.dict_bytes_max >= 16 << 20
+
+
+def test_a_refused_torch_tensor_column_is_told_to_become_numpy():
+    """An audit: a torch tensor column refused by MindSpore's conversion was told ``np.asarray`` "for scalars and
+    lists"."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+
+    def refuses_tensors(row):
+        if any(isinstance(v, torch.Tensor) for v in row):
+            raise ValueError("Unable to avoid copy while creating an array as requested.")
+
+    with pytest.raises(RowError) as err:
+        rows.checked_row((np.zeros(2), torch.arange(3)), 0, ["a", "t"], refuses_tensors)
+    assert err.value.column == "t" and "x.numpy() for a torch tensor" in str(err.value)

@@ -1066,9 +1066,23 @@ def map(dataset: Any, operations: Any = None, input_columns: Sequence[str] | str
         ms_shm.ShmBudgetError: explicit arguments that cannot fit.
     """
     eng = _pipeline_engine()
+    _a_dataset(eng, dataset, "map")
     with eng.compat.source_code_read_once():  # MindSpore's check and ms_shm's: one read of the function's code
         return _map(eng, dataset, operations, input_columns, output_columns, num_parallel_workers, _explicit,
                     map_kwargs)
+
+
+def _a_dataset(eng: Any, dataset: Any, call: str) -> None:
+    """``ms_shm.map`` / ``ms_shm.batch`` take the pipeline ``dataset.map`` / ``.batch`` is a method of: anything
+    else is refused by name (an audit's ``ms_shm.map([1, 2], f)`` met an ``AttributeError`` from inside ms_shm).
+
+    Raises:
+        UsageError: ``dataset`` is not a MindSpore dataset.
+    """
+    if not eng.compat.is_dataset(dataset):
+        raise UsageError(f"ms_shm.{call} takes a mindspore.dataset pipeline (ms_shm.build_dataset's, a "
+                         f"GeneratorDataset, a map or batch of one), as dataset.{call}(...) is its method; got "
+                         f"{type(dataset).__name__}")
 
 
 def _map(eng: Any, dataset: Any, operations: Any, input_columns: Any, output_columns: Any,
@@ -1136,6 +1150,7 @@ def batch(dataset: Any, batch_size: Any, drop_remainder: bool = False, num_paral
         ms_shm.ShmBudgetError: explicit arguments that cannot fit.
     """
     eng = _pipeline_engine()
+    _a_dataset(eng, dataset, "batch")
     asked = _asked(batch_kwargs, num_parallel_workers)
     per_batch_map = batch_kwargs.get("per_batch_map")
     if per_batch_map is None or isinstance(batch_size, bool) or not isinstance(batch_size, int) or \

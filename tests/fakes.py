@@ -121,6 +121,12 @@ class FakeCompat:
     def sampled_rows(self, kwargs):
         return None
 
+    def probe_rows_drawn(self, kwargs):
+        return True  # no sampler without MindSpore: the probe's rows are drawn
+
+    def is_dataset(self, value):
+        return isinstance(value, FakeDataset)
+
     def one_worker_by_mindspore(self, kind, target, dataset=None):
         return None
 

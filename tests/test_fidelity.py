@@ -1780,3 +1780,12 @@ def test_an_unshuffled_shard_is_probed_on_its_own_rows(ds):
     assert not compat.probe_rows_drawn(dict(num_shards=2, shard_id=0))  # shuffled: any row may be drawn
     assert not compat.probe_rows_drawn(dict(sampler=ds.RandomSampler(num_samples=5)))
     assert compat.probe_rows_drawn(dict(shuffle=True)) and compat.probe_rows_drawn({})
+
+
+@pytest.mark.parametrize("call", ["map", "batch"])
+def test_map_and_batch_of_something_not_a_dataset_are_refused_by_name(ds, call):
+    """An audit: ``ms_shm.map([1, 2], f)`` met an ``AttributeError`` about ``get_col_names`` from inside ms_shm."""
+    import ms_shm
+
+    with pytest.raises(ms_shm.UsageError, match=f"ms_shm.{call} takes a mindspore.dataset pipeline .* got list"):
+        getattr(ms_shm, call)([1, 2], *((lambda x: x,) if call == "map" else (2,)))

@@ -363,6 +363,13 @@ def _in_a_chosen_worker_thread(caller: Any) -> bool:
     return bool(_THREADS_CHOSEN.get(source, "threads", False))
 
 
+def is_dataset(value: Any) -> bool:
+    """Whether ``value`` is a ``mindspore.dataset`` pipeline (what ``map`` and ``batch`` are methods of)."""
+    from mindspore.dataset.engine.datasets import Dataset
+
+    return isinstance(value, Dataset)
+
+
 def map_dataset(dataset: Any, operations: Any, input_columns: Any, output_columns: Any, kwargs: dict):
     return dataset.map(operations, input_columns=input_columns, output_columns=output_columns, **kwargs)
 

@@ -566,6 +566,14 @@ def test_run_missing_script_or_module_is_pythons_one_line(tmp_path):
     assert ours.returncode == 1 and ours.stderr.endswith(": No module named mypkg.nope\n")
 
 
+def test_run_with_nothing_to_run_is_a_usage_error(tmp_path):
+    """An audit: exit 1, where every other usage error of the CLI exits 2."""
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-m", "ms_shm", "run"], capture_output=True, text=True, env=env,
+                          cwd=str(tmp_path), timeout=120)
+    assert proc.returncode == 2 and proc.stderr.startswith("usage: ms-shm run") and "give a SCRIPT" in proc.stderr
+
+
 def test_run_module_forms_and_a_leading_double_dash(tmp_path):
     (tmp_path / "mypkg").mkdir()
     (tmp_path / "mypkg" / "__init__.py").write_text("")

@@ -164,7 +164,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ms_shm.patch import on_framework_import, patch
 
     if not args.module and not args.argv:
-        raise SystemExit("ms-shm run: give a SCRIPT or -m MODULE")
+        print("usage: ms-shm run [options] SCRIPT [ARGS...] | -m MODULE [ARGS...]\nms-shm run: error: give a SCRIPT "
+              "or -m MODULE", file=sys.stderr)
+        raise SystemExit(2)  # a usage error, as argparse's
     report = report_path(args.report)
     _log_to_stderr(args.log_level)
     if report:

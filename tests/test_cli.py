@@ -574,6 +574,18 @@ def test_run_with_nothing_to_run_is_a_usage_error(tmp_path):
     assert proc.returncode == 2 and proc.stderr.startswith("usage: ms-shm run") and "give a SCRIPT" in proc.stderr
 
 
+def test_run_reads_the_program_from_stdin_as_python_does(tmp_path):
+    """An audit: ``ms-shm run -`` looked for a file named ``-``."""
+    program = ("import sys\nprint(repr(globals().get('__file__')), sys.argv, repr(sys.path[0]), __name__)\n"
+               "raise ValueError('x')\n")
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    plain, ours = (subprocess.run(cmd, input=program, capture_output=True, text=True, env=env, cwd=str(tmp_path),
+                                  timeout=120)
+                   for cmd in ([sys.executable, "-", "a"], [sys.executable, "-m", "ms_shm", "run", "-", "a"]))
+    assert_same(plain, ours)
+    assert ours.stdout == "'<stdin>' ['-', 'a'] '' __main__\n" and ours.returncode == 1
+
+
 def test_run_module_forms_and_a_leading_double_dash(tmp_path):
     (tmp_path / "mypkg").mkdir()
     (tmp_path / "mypkg" / "__init__.py").write_text("")

@@ -177,6 +177,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         if args.module:
             return run_module(args.module, list(args.argv))
+        if args.argv[0] == "-":
+            return run_stdin(list(args.argv))
         return run_path(args.argv[0], list(args.argv))
     finally:
         _script_globals_first_at_exit()
@@ -315,6 +317,17 @@ def run_path(typed: str, argv: list) -> int:
     return code
 
 
+def run_stdin(argv: list) -> int:
+    """``python - ARGS``: the program read from stdin, as python runs it (``__file__`` ``'<stdin>'``,
+    ``sys.path[0]`` ``''``): ``ms-shm run -`` looked for a file named ``-`` (an audit)."""
+    sys.argv = argv
+    data = sys.stdin.buffer.read()
+    _set_path0("")
+    main = _new_main()
+    main.__dict__.update(__file__="<stdin>", __loader__=importlib.machinery.BuiltinImporter)
+    return _guarded(lambda: exec(compile(data, "<stdin>", "exec", dont_inherit=True), main.__dict__))
+
+
 def _forget_file(main: types.ModuleType) -> None:
     """Python removes ``__file__`` and ``__cached__`` once the script's code has returned or raised (not on
     ``sys.exit``)."""
@@ -401,4 +414,4 @@ def _silence_once(exc: BaseException) -> None:
     sys.excepthook = hook
 
 
-__all__ = ["cmd_run", "from_script", "report_path", "run_module", "run_path", "split_run_argv"]
+__all__ = ["cmd_run", "from_script", "report_path", "run_module", "run_path", "run_stdin", "split_run_argv"]

@@ -371,6 +371,8 @@ def test_cli_refuses_an_unwritable_csv_and_a_nan_interval_with_exit_2(tmp_path):
         r = _cli("watch", str(job.pid), "--interval", "nan")
         assert r.returncode == 2 and "must be a finite number of seconds above 0: nan" in r.stderr
         assert "MiB" not in r.stderr
+        r = _cli("watch", str(job.pid), "--interval", "1e-9")  # an audit: 54-62% of a core sampling
+        assert r.returncode == 2 and "at least 0.01 s: 1e-9 would keep a core busy sampling" in r.stderr
     finally:
         job.kill()
         job.wait()

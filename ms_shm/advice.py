@@ -442,13 +442,19 @@ def _shm_findings(facts: Any, t: Typical) -> list:
     used = total - free if free is not None else None
     out = _shm_readonly_findings(facts, t)
     if free is not None and free < sem:
+        # "full" only where something holds it: an audit's --ranks 900 in an empty 64 MB one read "is full ... (0 B
+        # used)", where its semaphores alone outgrow it
+        held = bool(used) and used >= sem
+        state = f"full: {mib(free)} free of {mib(total)} ({mib(used)} used)" if held else \
+            f"too small for {t.ranks} rank(s): {mib(free)} free of {mib(total)}"
+        fix = ("free /dev/shm: stop the process holding it, or remove leftovers with `ms-shm clean`; files there "
+               "may be held open by live processes (`lsof +D /dev/shm`)") if held else \
+            f"give the container a /dev/shm of {human_size(t.need or sem)}, or run fewer ranks on this host"
         out.append(Advice(
-            f"/dev/shm is full: {mib(free)} free of {mib(total)} ({mib(used)} used). MindSpore cannot even create "
+            f"/dev/shm is {state}. MindSpore cannot even create "
             f"its semaphores ({mib(sem)} for {t.ranks} rank(s)): GeneratorDataset fails with 'recommended shm "
             "size is at least 5 GB', map with '[Errno 28] No space left on device'",
-            "crash", "free /dev/shm: stop the process holding it, or remove leftovers with `ms-shm clean`; "
-                     "files there may be held open by live processes (`lsof +D /dev/shm`)",
-            _CLEAN_SNIPPET, "shm-full"))
+            "crash", fix, _CLEAN_SNIPPET if held else fixes, "shm-full"))
     out += _shm_size_findings(facts, t, fixes)
     if free is not None and t.need and sem <= free and t.at(total).fits and not t.at(free).fits:
         out.append(Advice(

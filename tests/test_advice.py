@@ -187,6 +187,14 @@ def test_nearly_full_and_full_shm():
     assert full[0].code == "shm-full" and "5 GB" in full[0].problem
 
 
+def test_an_empty_dev_shm_too_small_for_every_ranks_semaphores_is_not_called_full():
+    """An audit: ``doctor --ranks 900`` in an empty 64 MB /dev/shm read "is full: 64.0 MiB free of 64.0 MiB (0 B
+    used)"."""
+    small = advice.diagnose(facts(shm_total=64 * MiB, shm_free=64 * MiB, ranks=Ranks(900, 0, "override")))
+    assert small[0].code == "shm-full" and "too small for 900 rank(s)" in small[0].problem
+    assert "is full" not in small[0].problem and "run fewer ranks" in small[0].fix
+
+
 def test_a_dev_shm_others_hold_says_so_where_no_other_finding_does():
     """An audit filled 57 MiB of a 64 MB /dev/shm with another program's file: doctor said the size was small,
     never that most of it was taken before the program started, nor where to look."""

@@ -259,21 +259,28 @@ def _not_as_from_workers(stats: Any) -> str | None:
     return None
 
 
-def _descriptor_held(dataset: Any) -> bool:
-    """Whether ``dataset`` holds, as an ``int`` attribute, a descriptor open on a file now: one opened before the
-    workers are forked, whose offset they all share. One the code opens in each worker (``if self.fd is None:
+def _descriptor_held(value: Any, depth: int = 0) -> bool:
+    """Whether ``value`` (a dataset) holds, as an ``int`` attribute, a descriptor open on a file now, itself or
+    through what it holds (a ``Subset``'s dataset, a list of shards; 3 levels, 64 items each): one opened before
+    the workers are forked, whose offset they all share. One the code opens in each worker (``if self.fd is None:
     self.fd = os.open(...)``) is none yet, and leaves workers free, as ``_opened_by_each_reader`` does for file
     objects."""
-    held = getattr(dataset, "__dict__", None)
-    for value in (held.values() if isinstance(held, dict) else ()):
-        if type(value) is int and value > 2:
-            try:
-                mode = os.fstat(value).st_mode
-            except OSError:
-                continue
-            if stat.S_ISREG(mode) or stat.S_ISBLK(mode):
-                return True
-    return False
+    if type(value) is int:
+        return value > 2 and _open_file(value)
+    if depth >= 3:
+        return False
+    held = getattr(value, "__dict__", None)
+    items = list(held.values()) if isinstance(held, dict) else list(value[:64]) if isinstance(value, (list, tuple)) \
+        else []
+    return any(_descriptor_held(item, depth + 1) for item in items)
+
+
+def _open_file(fd: int) -> bool:
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        return False
+    return stat.S_ISREG(mode) or stat.S_ISBLK(mode)
 
 
 def _locked(asked_lock: str | None, effects: Any) -> str | None:

@@ -696,7 +696,7 @@ def time_operations(operations: Any, inputs: list, keep: list | None = None,
     fraction, raised = None, None
     try:
         while len(walls) < n and not (n == 3 and parallel.pair_now(walls, first_kernel, _share(walls, cpus),
-                                                                  max(out_sizes))):
+                                                                  max(out_sizes, default=0))):
             alone(inputs[len(walls)])
         if len(walls) < n:  # a pair: the next two rows at once (after one alone), or the first and the third
             share, late = _share(walls, cpus), len(walls) == 2

@@ -1001,6 +1001,8 @@ def test_a_dataset_reading_a_raw_descriptor_it_holds_keeps_num_workers_0(fresh_t
     loader = ms_shm.build_dataloader(DescriptorRecords(path), batch_size=4)
     assert loader.num_workers == 0 and "calls os.lseek" in str(ms_shm.plan_of(loader).decisions[0])
     assert batches(loader) == batches(DataLoader(DescriptorRecords(path), batch_size=4))
+    wrapped = ms_shm.build_dataloader(torch.utils.data.Subset(DescriptorRecords(path), range(20)), batch_size=4)
+    assert wrapped.num_workers == 0  # held through a Subset, read through its dataset's code
     lazy = ms_shm.build_dataloader(LazyDescriptorRecords(path), batch_size=4)  # each worker opens its own
     assert "calls os.lseek" not in ms_shm.plan_of(lazy).summary()
     assert batches(lazy) == batches(DataLoader(LazyDescriptorRecords(path), batch_size=4))

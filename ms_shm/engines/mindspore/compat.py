@@ -716,7 +716,8 @@ def probe_rows_drawn(kwargs: dict) -> bool:
     except ImportError:
         return False
     if isinstance(sampler, samplers.RandomSampler):
-        return not sampler.replacement and not sampler.num_samples and sampler.child_sampler is None
+        return not getattr(sampler, "replacement", True) and not getattr(sampler, "num_samples", None) and \
+            getattr(sampler, "child_sampler", None) is None
     return not isinstance(sampler, samplers.WeightedRandomSampler) and sampled_rows(kwargs) is not None
 
 

@@ -962,14 +962,6 @@ class Records(Dataset if Dataset is not None else object):
         return torch.frombuffer(bytearray(self.handle.read(16)), dtype=torch.uint8)
 
 
-def test_a_dataset_holding_an_open_file_keeps_num_workers_0(fresh_torch, tmp_path):
-    path = tmp_path / "records.bin"
-    path.write_bytes(bytes(range(256)) * 2)
-    loader = ms_shm.build_dataloader(Records(path), batch_size=4)
-    assert loader.num_workers == 0 and "BufferedReader" in str(ms_shm.plan_of(loader).decisions[0])
-    assert batches(loader) == batches(DataLoader(Records(path), batch_size=4))
-
-
 class DescriptorRecords(Records):
     """The same records read through a raw descriptor opened in ``__init__`` (``os.lseek``, ``os.read``): no file
     object shows it, the code does."""
@@ -995,12 +987,21 @@ class LazyDescriptorRecords(DescriptorRecords):
         return super().__getitem__(i)
 
 
-def test_a_dataset_reading_a_raw_descriptor_it_holds_keeps_num_workers_0(fresh_torch, tmp_path):
+@pytest.mark.parametrize("records, named", [("Records", "BufferedReader"), ("DescriptorRecords", "calls os.lseek")])
+def test_a_dataset_holding_an_open_file_keeps_num_workers_0(fresh_torch, tmp_path, records, named):
+    """A file object, or a raw descriptor no object shows and the code reads through (``os.lseek``, ``os.read``):
+    forked workers would share its offset."""
+    path, make = tmp_path / "records.bin", globals()[records]
+    path.write_bytes(bytes(range(256)) * 2)
+    loader = ms_shm.build_dataloader(make(path), batch_size=4)
+    assert loader.num_workers == 0 and named in str(ms_shm.plan_of(loader).decisions[0])
+    assert batches(loader) == batches(DataLoader(make(path), batch_size=4))
+
+
+def test_a_raw_descriptor_held_through_a_subset_keeps_workers_away_and_one_opened_by_each_reader_does_not(
+        fresh_torch, tmp_path):
     path = tmp_path / "records.bin"
     path.write_bytes(bytes(range(256)) * 2)
-    loader = ms_shm.build_dataloader(DescriptorRecords(path), batch_size=4)
-    assert loader.num_workers == 0 and "calls os.lseek" in str(ms_shm.plan_of(loader).decisions[0])
-    assert batches(loader) == batches(DataLoader(DescriptorRecords(path), batch_size=4))
     wrapped = ms_shm.build_dataloader(torch.utils.data.Subset(DescriptorRecords(path), range(20)), batch_size=4)
     assert wrapped.num_workers == 0  # held through a Subset, read through its dataset's code
     lazy = ms_shm.build_dataloader(LazyDescriptorRecords(path), batch_size=4)  # each worker opens its own

@@ -13,7 +13,7 @@ import resource
 import sys
 from dataclasses import field, replace
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 from ms_shm import procfs
 from ms_shm._results import Result, mib, record
@@ -428,8 +428,8 @@ def sharing_hint(local_ranks: int, shm_path: str | os.PathLike = "/dev/shm") -> 
     found = siblings.find(shm_path)
     if found is not None and len(found.pids) + 1 > local_ranks:
         n = len(found.pids) + 1
-        pids = ", ".join(str(pid) for pid in found.pids[:8]) + (", ..." if len(found.pids) > 8 else "")
-        return (f"{len(found.pids)} other process(es) run this same command here (pid {pids}), holding "
+        return (f"{len(found.pids)} other process(es) run this same command here (pid {_named_pids(found)}), "
+                f"holding "
                 f"{mib(found.shm_bytes)} of {shm_path}: {n} copies share it, where ms_shm planned for "
                 f"{local_ranks} rank(s) using it{_msrun_scheduler(os.environ)}",
                 f"tell every rank how many share {shm_path}: export LOCAL_WORLD_SIZE={n} (or "
@@ -511,9 +511,13 @@ def _copies_as_ranks(ranks: Ranks, shm_path: Path, root: Path) -> Ranks:
     if found is None or not found.pids:
         return ranks
     n, me = len(found.pids) + 1, os.getpid()
-    pids = ", ".join(str(pid) for pid in found.pids[:8]) + (", ..." if len(found.pids) > 8 else "")
-    return Ranks(n, sum(pid < me for pid in found.pids),
-                 f"{n} copies of this command line run here (pid {pids} beside this one), no launcher variables")
+    return Ranks(n, sum(pid < me for pid in found.pids), f"{n} copies of this command line run here (pid "
+                 f"{_named_pids(found)} beside this one), no launcher variables")
+
+
+def _named_pids(found: Any) -> str:
+    """The copies' pids as said in a log line or an error: the first 8."""
+    return ", ".join(str(pid) for pid in found.pids[:8]) + (", ..." if len(found.pids) > 8 else "")
 
 
 def _at_least(ranks: Ranks) -> Ranks:

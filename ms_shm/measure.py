@@ -436,7 +436,7 @@ def time_batch(per_batch_map: Any, columns: list, batch_size: int, keep: list | 
     k = max(1, min((len(c) for c in columns), default=1))
     out, took = parallel.timed_call(_call_batch, per_batch_map, [fresh_inputs(c) for c in columns], True)
     if keep is not None:
-        keep.append(rows.kept_for_reread(out))
+        keep.append(kept_for_reread(out))
     scale = batch_size / k
     out = out if isinstance(out, tuple) else (out,)
     return OperationStats(1, int(_nbytes(columns) * scale), int(_nbytes(out) * scale), took.wall * scale,
@@ -478,7 +478,7 @@ def _reread(first: list, call: Callable[[], Any], what: str) -> str | None:
     outputs."""
     if not first:
         return None
-    again = first[1] if len(first) > 1 else rows.kept_for_reread(call())  # a pair may have computed it again
+    again = first[1] if len(first) > 1 else kept_for_reread(call())  # a pair may have computed it again
     if rows.same_row(first[0], again):
         return None
     return f"{what} gave another output for the same input row computed again"
@@ -488,6 +488,35 @@ def _nbytes(value: Any) -> int:
     if isinstance(value, (list, tuple)):
         return sum(_nbytes(v) for v in value)
     return int(getattr(np.asarray(value), "nbytes", 0))
+
+
+@record
+class Printed:
+    """An array of an operation's output as the probe keeps it to compare a second computation with, where the
+    output is too large to hold twice (``kept_for_reread``)."""
+
+    dtype: str
+    shape: tuple
+    crc: int
+
+
+def kept_for_reread(output: Any) -> Any:
+    """An operation's output (a map's row, a ``per_batch_map``'s batch) as the probe keeps it for the re-run
+    ``_reread`` compares: whole, or where it weighs more than ``parallel.PAIR_ROWS_UP_TO`` (``_nbytes``), each
+    contiguous array as its dtype, shape and ``rows.fingerprint``, so the probe holds one such output at a time,
+    as a worker does (MindSpore's UT map of 0.95 GB rows: 1979 MiB in the probe child with the first kept whole,
+    where a fresh 0.95 GB row beside it took 3.3 s on this VM against 0.16 s alone)."""
+    if _nbytes(output) <= parallel.PAIR_ROWS_UP_TO:
+        return output
+    return _printed(output)
+
+
+def _printed(value: Any) -> Any:
+    if isinstance(value, np.ndarray) and value.flags.c_contiguous and not value.dtype.hasobject and value.nbytes:
+        return Printed(value.dtype.str, value.shape, rows.fingerprint((value,)))
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return type(value)(_printed(v) for v in value)
+    return value
 
 
 def _outcome(outcome: sandbox.Outcome, what: str, defer_row_errors: bool = False,
@@ -651,9 +680,9 @@ def _check_columns_returned(first: list, output_columns: Sequence[str], what: st
                             f"output column, or pass output_columns with {got} name(s)", None, 0)
     for name, column in zip(output_columns, out if isinstance(out, tuple) else (out,)):
         for value in column if isinstance(column, list) and what == "per_batch_map" else (column,):
-            # an array, or its fingerprints (``rows.Printed``); objects are not judged (``run_operations`` made a
+            # an array, or its fingerprints (``Printed``); objects are not judged (``run_operations`` made a
             # dict output, which MindSpore carries, one)
-            dtype = np.dtype(value.dtype) if isinstance(value, (np.ndarray, rows.Printed)) else None
+            dtype = np.dtype(value.dtype) if isinstance(value, (np.ndarray, Printed)) else None
             refused = rows.dtype_refused(dtype) if dtype is not None and dtype.kind != "O" else None
             if refused:
                 raise rows.RowError(f"the {what}'s output column '{name}' for the first probe {unit} {refused}",
@@ -675,11 +704,11 @@ def time_operations(operations: Any, inputs: list, keep: list | None = None,
 
     def account(result: tuple, wall: float, cpu: float) -> None:
         """Only the first output is kept (``_reread`` compares it), and a large one by its fingerprints
-        (``rows.kept_for_reread``): an operation making rows of a GB (MindSpore's UT
+        (``kept_for_reread``): an operation making rows of a GB (MindSpore's UT
         ``test_map_and_generatordataset_with_multiprocessing``: 0.95 GB) must not hold three in the probe."""
         out_sizes.append(sum(int(r.nbytes) for r in result))
         if not first:
-            first.append(rows.kept_for_reread(result))
+            first.append(kept_for_reread(result))
         walls.append(wall)
         cpus.append(cpu)
 
@@ -703,7 +732,7 @@ def time_operations(operations: Any, inputs: list, keep: list | None = None,
             pair, pair_walls, pair_cpus, fraction = _operations_pair(operations, [inputs[0], inputs[2]] if late
                                                                      else inputs[1:3], share)
             if late and pair:
-                again, pair, pair_walls, pair_cpus = [rows.kept_for_reread(pair[0])], pair[1:], pair_walls[1:], \
+                again, pair, pair_walls, pair_cpus = [kept_for_reread(pair[0])], pair[1:], pair_walls[1:], \
                     pair_cpus[1:]
             for k in range(len(pair)):
                 account(pair[k], parallel.time_alone(pair_walls[k], pair_cpus[k], share), pair_cpus[k])

@@ -319,43 +319,6 @@ def fingerprint(columns: tuple) -> int | None:
     return crc
 
 
-@record
-class Printed:
-    """An array of an operation's output as the probe keeps it to compare a second computation with, where the
-    output is too large to hold twice (``kept_for_reread``)."""
-
-    dtype: str
-    shape: tuple
-    crc: int
-
-
-def kept_for_reread(output: Any) -> Any:
-    """An operation's output (a map's row, a ``per_batch_map``'s batch) as the probe keeps it for the re-run
-    ``measure._reread`` compares: whole, or where its arrays pass ``parallel.PAIR_ROWS_UP_TO`` together, each
-    contiguous array as its dtype, shape and ``fingerprint``, so the probe holds one such output at a time, as a
-    worker does (MindSpore's UT map of 0.95 GB rows: 1979 MiB in the probe child with the first kept whole, where
-    a fresh 0.95 GB row beside it took 3.3 s on this VM against 0.16 s alone)."""
-    if _total_array_bytes(output) <= parallel.PAIR_ROWS_UP_TO:
-        return output
-    return _printed(output)
-
-
-def _total_array_bytes(value: Any) -> int:
-    if isinstance(value, np.ndarray):
-        return int(value.nbytes)
-    if isinstance(value, (list, tuple)):
-        return sum(_total_array_bytes(v) for v in value)
-    return 0
-
-
-def _printed(value: Any) -> Any:
-    if isinstance(value, np.ndarray) and value.flags.c_contiguous and not value.dtype.hasobject and value.nbytes:
-        return Printed(value.dtype.str, value.shape, fingerprint((value,)))
-    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
-        return type(value)(_printed(v) for v in value)
-    return value
-
-
 def reused_buffer(first: tuple, printed: int | None, index: int) -> str | None:
     """Why the source is seen to fill one buffer for every row: the first row's arrays, ``(index, row)``, kept
     alive and untouched by the probe, no longer hold what they held when read (``printed``, their

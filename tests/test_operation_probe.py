@@ -172,12 +172,12 @@ def test_an_output_too_large_to_hold_twice_is_compared_by_its_fingerprints(monke
                                                                            differs):
     """A map making 0.95 GB rows (MindSpore's UT): the probe kept the first output whole beside the next, 1979 MiB
     in the child. Over ``PAIR_ROWS_UP_TO`` it keeps their fingerprints; the re-run is told apart as before."""
-    from ms_shm import parallel, rows
+    from ms_shm import parallel
 
     if over_the_cap:
         monkeypatch.setattr(parallel, "PAIR_ROWS_UP_TO", 1 << 10)  # these outputs: 512 KiB
-    kept = rows.kept_for_reread((operation(np.arange(3)),))
-    assert isinstance(kept[0], rows.Printed) is over_the_cap
+    kept = measure.kept_for_reread((operation(np.arange(3)),))
+    assert isinstance(kept[0], measure.Printed) is over_the_cap
     probe = measure.probe_operations(LINEAGE, operation, ["a"], ["a"])
     assert probe.stats is not None and bool(probe.effects.rereads_differ) is differs
 

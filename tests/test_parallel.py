@@ -290,7 +290,7 @@ def _timed_operations(monkeypatch, costs):
 
     kept: list = []
     stats = measure.time_operations(operation, [[np.full(4, i)] for i in range(3)], kept)
-    # and the outputs kept for ``_reread``, by input (or as fingerprints: ``rows.kept_for_reread``)
+    # and the outputs kept for ``_reread``, by input (or as fingerprints: ``measure.kept_for_reread``)
     return calls, pairs, stats, [int(k[0][0]) if isinstance(k[0], np.ndarray) else k[0] for k in kept]
 
 

@@ -376,7 +376,20 @@ def test_the_main_process_time_read_prices_no_workers_in_place_of_the_engines_fr
     read = BatchStats(1 << 20, 1, 0.01, 100, 10, inline_seconds_per_sample=0.008)
     assert planning._seconds(read, 0, ask(), costs) == pytest.approx(0.8)
     reasons = " ".join(d.reason for d in plan_loader(read, ask(), room()).decisions)
-    assert "10.00 ms per sample (8.00 in the main process)" in reasons
+    assert "10.00 ms per sample (8.00 once warm, as a loop reads them)" in reasons
+
+
+def test_workers_are_priced_at_the_samples_steady_time_not_the_probes_warm_reads():
+    costs = planning.WorkerCosts(0.0, 0.0, 0.0)
+    warm = BatchStats(1 << 20, 1, 0.01, 100, 10, cpu_seconds_per_sample=0.01, free_cpus=2.0)
+    steady = replace(warm, inline_seconds_per_sample=0.006)
+    saved = 100 * (0.01 - 0.006) / 2  # 100 samples over 2 workers
+    assert planning._seconds(steady, 2, ask(), costs) == pytest.approx(planning._seconds(warm, 2, ask(), costs) - saved)
+    assert planning.steady_sample(steady) == pytest.approx((0.006, 0.006))
+    waits = replace(steady, cpu_seconds_per_sample=0.005)  # the 4 ms saved were CPU work: 1 ms of it left
+    assert planning.steady_sample(waits) == pytest.approx((0.006, 0.001))
+    slower = replace(warm, inline_seconds_per_sample=0.02)  # a loop's read that ran slower: the warm reads hold
+    assert planning.steady_sample(slower) == (0.01, 0.01)
 
 
 def test_waiting_samples_cost_the_main_process_what_they_cost_a_fork():

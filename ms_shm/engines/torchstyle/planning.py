@@ -187,6 +187,21 @@ def cpu_part(stats: BatchStats) -> float:
     return stats.seconds_per_sample if cpu is None else min(cpu, stats.seconds_per_sample)
 
 
+def steady_sample(stats: BatchStats) -> tuple:
+    """A worker's ``(wall, CPU)`` seconds per sample once its loop runs: the probe's fresh samples read after its
+    batches were dropped (``inline_seconds_per_sample``, read in the probe's fork, as a worker is one), the time
+    saved on the probe's warm reads taken off their CPU part (first touches of pages the allocator grows into:
+    CPU work), else the probe's warm reads. Pricing workers at those warm reads overpriced them: MindSpore 2.8's
+    DataLoader, ~4 ms of numpy work on 2 MiB samples, read 6.2 ms each in the probe, 5.1 after, and 4.9-5.0 ms in
+    a worker's loop (torch 2.13: 4.0, as in the main process); 2 workers were estimated at 1.36-1.62 s an epoch,
+    ran 1.18-1.26, and lost to ``num_workers=0`` (1.28-1.46 s)."""
+    wall, cpu = stats.seconds_per_sample, cpu_part(stats)
+    steady = stats.inline_seconds_per_sample
+    if steady is None or steady >= wall:
+        return wall, cpu
+    return steady, max(0.0, min(steady, cpu - (wall - steady)))
+
+
 def inline_work(stats: BatchStats, samples: int, costs: WorkerCosts) -> float:
     """The samples' time in the main process: as the probe timed it there (``inline_seconds_per_sample``), else
     the probe child's with its CPU part priced at the engine's measured fraction."""
@@ -204,11 +219,12 @@ def _seconds(stats: BatchStats, workers: int, req: LoaderRequest, costs: WorkerC
         return None
     samples = 100 * stats.batch_size if stats.samples is None else stats.samples  # zero is known: no epoch to speed up
     batches = -(-samples // max(1, stats.batch_size))
-    work = samples * stats.seconds_per_sample
     if workers == 0:
         return inline_work(stats, samples, costs)
+    wall, cpu = steady_sample(stats)
+    work = samples * wall
     transfer = batches * costs.transfer_seconds_per_mib * stats.batch_bytes / (1 << 20)
-    busy = samples * cpu_part(stats) + transfer  # what needs a CPU; the rest (waiting) overlaps over the workers
+    busy = samples * cpu + transfer  # what needs a CPU; the rest (waiting) overlaps over the workers
     receive = batches * (PER_BATCH_SECONDS + PER_STORAGE_SECONDS * stats.storages)
     cpus = cpus_free(stats, req)
     spread = max((work + transfer) / workers, busy / min(workers, cpus), (busy + receive) / cpus, receive)
@@ -460,7 +476,7 @@ def _mode_decision(best: Candidate, stats: BatchStats, req: LoaderRequest, fitti
 
 def _inline_text(stats: BatchStats) -> str:
     inline = stats.inline_seconds_per_sample
-    return "" if inline is None else f" ({inline * 1e3:.2f} in the main process)"
+    return "" if inline is None else f" ({inline * 1e3:.2f} once warm, as a loop reads them)"
 
 
 def _shared_text(stats: BatchStats) -> str:
@@ -555,4 +571,4 @@ def startup_strategy(nofile_hard: int | None, current: str) -> Decision | None:
 
 
 __all__ = ["BatchStats", "LoaderRequest", "WorkerCosts", "DEFAULT_COSTS", "plan_loader", "planned_batch", "kept_plan",
-           "start_seconds", "cpus_free", "cpu_part", "startup_strategy", "unplanned_fd_decisions"]
+           "start_seconds", "cpus_free", "cpu_part", "steady_sample", "startup_strategy", "unplanned_fd_decisions"]

@@ -386,8 +386,8 @@ def test_workers_are_priced_at_the_samples_steady_time_not_the_probes_warm_reads
     saved = 100 * (0.01 - 0.006) / 2  # 100 samples over 2 workers
     assert planning._seconds(steady, 2, ask(), costs) == pytest.approx(planning._seconds(warm, 2, ask(), costs) - saved)
     assert planning.steady_sample(steady) == pytest.approx((0.006, 0.006))
-    waits = replace(steady, cpu_seconds_per_sample=0.005)  # the 4 ms saved were CPU work: 1 ms of it left
-    assert planning.steady_sample(waits) == pytest.approx((0.006, 0.001))
+    waits = replace(steady, cpu_seconds_per_sample=0.005)  # half of it waiting: half of the steady time too
+    assert planning.steady_sample(waits) == pytest.approx((0.006, 0.003))
     slower = replace(warm, inline_seconds_per_sample=0.02)  # a loop's read that ran slower: the warm reads hold
     assert planning.steady_sample(slower) == (0.01, 0.01)
 

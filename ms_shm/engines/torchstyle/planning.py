@@ -189,9 +189,9 @@ def cpu_part(stats: BatchStats) -> float:
 
 def steady_sample(stats: BatchStats) -> tuple:
     """A worker's ``(wall, CPU)`` seconds per sample once its loop runs: the probe's fresh samples read after its
-    batches were dropped (``inline_seconds_per_sample``, read in the probe's fork, as a worker is one), the time
-    saved on the probe's warm reads taken off their CPU part (first touches of pages the allocator grows into:
-    CPU work), else the probe's warm reads. Pricing workers at those warm reads overpriced them: MindSpore 2.8's
+    batches were dropped (``inline_seconds_per_sample``, read in the probe's fork, as a worker is one), their CPU
+    part in the warm reads' proportion (what the later reads saved may be first touches of pages, CPU work, or a
+    wait the page cache ended: neither is told apart), else the probe's warm reads. Pricing workers at those warm reads overpriced them: MindSpore 2.8's
     DataLoader, ~4 ms of numpy work on 2 MiB samples, read 6.2 ms each in the probe, 5.1 after, and 4.9-5.0 ms in
     a worker's loop (torch 2.13: 4.0, as in the main process); 2 workers were estimated at 1.36-1.62 s an epoch,
     ran 1.18-1.26, and lost to ``num_workers=0`` (1.28-1.46 s)."""
@@ -199,7 +199,7 @@ def steady_sample(stats: BatchStats) -> tuple:
     steady = stats.inline_seconds_per_sample
     if steady is None or steady >= wall:
         return wall, cpu
-    return steady, max(0.0, min(steady, cpu - (wall - steady)))
+    return steady, cpu * steady / wall
 
 
 def inline_work(stats: BatchStats, samples: int, costs: WorkerCosts) -> float:

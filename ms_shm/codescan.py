@@ -43,13 +43,12 @@ import sys
 import types
 from typing import Any, Callable, Iterator, NamedTuple
 
-from ms_shm import sandbox
+from ms_shm import objects, sandbox
 from ms_shm.engines.mindspore.profiles import random_mindspore_base
 
 NAMES = ("get_worker_info", "initial_seed")  # what a worker answers apart from the main process
 # ``forward``: a held ``nn.Module`` transform is called through torch's ``Module.__call__``, which is not read
 ENTRY_POINTS = ("__getitem__", "__getitems__", "__iter__", "__call__", "forward")
-FRAMEWORKS = frozenset({"torch", "mindspore", "numpy", "ms_shm", "builtins"})
 MAX_CODES = 300  # code objects read at most: a dataset's own code is tens
 # objects held by the dataset, and by those, down to a transform in a ``Compose`` in a dataset wrapped by
 # ``random_split``'s ``Subset`` or a ``ConcatDataset`` (an audit: at 2 levels and 8 items, a crop drawing for some
@@ -57,12 +56,6 @@ MAX_CODES = 300  # code objects read at most: a dataset's own code is tens
 HELD_DEPTH = 5
 HELD_ITEMS = 64  # of a held list, tuple or dict, the first ones only
 MAX_HELD = 2000  # objects looked at per walk, at most: a dataset holding many small objects stays cheap
-# the standard library's top-level modules (``sys.stdlib_module_names`` arrived in Python 3.10; before it, the
-# modules a dataset's code commonly reaches)
-STDLIB = getattr(sys, "stdlib_module_names", None) or frozenset({
-    "abc", "collections", "contextlib", "copy", "dataclasses", "enum", "functools", "io", "itertools", "json",
-    "math", "multiprocessing", "operator", "os", "pathlib", "pickle", "queue", "random", "re", "threading",
-    "typing"})
 
 # torch's functions that draw from its default generator unless passed ``generator=``
 TORCH_DRAWS = ("rand", "randn", "randint", "randperm", "bernoulli", "multinomial", "normal", "rand_like",
@@ -92,10 +85,12 @@ RANDOM_CLASSES = (("torch.nn.modules.dropout", "_DropoutNd", "nn"),  # (module, 
                   ("torch.nn.modules.activation", "RReLU", "nn"),
                   ("torch.distributions.distribution", "Distribution", "torch.distributions"))
 MAX_SUBMODULES = 2000  # of a held nn.Module, the submodules looked at for a random one
-# tensor methods that fill in place from the default generator unless passed ``generator=``; read on any
-# object, since the tensor's type is not known before the call (numpy's generators have no such names)
-INPLACE_DRAWS = frozenset({"uniform_", "normal_", "bernoulli_", "random_", "exponential_", "cauchy_",
-                           "log_normal_", "geometric_"})
+# tensor methods that draw from the default generator unless passed ``generator=``: those that fill in place, and
+# ``bernoulli`` / ``multinomial``, which return new tensors (an audit: ``torch.full_like(x, .5).bernoulli()`` on
+# 2 samples of 16 went unseen, and 2 workers drew them from their own seeds); read on any object, since the
+# tensor's type is not known before the call (numpy's ``Generator.multinomial`` is a held generator's draw anyway)
+TENSOR_DRAWS = frozenset({"uniform_", "normal_", "bernoulli_", "random_", "exponential_", "cauchy_",
+                          "log_normal_", "geometric_", "bernoulli", "multinomial"})
 STATE_READS = frozenset({"getstate", "get_state", "get_bit_generator"})  # read the global state, do not move it
 _CALLS = frozenset({"CALL", "CALL_KW", "CALL_FUNCTION", "CALL_FUNCTION_KW", "CALL_METHOD", "CALL_FUNCTION_EX"})
 _STORES = frozenset({"STORE_FAST", "STORE_NAME", "STORE_DEREF", "STORE_GLOBAL", "STORE_FAST_STORE_FAST",
@@ -314,6 +309,8 @@ def _store_look(fn: Any, owner: Any = None, entry: Any = None, growing: bool = F
         for i, instr in enumerate(ins):
             if instr.opname == "STORE_GLOBAL":
                 found = f"the global {instr.argval}" if not growing or _reads_before(ins, i, "LOAD_GLOBAL") else None
+            elif instr.opname == "LOAD_GLOBAL":
+                found = _global_content_write(ins, i, getattr(fn, "__globals__", {}))
             else:
                 found = _self_write(ins, i, own) if own is not None and i not in set_up else None
                 found = None if found and growing and not _grows(ins, i, own, found) else found
@@ -394,6 +391,39 @@ def _self_write(ins: list, i: int, this: str) -> str | None:
     if op == "LOAD_ATTR" and loads_self(i - 1) and i + 1 < len(ins) and \
             ins[i + 1].opname in ("LOAD_METHOD", "LOAD_ATTR") and ins[i + 1].argval in MUTATORS:
         return f"self.{name}.{ins[i + 1].argval}()"
+    return None
+
+
+def _global_content_write(ins: list, i: int, globals_: dict) -> str | None:
+    """``X[k] = v``, ``X[k] += v``, ``X.items[k] = v`` or ``X.append(v)`` (a ``MUTATORS`` method) on the module
+    global ``X`` loaded at ``ins[i]``, where ``X`` holds data (not a module, a class or a function: ``os.remove``
+    is no write), named, or ``None``. The stack is followed from the load: ``X`` (or an attribute of it) must
+    stay below its key until the store, so ``out[j] = X[k]`` and ``out[X[k]] += 1`` read ``X`` and write nothing
+    of it. What a row adds there stays in the program where rows are read in it, in each worker's copy where
+    processes read them (an audit: a visit count in a global array, ``BIG[int(x[0])] += 1``, and a list of bad
+    samples, ``BAD.append(i)``, read back by the program: raw's 150 and 16, ms_shm's worker processes 0)."""
+    name = ins[i].argval
+    value = globals_.get(name, _UNKNOWN)
+    if value is _UNKNOWN or isinstance(value, (types.ModuleType, type)) or callable(value):
+        return None
+    depth, keyed = 1, False  # values on the stack from ``X`` up; whether a key is on it
+    for instr in ins[i + 1:i + 48]:
+        op = instr.opname
+        if depth == 1 and op in ("LOAD_METHOD", "LOAD_ATTR") and instr.argval in MUTATORS:
+            return f"the global {name}.{instr.argval}()"
+        if op in ("STORE_SUBSCR", "STORE_SLICE"):  # ``X[k] = v``: 2 from X; ``X[k] += v``: 3, the sum on top
+            return f"the global {name}[...]" if keyed and depth in ((2, 3) if op == "STORE_SUBSCR" else (3, 4)) \
+                else None
+        if op.startswith(("STORE_", "RETURN", "POP_TOP")) or _conditional(instr):
+            return None
+        try:
+            depth += dis.stack_effect(instr.opcode, instr.arg, jump=False)
+        except (ValueError, TypeError):  # an instruction whose effect is not told: nothing judged
+            return None
+        if depth >= 2:
+            keyed = True
+        elif keyed or depth < 1:  # ``X[k]`` read (the key and ``X`` taken), or ``X`` passed on (``f(X)``)
+            return None
     return None
 
 
@@ -547,10 +577,8 @@ def _user(fn: Any) -> bool:
 
 
 def _programs(thing: Any) -> bool:
-    """Whether ``thing`` (a function, a class) was defined in the program's code: its top-level module is
-    neither a framework's nor the standard library's."""
-    top = (getattr(thing, "__module__", None) or "").split(".")[0]
-    return top not in FRAMEWORKS and top not in STDLIB
+    """Whether ``thing`` (a function, a class) was defined in the program's code (``objects.of_program``)."""
+    return objects.of_program(getattr(thing, "__module__", None) or "")
 
 
 def _function(value: Any) -> Any:
@@ -775,12 +803,12 @@ def _draw_look(targets: _Targets, entry: Any, fn: Any, owner: Any = None) -> tup
 
 
 def _worth_reading(code: types.CodeType, globals_: dict, cells: dict) -> bool:
-    """Whether ``code`` can reach a global draw or a function through a chain: it names an in-place draw, an
+    """Whether ``code`` can reach a global draw or a function through a chain: it names a tensor method's draw, an
     import, or a global or closure value that is a module, a class, a draw, a function or a program's object.
 
     Most of a dataset's methods do not (``self.transform(self._load(i))``), and disassembling is the walk's main
     cost: skipping those halved it on an image dataset with a 4-transform Compose (1.4 to 0.7 ms on 3.11)."""
-    if not INPLACE_DRAWS.isdisjoint(code.co_names):
+    if not TENSOR_DRAWS.isdisjoint(code.co_names):
         return True
     values = itertools.chain((globals_.get(name) for name in code.co_names),
                              (cells.get(name) for name in code.co_freevars))
@@ -825,7 +853,7 @@ def _scan(code: types.CodeType, globals_: dict, cells: dict, targets: _Targets, 
         op, name = instr.opname, instr.argval
         if op in ("LOAD_ATTR", "LOAD_METHOD"):
             parent, start, depth = pending + (0,) if pending else (_UNKNOWN, i, 1)  # 1: a result is below
-            if targets.draws and name in INPLACE_DRAWS and not _foreign_module(parent) \
+            if targets.draws and name in TENSOR_DRAWS and not _foreign_module(parent) \
                     and not _passes_generator(ins, start, code, depth, owner):
                 yield f"Tensor.{name}", instr.offset, None
             drawn = targets.random_object(parent) if parent is not _UNKNOWN else None

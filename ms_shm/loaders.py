@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import logging
 import multiprocessing
 import numbers
@@ -261,7 +262,7 @@ def _not_as_from_workers(stats: Any) -> str | None:
 
 def _descriptor_held(value: Any, depth: int = 0) -> bool:
     """Whether ``value`` (a dataset) holds, as an ``int`` attribute, a descriptor open on a file now, itself or
-    through what it holds (a ``Subset``'s dataset, a list of shards; 3 levels, 64 items each): one opened before
+    through what it holds (a ``Subset``'s dataset, a list or a dict of shards; 3 levels, 64 items each): one opened before
     the workers are forked, whose offset they all share. One the code opens in each worker (``if self.fd is None:
     self.fd = os.open(...)``) is none yet, and leaves workers free, as ``_opened_by_each_reader`` does for file
     objects. Not ``sandbox._reach``'s walk: it goes on into the module globals the code names, whose small int
@@ -272,7 +273,7 @@ def _descriptor_held(value: Any, depth: int = 0) -> bool:
         return False
     held = getattr(value, "__dict__", None)
     items = list(held.values()) if isinstance(held, dict) else list(value[:64]) if isinstance(value, (list, tuple)) \
-        else []
+        else list(itertools.islice(value.values(), 64)) if isinstance(value, dict) else []
     return any(_descriptor_held(item, depth + 1) for item in items)
 
 
@@ -290,13 +291,13 @@ def _locked(asked_lock: str | None, effects: Any) -> str | None:
     if asked_lock:
         return asked_lock
     if effects.draws_random:
-        return f"{effects.draws_random} (each worker is seeded apart)"
+        return f"{effects.draws_random} (each worker would draw from its own copy of the generator, or its own seed)"
+    if effects.holds_handle:  # forked workers share a descriptor opened before them: one offset for all
+        return effects.holds_handle
     if effects.rereads_differ:
         return f"{effects.rereads_differ} (each worker would read it from its own copy)"
     if effects.state_per_read:  # workers are processes: their copies would change, the program's object not
         return f"{effects.state_per_read} (workers would change their own copies, never the program's object)"
-    if effects.holds_handle:  # forked workers share a descriptor opened before them: one offset for all
-        return effects.holds_handle
     return None
 
 

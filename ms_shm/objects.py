@@ -8,6 +8,7 @@ means "not there", and MindSpore raises its own error where it does raw.
 
 from __future__ import annotations
 
+import sys
 import types
 import weakref
 from collections import deque
@@ -23,6 +24,27 @@ def attribute(obj: Any, name: str, default: Any = None) -> Any:
 
 
 _MISSING = object()
+
+FRAMEWORKS = frozenset({"torch", "mindspore", "numpy", "ms_shm", "builtins"})
+# Data libraries whose objects keep caches of their own while they are read (pandas' ``DataFrame.iloc`` adds to its
+# block manager's): not the program's state, and their draws go through numpy's global generator, which the probe
+# watches. Read as the program's code, a dataset over a DataFrame lost its workers to "DataFrame.__getitem__ adds
+# to self.blocks" (an audit).
+LIBRARIES = frozenset({"pandas", "pyarrow", "polars", "scipy", "sklearn", "PIL", "cv2", "h5py", "zarr", "tables",
+                       "matplotlib", "numba", "jax", "tensorflow"})
+# the standard library's top-level modules (``sys.stdlib_module_names`` arrived in Python 3.10; before it, the
+# modules a dataset's code commonly reaches)
+STDLIB = getattr(sys, "stdlib_module_names", None) or frozenset({
+    "abc", "collections", "contextlib", "copy", "dataclasses", "enum", "functools", "io", "itertools", "json",
+    "math", "multiprocessing", "operator", "os", "pathlib", "pickle", "queue", "random", "re", "threading",
+    "typing"})
+
+
+def of_program(module_name: str) -> bool:
+    """Whether code of the module ``module_name`` is the program's: neither a framework's, a data library's nor
+    the standard library's (a model zoo installed from PyPI is the program's: its transforms draw)."""
+    top = module_name.split(".")[0]
+    return top not in FRAMEWORKS and top not in LIBRARIES and top not in STDLIB
 
 # The built-in containers, whose subclasses may read their items through the program's own code
 _BUILT_IN_CONTAINERS = (list, tuple, dict, set, frozenset, deque)

@@ -18,6 +18,7 @@ on which process or thread reads them must keep MindSpore's own mode.
 
 from __future__ import annotations
 
+import array
 import collections
 import contextlib
 import ctypes
@@ -86,8 +87,10 @@ class Effects(Result):
 
     @property
     def mode_bound(self) -> str | None:
-        """Why the framework's own workers (kind and count) must read the rows, or ``None``."""
-        return self.order_dependent or self.state_per_read or self.holds_handle
+        """Why the framework's own workers (kind and count) must read the rows, or ``None``: a handle before a
+        row read twice that came back different, which two threads of the probe racing on that handle's offset
+        make too (an audit: deterministic sources over a file told as "source[0] read twice differs")."""
+        return self.draws_random or self.holds_handle or self.rereads_differ or self.state_per_read
 
     def with_writes(self, writes: str | None, grows: str | None = None) -> Effects:
         """These effects, with the state the code writes on reads the probe did not make (``writes``:
@@ -766,6 +769,8 @@ def _cell(value: Any, budget: _ChecksumBudget | None = None) -> tuple:
         return ("a", id(value), value.shape, value.__array_interface__["data"][0], _array_content(value, budget))
     if isinstance(value, np.generic):
         return ("g", value.item() if value.dtype != object else id(value))
+    if isinstance(value, array.array):  # its length and bytes: a buffer, not a container whose items are walked
+        return ("arr", id(value), len(value), _buffer_content(value, len(value) * value.itemsize, budget))
     if isinstance(value, _CONTAINERS):
         return ("o", id(value), objects.stored_length(value), _items_content(value))
     if isinstance(value, itertools.count):
@@ -779,16 +784,22 @@ def _cell(value: Any, budget: _ChecksumBudget | None = None) -> tuple:
 _LRU_CACHE = type(functools.lru_cache(maxsize=None)(len))
 
 
-def _array_content(array: np.ndarray, budget: _ChecksumBudget | None) -> Any:
+def _array_content(values: np.ndarray, budget: _ChecksumBudget | None) -> Any:
     """An array's bytes (small), a checksum of them (within the fingerprint's budget), or ``None``."""
-    if array.dtype == object:
+    if values.dtype == object:
         return None
-    if array.nbytes <= _SMALL_ARRAY:
-        return array.tobytes()
-    if budget is None or not budget.take(array.nbytes):
+    return _buffer_content(values if values.flags.c_contiguous else np.ascontiguousarray(values), values.nbytes,
+                           budget)
+
+
+def _buffer_content(buffer: Any, nbytes: int, budget: _ChecksumBudget | None) -> Any:
+    """A contiguous buffer's bytes (small), a checksum of them (within the fingerprint's budget), or ``None``."""
+    view = memoryview(buffer).cast("B")
+    if nbytes <= _SMALL_ARRAY:
+        return view.tobytes()
+    if budget is None or not budget.take(nbytes):
         return None
-    data = array if array.flags.c_contiguous else np.ascontiguousarray(array)
-    return zlib.crc32(memoryview(data).cast("B"))
+    return zlib.crc32(view)
 
 
 def _items_content(container: Any) -> Any:
@@ -848,7 +859,7 @@ def watch_effects(run: Callable[[], Any], objects: Sequence[Any], reread: Callab
     Where ``run()`` changed the objects' attributes, its later reads (after ``first_read_done``) tell lazy
     set-up (changed once, on the first read) from state kept per read (changed again); else one more read:
     whatever ``reread`` read, or else ``again()``."""
-    generators = held_generators(objects)
+    generators, handles = held_generators(objects), held_handles(objects)
     rng0, state0, own0 = rng_state(), state_of(objects), _states(generators)
     _WATCHING[:] = [objects, None]
     try:
@@ -878,10 +889,16 @@ def watch_effects(run: Callable[[], Any], objects: Sequence[Any], reread: Callab
             state2 = state_of(objects)
         changed = changed_attributes(state1, state2, objects)
         per_read = f"{changed} on every read, not only the first" if changed else None
-    return value, Effects(draws, differs, mutated, per_read, held_handles(objects))
+    # a handle open before the reads is the program's, open there, whether or not the probe's reads closed it (a
+    # lazy loader reading its file to the end and closing it, on the first read of each of 2 threads at once)
+    return value, Effects(draws, differs, mutated, per_read, handles or held_handles(objects))
 
 
-_WALK_DEPTH = 4  # attributes of attributes...: a dataset's transform's generator is 2-3 levels down
+# attributes of attributes...: a dataset's transform's generator is 2-3 levels down, but composed objects hold
+# theirs deeper (an audit: a file at ``src.sub.base.datasets[0].reader.fh``, a seeded generator in
+# ``src.cfg.transform.transforms[0].t.rng``, both missed at 4: 2 threads raced on the file's offset, and drew the
+# augmentations in another order, where raw's one thread read raw's rows)
+_WALK_DEPTH = 7
 _WALK_OBJECTS = 400  # objects looked at, at most: the walk costs well under a millisecond
 _WALK_VALUES = 4000  # values listed, at most (objects with many attributes)
 _WALK_ITEMS = 64  # a longer list or dict is data (file names, labels), not where generators are kept...
@@ -1130,11 +1147,12 @@ def _reach(objects: Sequence[Any], stop: tuple = (), apart: Sequence[Any] = ()) 
     spread few of longer ones), closure cells, the module globals their code (and their classes' methods) names,
     their classes' own data (a class named by the code too). Values are listed where they are held, each object
     looked into once (never modules, arrays, tensors, instances of ``stop`` or the objects ``apart``). Bounded
-    (``_WALK_*``); never raises."""
+    (``_WALK_*``); never raises. Level by level: where the bound is met, what is left unseen is the deepest, never
+    a shallow attribute behind a deep branch walked first."""
     out, seen = [], {id(obj) for obj in apart if obj is not None}
-    stack = [(obj, type(obj).__name__, 0) for obj in reversed(objects)]
-    while stack and len(seen) < _WALK_OBJECTS and len(out) < _WALK_VALUES:
-        obj, where, depth = stack.pop()
+    queue = collections.deque((obj, type(obj).__name__, 0) for obj in objects)
+    while queue and len(seen) < _WALK_OBJECTS and len(out) < _WALK_VALUES:
+        obj, where, depth = queue.popleft()
         looked = id(obj) in seen
         out.append((where, obj))
         if looked or isinstance(obj, _SKIP) or isinstance(obj, types.ModuleType) or _is_tensor(obj):
@@ -1146,8 +1164,8 @@ def _reach(objects: Sequence[Any], stop: tuple = (), apart: Sequence[Any] = ()) 
             children = _children(obj)
         except Exception:  # an object that cannot be looked into: what it holds stays unseen
             continue
-        stack.extend((child, f"{where}{name}" if name.startswith("[") else f"{where}.{name}", depth + 1)
-                     for name, child in reversed(children))
+        queue.extend((child, f"{where}{name}" if name.startswith("[") else f"{where}.{name}", depth + 1)
+                     for name, child in children)
     return out
 
 
@@ -1240,7 +1258,8 @@ _NOTHING = object()
 
 def _function_children(function: types.FunctionType) -> list:
     """A function's closure cells, its arguments' default values (``def rows(reader=reader)`` binds as a closure
-    does: an audit's stream held its socket so) and the module globals its code names (nested code included)."""
+    does: an audit's stream held its socket so), the module globals its code names (nested code included) and,
+    of a module of the program it names, the attributes it names (``_named_in``)."""
     out = [(f"<closure {name}>", cell.cell_contents) for name, cell in
            zip(function.__code__.co_freevars, function.__closure__ or ()) if _filled(cell)]
     defaults = function.__defaults__ or ()
@@ -1254,7 +1273,18 @@ def _function_children(function: types.FunctionType) -> list:
         names.update(code.co_names)
         codes.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
     scope = function.__globals__
-    return out + [(f"<global {name}>", scope[name]) for name in sorted(names) if name in scope]
+    out += [(f"<global {name}>", scope[name]) for name in sorted(names) if name in scope]
+    return out + [(f"{where}.{attr}", value) for where, module in out if isinstance(module, types.ModuleType)
+                  and objects.of_program(module.__name__) for attr, value in _named_in(module, names)]
+
+
+def _named_in(module: types.ModuleType, names: set) -> list:
+    """The attributes of a module of the program that the code names (``aug.jitter(x)``, ``vocab.VOCAB``), each
+    where the code reaches it: a generator or a vocabulary kept in another module of the program is state as one
+    in the dataset's own is (an audit: ``myaug._RNG`` drawn for 2 samples of 16, a vocabulary grown in
+    ``vocab.VOCAB``; workers drew and numbered apart, and the program's vocabulary stayed empty)."""
+    space = objects.attribute(module, "__dict__", {})
+    return [(attr, space[attr]) for attr in sorted(names) if attr in space and not attr.startswith("__")]
 
 
 def _filled(cell: Any) -> bool:

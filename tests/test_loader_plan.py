@@ -628,7 +628,8 @@ def test_explicit_workers_kept_as_workers_change_what_arrives_say_why_and_fix_fi
     req = ask(workers=2, workers_locked=None if lock_at == "timed probe" else wif)
     with pytest.raises(ShmBudgetError) as err:
         loaders._plan(_Engine, stats(per_sample=None), req, room(64 * MiB), True, timed_probe)
-    text, why = str(err.value), f"{drawn} (each worker is seeded apart)" if lock_at == "timed probe" else wif
+    own = "(each worker would draw from its own copy of the generator, or its own seed)"
+    text, why = str(err.value), f"{drawn} {own}" if lock_at == "timed probe" else wif
     assert text.startswith(f"ms_shm could not adapt the explicit num_workers=2, because {why}: with another "
                            f"number of workers what arrives would change"), text
     fix = text.split("Fix: ")[1]

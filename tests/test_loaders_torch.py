@@ -975,6 +975,17 @@ class DescriptorRecords(Records):
         return torch.frombuffer(bytearray(os.read(self.fd, 16)), dtype=torch.uint8)
 
 
+class ShardedDescriptorRecords(DescriptorRecords):
+    """The descriptor kept in a dict of shards (an audit: 5-9 of 768 records from another worker's offset)."""
+
+    def __init__(self, path):
+        self.shards = {"main": os.open(path, os.O_RDONLY)}
+
+    @property
+    def fd(self):
+        return self.shards["main"]
+
+
 class LazyDescriptorRecords(DescriptorRecords):
     """The descriptor opened by the first read: each forked worker opens its own."""
 
@@ -987,7 +998,8 @@ class LazyDescriptorRecords(DescriptorRecords):
         return super().__getitem__(i)
 
 
-@pytest.mark.parametrize("records, named", [("Records", "BufferedReader"), ("DescriptorRecords", "calls os.lseek")])
+@pytest.mark.parametrize("records, named", [("Records", "BufferedReader"), ("DescriptorRecords", "calls os.lseek"),
+                                            ("ShardedDescriptorRecords", "calls os.lseek")])
 def test_a_dataset_holding_an_open_file_keeps_num_workers_0(fresh_torch, tmp_path, records, named):
     """A file object, or a raw descriptor no object shows and the code reads through (``os.lseek``, ``os.read``):
     forked workers would share its offset."""

@@ -203,6 +203,95 @@ def test_a_generator_the_rows_read_did_not_draw_from_still_counts():
     assert effects.draws_random and "rng" in effects.draws_random and effects.order_dependent, effects
 
 
+class _Part:
+    def __init__(self, **held):
+        self.__dict__.update(held)
+
+
+def test_a_generator_and_a_file_held_six_levels_down_are_seen(tmp_path):
+    """Composed objects hold theirs deep: an audit's ``src.sub.base.datasets[0].reader.fh`` and
+    ``src.cfg.transform.transforms[0].t.rng`` went unseen at 4 levels (2 threads raced on the file's offset, and
+    drew in another order)."""
+    path = tmp_path / "records"
+    path.write_bytes(b"x" * 64)
+    with open(path, "rb") as handle:
+        reader = _Part(fh=handle)
+        source = _Part(sub=_Part(base=_Part(datasets=[_Part(reader=reader)])),
+                       cfg=_Part(transform=_Part(transforms=[_Part(t=_Part(rng=np.random.default_rng(0)))])))
+        assert "sub.base.datasets[0].reader.fh" in sandbox.held_handles([source])
+        assert [w for w, _ in sandbox.held_generators([source])] == ["_Part.cfg.transform.transforms[0].t.rng"]
+
+
+def test_a_shallow_handle_is_seen_behind_a_deep_branch_that_fills_the_walk(tmp_path):
+    """The walk goes level by level: a deep branch met first cannot use up its bound before a shallow one."""
+    deep = _Part(a=[_Part(**{f"x{j}": _Part(m=j) for j in range(10)}) for k in range(60)])  # 660 objects
+    with open(tmp_path / "f", "wb") as handle:
+        source = _Part(deep=deep, fh=handle)
+        assert "fh" in (sandbox.held_handles([source]) or ""), sandbox.held_handles([source])
+
+
+def test_a_generator_or_state_in_another_module_of_the_program_is_seen(monkeypatch):
+    """``myaug.jitter(x)`` drawing from ``myaug._RNG``, ``vocab.VOCAB.encode(words)`` growing a vocabulary: a
+    module of the program the code names is looked into, at the names the code uses (workers drew and numbered
+    apart in an audit, and the program's vocabulary stayed empty)."""
+    import types
+
+    aug = types.ModuleType("program_aug_for_test")
+    exec("import numpy as np\n_RNG = np.random.default_rng(0)\n"
+         "def jitter(x, i):\n    return x + (_RNG.random() if i % 16 == 7 else 0.0)\n"
+         "class Vocab:\n    def __init__(self):\n        self.ids = {}\n"
+         "    def encode(self, w):\n        return self.ids.setdefault(w, len(self.ids))\n"
+         "VOCAB = Vocab()\n", aug.__dict__)
+    monkeypatch.setitem(sys.modules, aug.__name__, aug)
+    scope = {"aug": aug}
+    exec("def read(i):\n    return aug.jitter(float(i), i)\n"
+         "def encode(i):\n    return aug.VOCAB.encode(str(i))\n", scope)
+    read, encode = scope["read"], scope["encode"]
+    assert [w for w, _ in sandbox.held_generators([read])] == ["function.<global aug>.jitter.<global _RNG>"]
+    _, effects = sandbox.watch_effects(lambda: [encode(0), sandbox.first_read_done(), encode(1)], [encode])
+    assert effects.state_per_read and "VOCAB.ids" in effects.state_per_read, effects
+    numpy_only = {"np": np}
+    exec("def draws(i):\n    return np.random.random()\n", numpy_only)  # numpy's own module: not walked
+    assert sandbox.held_generators([numpy_only["draws"]]) == []
+
+
+def test_a_handle_the_probe_closed_is_still_the_programs(tmp_path):
+    """A lazy loader reads its file to the end and closes it on its first read: in the program the file is
+    open, and 2 threads would each read it on their first row at once."""
+    path = tmp_path / "blob"
+    path.write_bytes(b"y" * 4096)
+
+    class Lazy:
+        def __init__(self):
+            self.f = open(path, "rb")
+            self.data = None
+
+        def __getitem__(self, i):
+            if self.data is None:
+                self.data = self.f.read()
+                self.f.close()
+            return self.data[i]
+
+    lazy = Lazy()
+    try:
+        _, effects = sandbox.watch_effects(lambda: lazy[0], [lazy])
+        assert effects.holds_handle and "Lazy.f" in effects.holds_handle, effects
+        assert effects.mode_bound == effects.holds_handle
+    finally:
+        lazy.f.close()
+
+
+def test_an_array_array_that_grows_or_changes_is_state():
+    import array
+
+    values = array.array("q", [0] * 8)
+    before = sandbox.state_of([values])
+    values[3] += 1
+    changed = sandbox.state_of([values])
+    values.append(1)
+    assert len({before, changed, sandbox.state_of([values])}) == 3
+
+
 def test_a_big_list_or_dict_is_looked_into_at_a_few_items_spread_over_it():
     """Mostly data, but one of many alike holds what the others do (an audit: 100 shard readers under a
     ``ConcatDataset``, each with its open file, and two threads of ms_shm's racing on their offsets)."""
@@ -291,6 +380,28 @@ def test_a_probe_child_leaves_the_parents_files_and_pipes_as_they_were(tmp_path)
         handle.close()
         os.close(read_end)
         os.close(write_end)
+
+
+def test_a_probe_that_reads_a_file_to_its_end_and_closes_it_leaves_the_parents_position(tmp_path):
+    """PIL's ``Image.open`` then ``load()``, or a lazy loader: the child's read and close would leave the shared
+    offset at the end, and the parent's own read would find nothing."""
+
+    path = tmp_path / "records"
+    path.write_bytes(bytes(range(256)) * 300)
+    handle = open(path, "rb", buffering=0)
+    header = handle.read(16)
+
+    def probe():
+        rest = handle.read()
+        handle.close()
+        return len(rest)
+
+    try:
+        outcome = sandbox.run_in_fork(probe)
+        assert outcome.error is None and outcome.value == 256 * 300 - 16, outcome
+        assert header + handle.read() == path.read_bytes()
+    finally:
+        handle.close()
 
 
 SHARED_SEMAPHORE = None  # set by the test below: a module global a function's code names

@@ -771,9 +771,22 @@ def _named(name: str, fn: Any, owner: Any, held: list = ()) -> Iterator:
                 method = None
             if _user(method):
                 yield method, obj
-    value = _function(getattr(fn, "__globals__", {}).get(name))
-    if _user(value):
-        yield value, None
+    value = getattr(fn, "__globals__", {}).get(name)
+    if _user(_function(value)):
+        yield _function(value), None
+    elif isinstance(value, (dict, list, tuple)):
+        yield from _registered(value)
+
+
+def _registered(registry: Any) -> Iterator:
+    """``(function, owner)`` for the program's functions and bound methods a global dict, list or tuple holds,
+    the first ``HELD_ITEMS``: a registry the code calls into by key (``AUGS[name](x)``; an audit's drew
+    ``np.random.normal`` for 2 samples of 16, unseen, and 2 workers drew them from their own seeds)."""
+    stored = objects.as_stored(registry)  # never a subclass's own reads: the program's code
+    for value in itertools.islice(stored.values() if isinstance(stored, dict) else stored, HELD_ITEMS):
+        function = _function(value)
+        if _user(function):
+            yield function, value.__self__ if isinstance(value, types.MethodType) else None
 
 
 # --- global draws, read from the bytecode ------------------------------------------------------------------

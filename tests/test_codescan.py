@@ -972,3 +972,36 @@ def test_a_data_librarys_own_code_is_not_the_programs():
             return self.df.iloc[i].to_numpy()
 
     assert codescan.stage_writes(Rows()) is None and codescan.stage_grows(Rows()) is None
+
+
+def _jitter(x):
+    return x + np.random.normal()
+
+
+def _identity(x):
+    return x
+
+
+AUGMENTATIONS = {"jitter": _jitter, "identity": _identity}
+PLAIN = [_identity]
+
+
+class CallsARegistry:
+    def __init__(self, name):
+        self.name = name
+
+    def __getitem__(self, i):
+        return AUGMENTATIONS[self.name](float(i)) if i % 16 == 7 else float(i)
+
+
+class CallsAPlainRegistry(CallsARegistry):
+    def __getitem__(self, i):
+        return PLAIN[0](float(i))
+
+
+def test_a_draw_in_a_function_called_from_a_global_registry_is_found():
+    """``AUGS[name](x)``: the registry's functions are read as the code may call any of them (an audit's drew
+    ``np.random.normal`` for 2 samples of 16, and 2 workers drew them from their own seeds)."""
+    assert codescan.global_draw(CallsARegistry("jitter")) == \
+        f"CallsARegistry.__getitem__ calls numpy.random.normal through _jitter ({WORKERS_SEEDED_APART})"
+    assert codescan.global_draw(CallsAPlainRegistry("identity")) is None

@@ -18,12 +18,12 @@ LEFTOVERS = LeftoverPatterns("MindSpore DataLoader")  # its storages are unlinke
 # constants before, 46 ms, 14 ms and twice the probe's fork-to-ready, priced 2 workers 2-3x over). 8 batches of
 # 8 x 2 MiB float32 with samples costing ~nothing, start-up excluded, the consumer summing every batch: 28 ms more
 # per 16 MiB batch with a worker than without (1.7 ms/MiB, 5x torch's; 22 ms without the sum), median of 7.
-# Where the probe did not time samples as the main process reads them (``probe.inline_seconds``: slow samples,
-# few of them), a sample in the main process: 0.72 of the probe child's warm time (7.3 / 12.5, 9.6 / 13.4, 6.4 /
-# 8.5 ms: a W0 epoch's per-sample time over the fastest of samples 2-4 read in a fork, ~8 ms of numpy work on
-# 2 MiB arrays).
+# Where the probe did not time samples as a loop reads them (``probe.inline_seconds``: slow samples, few of them),
+# a loop's read saves 1.9 ms per MiB of sample against the probe child's warm reads (12.5 - 7.3, 13.4 - 9.6,
+# 8.5 - 6.4 ms: the fastest of samples 2-4 read in a fork less a W0 epoch's per-sample time, ~8 ms of numpy work
+# making 2 MiB arrays; the median 3.8 ms over 2 MiB).
 COSTS = WorkerCosts(pool_seconds=0.023, worker_seconds=0.001, transfer_seconds_per_mib=1.7e-3,
-                    inline_fraction=0.72)
+                    saved_per_mib=1.9e-3)
 
 ENGINE = LoaderEngine(
     "mindspore-dataloader", "mindspore", "ms_shm.engines.mindspore_dataloader.compat", SIGNATURES, LEFTOVERS,

@@ -24,12 +24,13 @@ LEFTOVERS = LeftoverPatterns("PyTorch", dev_shm=(("pytorch", re.compile(r"^torch
 # 0.28-0.30. 64 batches of 8 x 2 MiB float32 with samples costing ~nothing, the consumer summing every batch:
 # 5.6 ms more per 16 MiB batch with a worker (0.35 ms/MiB; without the sum, none: the worker's transfer overlaps
 # the main process's own collate).
-# Where the probe did not time samples as the main process reads them (``probe.inline_seconds``: slow samples,
-# few of them), a sample in the main process: 0.55 of the probe child's warm time (8.7 / 15.9, 6.4 / 13.5, 8.7 /
-# 14.4 ms: a W0 epoch's per-sample time over the fastest of samples 2-4 read in a fork, ~8 ms of numpy work on
-# 2 MiB arrays).
+# Where the probe did not time samples as a loop reads them (``probe.inline_seconds``: slow samples, few of them),
+# a loop's read saves 3.55 ms per MiB of sample against the probe child's warm reads (15.9 - 8.7, 13.5 - 6.4,
+# 14.4 - 8.7 ms: the fastest of samples 2-4 read in a fork less a W0 epoch's per-sample time, ~8 ms of numpy work
+# making 2 MiB arrays; the median 7.1 ms over 2 MiB). A worker's loop reads as the main process's (4.0 ms each,
+# measured in both, 2 MiB samples).
 COSTS = WorkerCosts(pool_seconds=0.029, worker_seconds=0.004, transfer_seconds_per_mib=0.35e-3,
-                    inline_fraction=0.55)
+                    saved_per_mib=3.55e-3)
 
 ENGINE = LoaderEngine(
     "torch", "torch", "ms_shm.engines.torch.compat", SIGNATURES, LEFTOVERS,

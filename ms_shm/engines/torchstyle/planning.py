@@ -47,17 +47,17 @@ class WorkerCosts(Result):
         worker_seconds: per worker, beyond its fork and exit (its queues, its loop's set-up, its join).
         transfer_seconds_per_mib: per MiB of every batch, what moving it from a worker adds (writing its
             storages to ``/dev/shm`` there, faulting them in here), with the consumer reading every byte.
-        inline_fraction: a sample's CPU work in the main process (``num_workers=0``) takes this fraction of
-            the probe child's (its waiting takes as long): a fresh fork pays copy-on-write and first-touch faults
-            on memory the main process has already made its own (a worker, a fork too, is priced at the child's).
-            Only where the probe did not time samples as the main process reads them
-            (``BatchStats.inline_seconds_per_sample``).
+        saved_per_mib: seconds a sample's read saves in a loop (the main process's with ``num_workers=0``, a
+            worker's), against the probe child's warm reads, per MiB the sample weighs: a fresh fork pays
+            first-touch faults on the pages its allocator grows into, a loop's reads reuse the pages the
+            batches before freed. Only where the probe did not time samples as a loop reads them
+            (``BatchStats.inline_seconds_per_sample``), and never more than their CPU part.
     """
 
     pool_seconds: float = 0.04
     worker_seconds: float = 0.02
     transfer_seconds_per_mib: float = 1e-3
-    inline_fraction: float = 1.0
+    saved_per_mib: float = 0.0
 
 
 DEFAULT_COSTS = WorkerCosts()
@@ -108,7 +108,7 @@ class BatchStats(Result):
     thread_bound: str | None = None  # what the reads compute whose result depends on the thread count, which a
     # worker sets to 1 (``compat.thread_bound``)
     inline_seconds_per_sample: float | None = None  # a sample's time in the main process, ``num_workers=0``
-    # (``probe.inline_seconds``); ``None``: not read, the engine's ``WorkerCosts.inline_fraction`` prices it
+    # (``probe.inline_seconds``); ``None``: not read, the engine's ``WorkerCosts.saved_per_mib`` prices it
 
     @property
     def ragged(self) -> bool:
@@ -187,27 +187,26 @@ def cpu_part(stats: BatchStats) -> float:
     return stats.seconds_per_sample if cpu is None else min(cpu, stats.seconds_per_sample)
 
 
-def steady_sample(stats: BatchStats) -> tuple:
-    """A worker's ``(wall, CPU)`` seconds per sample once its loop runs: the probe's fresh samples read after its
-    batches were dropped (``inline_seconds_per_sample``, read in the probe's fork, as a worker is one), their CPU
-    part in the warm reads' proportion (what the later reads saved may be first touches of pages, CPU work, or a
-    wait the page cache ended: neither is told apart), else the probe's warm reads. Pricing workers at those warm reads overpriced them: MindSpore 2.8's
-    DataLoader, ~4 ms of numpy work on 2 MiB samples, read 6.2 ms each in the probe, 5.1 after, and 4.9-5.0 ms in
-    a worker's loop (torch 2.13: 4.0, as in the main process); 2 workers were estimated at 1.36-1.62 s an epoch,
-    ran 1.18-1.26, and lost to ``num_workers=0`` (1.28-1.46 s)."""
+def steady_sample(stats: BatchStats, costs: WorkerCosts = DEFAULT_COSTS) -> tuple:
+    """A sample's ``(wall, CPU)`` seconds once a loop runs, the main process's (``num_workers=0``) or a worker's:
+    the probe's fresh samples read after its batches were dropped (``inline_seconds_per_sample``, read in the
+    probe's fork, as a worker is one), else its warm reads less what the engine's loops save per MiB of sample
+    (``WorkerCosts.saved_per_mib``, up to their CPU part); the CPU part in the same proportion (what a loop saves
+    may be first touches of pages, CPU work, or a wait the page cache ended: neither is told apart).
+
+    One time for both, as measured: MindSpore 2.8's DataLoader, ~4 ms of numpy work on 2 MiB samples, read 6.2 ms
+    each in the probe's warm reads, 5.1 after, 4.9-5.0 ms in a worker's loop and 5.0 in the main process's (torch
+    2.13: 4.0 in both). Workers priced at the warm reads were estimated at 1.36-1.62 s an epoch, ran 1.18-1.26,
+    and lost to ``num_workers=0`` (1.28-1.46 s); and where the main process alone was priced at a fraction of the
+    warm reads (0.55 for torch, whatever the sample), 30 ms samples of CPU work making 1 KiB kept no workers for
+    the 2 that read them in half the time."""
     wall, cpu = stats.seconds_per_sample, cpu_part(stats)
     steady = stats.inline_seconds_per_sample
-    if steady is None or steady >= wall:
+    if steady is None:
+        steady = wall - min(cpu, costs.saved_per_mib * stats.batch_bytes / max(1, stats.batch_size) / (1 << 20))
+    if steady >= wall or wall <= 0:
         return wall, cpu
     return steady, cpu * steady / wall
-
-
-def inline_work(stats: BatchStats, samples: int, costs: WorkerCosts) -> float:
-    """The samples' time in the main process: as the probe timed it there (``inline_seconds_per_sample``), else
-    the probe child's with its CPU part priced at the engine's measured fraction."""
-    if stats.inline_seconds_per_sample is not None:
-        return samples * stats.inline_seconds_per_sample
-    return samples * (stats.seconds_per_sample - (1 - costs.inline_fraction) * cpu_part(stats))
 
 
 def _seconds(stats: BatchStats, workers: int, req: LoaderRequest, costs: WorkerCosts,
@@ -219,10 +218,10 @@ def _seconds(stats: BatchStats, workers: int, req: LoaderRequest, costs: WorkerC
         return None
     samples = 100 * stats.batch_size if stats.samples is None else stats.samples  # zero is known: no epoch to speed up
     batches = -(-samples // max(1, stats.batch_size))
-    if workers == 0:
-        return inline_work(stats, samples, costs)
-    wall, cpu = steady_sample(stats)
+    wall, cpu = steady_sample(stats, costs)
     work = samples * wall
+    if workers == 0:
+        return work
     transfer = batches * costs.transfer_seconds_per_mib * stats.batch_bytes / (1 << 20)
     busy = samples * cpu + transfer  # what needs a CPU; the rest (waiting) overlaps over the workers
     receive = batches * (PER_BATCH_SECONDS + PER_STORAGE_SECONDS * stats.storages)

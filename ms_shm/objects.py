@@ -46,6 +46,7 @@ def of_program(module_name: str) -> bool:
     top = module_name.split(".")[0]
     return top not in FRAMEWORKS and top not in LIBRARIES and top not in STDLIB
 
+
 # The built-in containers, whose subclasses may read their items through the program's own code
 _BUILT_IN_CONTAINERS = (list, tuple, dict, set, frozenset, deque)
 

@@ -262,11 +262,11 @@ def _not_as_from_workers(stats: Any) -> str | None:
 
 def _descriptor_held(value: Any, depth: int = 0) -> bool:
     """Whether ``value`` (a dataset) holds, as an ``int`` attribute, a descriptor open on a file now, itself or
-    through what it holds (a ``Subset``'s dataset, a list or a dict of shards; 3 levels, 64 items each): one opened before
-    the workers are forked, whose offset they all share. One the code opens in each worker (``if self.fd is None:
-    self.fd = os.open(...)``) is none yet, and leaves workers free, as ``_opened_by_each_reader`` does for file
-    objects. Not ``sandbox._reach``'s walk: it goes on into the module globals the code names, whose small int
-    constants (``HEADER = 16``) would read as whatever descriptor has that number."""
+    through what it holds (a ``Subset``'s dataset, a list or a dict of shards; 3 levels, 64 items each): one
+    opened before the workers are forked, whose offset they all share. One the code opens in each worker (``if
+    self.fd is None: self.fd = os.open(...)``) is none yet, and leaves workers free, as ``_opened_by_each_reader``
+    does for file objects. Not ``sandbox._reach``'s walk: it goes on into the module globals the code names, whose
+    small int constants (``HEADER = 16``) would read as whatever descriptor has that number."""
     if type(value) is int:
         return value > 2 and _open_file(value)
     if depth >= 3:

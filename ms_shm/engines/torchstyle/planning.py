@@ -107,7 +107,7 @@ class BatchStats(Result):
     own: str | None = None  # what of the first batch is the dataset's or the collate_fn's own (``aliases.own_in``)
     thread_bound: str | None = None  # what the reads compute whose result depends on the thread count, which a
     # worker sets to 1 (``compat.thread_bound``)
-    inline_seconds_per_sample: float | None = None  # a sample's time in the main process, ``num_workers=0``
+    inline_seconds_per_sample: float | None = None  # a sample's time in a loop, the main process's or a worker's
     # (``probe.inline_seconds``); ``None``: not read, the engine's ``WorkerCosts.saved_per_mib`` prices it
 
     @property

@@ -572,7 +572,7 @@ def _sampler_why(draw: _Draw, plain: bool) -> str:
 
 
 def _user(fn: Any) -> bool:
-    """Python code of the program (not a framework's, not the standard library's)."""
+    """Python code of the program (not a framework's, a data library's or the standard library's)."""
     return isinstance(fn, types.FunctionType) and _programs(fn)
 
 

@@ -429,8 +429,7 @@ def sharing_hint(local_ranks: int, shm_path: str | os.PathLike = "/dev/shm") -> 
     if found is not None and len(found.pids) + 1 > local_ranks:
         n = len(found.pids) + 1
         return (f"{len(found.pids)} other process(es) run this same command here (pid {_named_pids(found)}), "
-                f"holding "
-                f"{mib(found.shm_bytes)} of {shm_path}: {n} copies share it, where ms_shm planned for "
+                f"holding {mib(found.shm_bytes)} of {shm_path}: {n} copies share it, where ms_shm planned for "
                 f"{local_ranks} rank(s) using it{_msrun_scheduler(os.environ)}",
                 f"tell every rank how many share {shm_path}: export LOCAL_WORLD_SIZE={n} (or "
                 f"MS_SHM_LOCAL_RANKS={n}), or ms_shm.tune(ranks={n}); or ")

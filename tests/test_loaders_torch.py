@@ -1958,3 +1958,86 @@ def test_a_list_dataset_goes_to_the_only_framework_the_program_imported(fresh_to
     proc = subprocess.run([sys.executable, "-c", LIST_DATASET], capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, PYTHONPATH=os.getcwd()))
     assert proc.returncode == 0 and proc.stdout.split() == ["True", "False"], proc.stdout + proc.stderr[-2000:]
+
+
+# A module of the program other than the dataset's, holding a seeded generator the dataset draws from through it
+_AUG_MODULE = types.ModuleType("loader_test_augmentations")
+exec("import numpy as np\nRNG = np.random.default_rng(0)\n"
+     "def jitter(x, i):\n    return x + (RNG.random() if i % 16 == 7 else 0.0)\n", _AUG_MODULE.__dict__)
+sys.modules[_AUG_MODULE.__name__] = _AUG_MODULE
+
+
+def _normal_jitter(x):
+    return x + np.random.normal()
+
+
+AUGMENTATIONS = {"jitter": _normal_jitter}
+
+
+class DrawsSometimes(Dataset if Dataset is not None else object):
+    """Samples that cost 10 ms of waiting (workers pay off) and draw for 4 samples of 64, none the probe reads
+    (a subclass says how): an audit's each went unseen, and 2 workers gave other batches than raw."""
+
+    def __len__(self):
+        return 64
+
+    def sample(self, i):
+        time.sleep(0.01)
+        return torch.full((4,), float(i))
+
+
+class DropsThroughATensorMethod(DrawsSometimes):
+    def __getitem__(self, i):
+        x = self.sample(i)
+        return x * torch.full_like(x, 0.5).bernoulli() if i % 16 == 7 else x
+
+
+class JittersThroughARegistry(DrawsSometimes):
+    def __getitem__(self, i):
+        x = self.sample(i)
+        return AUGMENTATIONS["jitter"](x) if i % 16 == 7 else x
+
+
+class JittersThroughAModule(DrawsSometimes):
+    def __getitem__(self, i):
+        return _AUG_MODULE.jitter(self.sample(i), i)
+
+
+@pytest.mark.parametrize("dataset, named", [
+    ("DropsThroughATensorMethod", "Tensor.bernoulli"), ("JittersThroughARegistry", "numpy.random.normal"),
+    ("JittersThroughAModule", "<global _AUG_MODULE>.jitter.<global RNG>")])
+def test_draws_the_probe_did_not_meet_keep_num_workers_0_and_raws_batches(fresh_torch, dataset, named):
+    got = []
+    for build in (DataLoader, ms_shm.build_dataloader):
+        torch.manual_seed(0)
+        np.random.seed(0)
+        _AUG_MODULE.RNG = np.random.default_rng(0)
+        loader = build(globals()[dataset](), batch_size=8)
+        got.append(batches(loader))
+    assert loader.num_workers == 0 and named in str(ms_shm.plan_of(loader).decisions[0])
+    assert got[0] == got[1]
+
+
+class FromADataFrame(Dataset if Dataset is not None else object):
+    """The tabular idiom: ``self.df.iloc[i]``. pandas fills its own caches as rows are read; read as the program's
+    state, the dataset had lost its workers (an audit: "DataFrame.__getitem__ adds to self.blocks")."""
+
+    def __init__(self):
+        import pandas as pd
+
+        self.df = pd.DataFrame({"a": np.arange(64), "b": np.arange(64) * 0.5})
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        time.sleep(0.01)
+        return torch.from_numpy(self.df.iloc[i].to_numpy())
+
+
+def test_a_dataset_over_a_dataframe_is_not_locked_by_pandas_own_caches(fresh_torch):
+    pytest.importorskip("pandas", reason="pandas is not installed")
+    loader = ms_shm.build_dataloader(FromADataFrame(), batch_size=8)
+    reason = str(ms_shm.plan_of(loader).decisions[0])
+    assert "blocks" not in reason and "pandas" not in reason and "DataFrame" not in reason, reason
+    assert batches(loader) == batches(DataLoader(FromADataFrame(), batch_size=8))

@@ -359,7 +359,8 @@ def _shm_state(facts: Any, fields: dict) -> str:
     t, seen = _typical(facts, fields), fields.get("shm_seen")
     if seen is None and total is None:
         return "This host's /dev/shm could not be read."
-    where = (f"The log shows the job's /dev/shm with {mib(seen)} free" if seen is not None else
+    # a floor either way: ms_shm's budget line gives what was free, `df -h`'s row the size (its Avail may be 0)
+    where = (f"The log shows the job's /dev/shm at {mib(seen)} or more" if seen is not None else
              f"This host's /dev/shm is {mib(total)} ({mib(free)} free)")
     rows = "" if t.row_known else "; the log does not show the row size, so 8 MiB is assumed"
     here = (f"{where}; a typical pipeline here ({t.shape}{rows}) peaks at {mib(t.peak)}, {mib(t.need)} with "

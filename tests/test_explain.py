@@ -568,11 +568,14 @@ def test_bus_error_sized_with_the_rows_and_dev_shm_the_log_shows():
              "headroom / 1 local rank(s) [default (no launcher variables)] = 409.6 MiB\n"
              "INFO ms_shm: ms_shm generator: mode=processes workers=2 prefetch=16 row=16.0 MiB predicted /dev/shm\n")
     e = only(shown + cgroup_log("bus_error_512m.log"), shm_total=None, shm_free=None)  # explained elsewhere
-    assert "16.0 MiB rows" in e.cause and "512.0 MiB free" in e.cause and "assumed" not in e.cause
+    assert "16.0 MiB rows" in e.cause and "/dev/shm at 512.0 MiB or more" in e.cause and "assumed" not in e.cause
     size = advice.parse_size(e.fix.split("/dev/shm of ")[1].split(",")[0])
     assert size > 512 * MiB and size * advice.HEADROOM >= advice.typical(facts(), row_bytes=16 * MiB).peak
     df = "Filesystem      Size  Used Avail Use% Mounted on\nshm             2.0G  2.0G     0 100% /dev/shm\n"
-    assert "/dev/shm of 3g" in only(df + cgroup_log("bus_error_512m.log"), shm_total=None, shm_free=None).fix
+    full = only(df + cgroup_log("bus_error_512m.log"), shm_total=None, shm_free=None)
+    assert "/dev/shm of 3g" in full.fix
+    # df's row gives the size, not what was free (Avail 0 here): the sentence claims no free space (an audit)
+    assert "/dev/shm at 2.0 GiB or more" in full.cause and "free" not in full.cause.split(";")[0]
 
 
 def _audit_refusal(request, modes=("threads", "processes", "pipes")) -> str:

@@ -2032,7 +2032,7 @@ class FromADataFrame(Dataset if Dataset is not None else object):
 
     def __getitem__(self, i):
         time.sleep(0.01)
-        return torch.from_numpy(self.df.iloc[i].to_numpy())
+        return torch.from_numpy(self.df.iloc[i].to_numpy().copy())
 
 
 def test_a_dataset_over_a_dataframe_is_not_locked_by_pandas_own_caches(fresh_torch):

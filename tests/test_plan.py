@@ -181,6 +181,60 @@ def test_a_map_of_cpp_transforms_alone_starts_no_pool_so_processes_cost_what_thr
     assert (p.mode, p.workers, p.python_multiprocessing, p.predicted_shm) == (PROCESSES, 2, True, 0)
 
 
+def test_a_map_of_cpp_transforms_gets_threads_the_probes_eager_calls_cannot_show():
+    """The probe's eager calls of C++ transforms hold the GIL (0% outside it on a pair); MindSpore's map threads
+    run them without it (an audit's Decode + Resize + Normalize + HWC2CHW got 1 thread, 2x slower than
+    MindSpore's default 2)."""
+    python = planning.plan_map(600 * KiB, 600 * KiB, 0.003, 1.0, 384, ask(), room(), V210, parallel_fraction=0.0)
+    assert python.workers == 1  # a Python map that holds the GIL: a second thread would only wait
+    native = planning.plan_map(600 * KiB, 600 * KiB, 0.003, 1.0, 384, ask(), room(), V210, parallel_fraction=0.0,
+                               python_pool=False)
+    assert (native.mode, native.workers) == (THREADS, 2)
+    assert "C++ transforms, which its map threads run outside the GIL" in mode_decision(native).reason
+    assert native.estimated_seconds < 0.6 * python.estimated_seconds
+
+
+def _source_seconds(mode: str, workers: int, per_row: float, prefetch: int, rows_: int = 600,
+                    row_bytes: int = 16 * KiB) -> float:
+    stats = replace(rows(row_bytes, per_row, length=rows_), parallel_fraction=0.0)
+    return planning._epoch_seconds(mode, workers, stats, rows_, planning.Costs(), prefetch=prefetch)
+
+
+@pytest.mark.parametrize("mode", [THREADS, PROCESSES])
+def test_a_sources_workers_are_priced_no_faster_than_mindspores_polling_lets_rows_through(mode):
+    """MindSpore's GeneratorDataset main process sleeps 0.1 s where the worker it takes the next row from has none
+    ready: 2 workers of 0.5-2 ms rows delivered one every 2.2-3.2 ms (measured, 2.10), slower than inline."""
+    floor = 600 * planning.POLL_SECONDS / (2 * (16 + 1))
+    for per_row in (0.5e-3, 1e-3, 2e-3):
+        assert _source_seconds(mode, 2, per_row, 16) >= floor
+        assert _source_seconds(mode, 2, per_row, 16) > _source_seconds(INLINE, 1, per_row, 16)
+    # rows slower than the polling lets through are priced by their work as before
+    assert _source_seconds(PROCESSES, 2, 20e-3, 16) < _source_seconds(INLINE, 1, 20e-3, 16) * 0.6
+    # rows made faster than the main process takes them never wait on the polling
+    assert _source_seconds(mode, 2, 1e-5, 16) < 0.5 * floor
+    # a map's or a batch's pool is not polled so
+    stats = replace(rows(16 * KiB, 0.5e-3, length=600), parallel_fraction=0.0)
+    assert planning._epoch_seconds(mode, 2, stats, 600, planning.Costs()) < floor
+
+
+def test_a_lower_prefetch_makes_worker_processes_slower_not_only_smaller():
+    """Each worker process holds ``max(2, min(P, 4P // W))`` indices: bench_core's 8 ms JPEG rows in 2 processes
+    took 16-18 ms each at prefetch 2 and 10-11 ms at 4, against 5 ms at 16 (2.10)."""
+    at = {p: _source_seconds(PROCESSES, 2, 8e-3, p, rows_=100, row_bytes=2 * MiB) / 100 for p in (2, 4, 16)}
+    assert at[2] > at[4] > at[16]
+    assert 0.012 < at[2] < 0.03 and 0.007 < at[4] < 0.015 and at[16] < 0.007
+    assert _source_seconds(THREADS, 2, 8e-3, 2, rows_=100) == _source_seconds(THREADS, 2, 8e-3, 16, rows_=100)
+
+
+def test_small_cheap_rows_stay_in_mindspores_own_thread():
+    """An audit's 2000 rows of 16 KiB and ~0.6 ms of numpy: 2 worker processes 5.0-5.3 s, threads 5.9, inline
+    1.3 s; ms_shm priced the processes at 1.28 s."""
+    p = planning.plan_generator(rows(16 * KiB, 0.6e-3, length=2000), ask(), room(), V210)
+    assert (p.mode, p.workers) == (INLINE, 1)
+    kept = planning.plan_generator(rows(16 * KiB, 0.6e-3, length=2000), ask(workers=2), room(), V210)
+    assert kept.workers == 2 and kept.estimated_seconds >= 2000 * planning.POLL_SECONDS / 34
+
+
 def test_a_batch_pools_slots_are_max_rowsize_times_the_batch_size():
     """MindSpore sizes a per_batch_map pool's slots at max_rowsize x batch_size: an audit's 2.0 batch of 4 with 2
     workers asked its pre-check for 768 MiB, where ms_shm priced 192 MiB and neither adapted nor refused."""

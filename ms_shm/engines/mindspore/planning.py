@@ -69,8 +69,10 @@ def priced_rows(rows: int | None) -> int:
 
 
 def _epoch_seconds(mode: str, workers: int, stats: RowStats, rows: int, costs: Costs,
-                   start_method: str = "fork", cpus: int | None = None) -> float | None:
-    """Estimated seconds for one epoch; ``None`` when the rows were not timed.
+                   start_method: str = "fork", cpus: int | None = None, prefetch: int | None = None
+                   ) -> float | None:
+    """Estimated seconds for one epoch; ``None`` when the rows were not timed. ``prefetch``: a GeneratorDataset's
+    (its worker queues' depth, ``_polled_row``); ``None`` for a map or batch, whose pools are not polled.
 
     Threads: waiting (I/O, sleep) overlaps across threads; of the CPU part, what the probe measured running
     outside the GIL (``parallel_fraction``) spreads over the threads and cores, the rest and the per-row hand-off
@@ -95,13 +97,43 @@ def _epoch_seconds(mode: str, workers: int, stats: RowStats, rows: int, costs: C
         free = 0.0 if pooled else stats.parallel_fraction or 0.0
         serial = t * cpu * (1 - free) + overhead
         spread = cores if pooled else min(workers, cores)  # a pool spreads one thread's row over the cores
-        per_row = max(serial, (work + overhead) / spread) + t * (1 - cpu) / workers
+        made = max(serial, (work + overhead) / spread) + t * (1 - cpu) / workers
+        per_row = max(made, _polled_row(mode, workers, prefetch)) if made > max(overhead, CAUGHT_UP_FROM) else made
     else:
-        per_row = max(t / workers, overhead, (work + overhead) / cores) + 0.25 * overhead
+        made = max(t / workers, (work + overhead) / cores)
+        per_row = max(made, overhead) + 0.25 * overhead
+        if made > max(overhead, CAUGHT_UP_FROM):
+            per_row = max(per_row, _polled_row(mode, workers, prefetch))
     start = costs.start(mode)
     if mode in (PROCESSES, PIPES) and start_method == "spawn":
         start += costs.spawn_startup
     return start + rows * per_row
+
+
+# MindSpore's GeneratorDataset main process (2.0 to 2.10, ``SamplerFn.process``) takes row i from worker i % W and,
+# where that worker's result queue is empty, sleeps 0.1 s before it looks again; meanwhile each worker makes at
+# most the rows it holds: its queue of indices and the one it is on. Where the workers make rows slower than the
+# main process takes them, it catches up and sleeps, so an epoch runs no faster than W x (depth + 1) rows per
+# 0.1 s, whatever the rows cost. Measured on 2.10 (2 workers, 16 KiB rows of pure Python, 600 rows): rows of
+# 0.5, 1, 2 and 5 ms took 2.2, 2.5, 3.1, 4.8 ms each on threads and 2.7, 2.9, 3.2, 3.7 ms in processes, against
+# 0.5, 0.9, 1.9, 4.6 ms read inline; bench_core's 8 ms JPEG rows in processes took 16-18 ms each at prefetch 2
+# (depth 2) and 10-11 ms at 4, against 5 ms at 16 (rows of the source's cost or less are made faster than the main
+# process takes them, and never wait: 16 KiB rows of no work, 0.4 ms each in processes).
+POLL_SECONDS = 0.1
+# ... but the main process has its own per-row work (the iterator, a batch): workers making a row in less time
+# are never caught up with (16 KiB rows of no work: 0.4-0.6 ms each on 2 threads or 2 processes, not 2.9 ms;
+# bench_core's 8 MiB rows, 0.4-0.5 s an epoch of 100 on either).
+CAUGHT_UP_FROM = 3e-4
+THREAD_QUEUE = 16  # a worker thread's queues (``_GeneratorWorker``: ``queue.Queue(16)``), whatever the prefetch
+
+
+def _polled_row(mode: str, workers: int, prefetch: int | None) -> float:
+    """The fewest seconds per row MindSpore's polling of ``workers`` lets through (see ``POLL_SECONDS``); 0 for a
+    map or batch (``prefetch`` ``None``), one worker (read in MindSpore's own thread) or inline."""
+    if prefetch is None or workers <= 1 or mode == INLINE:
+        return 0.0
+    depth = THREAD_QUEUE if mode == THREADS else model.queue_size(prefetch, workers)
+    return POLL_SECONDS / (workers * (depth + 1))
 
 
 def _prefetch_options(current: int) -> list:
@@ -199,10 +231,11 @@ def _candidates(stats: RowStats, req: Request, budget: Budget, profile: EnginePr
                 why = _why_not(mode, shm, fds, static, req, budget.at_prefetch(p), stats, memory)
                 if mode == THREADS and budget.shm_bytes is None and profile.threads_need_dev_shm:
                     why.append(f"MindSpore {profile.version} needs /dev/shm for threads too (a multiprocessing.Value)")
-                secs = _epoch_seconds(mode, w, stats, priced_rows(rows), costs, req.start_method, req.usable_cpus)
+                secs = _epoch_seconds(mode, w, stats, priced_rows(rows), costs, req.start_method, req.usable_cpus,
+                                      prefetch=p)
                 out.append(Candidate(mode, w, p, shm, fds, secs, not why, "; ".join(why), memory))
                 if not why:
-                    break  # lower prefetch only costs queue depth once this one fits
+                    break  # a lower prefetch is never faster (``_polled_row``) once this one fits
     return out
 
 
@@ -348,8 +381,8 @@ def _in_process(best: Candidate, stats: RowStats, req: Request, costs: Costs) ->
     options = _in_process_options(req, stats)
     if not options:
         return ()
-    return min(options, key=lambda o: _epoch_seconds(*o, stats, rows, costs, req.start_method, req.usable_cpus)
-               or 0.0)
+    return min(options, key=lambda o: _epoch_seconds(*o, stats, rows, costs, req.start_method, req.usable_cpus,
+                                                     prefetch=best.prefetch) or 0.0)
 
 
 def _in_process_options(req: Request, stats: RowStats) -> list:
@@ -376,7 +409,7 @@ def _lean_generator(best: Candidate, stats: RowStats, req: Request, row: int, co
     if memory >= best.memory or shm > best.shm or fds > best.fds:
         return None
     return plan.Lean(mode, w, _epoch_seconds(mode, w, stats, priced_rows(rows), costs, req.start_method,
-                                             req.usable_cpus),
+                                             req.usable_cpus, prefetch=best.prefetch),
                      tuple(needs(mode, w, p) for p in range(1, best.prefetch + 1)))
 
 
@@ -430,14 +463,17 @@ def _map_mode(req: Request) -> str:
     return PROCESSES if req.multiprocessing is True else THREADS
 
 
-def _mode_reason(best: Candidate, fitting: list, req: Request, stats: RowStats) -> str:
+def _mode_reason(best: Candidate, fitting: list, req: Request, stats: RowStats, native: bool = False) -> str:
+    """``native``: a map of MindSpore's C++ transforms only (``plan_map``'s ``python_pool`` False)."""
     if best.seconds is None:
         return "rows were not timed: MindSpore's default transport that fits"
     rivals = sorted((c for c in fitting if c.mode != best.mode), key=lambda c: c.seconds or 0)
     free = stats.parallel_fraction
     unpaired = f", rows over {mib(parallel.PAIR_ROWS_UP_TO)} being read one at a time" \
         if (stats.row_bytes_max or 0) > parallel.PAIR_ROWS_UP_TO else ""
-    gil = (f"; its CPU work's share outside the GIL was not measured{unpaired} (taken as none)" if free is None else
+    gil = ("; MindSpore's C++ transforms, which its map threads run outside the GIL (the probe's own calls hold it)"
+           if native else
+           f"; its CPU work's share outside the GIL was not measured{unpaired} (taken as none)" if free is None else
            f", {free:.0%} of their CPU work ran outside the GIL (two rows read at once)")
     if stats.pooled:
         gil += (f"; their library kept {stats.cores_busy:.1f} CPUs busy on its own thread pool, which threads "
@@ -494,6 +530,13 @@ def cap_workers(workers: int | None, cpu_count: int) -> tuple:
                                 f"MindSpore refuses more workers than os.cpu_count()={cpu_count}", asked=True)]
 
 
+# A map whose operations are all MindSpore's C++ transforms runs them in its own C++ threads, which never take the
+# GIL; the probe calls them eagerly from Python, and an eager call holds it. Measured on 2.10 (an audit: 384 JPEG
+# rows through Decode, Resize, Normalize, HWC2CHW, batch 32): eager calls on two threads gained nothing (0.94x),
+# read as 0% outside the GIL, and the map got 1 thread, 0.77-0.80 s, where MindSpore's default 2 took 0.33-0.44 s.
+NATIVE_FRACTION = 1.0
+
+
 def plan_map(in_bytes: int, out_bytes: int, seconds_per_row: float | None, cpu_fraction: float | None,
              rows: int | None, request: Request, budget: Budget, profile: EngineProfile,
              sysv_limit: int | None = None, shmmax: int | None = None, worker_bytes: int | None = None,
@@ -509,6 +552,8 @@ def plan_map(in_bytes: int, out_bytes: int, seconds_per_row: float | None, cpu_f
     """
     req = request
     row = max(in_bytes, out_bytes)
+    if not python_pool:
+        parallel_fraction = NATIVE_FRACTION
     stats = RowStats(True, rows, 0, (), (), row, row, seconds_per_row, cpu_fraction, 0.0,
                      parallel_fraction=parallel_fraction, cores_busy=cores_busy)
     modes = [PROCESSES] if req.multiprocessing is True else [THREADS] if req.multiprocessing is False \
@@ -544,7 +589,7 @@ def plan_map(in_bytes: int, out_bytes: int, seconds_per_row: float | None, cpu_f
                                   if lowered * model.MiB * slot_rows > row else
                                   f"fit where slots for the probe rows ({mib(row)}) do not: the rows go through "
                                   f"the pool's pipe instead, the same rows")))
-    reason = _mode_reason(best, fitting, req, stats) if seconds_per_row is not None else \
+    reason = _mode_reason(best, fitting, req, stats, native=not python_pool) if seconds_per_row is not None else \
         "operations were not timed: MindSpore's default transport that fits"
     if rows is None and seconds_per_row is not None:
         reason += f"; the rows per epoch are unknown before it runs: priced at {UNKNOWN_ROWS}"

@@ -90,7 +90,7 @@ def _epoch_seconds(mode: str, workers: int, stats: RowStats, rows: int, costs: C
     cores = max(1, cpus or workers)
     overhead = costs.row(mode, stats.row_bytes_max)
     if mode == INLINE:
-        per_row = t + overhead
+        made = per_row = t + overhead
     elif mode == THREADS:
         # One thread at a time holds the GIL for the row's serial part and MindSpore's per-row hand-off; the
         # rest runs beside it, as far as the cores go; waiting overlaps across threads.
@@ -98,13 +98,14 @@ def _epoch_seconds(mode: str, workers: int, stats: RowStats, rows: int, costs: C
         serial = t * cpu * (1 - free) + overhead
         spread = cores if pooled else min(workers, cores)  # a pool spreads one thread's row over the cores
         made = max(serial, (work + overhead) / spread) + t * (1 - cpu) / workers
-        per_row = max(made, _polled_row(mode, workers, prefetch)) if made > max(overhead, CAUGHT_UP_FROM) else made
+        per_row = made
     else:
         made = max(t / workers, (work + overhead) / cores)
         per_row = max(made, overhead) + 0.25 * overhead
-        if made > max(overhead, CAUGHT_UP_FROM):
-            per_row = max(per_row, _polled_row(mode, workers, prefetch))
     start = costs.start(mode)
+    polled = _polled_row(mode, workers, prefetch) if made > max(overhead, CAUGHT_UP_FROM) else 0.0
+    if polled > per_row:  # the first poll is one of the epoch's: the start-up figures were fitted with it in
+        per_row, start = polled, max(0.0, start - POLL_SECONDS)
     if mode in (PROCESSES, PIPES) and start_method == "spawn":
         start += costs.spawn_startup
     return start + rows * per_row

@@ -509,8 +509,9 @@ def _plan_source(probe: measure.StageProbe, req: Request, kwargs: dict, config: 
     if probe.stats is None:
         p = eng.planning.plan_unmeasured(req, SESSION.budget(facts), profile, probe.unmeasured)
     else:
-        costs = eng.planning.Costs().on_this_host(hostcost.for_rows(probe.stats.row_bytes_max,
-                                                                    _serial_epoch(probe.stats, req)))
+        polled = getattr(config, "generator_poll_seconds", None)  # the engine's poll in this process, where known
+        costs = eng.planning.Costs(**({"poll_seconds": polled} if polled else {})).on_this_host(
+            hostcost.for_rows(probe.stats.row_bytes_max, _serial_epoch(probe.stats, req)))
         p = _with_room(lambda b: _fit(lambda r: eng.planning.plan_generator(probe.stats, r, b, profile, costs), req,
                                       bool(bound)), facts)
     return replace(p, decisions=tuple(decisions) + p.decisions, rows_per_epoch=req.rows_per_epoch)

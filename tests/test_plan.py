@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from ms_shm import budget, model, plan
-from ms_shm.engines.mindspore import planning
+from ms_shm.engines.mindspore import planning, polling
 from ms_shm.plan import INLINE, PIPES, PROCESSES, THREADS, Request, ShmBudgetError
 from ms_shm.rows import RowStats
 
@@ -204,7 +204,7 @@ def _source_seconds(mode: str, workers: int, per_row: float, prefetch: int, rows
 def test_a_sources_workers_are_priced_no_faster_than_mindspores_polling_lets_rows_through(mode):
     """MindSpore's GeneratorDataset main process sleeps 0.1 s where the worker it takes the next row from has none
     ready: 2 workers of 0.5-2 ms rows delivered one every 2.2-3.2 ms (measured, 2.10), slower than inline."""
-    floor = 600 * planning.POLL_SECONDS / (2 * (16 + 1))
+    floor = 600 * polling.POLL_SECONDS / (2 * (16 + 1))
     for per_row in (0.5e-3, 1e-3, 2e-3):
         assert _source_seconds(mode, 2, per_row, 16) >= floor
         assert _source_seconds(mode, 2, per_row, 16) > _source_seconds(INLINE, 1, per_row, 16)
@@ -226,6 +226,18 @@ def test_a_lower_prefetch_makes_worker_processes_slower_not_only_smaller():
     assert _source_seconds(THREADS, 2, 8e-3, 2, rows_=100) == _source_seconds(THREADS, 2, 8e-3, 16, rows_=100)
 
 
+def test_with_ms_shms_shorter_poll_workers_are_priced_at_their_work():
+    """With the poll at 2 ms (``polling``), the audit's 2000 rows of ~0.6 ms in 2 processes took 1.2 s (5.0 raw):
+    workers are worth it again, and an iterator's first row no longer waits 0.1 s."""
+    shorter = planning.Costs(poll_seconds=polling.SHORTER_POLL)
+    p = planning.plan_generator(rows(16 * KiB, 0.6e-3, length=2000), ask(workers=2), room(), V210, shorter)
+    assert p.estimated_seconds < 1.5
+    stats = replace(rows(16 * KiB, 1e-3, length=20), parallel_fraction=0.0)
+    for mode in (THREADS, PROCESSES):
+        raw = planning._epoch_seconds(mode, 2, stats, 20, planning.Costs(), prefetch=16)
+        assert planning._epoch_seconds(mode, 2, stats, 20, shorter, prefetch=16) < raw - 0.07
+
+
 def test_a_polled_epoch_pays_its_first_poll_once():
     """64 ragged rows of ~0.9 ms, up to 830 KiB, 2 explicit worker processes under 64 MB: 0.23 s in processes,
     0.33-0.43 s through pipes (measured, 2.10); the start-up figure already holds the first 0.1 s poll."""
@@ -241,7 +253,7 @@ def test_small_cheap_rows_stay_in_mindspores_own_thread():
     p = planning.plan_generator(rows(16 * KiB, 0.6e-3, length=2000), ask(), room(), V210)
     assert (p.mode, p.workers) == (INLINE, 1)
     kept = planning.plan_generator(rows(16 * KiB, 0.6e-3, length=2000), ask(workers=2), room(), V210)
-    assert kept.workers == 2 and kept.estimated_seconds >= 2000 * planning.POLL_SECONDS / 34
+    assert kept.workers == 2 and kept.estimated_seconds >= 2000 * polling.POLL_SECONDS / 34
 
 
 def test_a_batch_pools_slots_are_max_rowsize_times_the_batch_size():

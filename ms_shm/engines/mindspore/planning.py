@@ -11,6 +11,7 @@ says, a static ``max_rowsize`` cannot be pickled for spawn, spawn pools cost sec
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -18,6 +19,7 @@ from ms_shm import parallel, plan
 from ms_shm._results import Result, free_text, mib, record
 from ms_shm.budget import Budget
 from ms_shm.engines.mindspore import arithmetic as model
+from ms_shm.engines.mindspore import polling
 from ms_shm.engines.mindspore.profiles import EngineProfile, profile_for
 from ms_shm.errors import ShmBudgetError
 from ms_shm.plan import INLINE, MODES, PIPES, PROCESSES, THREADS, Candidate, Decision, Plan, Request
@@ -44,6 +46,9 @@ class Costs(Result):
                       (PIPES, 3e-4, 2.3e-3))
     startup: tuple = ((INLINE, 0.0), (THREADS, 0.10), (PROCESSES, 0.20), (PIPES, 0.20))
     spawn_startup: float = 3.8  # spawn re-imports MindSpore in each worker: 2.1 s to start, 1.7 s to stop
+    # how often a GeneratorDataset's main process looks for its workers' next row (``polling``); the start-up
+    # figures above were fitted with MindSpore's own 0.1 s, whose first poll every iterator of workers waits
+    poll_seconds: float = polling.POLL_SECONDS
 
     def row(self, mode: str, row_bytes: int) -> float:
         a, b = next((a, b) for m, a, b in self.per_row if m == mode)
@@ -103,24 +108,24 @@ def _epoch_seconds(mode: str, workers: int, stats: RowStats, rows: int, costs: C
         made = max(t / workers, (work + overhead) / cores)
         per_row = max(made, overhead) + 0.25 * overhead
     start = costs.start(mode)
-    polled = _polled_row(mode, workers, prefetch) if made > max(overhead, CAUGHT_UP_FROM) else 0.0
-    if polled > per_row:  # the first poll is one of the epoch's: the start-up figures were fitted with it in
-        per_row, start = polled, max(0.0, start - POLL_SECONDS)
+    polled = _polled_row(mode, workers, prefetch, costs.poll_seconds)
+    epoch = rows * per_row
+    if polled:  # a GeneratorDataset's workers: the first row waits one poll, as in the start-up figures
+        start = max(0.0, start - polling.POLL_SECONDS + costs.poll_seconds)
+        if made > max(overhead, CAUGHT_UP_FROM) and polled > per_row:  # polls, the first one among them
+            start = max(0.0, start - costs.poll_seconds)
+            epoch = math.ceil(rows * polled / costs.poll_seconds - 1e-9) * costs.poll_seconds
     if mode in (PROCESSES, PIPES) and start_method == "spawn":
         start += costs.spawn_startup
-    return start + rows * per_row
+    return start + epoch
 
 
-# MindSpore's GeneratorDataset main process (2.0 to 2.10, ``SamplerFn.process``) takes row i from worker i % W and,
-# where that worker's result queue is empty, sleeps 0.1 s before it looks again; meanwhile each worker makes at
-# most the rows it holds: its queue of indices and the one it is on. Where the workers make rows slower than the
-# main process takes them, it catches up and sleeps, so an epoch runs no faster than W x (depth + 1) rows per
-# 0.1 s, whatever the rows cost. Measured on 2.10 (2 workers, 16 KiB rows of pure Python, 600 rows): rows of
-# 0.5, 1, 2 and 5 ms took 2.2, 2.5, 3.1, 4.8 ms each on threads and 2.7, 2.9, 3.2, 3.7 ms in processes, against
-# 0.5, 0.9, 1.9, 4.6 ms read inline; bench_core's 8 ms JPEG rows in processes took 16-18 ms each at prefetch 2
-# (depth 2) and 10-11 ms at 4, against 5 ms at 16 (rows of the source's cost or less are made faster than the main
-# process takes them, and never wait: 16 KiB rows of no work, 0.4 ms each in processes).
-POLL_SECONDS = 0.1
+# MindSpore's GeneratorDataset main process polls its workers (``polling``): where the workers make rows slower
+# than it takes them, it catches up and waits a poll, so an epoch runs no faster than W x (depth + 1) rows per
+# poll, whatever the rows cost; the depth is what a worker holds indices for. Measured on 2.10 with MindSpore's own
+# 0.1 s poll (2 workers, 16 KiB rows of pure Python, 600 rows): rows of 0.5, 1, 2 and 5 ms took 2.2, 2.5, 3.1, 4.8
+# ms each on threads and 2.7, 2.9, 3.2, 3.7 ms in processes, against 0.5, 0.9, 1.9, 4.6 ms read inline; bench_core's
+# 8 ms JPEG rows in processes took 16-18 ms each at prefetch 2 (depth 2) and 10-11 ms at 4, against 5 ms at 16.
 # ... but the main process has its own per-row work (the iterator, a batch): workers making a row in less time
 # are never caught up with (16 KiB rows of no work: 0.4-0.6 ms each on 2 threads or 2 processes, not 2.9 ms;
 # bench_core's 8 MiB rows, 0.4-0.5 s an epoch of 100 on either).
@@ -128,13 +133,14 @@ CAUGHT_UP_FROM = 3e-4
 THREAD_QUEUE = 16  # a worker thread's queues (``_GeneratorWorker``: ``queue.Queue(16)``), whatever the prefetch
 
 
-def _polled_row(mode: str, workers: int, prefetch: int | None) -> float:
-    """The fewest seconds per row MindSpore's polling of ``workers`` lets through (see ``POLL_SECONDS``); 0 for a
-    map or batch (``prefetch`` ``None``), one worker (read in MindSpore's own thread) or inline."""
+def _polled_row(mode: str, workers: int, prefetch: int | None, poll: float = polling.POLL_SECONDS) -> float:
+    """The fewest seconds per row a GeneratorDataset's polling of ``workers`` every ``poll`` seconds lets through;
+    0 for a map or batch (``prefetch`` ``None``: their pools are not polled so), one worker (read in MindSpore's
+    own thread) or inline."""
     if prefetch is None or workers <= 1 or mode == INLINE:
         return 0.0
     depth = THREAD_QUEUE if mode == THREADS else model.queue_size(prefetch, workers)
-    return POLL_SECONDS / (workers * (depth + 1))
+    return poll / (workers * (depth + 1))
 
 
 def _prefetch_options(current: int) -> list:

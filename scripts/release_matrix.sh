@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 # 3.12 under numpy<2 needs scipy<1.18, whose 1.18 wheels need NumPy 2 and break `import mindspore`): 2.10.0 runs
 # here on Python 3.12 with NumPy 1, beside the main suite's 3.11 with NumPy 2, so its DataLoader's workers run too
 MATRIX=${MS_SHM_MATRIX:-"2.0.0:3.9:numpy<2,pillow<10 2.7.2:3.11:numpy<2 2.8.0:3.11:numpy<2 2.9.0:3.11:numpy<2 2.10.0:3.12:numpy<2,scipy<1.18"}
-TESTS=${MS_SHM_MATRIX_TESTS:-"tests/test_fidelity.py tests/test_fidelity_small_shm.py tests/test_releases.py tests/test_loaders_mindspore.py tests/test_codescan.py"}
+TESTS=${MS_SHM_MATRIX_TESTS:-"tests/test_fidelity.py tests/test_fidelity_small_shm.py tests/test_releases.py tests/test_loaders_mindspore.py tests/test_codescan.py tests/test_polling.py"}
 
 python_for() {  # the interpreter for a Python version: pyenv's, else one on PATH
   local v=$1 found

@@ -106,6 +106,8 @@ def _shorten_generator_poll() -> None:
         module = importlib.import_module(_SAMPLER_MODULE)
     except ImportError:
         return
+    if polling.installed(module):
+        return
     process = getattr(getattr(module, "SamplerFn", None), "process", None)
     if getattr(module, "time", None) is not time or not polling.polls(getattr(process, "__code__", None)):
         log.debug("ms_shm: this MindSpore's GeneratorDataset does not poll as 2.0-2.10 do: its poll is kept")

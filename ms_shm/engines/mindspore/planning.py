@@ -133,7 +133,7 @@ CAUGHT_UP_FROM = 3e-4
 THREAD_QUEUE = 16  # a worker thread's queues (``_GeneratorWorker``: ``queue.Queue(16)``), whatever the prefetch
 
 
-def _polled_row(mode: str, workers: int, prefetch: int | None, poll: float = polling.POLL_SECONDS) -> float:
+def _polled_row(mode: str, workers: int, prefetch: int | None, poll: float) -> float:
     """The fewest seconds per row a GeneratorDataset's polling of ``workers`` every ``poll`` seconds lets through;
     0 for a map or batch (``prefetch`` ``None``: their pools are not polled so), one worker (read in MindSpore's
     own thread) or inline."""

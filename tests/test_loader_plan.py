@@ -211,6 +211,12 @@ def test_one_worker_slower_than_none_alone_is_kept_for_the_loop_it_overlaps():
     assert "beside the program's loop" in reason and "beside such a loop" in reason, reason
 
 
+@pytest.mark.parametrize("framework, word", [("torch", "2 storage(s)"), ("mindspore-dataloader", "2 tensor(s)")])
+def test_a_batchs_shared_memory_files_are_named_in_the_frameworks_word(framework, word):
+    p = plan_loader(stats(**BENCH), LoaderRequest(framework, usable_cpus=2), room(), LoaderProfile("x", None))
+    assert f"16.0 MiB in {word}" in p.decisions[0].reason, p.decisions[0].reason
+
+
 def test_start_prices_the_measured_fork_per_worker_and_spawn_an_import():
     s = stats()
     assert planning.start_seconds(0, s, ask(), TORCH_COSTS) == 0

@@ -443,7 +443,7 @@ def _nofile_decision(best: Candidate, strategy: str, stats: BatchStats, req: Loa
     if target <= soft:
         return []  # nothing to raise it to: the hard limit is the soft one (``tune()`` then picks file_system)
     if best.fds > room:
-        why = f"{best.fds} fds for the batches in flight ({stats.storages} storage(s) each) > {room} left"
+        why = f"{best.fds} fds for the batches in flight ({_storages(stats.storages, req)} each) > {room} left"
     else:
         why = (f"{best.fds} fds for the batches in flight and {kept} more for an epoch's batches the program may "
                f"keep ({stats.storages} fd(s) each under {strategy} until freed: `list(loader)`, a buffer of "
@@ -485,7 +485,7 @@ def _mode_decision(best: Candidate, stats: BatchStats, req: LoaderRequest, fitti
                    beside: Callable[[Candidate], float | None]) -> Decision:
     """``beside``: a candidate's epoch beside a loop as long as the samples (``_loops``)."""
     default = req.workers if req.workers is not None else 0
-    timing = f"probe batch: {mib(stats.batch_bytes)} in {stats.storages} storage(s){_shared_text(stats)}, " + (
+    timing = f"probe batch: {mib(stats.batch_bytes)} in {_storages(stats.storages, req)}{_shared_text(stats)}, " + (
         "samples not timed" if stats.seconds_per_sample is None else
         f"{stats.seconds_per_sample * 1e3:.2f} ms per sample{_inline_text(stats)}") + (
         "; one batch more counted as held by the loop (made by a library whose loop reads one batch ahead)"
@@ -507,6 +507,12 @@ def _mode_decision(best: Candidate, stats: BatchStats, req: LoaderRequest, fitti
                 if faster else "fastest that fits")
         why = f"{lead}: {est}{timing}"
     return Decision("num_workers", best.workers, default, why)
+
+
+def _storages(count: int, req: LoaderRequest) -> str:
+    """A batch's shared-memory files in the framework's word: torch's tensor storages, MindSpore's tensors (an
+    audit was told of "storage(s)" by MindSpore's DataLoader)."""
+    return f"{count} {'storage(s)' if req.framework == 'torch' else 'tensor(s)'}"
 
 
 def _epochs(c: Candidate, beside: Callable[[Candidate], float | None]) -> str:
@@ -567,7 +573,7 @@ def _no_fit(items: list, stats: BatchStats, req: LoaderRequest, budget: Budget) 
     if locked:
         fixes.append(f"{drop} (the batches would then differ: {req.workers_locked})")
     return (f"No DataLoader configuration honouring {', '.join(asked) or 'the request'} fits: batches of "
-            f"{mib(stats.batch_bytes)} in {stats.storages} storage(s){_shared_text(stats)}; the smallest needs {mib(least.shm)} of /dev/shm "
+            f"{mib(stats.batch_bytes)} in {_storages(stats.storages, req)}{_shared_text(stats)}; the smallest needs {mib(least.shm)} of /dev/shm "
             f"against {mib(budget.shm_bytes)} ({budget.reason}) and {least.fds} fds against "
             f"{budget.fds if budget.fds is not None else 'unlimited'}{memory_text}. Why: {' | '.join(reasons)[:600]}. "
             f"Fix: {'; or '.join(f for f in fixes if f)}.")

@@ -12,7 +12,6 @@ by ``loaders``).
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable
 
 from ms_shm import budget as budget_mod
 from ms_shm import plan, sizes
@@ -211,12 +210,10 @@ def steady_sample(stats: BatchStats, costs: WorkerCosts = DEFAULT_COSTS) -> tupl
 
 
 def _seconds(stats: BatchStats, workers: int, req: LoaderRequest, costs: WorkerCosts,
-             piped: bool = False, loop: float = 0.0) -> float | None:
+             piped: bool = False) -> float | None:
     """One epoch: the samples' work in the main process, or spread over the workers (their CPU work over the
     free CPUs too), with each batch's transfer (a worker's) and receipt (the main process's), and the workers'
-    start and stop; ``piped``: each batch through its worker's pipe besides (``PIPE_SECONDS_PER_MIB``).
-    ``loop``: the seconds an epoch of the program's own loop takes on the batches (``_loops``), CPU work of the
-    main process: after each batch's samples without workers, beside the workers' reads with them."""
+    start and stop; ``piped``: each batch through its worker's pipe besides (``PIPE_SECONDS_PER_MIB``)."""
     if stats.seconds_per_sample is None:
         return None
     samples = 100 * stats.batch_size if stats.samples is None else stats.samples  # zero is known: no epoch to speed up
@@ -224,10 +221,10 @@ def _seconds(stats: BatchStats, workers: int, req: LoaderRequest, costs: WorkerC
     wall, cpu = steady_sample(stats, costs)
     work = samples * wall
     if workers == 0:
-        return work + loop
+        return work
     transfer = batches * costs.transfer_seconds_per_mib * stats.batch_bytes / (1 << 20)
     busy = samples * cpu + transfer  # what needs a CPU; the rest (waiting) overlaps over the workers
-    receive = batches * (PER_BATCH_SECONDS + PER_STORAGE_SECONDS * stats.storages) + loop
+    receive = batches * (PER_BATCH_SECONDS + PER_STORAGE_SECONDS * stats.storages)
     cpus = cpus_free(stats, req)
     spread = max((work + transfer) / workers, busy / min(workers, cpus), (busy + receive) / cpus, receive)
     piping = batches * PIPE_SECONDS_PER_MIB * stats.batch_bytes / (1 << 20) if piped else 0.0
@@ -323,38 +320,15 @@ def _pipes_decision(best: Candidate, items: list, req: LoaderRequest, budget: Bu
                     f"and its speed: {fix}")
 
 
-def _loops(stats: BatchStats, req: LoaderRequest, costs: WorkerCosts) -> tuple:
-    """The epochs of the program's own loop each candidate is priced beside: none, and one as long as the samples
-    take to read (the epoch without workers, less its loop: a loader is sized to keep up with its loop). The
-    loop is unknown when the loader is built, and where it takes time, workers overlap it and ``num_workers=0``
-    adds it: priced at none alone, one worker always lost to none (the same samples, and the batches to move),
-    and under 64 MB, where 2 workers did not fit, the loader kept none; one worker ran 2.43-2.46 s an epoch
-    where none took 3.44 (torch 2.13, bench_dataloader's loop, which hashes every batch: 3 rounds, the host
-    busy)."""
-    inline = _seconds(stats, 0, req, costs)
-    return (0.0,) if not inline else (0.0, inline)
-
-
-def _regrets(fitting: list, stats: BatchStats, req: LoaderRequest, costs: WorkerCosts) -> list:
-    """Each candidate's worst ratio to the fastest beside the same loop, over ``_loops`` (``None``: not timed):
-    the candidate whose worst is the least loses least, whatever the loop takes."""
-    loops = _loops(stats, req, costs)
-    epochs = [[_seconds(stats, c.workers, req, costs, c.mode == PIPES, loop) for c, _ in fitting] for loop in loops]
-    fastest = [min((s for s in row if s is not None), default=None) for row in epochs]
-    return [None if any(row[k] is None or not best for row, best in zip(epochs, fastest)) else
-            max(row[k] / best for row, best in zip(epochs, fastest)) for k in range(len(fitting))]
-
-
-def _rank(item: tuple, req: LoaderRequest, regret: float | None, least: float | None,
-          kept_short: bool = False) -> tuple:
-    """The least worst ratio to the fastest first (``_regrets``), where every one within ``plan.TIE_FRACTION``
-    of the least ties (a few probe samples cannot tell them apart); then one whose kept batches fit the
-    open-files limit (``_kept_short``); then the request's own strategy, then the framework's defaults: the
-    fewest workers (0: none to start), then prefetch 2."""
+def _rank(item: tuple, req: LoaderRequest, fastest: float | None, kept_short: bool = False) -> tuple:
+    """Fastest first, where every estimate within ``plan.TIE_FRACTION`` of the fastest ties (a few probe samples
+    cannot tell them apart); then one whose kept batches fit the open-files limit (``_kept_short``); then the
+    request's own strategy, then the framework's defaults: the fewest workers (0: none to start), then prefetch 2."""
     c, strategy = item
-    tied = least is None or regret is None or regret <= least * (1 + plan.TIE_FRACTION)
+    seconds = c.seconds if c.seconds is not None else 0.0
+    tied = fastest is None or c.seconds is None or seconds <= fastest * (1 + plan.TIE_FRACTION)
     untimed = c.workers if c.seconds is None else 0  # nothing to gain measured: the framework's default, 0
-    return (0.0 if tied else regret, kept_short, strategy != req.strategy, untimed, c.workers, -c.prefetch)
+    return (0.0 if tied else seconds, kept_short, strategy != req.strategy, untimed, c.workers, -c.prefetch)
 
 
 def _kept_short(item: tuple, stats: BatchStats, req: LoaderRequest, room: int | None) -> bool:
@@ -388,15 +362,10 @@ def plan_loader(stats: BatchStats, req: LoaderRequest, budget: Budget, profile: 
         fitting = [i for i in _pipe_candidates(stats, req, budget, costs) if i[0].fits]
     if not fitting:
         raise ShmBudgetError(_no_fit(items, stats, req, budget))
-    regrets = _regrets(fitting, stats, req, costs)
-    least = min((r for r in regrets if r is not None), default=None)
+    fastest = min((c.seconds for c, _ in fitting if c.seconds is not None), default=None)
     room = _fd_room(budget, req)
-    k = min(range(len(fitting)), key=lambda k: _rank(fitting[k], req, regrets[k], least,
-                                                       _kept_short(fitting[k], stats, req, room)))
-    best, strategy = fitting[k]
-    loop = _loops(stats, req, costs)[-1]
-    decisions = [_mode_decision(best, measured, req, fitting, lambda c: None if not loop else _seconds(
-        stats, c.workers, req, costs, c.mode == PIPES, loop))] + sized
+    best, strategy = min(fitting, key=lambda i: _rank(i, req, fastest, _kept_short(i, stats, req, room)))
+    decisions = [_mode_decision(best, measured, req, fitting)] + sized
     if best.mode == PIPES:
         decisions.append(_pipes_decision(best, items, req, budget))
     if best.workers and req.prefetch_factor is None and best.prefetch != model.DEFAULT_PREFETCH_FACTOR:
@@ -481,9 +450,7 @@ def kept_plan(req: LoaderRequest, budget: Budget, profile: object = None) -> Pla
                 (Decision("num_workers", 0, 0, why),))
 
 
-def _mode_decision(best: Candidate, stats: BatchStats, req: LoaderRequest, fitting: list,
-                   beside: Callable[[Candidate], float | None]) -> Decision:
-    """``beside``: a candidate's epoch beside a loop as long as the samples (``_loops``)."""
+def _mode_decision(best: Candidate, stats: BatchStats, req: LoaderRequest, fitting: list) -> Decision:
     default = req.workers if req.workers is not None else 0
     timing = f"probe batch: {mib(stats.batch_bytes)} in {_storages(stats.storages, req)}{_shared_text(stats)}, " + (
         "samples not timed" if stats.seconds_per_sample is None else
@@ -496,15 +463,12 @@ def _mode_decision(best: Candidate, stats: BatchStats, req: LoaderRequest, fitti
         why = f"{req.workers_locked}: the framework's default num_workers=0 is kept; {timing}"
     else:
         rivals = sorted((c for c, _ in fitting if c.workers != best.workers), key=lambda c: c.seconds or 0)
-        vs = f" vs {rivals[0].workers} workers {_epochs(rivals[0], beside)}" if rivals and rivals[0].seconds else ""
-        est = f"{_epochs(best, beside)}{vs}; " if best.seconds is not None else ""
-        faster = rivals and rivals[0].seconds is not None and best.seconds is not None and \
+        vs = f" vs {rivals[0].workers} workers ~{rivals[0].seconds:.2f} s" if rivals and rivals[0].seconds else ""
+        est = f"~{best.seconds:.2f} s/epoch{vs}; " if best.seconds is not None else ""
+        tie = rivals and rivals[0].seconds is not None and best.seconds is not None and \
             rivals[0].seconds < best.seconds
-        overlaps = faster and (beside(best) or 0) < (beside(rivals[0]) or 0)
-        lead = ("fastest that fits beside the program's loop, whose time is not known here: priced beside none "
-                "and beside one as long as the samples, it loses least (workers overlap a loop, none adds it)"
-                if overlaps else f"within {plan.TIE_FRACTION:.0%} of the fastest, the fewer workers kept"
-                if faster else "fastest that fits")
+        lead = (f"within {plan.TIE_FRACTION:.0%} of the fastest, the fewer workers kept"
+                if tie else "fastest that fits")
         why = f"{lead}: {est}{timing}"
     return Decision("num_workers", best.workers, default, why)
 
@@ -513,12 +477,6 @@ def _storages(count: int, req: LoaderRequest) -> str:
     """A batch's shared-memory files in the framework's word: torch's tensor storages, MindSpore's tensors (an
     audit was told of "storage(s)" by MindSpore's DataLoader)."""
     return f"{count} {'storage(s)' if req.framework == 'torch' else 'tensor(s)'}"
-
-
-def _epochs(c: Candidate, beside: Callable[[Candidate], float | None]) -> str:
-    """A candidate's epoch estimates, alone and beside a loop as long as the samples."""
-    loaded = beside(c)
-    return f"~{c.seconds:.2f} s/epoch" + (f" ({loaded:.2f} s beside such a loop)" if loaded is not None else "")
 
 
 def _inline_text(stats: BatchStats) -> str:

@@ -26,7 +26,7 @@ from ms_shm import plan as plan_mod
 from ms_shm._results import Result, mib, record
 from ms_shm.errors import ProcessesUnavailableError, UsageError
 from ms_shm.plan import EXPLICIT, PIPES, Decision, Plan, Request, ShmBudgetError, unasked
-from ms_shm.state import SESSION, Session
+from ms_shm.state import BUILT_THROUGH_MS_SHM, SESSION, Session
 
 log = logging.getLogger("ms_shm")
 
@@ -187,7 +187,8 @@ def _log_tune(report: TuneReport) -> None:
         log.info("ms_shm.tune%s: %s", " (dry run)" if report.dry_run else "", d)
     for change in report.changes:
         log.warning("ms_shm.tune changed %s from %s to %s: %s", change.setting, change.old, change.new, change.reason)
-    SESSION.log_advice_once(report.facts, [a for a in report.advice if a.code not in _SAID_WHEN_USED])
+    SESSION.log_advice_once(report.facts, [a for a in report.advice if a.code not in _SAID_WHEN_USED],
+                            BUILT_THROUGH_MS_SHM)
 
 
 # Advice kept in the report (``ms-shm doctor`` shows it) but not logged by ``tune()``: it concerns an API that

@@ -121,16 +121,19 @@ class Session:
             return
         held, self.held, self.until_pipeline = self.held, [], frozenset()
         for facts, item in held:
-            self.log_advice_once(facts, [_planned_around(item)])
+            self.log_advice_once(facts, [item], PLANNED_BY_MS_SHM)
 
-    def log_advice_once(self, facts: host.HostFacts, items: Sequence[Any]) -> None:
-        """Recommendations go to the log once per process, and only from local rank 0 of a multi-rank job."""
+    def log_advice_once(self, facts: host.HostFacts, items: Sequence[Any], planned: str | None = None) -> None:
+        """Recommendations go to the log once per process, and only from local rank 0 of a multi-rank job.
+        ``planned``: whose pipelines ms_shm plans around advice of a pipeline that dies (``planned_around``),
+        said with each such item logged now (not one held back)."""
         if facts.ranks.local_rank != 0:
             return
         for item in items:
             if getattr(item, "code", None) in self.until_pipeline:
                 self.held.append((facts, item))
                 continue
+            item = planned_around(item, planned) if planned else item
             key = getattr(item, "problem", str(item))
             if key in self.advised:
                 continue
@@ -150,13 +153,20 @@ class Session:
         self.ledger.clear()
 
 
-def _planned_around(item: Any) -> Any:
-    """Held advice of a pipeline that dies (``"crash"``), said once the program builds a pipeline through ms_shm,
-    which plans around it: the advice names how raw MindSpore fails here, and the pipeline will not (an audit's
-    ``ms-shm run`` under 64 MB printed the bus error to come, 27 lines, for a pipeline it then fitted)."""
+PLANNED_BY_MS_SHM = "the pipelines it builds"
+BUILT_THROUGH_MS_SHM = ("the pipelines built through it (build_dataset, map, batch, build_dataloader), not those "
+                        "MindSpore builds directly,")
+
+
+def planned_around(item: Any, whose: str) -> Any:
+    """Advice of a pipeline that dies (``"crash"``), with what ms_shm does about it: the advice names how raw
+    MindSpore fails here, and ``whose`` pipelines will not. Held advice is said so once the program builds a
+    pipeline through ms_shm (an audit's ``ms-shm run`` under 64 MB printed the bus error to come, 27 lines, for a
+    pipeline it then fitted); ``tune()`` says it so at once (an audit read it, under 64 MB, as the fate of the
+    pipelines ``build_dataset`` then fitted)."""
     if getattr(item, "severity", "") != "crash" or not isinstance(getattr(item, "problem", None), str):
         return item
-    return replace(item, problem=f"{item.problem.rstrip('.')}. ms_shm plans the pipelines it builds to fit this instead (each "
+    return replace(item, problem=f"{item.problem.rstrip('.')}. ms_shm plans {whose} to fit this instead (each "
                                  f"change it makes is logged), at some cost in speed; the fix gives them MindSpore's "
                                  f"own settings back.")
 

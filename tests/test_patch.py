@@ -725,6 +725,7 @@ def test_run_says_what_a_typical_generatordataset_needs_only_once_the_script_bui
         assert proc.stderr.count(said) == expected, proc.stderr[-3000:]
         if expected:  # said as the pipeline that needs it is built, not before, and that ms_shm fits it
             assert proc.stderr.index(said) > proc.stderr.index("small built"), proc.stderr[-3000:]
+            assert proc.stderr.count("ms_shm plans the") == 1, proc.stderr[-3000:]  # the held note, not tune()'s too
             assert "ms_shm plans the pipelines it builds to fit this instead" in proc.stderr, proc.stderr[-3000:]
 
 

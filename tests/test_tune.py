@@ -93,6 +93,8 @@ print(json.dumps({}))
     _, log0 = run(body, shm="64m", env={"LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": "0"})
     _, log1 = run(body, shm="64m", env={"LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": "1"})
     assert log0.count("--shm-size=") == 1, "advice is logged once per process, though tune() ran twice"
+    # ... with what ms_shm does about it: an audit read a typical pipeline's bus error as the fate of its own
+    assert log0.count("ms_shm plans the pipelines built through it (build_dataset") == 1, log0[-3000:]
     assert "--shm-size" not in log1
 
 

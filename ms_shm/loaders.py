@@ -357,7 +357,8 @@ def prepare(eng: Any, cls: Any, dataset: Any, args: tuple, kwargs: dict, prefere
         return asked, eng.planning.kept_plan(_request(eng, asked, facts, kept), b, eng.profile())
     if asked.get("num_workers") == 0 and type(asked["num_workers"]) is int and not budget_mod.memory_may_bind(b):
         return asked, eng.planning.kept_plan(_request(eng, asked, facts, NO_WORKERS_PASSED), b, eng.profile())
-    stats, effects, why = _probe(eng, dataset, asked, b, timed=asked.get("num_workers") is None)
+    timed = asked.get("num_workers") is None
+    stats, effects, why = _probe(eng, dataset, asked, b, timed, _workers_win(eng, asked, facts, b) if timed else None)
     locked = _locked(asked_lock, effects) or (_not_as_from_workers(stats) if asked.get("num_workers") is None
                                               else None)
     req = _request(eng, asked, facts, locked or problem, _reader_bound(effects, dataset, asked))
@@ -543,8 +544,16 @@ def _unadapted(error: ShmBudgetError, workers: int, lock: str) -> ShmBudgetError
                           f"streams and runs the code meant for workers). {error}")
 
 
-def _probe(eng: Any, dataset: Any, asked: dict, b: Any, timed: bool) -> tuple:
-    """The probe batch; ``timed``: its samples timed too, where the plan picks ``num_workers`` by them.
+def _workers_win(eng: Any, asked: dict, facts: Any, b: Any) -> Callable:
+    """The planner's ``workers_may_win`` for the probe child, on the request as it stands before the probe: what
+    the probe finds later (samples that draw, read back different) only keeps workers out."""
+    return functools.partial(eng.planning.workers_may_win, req=_request(eng, asked, facts, None), budget=b,
+                             profile=eng.profile())
+
+
+def _probe(eng: Any, dataset: Any, asked: dict, b: Any, timed: bool, workers_win: Callable | None = None) -> tuple:
+    """The probe batch; ``timed``: its samples timed too, where the plan picks ``num_workers`` by them;
+    ``workers_win``: ``probe.measure_batch``'s (where workers cannot fit, what only they need is not read).
 
     A loader a library makes again (Lightning, accelerate, Trainer: ``sites.made_by_a_library``) of the same
     dataset, batch size, ``collate_fn`` and kind of batch sampler (``_batching``) takes the probe of the one
@@ -572,7 +581,7 @@ def _probe(eng: Any, dataset: Any, asked: dict, b: Any, timed: bool) -> tuple:
                                   memory, None if timed else eng.compat.twin, eng.compat.tensor_bytes,
                                   reread=timed, read=eng.compat.sample_reader(batched),
                                   shares=eng.compat.collate_shares if asked.get("collate_fn") else None,
-                                  by_threads=_thread_watch(eng) if timed else None)
+                                  by_threads=_thread_watch(eng) if timed else None, workers_win=workers_win)
     stats, effects, why = measured
     code = (dataset, asked.get("collate_fn"))
     effects = _opened_by_each_reader(effects.with_writes(codescan.stage_writes(*code), codescan.stage_grows(*code)),
@@ -583,7 +592,8 @@ def _probe(eng: Any, dataset: Any, asked: dict, b: Any, timed: bool) -> tuple:
     if stats is not None and method != "fork" and memory:  # a spawned worker imports torch again: its own pages
         stats = replace(stats, worker_bytes=spawncost.worker_bytes(method, stats.worker_bytes))
     held = _weak_callable(collate)
-    if stats is not None and held is not None:  # a probe that failed is tried again: it may not fail twice
+    if stats is not None and held is not None and not stats.workers_ruled_out:  # a probe that failed is tried
+        # again: it may not fail twice; one that ruled workers out read too little for another budget's plan
         _PROBED.put(dataset, key, (held, (stats, effects, why)))
     return stats, effects, why
 

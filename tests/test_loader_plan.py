@@ -315,6 +315,27 @@ def test_the_main_process_reads_are_fresh_neighbours_of_the_last_sample_read():
     assert dataset.read == [0, 999, 500, 501, 502] and s.inline_seconds_per_sample is not None
 
 
+@pytest.mark.parametrize("shm, req, win", [
+    (64 * MiB, ask(), False),  # 16 MiB batches: two workers' prefetch does not fit Docker's 64 MB, one never wins
+    (4 * GiB, ask(), True),
+    (64 * MiB, ask(usable_cpus=1), False),  # one CPU: at most one worker, which never beats none
+    (64 * MiB, ask(workers=2), True),  # the workers asked: whether samples depend on who reads them still matters
+    (64 * MiB, ask(min_workers=1), True),  # persistent workers kept: the same
+])
+def test_workers_may_win_only_where_two_of_them_fit(shm, req, win):
+    assert planning.workers_may_win(stats(batch_mb=16, per_sample=None), req, room(shm)) is win
+
+
+def test_where_workers_cannot_win_the_loops_samples_are_not_read():
+    """Spread over 1,000 samples the probe reads 0, 999, 500, then stops: no plan with workers fits, so neither the
+    main process's timing samples nor (``probe_loader``) the first sample again are read."""
+    dataset = Indexed(1000)
+    s = probe.measure_batch(dataset, 4, lambda samples: samples, lambda b: (8 * len(b), 1), False,
+                            workers_win=lambda stats: stats.batch_bytes > 1 << 20)
+    assert dataset.read == [0, 999, 500] and s.workers_ruled_out and s.inline_seconds_per_sample is None
+    assert s.seconds_per_sample is not None and s.batch_bytes == 32
+
+
 def test_the_main_process_reads_wrap_round_and_skip_what_was_read():
     dataset = Indexed(4)
     probe.measure_batch(dataset, 2, lambda samples: samples, lambda b: (8 * len(b), 1), False,

@@ -595,6 +595,31 @@ def test_a_samplers_own_draws_do_not_lock_a_deterministic_dataset(fresh_torch, s
     assert measured(GlobalDraw(12), **kw)[1].draws_random  # the samples' own draws still count
 
 
+class Urandom:
+    """Samples from ``os.urandom``: no generator to watch, so only the first sample read again tells."""
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        return torch.from_numpy(np.frombuffer(os.urandom(64), dtype=np.uint8).copy())
+
+
+@pytest.mark.parametrize("workers_can_win", [True, False])
+def test_where_no_workers_can_fit_the_first_sample_is_not_read_again(fresh_torch, workers_can_win):
+    """Read again only for the workers' sake (their copies of a hidden generator): where none can fit, the plan
+    keeps none, which read as the program does, and the read is spared."""
+    from ms_shm.engines.torch import compat
+    from ms_shm.engines.torchstyle import probe
+
+    stats, effects, why = probe.probe_loader(Urandom(), 4, torch.utils.data.default_collate, compat.weigh, False,
+                                             tensor_bytes=compat.tensor_bytes,
+                                             workers_win=lambda batch: workers_can_win)
+    assert stats is not None and stats.workers_ruled_out is not workers_can_win, why
+    assert bool(effects.rereads_differ) is workers_can_win
+    assert (stats.inline_seconds_per_sample is not None) is workers_can_win
+
+
 class OwnShuffle:
     """Batches of 4 shuffled by a generator the sampler holds, from a plain ``__iter__`` (an audit's): with
     workers the framework calls it twice per epoch, and epoch 0 got the batches of epoch 1."""

@@ -109,6 +109,8 @@ class BatchStats(Result):
     # worker sets to 1 (``compat.thread_bound``)
     inline_seconds_per_sample: float | None = None  # a sample's time in a loop, the main process's or a worker's
     # (``probe.inline_seconds``); ``None``: not read, the engine's ``WorkerCosts.saved_per_mib`` prices it
+    workers_ruled_out: bool = False  # no candidate with two workers or more fitted the batch weighed, so the probe
+    # read neither the loop's timing samples nor the first sample again (``workers_may_win``): no workers then
 
     @property
     def ragged(self) -> bool:
@@ -345,6 +347,19 @@ def _kept_short(item: tuple, stats: BatchStats, req: LoaderRequest, room: int | 
     return c.fds + kept_batch_fds(stats, strategy) > room
 
 
+def workers_may_win(stats: BatchStats, req: LoaderRequest, budget: Budget, profile: object = None) -> bool:
+    """Whether the samples' timing can make the plan choose workers: some candidate with two workers or more fits.
+    Where none does (batches too large for two workers' prefetch in this ``/dev/shm``, as 16 MiB ones under
+    Docker's 64 MB), none is chosen whatever the samples cost, for one worker never beats none (``_seconds``: its
+    samples, plus each batch's trip and its start), so the probe reads neither the samples a loop's timing needs
+    nor the first sample again (no worker will read it). Asked before those reads, with the probe's bytes: what it
+    measures later (a worker's pages, the dataset's copies) only takes candidates away."""
+    if req.workers is not None or req.min_workers or req.pipes:
+        return True  # the workers asked, or some kept: whether samples depend on the reader still matters
+    costs = getattr(profile, "costs", None) or DEFAULT_COSTS
+    return any(c.fits and c.workers >= 2 for c, _ in _candidates(planned_batch(stats)[0], req, budget, costs))
+
+
 def plan_loader(stats: BatchStats, req: LoaderRequest, budget: Budget, profile: object = None) -> Plan:
     """Pick ``num_workers``, ``prefetch_factor`` and the sharing strategy.
 
@@ -575,5 +590,5 @@ def startup_strategy(nofile_hard: int | None, current: str) -> Decision | None:
                     f"(`ms-shm clean` removes the /dev/shm/torch_* files a killed run leaves)")
 
 
-__all__ = ["BatchStats", "LoaderRequest", "WorkerCosts", "DEFAULT_COSTS", "plan_loader", "planned_batch", "kept_plan",
+__all__ = ["BatchStats", "LoaderRequest", "WorkerCosts", "DEFAULT_COSTS", "plan_loader", "workers_may_win", "planned_batch", "kept_plan",
            "start_seconds", "cpus_free", "cpu_part", "steady_sample", "startup_strategy", "unplanned_fd_decisions"]

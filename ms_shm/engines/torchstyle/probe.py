@@ -149,24 +149,27 @@ def measure_batch(dataset: Any, batch_size: int | None, collate: Callable, weigh
                   iterable: bool, sampler: Any = None, batch_sampler: Any = None,
                   twin: Callable[[Any], Any] | None = None, first: tuple | None = None,
                   keep: list | None = None, read: Callable = operator.getitem,
-                  ahead: list | None = None) -> BatchStats | str:
+                  ahead: list | None = None, workers_win: Callable[[BatchStats], bool] | None = None) -> BatchStats | str:
     """In the probe child: the batch's stats, or why there are none (an empty dataset, samples that cannot be
     read one by one). With ``twin`` (the framework's second sample made from a first) the samples are not timed:
     ``UNTIMED_SAMPLES`` are read (the twin stands for a second one the dataset lacks), and ``seconds_per_sample``
     is ``None``. ``first``: ``first_batch``'s ``(indices, size)``, taken beforehand (else here); ``keep``: the
     first sample read is appended to it (for ``reread_differs``); ``read``: how the loader reads a sample of a
     map-style dataset (``sample_reader``); ``ahead``: ``first_batch``'s, the indices the caller's sampler gives
-    next (``None``: the framework's sampler, any index)."""
+    next (``None``: the framework's sampler, any index); ``workers_win``: the planner's ``workers_may_win`` on the
+    batch weighed, asked before the samples a loop's timing needs are read (``False``: they are not, and
+    ``BatchStats.workers_ruled_out`` says so)."""
     try:
         return _measure_batch(dataset, batch_size, collate, weigh, iterable, sampler, batch_sampler, twin, first,
-                              keep, read, ahead)
+                              keep, read, ahead, workers_win)
     except UnreadableSamples as exc:
         return str(exc)
 
 
 def _measure_batch(dataset: Any, batch_size: int | None, collate: Callable, weigh: Callable[[Any], tuple],
                    iterable: bool, sampler: Any, batch_sampler: Any, twin: Callable[[Any], Any] | None,
-                   first: tuple | None, keep: list | None, read: Callable, ahead: list | None) -> BatchStats | str:
+                   first: tuple | None, keep: list | None, read: Callable, ahead: list | None,
+                   workers_win: Callable[[BatchStats], bool] | None = None) -> BatchStats | str:
     timed = twin is None
     held = storages.dataset_storages(dataset)  # shared once per worker where batches send views of them
     weigh = storages.per_batch_weigh(weigh, held)
@@ -221,11 +224,13 @@ def _measure_batch(dataset: Any, batch_size: int | None, collate: Callable, weig
     batch = pair = made = None  # the main process's loop drops each batch and its samples before the next samples
     first_made.clear()
     samples.clear()
+    stats = BatchStats(int(largest), int(max(1, count)), wall + collated, length, size,
+                       cpu_seconds_per_sample=min(cpu, wall) + collated, unsent=unsent, batch_bytes_min=low,
+                       shared_bytes=shared, own=own)
+    if workers_win is not None and not workers_win(stats):
+        return replace(stats, workers_ruled_out=True)
     inline = None if iterable else inline_seconds(dataset, read, indices[:reads], wall, length, ahead)
-    return BatchStats(int(largest), int(max(1, count)), wall + collated, length, size,
-                      cpu_seconds_per_sample=min(cpu, wall) + collated, unsent=unsent, batch_bytes_min=low,
-                      shared_bytes=shared, own=own,
-                      inline_seconds_per_sample=None if inline is None else inline + collated)
+    return stats if inline is None else replace(stats, inline_seconds_per_sample=inline + collated)
 
 
 def collate_share(singles: list, paired: float | None, size: int) -> float:
@@ -378,7 +383,8 @@ def probe_loader(dataset: Any, batch_size: int | None, collate: Callable, weigh:
                  worker_pages: bool = False, twin: Callable[[Any], Any] | None = None,
                  tensor_bytes: Callable[[Any], tuple | None] = lambda value: None, reread: bool = True,
                  read: Callable = operator.getitem, shares: Callable[[Callable, list], bool | None] | None = None,
-                 by_threads: Callable[[Callable[[], Any]], tuple] | None = None) -> tuple:
+                 by_threads: Callable[[Callable[[], Any]], tuple] | None = None,
+                 workers_win: Callable[[BatchStats], bool] | None = None) -> tuple:
     """``(BatchStats or None, Effects, why not measured)``, measured in a forked child, with the child's
     ``os.fork()`` call and the CPUs free while it ran. The child's reads cannot move what the parent reads
     through shared descriptors (``sandbox``'s ``fdguard``), and with ``reread`` the first sample of a map-style
@@ -386,7 +392,8 @@ def probe_loader(dataset: Any, batch_size: int | None, collate: Callable, weigh:
     generator the watch cannot see. ``read``: how the loader reads a sample (``sample_reader``). ``shares``: the
     framework's test whether a ``collate_fn`` of the caller's builds its batch in shared memory in a worker
     (``BatchStats.collate_shares``), run on the first sample. ``by_threads``: the framework's watch of what the
-    reads and the collate compute whose result depends on the thread count (``BatchStats.thread_bound``)."""
+    reads and the collate compute whose result depends on the thread count (``BatchStats.thread_bound``).
+    ``workers_win``: ``measure_batch``'s; where it rules workers out, the first sample is not read again either."""
     shared = sandbox.shared_with_processes([dataset, collate]) or (sandbox.stream_blocker([dataset]) if iterable
                                                                    else None)
     if shared:
@@ -398,14 +405,18 @@ def probe_loader(dataset: Any, batch_size: int | None, collate: Callable, weigh:
         first = first_batch(batch_size, sampler, batch_sampler, PROBE_SAMPLES,  # unwatched: the sampler's draws
                             None if iterable else dataset_length(dataset), ahead)
         kept: list = []
+        ruled_out: list = []  # measure_batch's stats, where workers were ruled out: no worker reads a sample again
         again = None if iterable or not reread else \
-            lambda: reread_differs(dataset, first[0], kept, tensor_bytes, read)
+            lambda: None if ruled_out else reread_differs(dataset, first[0], kept, tensor_bytes, read)
         bound: list = []
 
         def measured():
             def measure():
-                return measure_batch(dataset, batch_size, collate, weigh, iterable, sampler, batch_sampler, twin,
-                                     first, kept, read, ahead)
+                stats = measure_batch(dataset, batch_size, collate, weigh, iterable, sampler, batch_sampler, twin,
+                                      first, kept, read, ahead, workers_win)
+                if isinstance(stats, BatchStats) and stats.workers_ruled_out:
+                    ruled_out.append(stats)
+                return stats
             if by_threads is None:
                 return measure()
             value, why = by_threads(measure)

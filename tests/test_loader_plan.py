@@ -161,8 +161,8 @@ BENCH = dict(batch_mb=16, storages=2, per_sample=0.016, samples=64, batch_size=8
 
 
 @pytest.mark.parametrize("case, costs, shm, change, workers", [
-    # MindSpore: 2 workers ~0.66 s (moving a batch costs 1.7 ms/MiB; starting them ~34 ms) vs the main process's
-    # ~0.74 s; under 64 MB its batches in flight do not fit
+    # MindSpore: 2 workers ~0.64 s (moving a batch costs 3.3 ms/MiB; starting them ~34 ms) vs the main process's
+    # ~0.78 s; under 64 MB its batches in flight do not fit
     ("mindspore, 64m, idle host", MS_COSTS, 64 * MiB, {}, 0),
     ("mindspore, ample, idle host", MS_COSTS, 4 * GiB, {}, 2),
     ("mindspore, ample, 50 ms samples", MS_COSTS, 4 * GiB, {"seconds_per_sample": 0.05}, 2),

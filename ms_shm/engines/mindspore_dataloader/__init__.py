@@ -17,12 +17,18 @@ LEFTOVERS = LeftoverPatterns("MindSpore DataLoader")  # its storages are unlinke
 # ``FORKS_PER_WORKER`` 1.5, 23 ms for the pool and ~1 ms per worker beside its forks (within 22 ms of each; the
 # constants before, 46 ms, 14 ms and twice the probe's fork-to-ready, priced 2 workers 2-3x over). 8 batches of
 # 8 x 2 MiB float32 with samples costing ~nothing, start-up excluded, the consumer summing every batch: 28 ms more
-# per 16 MiB batch with a worker than without (1.7 ms/MiB, 5x torch's; 22 ms without the sum), median of 7.
+# per 16 MiB batch with a worker than without (1.7 ms/MiB, 5x torch's; 22 ms without the sum), median of 7. Priced
+# so, 2 workers lost where they were chosen: bench_dataloader (256 samples of ~4-6 ms numpy work, 2 MiB each,
+# batches of 8, a consumer that hashes each batch; 2026-12-07, 5 rounds) ran none in 1.36 / 1.38 s and 2 workers
+# at prefetch 2 in 1.54 / 1.63 s (512 MB / ample), which 3.2 / 3.5 ms per MiB price, the consumer's CPU competing
+# with the workers' for 2 CPUs; every build of 4 on a slower hour had chosen them at ~1.27 s against none's ~1.50.
+# Fitted at 3.3: the framework's default (none) wins more often where batches are large; 2 MiB batches of 10 ms
+# samples still go to 2 workers (1.66 s against none's 2.68, measured on the same day).
 # Where the probe did not time samples as a loop reads them (``probe.inline_seconds``: slow samples, few of them),
 # a loop's read saves 1.9 ms per MiB of sample against the probe child's warm reads (12.5 - 7.3, 13.4 - 9.6,
 # 8.5 - 6.4 ms: the fastest of samples 2-4 read in a fork less a W0 epoch's per-sample time, ~8 ms of numpy work
 # making 2 MiB arrays; the median 3.8 ms over 2 MiB).
-COSTS = WorkerCosts(pool_seconds=0.023, worker_seconds=0.001, transfer_seconds_per_mib=1.7e-3,
+COSTS = WorkerCosts(pool_seconds=0.023, worker_seconds=0.001, transfer_seconds_per_mib=3.3e-3,
                     saved_per_mib=1.9e-3)
 
 ENGINE = LoaderEngine(

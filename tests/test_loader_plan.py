@@ -326,6 +326,16 @@ def test_workers_may_win_only_where_two_of_them_fit(shm, req, win):
     assert planning.workers_may_win(stats(batch_mb=16, per_sample=None), req, room(shm)) is win
 
 
+def test_workers_may_win_prices_a_workers_unmeasured_pages_at_none():
+    """The probe measures a worker's pages after it asks: priced at the 32 MiB of an unmeasured worker, 2 workers
+    of 1 MiB batches did not fit a container's 60 MiB of memory left, and would have fitted at the 12 MiB measured
+    after, with the first sample not read again."""
+    tight = budget.compute(4 * GiB, 1, 65536, 10, memory_left=75 * MiB, memory_source="a container")
+    s = replace(stats(batch_mb=1, per_sample=None), worker_bytes=None)
+    assert planning.workers_may_win(s, ask(), tight)
+    assert not planning.workers_may_win(replace(s, worker_bytes=40 * MiB), ask(), tight)
+
+
 def test_where_workers_cannot_win_the_loops_samples_are_not_read():
     """Spread over 1,000 samples the probe reads 0, 999, 500, then stops: no plan with workers fits, so neither the
     main process's timing samples nor (``probe_loader``) the first sample again are read."""

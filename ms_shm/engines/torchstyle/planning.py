@@ -352,12 +352,14 @@ def workers_may_win(stats: BatchStats, req: LoaderRequest, budget: Budget, profi
     Where none does (batches too large for two workers' prefetch in this ``/dev/shm``, as 16 MiB ones under
     Docker's 64 MB), none is chosen whatever the samples cost, for one worker never beats none (``_seconds``: its
     samples, plus each batch's trip and its start), so the probe reads neither the samples a loop's timing needs
-    nor the first sample again (no worker will read it). Asked before those reads, with the probe's bytes: what it
-    measures later (a worker's pages, the dataset's copies) only takes candidates away."""
+    nor the first sample again (no worker will read it). Asked before those reads, with the probe's bytes and a
+    worker's own pages at none: what the probe measures later (those pages, the dataset's copies) only takes
+    candidates away, never adds one (the 32 MiB a worker is priced at unmeasured could: measured 12-25)."""
     if req.workers is not None or req.min_workers or req.pipes:
         return True  # the workers asked, or some kept: whether samples depend on the reader still matters
     costs = getattr(profile, "costs", None) or DEFAULT_COSTS
-    return any(c.fits and c.workers >= 2 for c, _ in _candidates(planned_batch(stats)[0], req, budget, costs))
+    weighed = replace(planned_batch(stats)[0], worker_bytes=stats.worker_bytes or 0)
+    return any(c.fits and c.workers >= 2 for c, _ in _candidates(weighed, req, budget, costs))
 
 
 def plan_loader(stats: BatchStats, req: LoaderRequest, budget: Budget, profile: object = None) -> Plan:

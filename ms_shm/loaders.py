@@ -359,8 +359,7 @@ def prepare(eng: Any, cls: Any, dataset: Any, args: tuple, kwargs: dict, prefere
         return asked, eng.planning.kept_plan(_request(eng, asked, facts, NO_WORKERS_PASSED), b, eng.profile())
     timed = asked.get("num_workers") is None
     stats, effects, why = _probe(eng, dataset, asked, b, timed, _workers_win(eng, asked, facts, b) if timed else None)
-    locked = _locked(asked_lock, effects) or (_not_as_from_workers(stats) if asked.get("num_workers") is None
-                                              else None)
+    locked = _locked(asked_lock, effects) or (_not_as_from_workers(stats) if timed else None)
     req = _request(eng, asked, facts, locked or problem, _reader_bound(effects, dataset, asked))
     refused = None
     if problem and preferences and req.workers and not locked:  # workers cannot work here: samples inline

@@ -344,6 +344,8 @@ def test_where_workers_cannot_win_the_loops_samples_are_not_read():
                             workers_win=lambda stats: stats.batch_bytes > 1 << 20)
     assert dataset.read == [0, 999, 500] and s.workers_ruled_out and s.inline_seconds_per_sample is None
     assert s.seconds_per_sample is not None and s.batch_bytes == 32
+    why = plan_loader(s, ask(), room()).decisions[0].reason
+    assert "no plan with 2 workers or more fits these batches" in why, why
 
 
 def test_the_main_process_reads_wrap_round_and_skip_what_was_read():

@@ -79,6 +79,8 @@ def test_64m_raw_torch_dies_ms_shm_delivers_every_batch_in_order(reference):
     ours = result(run("big", "ms_shm"))
     assert ours["digests"] == reference["big"]
     assert ours["plan"]["shm"] <= 64 << 20
+    # 32 MiB batches: no 2 workers fit, so the probe read 3 samples, not 6 (``workers_may_win``), said in the plan
+    assert "no plan with 2 workers or more fits" in ours["plan"]["decisions"][0], ours["plan"]["decisions"]
 
 
 def test_epochs_whose_workers_fork_while_the_loop_holds_a_batch_fit_from_the_first_to_the_last(real_torch):

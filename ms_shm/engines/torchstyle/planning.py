@@ -497,6 +497,9 @@ def _storages(count: int, req: LoaderRequest) -> str:
 
 
 def _inline_text(stats: BatchStats) -> str:
+    if stats.workers_ruled_out:
+        return (" (no plan with 2 workers or more fits these batches, and 1 never beats none: the samples a loop's "
+                "timing needs and the first read again were not read)")
     inline = stats.inline_seconds_per_sample
     return "" if inline is None else f" ({inline * 1e3:.2f} once warm, as a loop reads them)"
 

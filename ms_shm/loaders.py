@@ -358,7 +358,7 @@ def prepare(eng: Any, cls: Any, dataset: Any, args: tuple, kwargs: dict, prefere
     if asked.get("num_workers") == 0 and type(asked["num_workers"]) is int and not budget_mod.memory_may_bind(b):
         return asked, eng.planning.kept_plan(_request(eng, asked, facts, NO_WORKERS_PASSED), b, eng.profile())
     timed = asked.get("num_workers") is None
-    stats, effects, why = _probe(eng, dataset, asked, b, timed, _workers_win(eng, asked, facts, b) if timed else None)
+    stats, effects, why = _probe(eng, dataset, asked, b, timed, _no_workers(eng, asked, facts, b) if timed else None)
     locked = _locked(asked_lock, effects) or (_not_as_from_workers(stats) if timed else None)
     req = _request(eng, asked, facts, locked or problem, _reader_bound(effects, dataset, asked))
     refused = None
@@ -543,16 +543,16 @@ def _unadapted(error: ShmBudgetError, workers: int, lock: str) -> ShmBudgetError
                           f"streams and runs the code meant for workers). {error}")
 
 
-def _workers_win(eng: Any, asked: dict, facts: Any, b: Any) -> Callable:
-    """The planner's ``workers_may_win`` for the probe child, on the request as it stands before the probe: what
+def _no_workers(eng: Any, asked: dict, facts: Any, b: Any) -> Callable:
+    """The planner's ``why_no_workers`` for the probe child, on the request as it stands before the probe: what
     the probe finds later (samples that draw, read back different) only keeps workers out."""
-    return functools.partial(eng.planning.workers_may_win, req=_request(eng, asked, facts, None), budget=b,
+    return functools.partial(eng.planning.why_no_workers, req=_request(eng, asked, facts, None), budget=b,
                              profile=eng.profile())
 
 
-def _probe(eng: Any, dataset: Any, asked: dict, b: Any, timed: bool, workers_win: Callable | None = None) -> tuple:
+def _probe(eng: Any, dataset: Any, asked: dict, b: Any, timed: bool, no_workers: Callable | None = None) -> tuple:
     """The probe batch; ``timed``: its samples timed too, where the plan picks ``num_workers`` by them;
-    ``workers_win``: ``probe.measure_batch``'s (where workers cannot fit, what only they need is not read).
+    ``no_workers``: ``probe.measure_batch``'s (where workers cannot be chosen, what only they need is not read).
 
     A loader a library makes again (Lightning, accelerate, Trainer: ``sites.made_by_a_library``) of the same
     dataset, batch size, ``collate_fn`` and kind of batch sampler (``_batching``) takes the probe of the one
@@ -561,7 +561,9 @@ def _probe(eng: Any, dataset: Any, asked: dict, b: Any, timed: bool, workers_win
     ~75 ms per Trainer loader in audits). The samples a sampler picks differ; what the plan reads of them
     (bytes, storages, seconds per sample) does not. The program's own loaders are probed each time: a dataset
     whose samples grow between epochs (progressive resizing) planned from its old probe crashed where raw ran.
-    A batch sampler's batches are its own (a bucket's padding), so another kind of it is probed anew."""
+    A batch sampler's batches are its own (a bucket's padding), so another kind of it is probed anew; a probe that
+    ruled workers out (``BatchStats.workers_ruled_out``) is taken again only where ``no_workers`` still does, on
+    this loader's epoch, request and budget."""
     batched = asked.get("batch_size", 1) is not None or asked.get("batch_sampler") is not None
     collate = asked.get("collate_fn") or eng.compat.default_collate(batched)
     memory, method = budget_mod.memory_may_bind(b), _start_method(asked.get("multiprocessing_context"))
@@ -572,15 +574,16 @@ def _probe(eng: Any, dataset: Any, asked: dict, b: Any, timed: bool, workers_win
         if stats.samples is not None:
             stats = replace(stats, samples=probe.epoch_samples(dataset, asked.get("sampler"),
                                                                asked.get("batch_sampler"), stats.batch_size))
-        log.info("ms_shm build_dataloader: the probe batch of a DataLoader made before of this dataset taken "
-                 "again (same batch size, collate_fn and kind of batch sampler)")
-        return stats, effects, why
+        if not stats.workers_ruled_out or (no_workers is not None and no_workers(stats)):
+            log.info("ms_shm build_dataloader: the probe batch of a DataLoader made before of this dataset taken "
+                     "again (same batch size, collate_fn and kind of batch sampler)")
+            return stats, effects, why
     measured = probe.probe_loader(dataset, asked.get("batch_size", 1), collate, eng.compat.weigh,
                                   eng.compat.is_iterable(dataset), asked.get("sampler"), asked.get("batch_sampler"),
                                   memory, None if timed else eng.compat.twin, eng.compat.tensor_bytes,
                                   reread=timed, read=eng.compat.sample_reader(batched),
                                   shares=eng.compat.collate_shares if asked.get("collate_fn") else None,
-                                  by_threads=_thread_watch(eng) if timed else None, workers_win=workers_win)
+                                  by_threads=_thread_watch(eng) if timed else None, no_workers=no_workers)
     stats, effects, why = measured
     code = (dataset, asked.get("collate_fn"))
     effects = _opened_by_each_reader(effects.with_writes(codescan.stage_writes(*code), codescan.stage_grows(*code)),
@@ -591,8 +594,8 @@ def _probe(eng: Any, dataset: Any, asked: dict, b: Any, timed: bool, workers_win
     if stats is not None and method != "fork" and memory:  # a spawned worker imports torch again: its own pages
         stats = replace(stats, worker_bytes=spawncost.worker_bytes(method, stats.worker_bytes))
     held = _weak_callable(collate)
-    if stats is not None and held is not None and not stats.workers_ruled_out:  # a probe that failed is tried
-        # again: it may not fail twice; one that ruled workers out read too little for another budget's plan
+    if stats is not None and held is not None:  # a probe that failed is tried again: it may not fail twice; one
+        # that ruled workers out is taken again only where it still does (it read too little for workers)
         _PROBED.put(dataset, key, (held, (stats, effects, why)))
     return stats, effects, why
 

@@ -323,7 +323,44 @@ def test_the_main_process_reads_are_fresh_neighbours_of_the_last_sample_read():
     (64 * MiB, ask(min_workers=1), True),  # persistent workers kept: the same
 ])
 def test_workers_may_win_only_where_two_of_them_fit(shm, req, win):
-    assert planning.workers_may_win(stats(batch_mb=16, per_sample=None), req, room(shm)) is win
+    assert (planning.why_no_workers(stats(batch_mb=16, per_sample=None), req, room(shm)) is None) is win
+
+
+@pytest.mark.parametrize("batch_mb, per_sample, cpu, costs, none", [
+    (16, 0.005, 0.005, MS_COSTS, True),  # bench_dataloader's samples, MindSpore 2.8: each batch's trip outweighs
+    (16, 0.005, 0.005, TORCH_COSTS, False),  # ... torch's trip is cheap: 2 workers may win, the probe reads on
+    (0.01, 0.02, 0.02, MS_COSTS, False),  # slow samples, small batches: workers win
+    (0.01, 0.02, 0.0, MS_COSTS, False),  # ... waiting ones too
+    (0.01, 1e-5, 1e-5, TORCH_COSTS, True),  # trivial samples: the workers' start outweighs the epoch
+])
+def test_workers_judged_at_their_best_once_the_first_samples_are_timed(batch_mb, per_sample, cpu, costs, none):
+    """Priced with a worker's pages and fork at nothing, every CPU free and a loop's sample as slow as a warm one:
+    where none still wins, nothing the probe reads later can bring workers back, so it is not read."""
+    s = replace(stats(batch_mb=batch_mb, per_sample=per_sample, samples=256, batch_size=8),
+                cpu_seconds_per_sample=cpu, worker_bytes=None)
+    why = planning.why_no_workers(s, ask(), room(), LoaderProfile("x", None, costs=costs))
+    assert (why is not None) is none, why
+    assert why is None or "at their best" in why
+
+
+@pytest.mark.parametrize("costs", [MS_COSTS, TORCH_COSTS])
+def test_a_plan_never_chooses_workers_the_probe_ruled_out(costs):
+    """What the probe measures after it asks (a worker's pages, the fork, CPUs the host leaves free, a loop's
+    samples faster than the warm reads) only moves the plan further from workers: every plan made from what it
+    could measure keeps none wherever ``why_no_workers`` said so."""
+    profile = LoaderProfile("x", None, costs=costs)
+    for batch_mb in (0.01, 1, 4, 16, 32):
+        for per_sample in (1e-5, 1e-3, 0.005, 0.02):
+            for cpu_share in (0.0, 1.0):
+                s = replace(stats(batch_mb=batch_mb, per_sample=per_sample, samples=256, batch_size=8),
+                            cpu_seconds_per_sample=cpu_share * per_sample, worker_bytes=None)
+                for shm in (64 * MiB, 4 * GiB):
+                    if planning.why_no_workers(s, ask(), room(shm), profile) is None:
+                        continue
+                    for later in (dict(worker_bytes=20 * MiB, fork_seconds=0.01, free_cpus=1.2,
+                                       inline_seconds_per_sample=per_sample / 2), dict(worker_bytes=0)):
+                        measured = replace(s, **later)
+                        assert plan_loader(measured, ask(), room(shm), profile).workers == 0, (measured, shm)
 
 
 def test_workers_may_win_prices_a_workers_unmeasured_pages_at_none():
@@ -332,8 +369,8 @@ def test_workers_may_win_prices_a_workers_unmeasured_pages_at_none():
     after, with the first sample not read again."""
     tight = budget.compute(4 * GiB, 1, 65536, 10, memory_left=75 * MiB, memory_source="a container")
     s = replace(stats(batch_mb=1, per_sample=None), worker_bytes=None)
-    assert planning.workers_may_win(s, ask(), tight)
-    assert not planning.workers_may_win(replace(s, worker_bytes=40 * MiB), ask(), tight)
+    assert planning.why_no_workers(s, ask(), tight) is None
+    assert planning.why_no_workers(replace(s, worker_bytes=40 * MiB), ask(), tight) is not None
 
 
 def test_where_workers_cannot_win_the_loops_samples_are_not_read():
@@ -341,11 +378,11 @@ def test_where_workers_cannot_win_the_loops_samples_are_not_read():
     main process's timing samples nor (``probe_loader``) the first sample again are read."""
     dataset = Indexed(1000)
     s = probe.measure_batch(dataset, 4, lambda samples: samples, lambda b: (8 * len(b), 1), False,
-                            workers_win=lambda stats: stats.batch_bytes > 1 << 20)
-    assert dataset.read == [0, 999, 500] and s.workers_ruled_out and s.inline_seconds_per_sample is None
+                            no_workers=lambda stats: None if stats.batch_bytes > 1 << 20 else "none fits")
+    assert dataset.read == [0, 999, 500] and s.workers_ruled_out == "none fits" and s.inline_seconds_per_sample is None
     assert s.seconds_per_sample is not None and s.batch_bytes == 32
     why = plan_loader(s, ask(), room()).decisions[0].reason
-    assert "no plan with 2 workers or more fits these batches" in why, why
+    assert "none fits: the samples a loop's timing needs and the first read again were not read" in why, why
 
 
 def test_the_main_process_reads_wrap_round_and_skip_what_was_read():

@@ -79,7 +79,7 @@ def test_64m_raw_torch_dies_ms_shm_delivers_every_batch_in_order(reference):
     ours = result(run("big", "ms_shm"))
     assert ours["digests"] == reference["big"]
     assert ours["plan"]["shm"] <= 64 << 20
-    # 32 MiB batches: no 2 workers fit, so the probe read 3 samples, not 6 (``workers_may_win``), said in the plan
+    # 32 MiB batches: no 2 workers fit, so the probe read 3 samples, not 6 (``why_no_workers``), said in the plan
     assert "no plan with 2 workers or more fits" in ours["plan"]["decisions"][0], ours["plan"]["decisions"]
 
 
@@ -520,6 +520,14 @@ class Logged(Numbers):
         return super().__getitem__(i)
 
 
+class SlowLogged(Logged):
+    """Each sample 20 ms of waiting, which workers may win back."""
+
+    def __getitem__(self, i):
+        time.sleep(0.02)
+        return super().__getitem__(i)
+
+
 class Lines(IterableDataset if IterableDataset is not None else object):
     def __init__(self, handle):
         self.handle = handle
@@ -616,8 +624,8 @@ def test_where_no_workers_can_fit_the_first_sample_is_not_read_again(fresh_torch
 
     stats, effects, why = probe.probe_loader(Urandom(), 4, torch.utils.data.default_collate, compat.weigh, False,
                                              tensor_bytes=compat.tensor_bytes,
-                                             workers_win=lambda batch: workers_can_win)
-    assert stats is not None and stats.workers_ruled_out is not workers_can_win, why
+                                             no_workers=lambda batch: None if workers_can_win else "none fits")
+    assert stats is not None and bool(stats.workers_ruled_out) is not workers_can_win, why
     assert bool(effects.rereads_differ) is workers_can_win
     assert (stats.inline_seconds_per_sample is not None) is workers_can_win
 
@@ -675,12 +683,30 @@ def test_a_class_held_global_draw_keeps_raws_batches_and_generator(fresh_torch):
     assert ours_loader.num_workers == 0 and "random_sample" in str(ms_shm.plan_of(ours_loader).decisions[0])
 
 
+class SlowCounted(Counted):
+    """Every sample 20 ms of waiting: workers would win, were it not for the count."""
+
+    def __getitem__(self, i):
+        time.sleep(0.02)
+        return super().__getitem__(i)
+
+
 def test_a_sample_that_reads_back_different_keeps_the_default(fresh_torch):
-    ds = Counted(8, delay=0.02)
-    loader = ms_shm.build_dataloader(ds, batch_size=2)
+    loader = ms_shm.build_dataloader(SlowCounted(8), batch_size=2)
     assert loader.num_workers == 0
     why = str(ms_shm.plan_of(loader).decisions[0])
-    assert "different" in why or "draw" in why, why
+    assert "different" in why or "draw" in why or "changed while rows were read" in why, why
+    assert "were not read" not in why, why
+
+
+def test_where_workers_cannot_win_whatever_they_read_the_first_sample_is_not_read_again(fresh_torch, tmp_path):
+    """Samples of microseconds: 2 workers at their best (no fork, every CPU free) cost more than the epoch, so
+    neither the loop's timing samples nor the first sample again are read, only the 3 spread over the dataset;
+    none, as the framework's default."""
+    loader = ms_shm.build_dataloader(Logged(tmp_path / "read.log", 64), batch_size=2)
+    why = str(ms_shm.plan_of(loader).decisions[0])
+    assert loader.num_workers == 0 and "at their best" in why and "were not read" in why, why
+    assert (tmp_path / "read.log").read_text().split() == ["0", "63", "32"]
 
 
 def test_explicit_workers_that_fit_cost_the_probe_two_samples_read_once(fresh_torch, tmp_path):
@@ -691,7 +717,7 @@ def test_explicit_workers_that_fit_cost_the_probe_two_samples_read_once(fresh_to
     kept, chosen = tmp_path / "kept.log", tmp_path / "chosen.log"
     loader = ms_shm.build_dataloader(Logged(kept), batch_size=4, num_workers=2)
     assert loader.num_workers == 2 and kept.read_text().split() == ["0", "11"]
-    ms_shm.build_dataloader(Logged(chosen), batch_size=4)
+    ms_shm.build_dataloader(SlowLogged(chosen), batch_size=4)
     read = chosen.read_text().split()  # spread over the dataset: first, last (middle), then the first again
     assert read[:2] == ["0", "11"] and read.count("0") == 2 and len(read) <= probe_reads(), read
 

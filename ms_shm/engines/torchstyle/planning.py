@@ -109,8 +109,8 @@ class BatchStats(Result):
     # worker sets to 1 (``compat.thread_bound``)
     inline_seconds_per_sample: float | None = None  # a sample's time in a loop, the main process's or a worker's
     # (``probe.inline_seconds``); ``None``: not read, the engine's ``WorkerCosts.saved_per_mib`` prices it
-    workers_ruled_out: bool = False  # no candidate with two workers or more fitted the batch weighed, so the probe
-    # read neither the loop's timing samples nor the first sample again (``workers_may_win``): no workers then
+    workers_ruled_out: str | None = None  # why no workers can be chosen, told from the first samples read
+    # (``why_no_workers``): the probe then read neither the loop's timing samples nor the first sample again
 
     @property
     def ragged(self) -> bool:
@@ -347,19 +347,33 @@ def _kept_short(item: tuple, stats: BatchStats, req: LoaderRequest, room: int | 
     return c.fds + kept_batch_fds(stats, strategy) > room
 
 
-def workers_may_win(stats: BatchStats, req: LoaderRequest, budget: Budget, profile: object = None) -> bool:
-    """Whether the samples' timing can make the plan choose workers: some candidate with two workers or more fits.
-    Where none does (batches too large for two workers' prefetch in this ``/dev/shm``, as 16 MiB ones under
-    Docker's 64 MB), none is chosen whatever the samples cost, for one worker never beats none (``_seconds``: its
-    samples, plus each batch's trip and its start), so the probe reads neither the samples a loop's timing needs
-    nor the first sample again (no worker will read it). Asked before those reads, with the probe's bytes and a
-    worker's own pages at none: what the probe measures later (those pages, the dataset's copies) only takes
-    candidates away, never adds one (the 32 MiB a worker is priced at unmeasured could: measured 12-25)."""
+def why_no_workers(stats: BatchStats, req: LoaderRequest, budget: Budget, profile: object = None) -> str | None:
+    """Why the plan will choose no workers whatever the probe reads next, or ``None``: asked once the first samples
+    are weighed and timed, before the samples a loop's timing needs (``inline_seconds``) and the first one read
+    again (for workers' copies of a hidden generator), which only workers need, are read.
+
+    Everything read or measured after can only take workers further out: a worker's own pages, the dataset's
+    copies, the fork, the CPUs the host leaves free, samples that draw or depend on the thread count (those keep
+    none). So workers are judged at their best: pages and fork at nothing, every usable CPU free, and a loop's
+    sample as slow as the probe's warm reads (a faster one shortens none's epoch by all it saves and the workers'
+    by at most that over their count). Where then no candidate with two workers or more fits (16 MiB batches under
+    Docker's 64 MB; one worker never beats none: its samples, plus each batch's trip and its start), or none is
+    within ``plan.TIE_FRACTION`` of the fastest (MindSpore 2.8's DataLoader, 2 MiB samples of ~5 ms in 16 MiB
+    batches: none ~1.3 s, 2 workers ~1.6 s, each batch's trip priced at 3.3 ms per MiB), none is chosen."""
     if req.workers is not None or req.min_workers or req.pipes:
-        return True  # the workers asked, or some kept: whether samples depend on the reader still matters
+        return None  # the workers asked, or some kept: whether samples depend on the reader still matters
     costs = getattr(profile, "costs", None) or DEFAULT_COSTS
-    weighed = replace(planned_batch(stats)[0], worker_bytes=stats.worker_bytes or 0)
-    return any(c.fits and c.workers >= 2 for c, _ in _candidates(weighed, req, budget, costs))
+    best_case = replace(planned_batch(stats)[0], worker_bytes=stats.worker_bytes or 0, fork_seconds=0.0,
+                        free_cpus=None, inline_seconds_per_sample=stats.seconds_per_sample)
+    items = [c for c, _ in _candidates(best_case, req, budget, costs) if c.fits]
+    if not any(c.workers >= 2 for c in items):
+        return "no plan with 2 workers or more fits these batches, and 1 never beats none"
+    none = next((c for c in items if not c.workers), None)
+    priced = [c.seconds for c in items if c.workers and c.seconds is not None]
+    if none is None or none.seconds is None or not priced or none.seconds > min(priced) * (1 + plan.TIE_FRACTION):
+        return None
+    return (f"workers at their best (every CPU free, no fork, a loop's sample as slow as a warm one) ~{min(priced):.2f}"
+            f" s/epoch do not beat none's ~{none.seconds:.2f} s by {plan.TIE_FRACTION:.0%}")
 
 
 def plan_loader(stats: BatchStats, req: LoaderRequest, budget: Budget, profile: object = None) -> Plan:
@@ -498,8 +512,8 @@ def _storages(count: int, req: LoaderRequest) -> str:
 
 def _inline_text(stats: BatchStats) -> str:
     if stats.workers_ruled_out:
-        return (" (no plan with 2 workers or more fits these batches, and 1 never beats none: the samples a loop's "
-                "timing needs and the first read again were not read)")
+        return (f" ({stats.workers_ruled_out}: the samples a loop's timing needs and the first read again were not "
+                f"read)")
     inline = stats.inline_seconds_per_sample
     return "" if inline is None else f" ({inline * 1e3:.2f} once warm, as a loop reads them)"
 
@@ -595,5 +609,5 @@ def startup_strategy(nofile_hard: int | None, current: str) -> Decision | None:
                     f"(`ms-shm clean` removes the /dev/shm/torch_* files a killed run leaves)")
 
 
-__all__ = ["BatchStats", "LoaderRequest", "WorkerCosts", "DEFAULT_COSTS", "plan_loader", "workers_may_win", "planned_batch", "kept_plan",
+__all__ = ["BatchStats", "LoaderRequest", "WorkerCosts", "DEFAULT_COSTS", "plan_loader", "why_no_workers", "planned_batch", "kept_plan",
            "start_seconds", "cpus_free", "cpu_part", "steady_sample", "startup_strategy", "unplanned_fd_decisions"]

@@ -149,19 +149,19 @@ def measure_batch(dataset: Any, batch_size: int | None, collate: Callable, weigh
                   iterable: bool, sampler: Any = None, batch_sampler: Any = None,
                   twin: Callable[[Any], Any] | None = None, first: tuple | None = None,
                   keep: list | None = None, read: Callable = operator.getitem,
-                  ahead: list | None = None, workers_win: Callable[[BatchStats], bool] | None = None) -> BatchStats | str:
+                  ahead: list | None = None, no_workers: Callable[[BatchStats], str | None] | None = None) -> BatchStats | str:
     """In the probe child: the batch's stats, or why there are none (an empty dataset, samples that cannot be
     read one by one). With ``twin`` (the framework's second sample made from a first) the samples are not timed:
     ``UNTIMED_SAMPLES`` are read (the twin stands for a second one the dataset lacks), and ``seconds_per_sample``
     is ``None``. ``first``: ``first_batch``'s ``(indices, size)``, taken beforehand (else here); ``keep``: the
     first sample read is appended to it (for ``reread_differs``); ``read``: how the loader reads a sample of a
     map-style dataset (``sample_reader``); ``ahead``: ``first_batch``'s, the indices the caller's sampler gives
-    next (``None``: the framework's sampler, any index); ``workers_win``: the planner's ``workers_may_win`` on the
-    batch weighed, asked before the samples a loop's timing needs are read (``False``: they are not, and
-    ``BatchStats.workers_ruled_out`` says so)."""
+    next (``None``: the framework's sampler, any index); ``no_workers``: the planner's ``why_no_workers`` on the
+    samples weighed and timed, asked before the samples a loop's timing needs are read (a reason: they are not, and
+    ``BatchStats.workers_ruled_out`` holds it)."""
     try:
         return _measure_batch(dataset, batch_size, collate, weigh, iterable, sampler, batch_sampler, twin, first,
-                              keep, read, ahead, workers_win)
+                              keep, read, ahead, no_workers)
     except UnreadableSamples as exc:
         return str(exc)
 
@@ -169,7 +169,7 @@ def measure_batch(dataset: Any, batch_size: int | None, collate: Callable, weigh
 def _measure_batch(dataset: Any, batch_size: int | None, collate: Callable, weigh: Callable[[Any], tuple],
                    iterable: bool, sampler: Any, batch_sampler: Any, twin: Callable[[Any], Any] | None,
                    first: tuple | None, keep: list | None, read: Callable, ahead: list | None,
-                   workers_win: Callable[[BatchStats], bool] | None = None) -> BatchStats | str:
+                   no_workers: Callable[[BatchStats], str | None] | None = None) -> BatchStats | str:
     timed = twin is None
     held = storages.dataset_storages(dataset)  # shared once per worker where batches send views of them
     weigh = storages.per_batch_weigh(weigh, held)
@@ -227,8 +227,9 @@ def _measure_batch(dataset: Any, batch_size: int | None, collate: Callable, weig
     stats = BatchStats(int(largest), int(max(1, count)), wall + collated, length, size,
                        cpu_seconds_per_sample=min(cpu, wall) + collated, unsent=unsent, batch_bytes_min=low,
                        shared_bytes=shared, own=own)
-    if workers_win is not None and not workers_win(stats):
-        return replace(stats, workers_ruled_out=True)
+    ruled_out = no_workers(stats) if no_workers is not None else None
+    if ruled_out:
+        return replace(stats, workers_ruled_out=ruled_out)
     inline = None if iterable else inline_seconds(dataset, read, indices[:reads], wall, length, ahead)
     return stats if inline is None else replace(stats, inline_seconds_per_sample=inline + collated)
 
@@ -384,7 +385,7 @@ def probe_loader(dataset: Any, batch_size: int | None, collate: Callable, weigh:
                  tensor_bytes: Callable[[Any], tuple | None] = lambda value: None, reread: bool = True,
                  read: Callable = operator.getitem, shares: Callable[[Callable, list], bool | None] | None = None,
                  by_threads: Callable[[Callable[[], Any]], tuple] | None = None,
-                 workers_win: Callable[[BatchStats], bool] | None = None) -> tuple:
+                 no_workers: Callable[[BatchStats], str | None] | None = None) -> tuple:
     """``(BatchStats or None, Effects, why not measured)``, measured in a forked child, with the child's
     ``os.fork()`` call and the CPUs free while it ran. The child's reads cannot move what the parent reads
     through shared descriptors (``sandbox``'s ``fdguard``), and with ``reread`` the first sample of a map-style
@@ -393,7 +394,7 @@ def probe_loader(dataset: Any, batch_size: int | None, collate: Callable, weigh:
     framework's test whether a ``collate_fn`` of the caller's builds its batch in shared memory in a worker
     (``BatchStats.collate_shares``), run on the first sample. ``by_threads``: the framework's watch of what the
     reads and the collate compute whose result depends on the thread count (``BatchStats.thread_bound``).
-    ``workers_win``: ``measure_batch``'s; where it rules workers out, the first sample is not read again either."""
+    ``no_workers``: ``measure_batch``'s; where it rules workers out, the first sample is not read again either."""
     shared = sandbox.shared_with_processes([dataset, collate]) or (sandbox.stream_blocker([dataset]) if iterable
                                                                    else None)
     if shared:
@@ -413,7 +414,7 @@ def probe_loader(dataset: Any, batch_size: int | None, collate: Callable, weigh:
         def measured():
             def measure():
                 stats = measure_batch(dataset, batch_size, collate, weigh, iterable, sampler, batch_sampler, twin,
-                                      first, kept, read, ahead, workers_win)
+                                      first, kept, read, ahead, no_workers)
                 if isinstance(stats, BatchStats) and stats.workers_ruled_out:
                     ruled_out.append(stats)
                 return stats

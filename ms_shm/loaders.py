@@ -574,7 +574,10 @@ def _probe(eng: Any, dataset: Any, asked: dict, b: Any, timed: bool, no_workers:
         if stats.samples is not None:
             stats = replace(stats, samples=probe.epoch_samples(dataset, asked.get("sampler"),
                                                                asked.get("batch_sampler"), stats.batch_size))
-        if not stats.workers_ruled_out or (no_workers is not None and no_workers(stats)):
+        if stats.workers_ruled_out:  # it read too little for workers: taken again only where they stay out
+            still = no_workers(stats) if no_workers is not None else None
+            stats = replace(stats, workers_ruled_out=still) if still else None
+        if stats is not None:
             log.info("ms_shm build_dataloader: the probe batch of a DataLoader made before of this dataset taken "
                      "again (same batch size, collate_fn and kind of batch sampler)")
             return stats, effects, why

@@ -759,6 +759,28 @@ def test_a_loader_a_library_makes_again_takes_the_probe_made_before(fresh_torch,
     assert len(reads.read_text()) > len(read)
 
 
+def test_a_probe_that_ruled_workers_out_is_taken_again_only_where_it_still_does(fresh_torch, tmp_path,
+                                                                                monkeypatch):
+    """Such a probe read neither the loop's timing samples nor the first sample again: a library's remade loader
+    whose request or budget lets workers back in is probed anew, and one where they stay out takes it, its reason
+    said again for its own epoch."""
+    from ms_shm.engines.torchstyle import planning
+
+    reads = tmp_path / "reads.log"
+    ds = Logged(reads, 64)
+    verdict = {"now": "out for the program's"}  # asked in the probe's fork, then here: set here before each
+    monkeypatch.setattr(planning, "why_no_workers", lambda *a, **k: verdict["now"])
+    first = ms_shm.build_dataloader(ds, batch_size=4, shuffle=True)
+    probed = reads.read_text()
+    assert "out for the program's" in str(ms_shm.plan_of(first).decisions[0])
+    verdict["now"] = "out for the library's"
+    kept = by_a_library(dataset=ds, batch_size=4, shuffle=True)
+    assert reads.read_text() == probed and "out for the library's" in str(ms_shm.plan_of(kept).decisions[0])
+    verdict["now"] = None
+    by_a_library(dataset=ds, batch_size=4, shuffle=True)  # workers back in: the probe reads again
+    assert len(reads.read_text()) > len(probed)
+
+
 def test_a_collate_fn_holding_its_dataset_does_not_keep_it_alive(fresh_torch):
     """The probe kept for a later loader holds the ``collate_fn`` weakly: one that holds its dataset (a bound
     method of the dataset, a closure) would otherwise keep both alive for the rest of the program."""

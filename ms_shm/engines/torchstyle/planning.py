@@ -365,15 +365,22 @@ def why_no_workers(stats: BatchStats, req: LoaderRequest, budget: Budget, profil
     costs = getattr(profile, "costs", None) or DEFAULT_COSTS
     best_case = replace(planned_batch(stats)[0], worker_bytes=stats.worker_bytes or 0, fork_seconds=0.0,
                         free_cpus=None, inline_seconds_per_sample=stats.seconds_per_sample)
-    items = [c for c, _ in _candidates(best_case, req, budget, costs) if c.fits]
-    if not any(c.workers >= 2 for c in items):
+    fitting = [i for i in _candidates(best_case, req, budget, costs) if i[0].fits]
+    if not any(c.workers >= 2 for c, _ in fitting):
         return "no plan with 2 workers or more fits these batches, and 1 never beats none"
-    none = next((c for c in items if not c.workers), None)
-    priced = [c.seconds for c in items if c.workers and c.seconds is not None]
-    if none is None or none.seconds is None or not priced or none.seconds > min(priced) * (1 + plan.TIE_FRACTION):
+    none, _ = _chosen(fitting, best_case, req, budget)  # the plan's own choice, at the workers' best
+    if none.workers or none.seconds is None:
         return None
-    return (f"workers at their best (every CPU free, no fork, a loop's sample as slow as a warm one) ~{min(priced):.2f}"
+    priced = min(c.seconds for c, _ in fitting if c.workers)
+    return (f"workers at their best (every CPU free, no fork, a loop's sample as slow as a warm one) ~{priced:.2f}"
             f" s/epoch do not beat none's ~{none.seconds:.2f} s by {plan.TIE_FRACTION:.0%}")
+
+
+def _chosen(fitting: list, stats: BatchStats, req: LoaderRequest, budget: Budget) -> tuple:
+    """``(candidate, strategy)`` the plan takes of the ``fitting`` ones: the first by ``_rank``."""
+    fastest = min((c.seconds for c, _ in fitting if c.seconds is not None), default=None)
+    room = _fd_room(budget, req)
+    return min(fitting, key=lambda i: _rank(i, req, fastest, _kept_short(i, stats, req, room)))
 
 
 def plan_loader(stats: BatchStats, req: LoaderRequest, budget: Budget, profile: object = None) -> Plan:
@@ -393,9 +400,8 @@ def plan_loader(stats: BatchStats, req: LoaderRequest, budget: Budget, profile: 
         fitting = [i for i in _pipe_candidates(stats, req, budget, costs) if i[0].fits]
     if not fitting:
         raise ShmBudgetError(_no_fit(items, stats, req, budget))
-    fastest = min((c.seconds for c, _ in fitting if c.seconds is not None), default=None)
+    best, strategy = _chosen(fitting, stats, req, budget)
     room = _fd_room(budget, req)
-    best, strategy = min(fitting, key=lambda i: _rank(i, req, fastest, _kept_short(i, stats, req, room)))
     decisions = [_mode_decision(best, measured, req, fitting)] + sized
     if best.mode == PIPES:
         decisions.append(_pipes_decision(best, items, req, budget))
